@@ -1,0 +1,73 @@
+"""The ``eslm`` command line: a thin dispatcher.
+
+Each command lives in its own module, which defines ``add_arguments(parser)`` and ``run(args) -> int``.
+Modules are imported only when their command runs, so ``eslm --help`` is instant and optional
+dependencies are loaded only where used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# command -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("eslm.train.cli", "train a model (CLM, ESLM or a baseline) from a config"),
+    "prepare": ("eslm.data.prepare", "tokenize a text source into shards + manifest.json"),
+    "export-hf": ("eslm.model.hf", "export a checkpoint to a transformers GPT2LMHeadModel directory"),
+    "eval": ("eslm.eval.harness", "run lm-evaluation-harness tasks on a run or checkpoint"),
+    "report": ("eslm.analysis.report", "HTML report with figures from run directories"),
+    "tokens": ("eslm.analysis.tokens", "token-selection view: which tokens ESLM keeps"),
+    "study": ("eslm.study", "run a grid of methods x seeds at equal FLOPs, then the report"),
+}
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="eslm",
+        description="Risk-averse selective language modeling (ESLM): pretrain GPT models on high-risk tokens.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="commands:\n" + "\n".join(f"  {n:<10} {h}" for n, (_, h) in COMMANDS.items())
+        + "\n\nRun 'eslm COMMAND --help' for the options of a command.",
+    )
+    p.add_argument("command", nargs="?", help="one of: " + ", ".join(COMMANDS))
+    p.add_argument("--version", action="store_true", help="print the version and exit")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS:
+        top = _top_parser()
+        ns, _ = top.parse_known_args(argv)
+        if ns.version:
+            from eslm import __version__
+
+            print(__version__)
+            return 0
+        if ns.command is None:
+            top.print_help()
+            return 0
+        top.error(f"unknown command {ns.command!r}; expected one of: {', '.join(COMMANDS)}")
+    name, rest = argv[0], argv[1:]
+    module_name, help_text = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"eslm {name}", description=help_text,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    module.add_arguments(parser)
+    args = parser.parse_args(rest)
+    from eslm.errors import ESLMError
+
+    try:
+        return int(module.run(args) or 0)
+    except ESLMError as e:
+        print(f"eslm {name}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"eslm {name}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""Names of the metrics written to ``metrics.jsonl`` (one JSON object per line) and TensorBoard.
+
+Every writer and every reader (reports, tests) uses these constants, so a rename happens in one place.
+Units are in the names: tokens, seconds, FLOPs.
+"""
+
+KIND = "kind"  # "train" or "eval"
+KIND_TRAIN = "train"
+KIND_EVAL = "eval"
+
+STEP = "step"  # optimizer steps completed (1-based after the first update)
+TOKENS_SEEN = "tokens_seen"  # tokens that went through a forward pass of the trained model, all ranks
+TOKENS_TRAINED = "tokens_trained"  # tokens whose loss was backpropagated (kept tokens), all ranks
+TRAIN_LOSS = "train_loss"  # the loss that was optimized (over kept tokens), averaged over the step
+TRAIN_LOSS_ALL = "train_loss_all"  # mean CE over ALL tokens of the step (comparable across methods)
+LR = "lr"
+GRAD_NORM = "grad_norm"  # before clipping
+TOKENS_PER_S = "tokens_per_s"
+ELAPSED_S = "elapsed_s"  # wall-clock seconds of training since the run started (excludes eval), resumes included
+STEP_TIME_S = "step_time_s"
+MFU = "mfu"  # model FLOPs utilisation (GPU only)
+
+FLOPS_PAPER = "flops_paper"  # cumulative, the paper's convention (backward scaled by kept fraction)
+FLOPS_EXECUTED = "flops_executed"  # cumulative, what was actually computed
+FLOPS_DENSE = "flops_dense"  # cumulative, what plain CLM would have spent on the same tokens
+
+# selection statistics (selective methods)
+KEPT_FRAC = "kept_frac"
+ALPHA = "alpha"
+THRESHOLD = "threshold"
+CVAR = "cvar"
+SCORE_KEPT_MEAN = "score_kept_mean"
+SCORE_DROPPED_MEAN = "score_dropped_mean"
+KEPT_FRAC_DOMAIN_PREFIX = "kept_frac/"  # + domain name
+ROWS_KEPT_FRAC = "rows_kept_frac"  # row selectors (GREATS)
+
+# evaluation
+VAL_LOSS = "val_loss"  # mixed: mean over domains weighted by the training mixture weights
+VAL_LOSS_DOMAIN_PREFIX = "val_loss/"  # + domain name: mean CE over that domain's fixed validation budget
+
+
+def val_loss_key(domain: str) -> str:
+    return VAL_LOSS_DOMAIN_PREFIX + domain
+
+
+def kept_frac_key(domain: str) -> str:
+    return KEPT_FRAC_DOMAIN_PREFIX + domain

@@ -1,0 +1,98 @@
+"""Risk measures on an empirical score distribution: VaR threshold, top-K selection, CVaR.
+
+Notation: N scores s_1..s_N (fp32, one per token in the selection scope), confidence level alpha in [0, 1).
+
+VaR. The paper defines VaR_alpha = inf{t : P(S >= t) <= 1 - alpha} on the empirical distribution and keeps
+{s >= VaR}, "the top (1 - alpha) fraction". We keep exactly
+
+    K = N - floor(alpha * N)        (= ceil((1 - alpha) * N); K >= 1 for every alpha < 1)
+
+tokens and report the threshold as the smallest kept score, i.e. the order statistic of rank K from the
+top (rank floor(alpha*N) + 1 from the bottom). Without ties, {s >= threshold} is exactly the kept set.
+
+Ties. The fast path (`topk_index`) keeps exactly K tokens and breaks ties at the threshold arbitrarily
+(by torch.topk's order); the threshold path (`var_mask`) keeps every token with s >= threshold, so with
+ties it may keep more than K. Scores are continuous (entropy, loss), so exact ties are rare in practice.
+
+CVaR_alpha = mean of the scores at or above VaR (the kept tokens' mean). The Rockafellar-Uryasev form
+    CVaR_alpha = min_eta  eta + E[max(0, S - eta)] / (1 - alpha)
+is minimised at eta = VaR and, on an empirical distribution where (1 - alpha) * N is an integer and there are
+no ties at the threshold, equals the tail mean exactly (``cvar_rockafellar_uryasev`` evaluates it; the tests
+check the agreement).
+
+Everything here avoids host synchronisation: K is a Python int computed from shapes, torch.topk has a static
+output shape, and nothing calls .item().
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from eslm.errors import ConfigError
+
+# alpha * N is computed in floating point; 0.29 * 100 = 28.999999999999996 must count as 29.
+_FLOOR_EPS = 1e-9
+
+
+def check_alpha(alpha: float) -> float:
+    if not (0.0 <= float(alpha) < 1.0) or math.isnan(alpha):
+        raise ConfigError(f"alpha must be in [0, 1) (the fraction of tokens dropped); got {alpha}")
+    return float(alpha)
+
+
+def num_kept(n: int, alpha: float) -> int:
+    """K = N - floor(alpha * N): how many of N tokens the VaR rule keeps (always >= 1 for N >= 1)."""
+    check_alpha(alpha)
+    if n <= 0:
+        return 0
+    return max(1, n - math.floor(alpha * n + _FLOOR_EPS))
+
+
+def check_finite(scores: torch.Tensor, what: str = "risk scores") -> None:
+    """Raise a clear error for NaN/inf scores (this one check syncs; the step calls it only in debug mode)."""
+    if not torch.isfinite(scores).all():
+        bad = (~torch.isfinite(scores)).sum().item()
+        raise ValueError(f"{bad} non-finite {what} (NaN or inf); expected finite scores — "
+                         "the model diverged or the inputs are corrupt")
+
+
+def topk_index(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Flat indices (k,) of the k largest scores of a flattened score tensor (static shape, no sync)."""
+    flat = scores.reshape(-1)
+    if k >= flat.numel():
+        return torch.arange(flat.numel(), device=flat.device)
+    return torch.topk(flat, k, sorted=False).indices
+
+
+def var_threshold(scores: torch.Tensor, alpha: float) -> torch.Tensor:
+    """VaR_alpha of the flattened scores: the K-th largest score (0-dim fp32 tensor), K = num_kept(N, alpha).
+
+    An exact order statistic (torch.kthvalue), valid for any dtype and size (unlike torch.quantile, which
+    rejects bf16 and inputs above 2^24 elements).
+    """
+    flat = scores.reshape(-1).float()
+    k = num_kept(flat.numel(), alpha)
+    # the K-th largest is the (N - K + 1)-th smallest
+    return torch.kthvalue(flat, flat.numel() - k + 1).values
+
+
+def var_mask(scores: torch.Tensor, alpha: float) -> torch.Tensor:
+    """Multiplicative fp32 mask (same shape as scores): 1 where score >= VaR_alpha (ties all kept)."""
+    return (scores.float() >= var_threshold(scores, alpha)).float()
+
+
+def cvar(scores: torch.Tensor, alpha: float) -> torch.Tensor:
+    """CVaR_alpha: the mean of the K largest scores (0-dim fp32), K = num_kept(N, alpha)."""
+    flat = scores.reshape(-1).float()
+    k = num_kept(flat.numel(), alpha)
+    return torch.topk(flat, k, sorted=False).values.mean()
+
+
+def cvar_rockafellar_uryasev(scores: torch.Tensor, alpha: float, eta: torch.Tensor | float | None = None):
+    """The Rockafellar-Uryasev objective eta + mean(max(0, s - eta)) / (1 - alpha), at eta (default: VaR)."""
+    flat = scores.reshape(-1).float()
+    if eta is None:
+        eta = var_threshold(flat, alpha)
+    return eta + torch.clamp(flat - eta, min=0).mean() / (1.0 - alpha)

@@ -1,0 +1,62 @@
+"""The exact GPT-2 BPE offline, and the byte tokenizer."""
+
+import pytest
+
+from eslm.data.tokenizers import get_tokenizer
+from eslm.errors import ConfigError
+
+KNOWN_GPT2_IDS = {
+    "Hello world": [15496, 995],
+    " Hello world": [18435, 995],
+    "Hello, my dog is cute": [15496, 11, 616, 3290, 318, 13779],
+}
+
+
+@pytest.mark.parametrize("text,ids", list(KNOWN_GPT2_IDS.items()))
+def test_gpt2_known_ids(text, ids):
+    assert get_tokenizer("gpt2").encode(text) == ids
+
+
+def test_gpt2_constants_and_batch():
+    tok = get_tokenizer("gpt2")
+    assert (tok.name, tok.vocab_size, tok.eot_id) == ("gpt2", 50257, 50256)
+    texts = list(KNOWN_GPT2_IDS)
+    assert tok.encode_batch(texts) == [KNOWN_GPT2_IDS[t] for t in texts]
+
+
+def test_gpt2_special_string_in_data_is_plain_text():
+    # documents containing "<|endoftext|>" must not inject the real eot id into the stream
+    ids = get_tokenizer("gpt2").encode("a <|endoftext|> b")
+    assert 50256 not in ids
+    assert get_tokenizer("gpt2").decode(ids) == "a <|endoftext|> b"
+
+
+def test_gpt2_roundtrip_unicode():
+    tok = get_tokenizer("gpt2")
+    text = "naïve café — 日本語 🙂\n\tdef f(x): return x**2"
+    assert tok.decode(tok.encode(text)) == text
+
+
+def test_byte_tokenizer():
+    tok = get_tokenizer("byte")
+    assert (tok.name, tok.vocab_size, tok.eot_id) == ("byte", 257, 256)
+    assert tok.encode("hé") == [104, 195, 169]
+    assert tok.decode(tok.encode("hé") + [tok.eot_id]) == "hé"
+    assert tok.encode_batch(["a", "bc"]) == [[97], [98, 99]]
+
+
+def test_matches_transformers_gpt2_if_cached():
+    """Cross-check against HF's GPT-2 tokenizer when a local copy exists (never downloads)."""
+    transformers = pytest.importorskip("transformers")
+    try:
+        hf = transformers.AutoTokenizer.from_pretrained("gpt2", local_files_only=True)
+    except Exception:
+        pytest.skip("no local HF gpt2 tokenizer")
+    text = "The quick brown fox, 1234 times: über\n\n  spaced   out"
+    assert get_tokenizer("gpt2").encode(text) == hf(text)["input_ids"]
+
+
+def test_unknown_tokenizer_lists_valid_names():
+    with pytest.raises(ConfigError, match="gpt2.*byte") as e:
+        get_tokenizer("llama")
+    assert "\n" not in str(e.value)

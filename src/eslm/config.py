@@ -1,0 +1,384 @@
+"""The typed, frozen config tree.
+
+Defaults live here in code. YAML files hold only deltas (nested mappings); later files and then dotted
+command-line overrides (``method.alpha=0.2``) win. Unknown keys are errors that suggest the nearest valid key,
+and the whole config is validated before anything runs, reporting every problem at once.
+
+``eslm train --help`` prints every key with its default and meaning (the ``help`` metadata below).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from eslm.errors import ConfigError
+
+
+def _f(default, help: str, **kw):
+    """A config field with its help text."""
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help, **kw})
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    name: str = _f("", "run name; the run directory is <out_dir>/<name> (default: method-preset-seed)")
+    out_dir: str = _f("runs", "parent directory of run directories")
+    seed: int = _f(1337, "base random seed (each rank adds its rank)")
+    resume: bool = _f(False, "continue from the run directory's latest checkpoint")
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    preset: str = _f("small", "tiny | small | gpt2-124m | gpt2-350m | gpt2-774m")
+    vocab_size: int = _f(0, "0 = the tokenizer's vocabulary padded up to a multiple of 64 (GPT-2: 50304)")
+    block_size: int = _f(0, "context length; 0 = the preset's")
+    dropout: float = _f(0.0, "dropout (the paper: 0)")
+    init_from: str = _f("", "optional: a checkpoint, run directory or local HF GPT-2 dir to start from")
+
+
+@dataclass(frozen=True)
+class DataSection:
+    source: str = _f("stdlib", "built-in corpus prepared on first use (stdlib); ignored when dir is set")
+    dir: str = _f("", "a prepared data directory (eslm prepare SOURCE --out DIR)")
+    tokenizer: str = _f("gpt2", "gpt2 (exact GPT-2 BPE, offline) | byte")
+    weights: str = _f("natural", "domain mixture: natural | unif | doremi | domain=w,domain=w,...")
+    seq_len: int = _f(128, "tokens per training sequence (the paper: 1024)")
+
+
+@dataclass(frozen=True)
+class TrainSection:
+    micro_batch_size_seqs: int = _f(8, "sequences per rank per micro-step (the paper: 12 for 124M/350M, 8 for 774M)")
+    grad_accum_steps: int = _f(1, "micro-steps per optimizer step (the paper: 40)")
+    max_steps: int = _f(300, "optimizer steps to run")
+    max_flops: float = _f(0.0, "stop once the flops.budget_counter counter reaches this (0 = no FLOPs budget)")
+    lr: float = _f(6e-4, "max learning rate")
+    min_lr: float = _f(6e-5, "learning rate at the end of the cosine decay")
+    warmup_steps: int = _f(2000, "linear warmup steps (the paper: 2000)")
+    lr_decay_steps: int = _f(0, "cosine decay length in steps; 0 = max_steps (the paper: 200k SlimPajama, 600k OWT)")
+    weight_decay: float = _f(0.1, "AdamW weight decay on tensors with 2+ dimensions only")
+    beta1: float = _f(0.9, "AdamW beta1")
+    beta2: float = _f(0.95, "AdamW beta2")
+    grad_clip: float = _f(1.0, "gradient clipping max norm (0 = off)")
+    device: str = _f("auto", "auto | cpu | cuda | cuda:N")
+    dtype: str = _f("auto", "auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16")
+    compile: bool = _f(False, "torch.compile the model")
+    loss_impl: str = _f("fused", "fused (chunked, head backward only for kept tokens) | naive (full logits, the oracle)")
+    loss_chunk_size: int = _f(1024, "tokens per chunk in the fused loss")
+    normalize: str = _f("paper", "paper (mean over kept tokens per micro-batch / accum steps) | global (sum / kept tokens of the whole step, all ranks)")
+    num_threads: int = _f(0, "torch CPU threads; 0 = torch's default (torchrun sets 1 per process)")
+
+
+@dataclass(frozen=True)
+class AdaSection:
+    gamma: float = _f(0.5, "adaptation rate of alpha_{k+1} = alpha_k exp(-gamma D)")
+    interval: int = _f(1000, "T_eval: optimizer steps between alpha updates (the paper: 1000)")
+    eps: float = _f(1e-8, "epsilon in D = (CVaR_k - CVaR_{k-1}) / (|CVaR_{k-1}| + eps)")
+    alpha_min: float = _f(0.0, "lower clamp for alpha")
+    alpha_max: float = _f(0.9, "upper clamp for alpha")
+
+
+@dataclass(frozen=True)
+class MethodSection:
+    name: str = _f("eslm-entropy", "training method; see `eslm train --methods`")
+    alpha: float = _f(0.1, "VaR confidence level: the fraction of tokens dropped (keep the top 1-alpha)")
+    standardize: str = _f("none", "score standardisation: none | batch | sequence | domain")
+    scope: str = _f("micro", "selection scope: micro (per micro-batch per rank, the paper) | step (whole optimizer step, all ranks; one extra forward)")
+    ada: AdaSection = field(default_factory=AdaSection, metadata={"help": "Ada-ESLM controller"})
+    reference: str = _f("", "Rho-1 reference model: run dir, checkpoint or local HF GPT-2 dir")
+    teacher: str = _f("", "KD teacher: run dir or checkpoint with the same tokenizer")
+    kd_lambda: float = _f(0.5, "KD weight lambda in lambda*KL + (1-lambda)*CE")
+    kd_temperature: float = _f(1.0, "KD temperature rho")
+    salt_kd_steps: int = _f(12000, "SALT: optimizer steps of dense KD before plain CE")
+    greats_val_fraction: float = _f(0.5, "GREATS validation batch size as a fraction of the micro-batch")
+    greats_pool: str = _f("floor", "GREATS budget: floor (keep floor((1-alpha)B) of B) | pool (draw ceil(B/(1-alpha)), keep B)")
+    greats_exclude_head: bool = _f(True, "GREATS: leave the tied LM head out of the gradient inner products")
+
+
+@dataclass(frozen=True)
+class EvalSection:
+    interval: int = _f(100, "optimizer steps between validation evaluations (0 = only at the end)")
+    tokens_per_domain: int = _f(32768, "fixed validation budget per domain, tokens")
+    batch_size_seqs: int = _f(8, "validation sequences per forward")
+
+
+@dataclass(frozen=True)
+class LogSection:
+    interval: int = _f(10, "optimizer steps between progress lines / metrics lines")
+    tensorboard: bool = _f(True, "write TensorBoard event files to <run>/tb (if tensorboard is installed)")
+
+
+@dataclass(frozen=True)
+class CheckpointSection:
+    interval: int = _f(100, "optimizer steps between checkpoints (0 = only at the end)")
+    keep_last: int = _f(2, "keep the last K regular checkpoints")
+    milestones: tuple = _f((), "steps whose checkpoints are always kept (e.g. Rho-1 references, KD teachers)")
+
+
+@dataclass(frozen=True)
+class FlopsSection:
+    count_per: str = _f("global", "global (every micro-batch of every rank) | micro (one micro-batch per step, the paper's budgets)")
+    budget_counter: str = _f("flops_paper", "which counter train.max_flops applies to: flops_paper | flops_executed | flops_dense")
+
+
+@dataclass(frozen=True)
+class DistributedSection:
+    fsdp: bool = _f(False, "shard parameters/optimizer state with FSDP2 instead of DDP")
+    backend: str = _f("auto", "auto (nccl on CUDA, gloo on CPU) | nccl | gloo")
+
+
+@dataclass(frozen=True)
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    method: MethodSection = field(default_factory=MethodSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+    log: LogSection = field(default_factory=LogSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    flops: FlopsSection = field(default_factory=FlopsSection)
+    distributed: DistributedSection = field(default_factory=DistributedSection)
+
+    def to_dict(self) -> dict:
+        return _to_dict(self)
+
+
+# ---------------------------------------------------------------- building from deltas
+
+
+def _to_dict(obj) -> Any:
+    if is_dataclass(obj):
+        return {f.name: _to_dict(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, tuple):
+        return list(obj)
+    return obj
+
+
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def all_keys(cls=Config, prefix: str = "") -> dict[str, tuple[Any, str]]:
+    """Every dotted leaf key -> (default, help)."""
+    out: dict[str, tuple[Any, str]] = {}
+    inst = cls()
+    for f in fields(cls):
+        val = getattr(inst, f.name)
+        if is_dataclass(val):
+            out.update(all_keys(type(val), prefix + f.name + "."))
+        else:
+            out[prefix + f.name] = (val, f.metadata.get("help", ""))
+    return out
+
+
+def _coerce(value: Any, typ, key: str, problems: list[str]) -> Any:
+    """Convert a YAML or command-line value to the field's type, or record a problem."""
+    origin = typing.get_origin(typ)
+    try:
+        if typ is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+                return value.lower() in ("true", "1", "yes", "on")
+            raise ValueError
+        if typ is int:
+            if isinstance(value, bool):
+                raise ValueError
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(float(value)) if isinstance(value, str) and "e" in value.lower() else int(value)
+        if typ is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if typ is str:
+            return "" if value is None else str(value)
+        if typ is tuple or origin is tuple:
+            if isinstance(value, str):
+                value = [v for v in value.replace("[", "").replace("]", "").split(",") if v.strip()]
+            return tuple(int(v) for v in (value or []))
+    except (TypeError, ValueError):
+        pass
+    else:
+        return value
+    problems.append(f"{key}: expected {getattr(typ, '__name__', typ)}, got {value!r}")
+    return None
+
+
+def _apply(cfg, delta: dict, prefix: str, problems: list[str]):
+    """Return cfg with the nested mapping ``delta`` applied; unknown keys become problems."""
+    hints = _hints(type(cfg))
+    names = [f.name for f in fields(cfg)]
+    changes = {}
+    for k, v in delta.items():
+        key = prefix + str(k)
+        if k not in names:
+            problems.append(_unknown_key_message(key))
+            continue
+        cur = getattr(cfg, k)
+        if is_dataclass(cur):
+            if not isinstance(v, dict):
+                problems.append(f"{key}: expected a mapping of sub-keys, got {v!r}")
+                continue
+            changes[k] = _apply(cur, v, key + ".", problems)
+        else:
+            coerced = _coerce(v, hints[k], key, problems)
+            if coerced is not None:
+                changes[k] = coerced
+    return replace(cfg, **changes)
+
+
+def _unknown_key_message(key: str) -> str:
+    close = difflib.get_close_matches(key, list(all_keys()), n=1, cutoff=0.5)
+    hint = f"; did you mean {close[0]!r}?" if close else "; see `eslm train --help` for the keys"
+    return f"unknown config key {key!r}{hint}"
+
+
+def parse_override(text: str) -> dict:
+    """'method.alpha=0.2' -> {'method': {'alpha': '0.2'}} (values are coerced later by type)."""
+    if "=" not in text:
+        raise ConfigError(f"expected an override of the form section.key=value, got {text!r}")
+    key, value = text.split("=", 1)
+    out: dict = {}
+    node = out
+    parts = key.strip().split(".")
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+    node[parts[-1]] = value
+    return out
+
+
+def load_yaml(path: str | Path) -> dict:
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} not found; expected a YAML file of config deltas")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(p)!r} must hold a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def build_config(files: list[str] = (), overrides: list[str] = (), base: Config | None = None) -> Config:
+    """Defaults <- YAML files in order <- dotted overrides; validated. Raises ConfigError listing all problems."""
+    cfg = base or Config()
+    problems: list[str] = []
+    deltas = [load_yaml(f) for f in files] + [parse_override(o) for o in overrides]
+    for d in deltas:
+        cfg = _apply(cfg, d, "", problems)
+    problems += validate(cfg)
+    if problems:
+        raise ConfigError(f"{len(problems)} config problem(s): " + "; ".join(problems))
+    return cfg
+
+
+def from_dict(d: dict) -> Config:
+    """A Config from a full or partial nested mapping (e.g. a run directory's config.yaml)."""
+    problems: list[str] = []
+    cfg = _apply(Config(), d, "", problems)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return cfg
+
+
+# ---------------------------------------------------------------- validation
+
+_CHOICES = {
+    "data.tokenizer": ("gpt2", "byte"),
+    "train.device": None,  # checked separately
+    "train.dtype": ("auto", "fp32", "bf16"),
+    "train.loss_impl": ("fused", "naive"),
+    "train.normalize": ("paper", "global"),
+    "method.standardize": ("none", "batch", "sequence", "domain"),
+    "method.scope": ("micro", "step"),
+    "method.greats_pool": ("floor", "pool"),
+    "flops.count_per": ("global", "micro"),
+    "flops.budget_counter": ("flops_paper", "flops_executed", "flops_dense"),
+    "distributed.backend": ("auto", "nccl", "gloo"),
+}
+
+_POSITIVE = ["data.seq_len", "train.micro_batch_size_seqs", "train.grad_accum_steps", "train.max_steps",
+             "train.loss_chunk_size", "eval.tokens_per_domain", "eval.batch_size_seqs", "log.interval",
+             "method.ada.interval"]
+_NON_NEGATIVE = ["train.lr", "train.min_lr", "train.warmup_steps", "train.lr_decay_steps", "train.weight_decay",
+                 "train.grad_clip", "train.max_flops", "eval.interval", "checkpoint.interval", "checkpoint.keep_last",
+                 "method.ada.gamma", "method.salt_kd_steps", "model.vocab_size", "model.block_size",
+                 "train.num_threads"]
+
+
+def get(cfg: Config, dotted: str):
+    obj = cfg
+    for p in dotted.split("."):
+        obj = getattr(obj, p)
+    return obj
+
+
+def validate(cfg: Config) -> list[str]:
+    """Every problem of a built config (empty list when valid)."""
+    from eslm.model.gpt import PRESETS
+
+    problems = []
+    for key, choices in _CHOICES.items():
+        if choices and get(cfg, key) not in choices:
+            problems.append(f"{key}: expected one of {', '.join(choices)}, got {get(cfg, key)!r}")
+    for key in _POSITIVE:
+        if get(cfg, key) <= 0:
+            problems.append(f"{key}: expected a positive number, got {get(cfg, key)!r}")
+    for key in _NON_NEGATIVE:
+        if get(cfg, key) < 0:
+            problems.append(f"{key}: expected >= 0, got {get(cfg, key)!r}")
+    if cfg.model.preset not in PRESETS:
+        problems.append(f"model.preset: expected one of {', '.join(PRESETS)}, got {cfg.model.preset!r}")
+    if not (0.0 <= cfg.method.alpha < 1.0):
+        problems.append(f"method.alpha: expected 0 <= alpha < 1 (fraction of tokens dropped), got {cfg.method.alpha}")
+    a = cfg.method.ada
+    if not (0.0 <= a.alpha_min <= a.alpha_max < 1.0):
+        problems.append(f"method.ada: expected 0 <= alpha_min <= alpha_max < 1, got {a.alpha_min}, {a.alpha_max}")
+    if not (0.0 <= cfg.method.kd_lambda <= 1.0):
+        problems.append(f"method.kd_lambda: expected a value in [0, 1], got {cfg.method.kd_lambda}")
+    if cfg.method.kd_temperature <= 0:
+        problems.append(f"method.kd_temperature: expected > 0, got {cfg.method.kd_temperature}")
+    if not (0.0 < cfg.method.greats_val_fraction <= 4.0):
+        problems.append(f"method.greats_val_fraction: expected in (0, 4], got {cfg.method.greats_val_fraction}")
+    if cfg.train.min_lr > cfg.train.lr:
+        problems.append(f"train.min_lr ({cfg.train.min_lr}) must not exceed train.lr ({cfg.train.lr})")
+    dev = cfg.train.device
+    if not (dev in ("auto", "cpu", "cuda") or dev.startswith("cuda:")):
+        problems.append(f"train.device: expected auto, cpu, cuda or cuda:N, got {dev!r}")
+    from eslm.methods import METHODS
+
+    if cfg.method.name not in METHODS:
+        close = difflib.get_close_matches(cfg.method.name, list(METHODS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        problems.append(f"method.name: unknown method {cfg.method.name!r}{hint}; expected one of {', '.join(METHODS)}")
+    else:
+        problems += METHODS[cfg.method.name].validate(cfg)
+    return problems
+
+
+def to_yaml(cfg: Config) -> str:
+    import yaml
+
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
+def describe_keys() -> str:
+    """A table of every key, its default and meaning (for --help)."""
+    lines = []
+    for key, (default, help) in all_keys().items():
+        lines.append(f"  {key:<32} {str(default)!s:<14} {help}")
+    return "\n".join(lines)
+
+
+__all__ = ["Config", "build_config", "from_dict", "validate", "to_yaml", "describe_keys", "all_keys", "dataclasses"]

@@ -1,0 +1,151 @@
+"""The method registry: the ONLY place that maps method names to components.
+
+A method = row selector (which rows train) + token selector (which tokens count) + objective (per-token
+loss) + optional controllers (e.g. Ada-ESLM's alpha controller). The training step only ever sees these
+components; it never branches on a name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from eslm.objectives.base import CrossEntropy
+from eslm.objectives.cross_entropy import TokenStats
+from eslm.selection.ada import AdaController
+from eslm.selection.rows import AllRows
+from eslm.selection.selectors import RandomSelector, TokenSelector, VaRSelector
+
+
+@dataclass
+class BuildContext:
+    """What a method's components may need at construction time."""
+
+    cfg: object  # eslm.config.Config
+    device: torch.device
+    n_domains: int
+    rank: int = 0
+    model_config: object = None  # the trained model's ModelConfig
+    val_loader_factory: Callable | None = None  # (batch_size_seqs) -> loader of validation windows (GREATS)
+
+
+@dataclass
+class Method:
+    name: str
+    rows: object = field(default_factory=AllRows)
+    tokens: TokenSelector = field(default_factory=TokenSelector)
+    objective: object = field(default_factory=CrossEntropy)
+    controllers: list = field(default_factory=list)
+
+    def scores(self, stats: TokenStats | None, batch) -> torch.Tensor | None:
+        """Risk scores (B, T) fp32 for the token selector (None when it needs none)."""
+        kind = self.tokens.score
+        if kind is None:
+            return None
+        if hasattr(self.tokens, "scores"):
+            return self.tokens.scores(stats, batch)
+        return getattr(stats, kind).view(batch.x.shape)
+
+    @property
+    def needs_entropy(self) -> bool:
+        return self.tokens.score == "entropy"
+
+    def extra_flops(self, tokens_seen: int) -> tuple[float, float]:
+        """(paper, executed) FLOPs per micro-batch beyond the trained model (reference / teacher forwards)."""
+        total_p, total_e = 0.0, 0.0
+        for part in (self.tokens, self.objective):
+            if hasattr(part, "extra_flops"):
+                p, e = part.extra_flops(tokens_seen)
+                total_p, total_e = total_p + p, total_e + e
+        return total_p, total_e
+
+    def on_step_end(self, step: int) -> None:
+        for c in self.controllers:
+            c.on_step_end(step)
+        if hasattr(self.objective, "on_step_end"):
+            self.objective.on_step_end(step)
+
+    def observe(self, selection) -> None:
+        for c in self.controllers:
+            c.observe(selection)
+
+    def state_dict(self) -> dict:
+        return {"rows": self.rows.state_dict(), "tokens": self.tokens.state_dict(),
+                "objective": self.objective.state_dict(),
+                "controllers": [c.state_dict() for c in self.controllers]}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.rows.load_state_dict(sd["rows"])
+        self.tokens.load_state_dict(sd["tokens"])
+        self.objective.load_state_dict(sd["objective"])
+        for c, s in zip(self.controllers, sd["controllers"]):
+            c.load_state_dict(s)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    name: str
+    help: str
+    build: Callable[[BuildContext], Method]
+    validate: Callable[[object], list[str]] = lambda cfg: []
+
+
+def _ce(ctx: BuildContext) -> CrossEntropy:
+    t = ctx.cfg.train
+    return CrossEntropy(impl=t.loss_impl, chunk_size=t.loss_chunk_size)
+
+
+def _var(score: str):
+    def build(ctx: BuildContext) -> Method:
+        m = ctx.cfg.method
+        sel = VaRSelector(score, m.alpha, m.standardize, ctx.n_domains)
+        return Method(name=m.name, tokens=sel, objective=_ce(ctx))
+    return build
+
+
+def _ada(score: str):
+    def build(ctx: BuildContext) -> Method:
+        method = _var(score)(ctx)
+        a = ctx.cfg.method.ada
+        method.controllers.append(AdaController(method.tokens, gamma=a.gamma, interval=a.interval, eps=a.eps,
+                                                alpha_min=a.alpha_min, alpha_max=a.alpha_max))
+        return method
+    return build
+
+
+def _clm(ctx: BuildContext) -> Method:
+    return Method(name="clm", objective=_ce(ctx))
+
+
+def _random(ctx: BuildContext) -> Method:
+    m = ctx.cfg.method
+    sel = RandomSelector(m.alpha, seed=ctx.cfg.run.seed * 7919 + ctx.rank, n_domains=ctx.n_domains)
+    return Method(name="random", tokens=sel, objective=_ce(ctx))
+
+
+METHODS: dict[str, MethodSpec] = {}
+
+
+def register(spec: MethodSpec) -> None:
+    METHODS[spec.name] = spec
+
+
+for _spec in [
+    MethodSpec("clm", "causal LM: every token counts (the baseline)", _clm),
+    MethodSpec("eslm-entropy", "ESLM VaR-entropy: keep the top 1-alpha tokens by predictive entropy", _var("entropy")),
+    MethodSpec("eslm-loss", "ESLM CVaR-loss: keep the top 1-alpha tokens by loss (minimises CVaR_alpha)", _var("loss")),
+    MethodSpec("random", "control: keep 1-alpha of the tokens uniformly at random", _random),
+    MethodSpec("ada-eslm-entropy", "Ada-ESLM on entropy: alpha adapted by the CVaR controller", _ada("entropy")),
+    MethodSpec("ada-eslm-loss", "Ada-ESLM on loss: alpha adapted by the CVaR controller", _ada("loss")),
+]:
+    register(_spec)
+
+
+def build_method(ctx: BuildContext) -> Method:
+    return METHODS[ctx.cfg.method.name].build(ctx)
+
+
+def describe_methods() -> str:
+    return "\n".join(f"  {n:<18} {s.help}" for n, s in METHODS.items())

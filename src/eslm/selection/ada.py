@@ -1,0 +1,64 @@
+"""Ada-ESLM: a CVaR-driven controller for the confidence level alpha.
+
+Every ``interval`` optimizer steps (the paper's T_eval = 1000):
+
+    D = (CVaR_k - CVaR_{k-1}) / (|CVaR_{k-1}| + eps)
+    alpha_{k+1} = clamp(alpha_k * exp(-gamma * D), alpha_min, alpha_max)
+
+CVaR rising (harder tokens) lowers alpha, so more tokens train; CVaR falling raises alpha, narrowing focus.
+
+Departures from the paper's algorithm box, each deliberate:
+* The box seeds the history with CVaR_0 = 0, so the first update has D = CVaR_1 / eps ~ 1e8 and sends alpha to
+  ~0, after which a multiplicative rule can never recover. We treat the first measurement as initialisation:
+  no update happens until two measurements exist.
+* alpha is clamped to [alpha_min, alpha_max] (alpha must stay below 1 for K >= 1 anyway).
+* CVaR_k is measured as the running mean of the micro-batch CVaRs (of the raw, unstandardised scores at the
+  alpha in force) over the interval, not on one batch: one batch's CVaR is too noisy to steer by.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+class AdaController:
+    def __init__(self, selector, *, gamma: float, interval: int, eps: float, alpha_min: float, alpha_max: float):
+        self.selector = selector  # owns the alpha in force
+        self.gamma, self.interval, self.eps = gamma, interval, eps
+        self.alpha_min, self.alpha_max = alpha_min, alpha_max
+        self.prev_cvar: float | None = None
+        self._sum = torch.zeros(())
+        self._count = 0
+        self.last_delta: float = 0.0
+
+    def observe(self, selection) -> None:
+        """Accumulate one micro-batch's CVaR (a tensor: no host sync here)."""
+        c = selection.stats.get("cvar")
+        if c is not None:
+            self._sum = self._sum.to(c.device) + c.detach().float()
+            self._count += 1
+
+    def on_step_end(self, step: int) -> None:
+        """After optimizer step ``step`` (1-based): update alpha every ``interval`` steps."""
+        if step % self.interval != 0 or self._count == 0:
+            return
+        current = float(self._sum) / self._count  # one sync per interval
+        self._sum, self._count = torch.zeros(()), 0
+        if self.prev_cvar is not None:
+            delta = (current - self.prev_cvar) / (abs(self.prev_cvar) + self.eps)
+            alpha = self.selector.alpha * math.exp(-self.gamma * delta)
+            self.selector.alpha = min(max(alpha, self.alpha_min), self.alpha_max)
+            self.last_delta = delta
+        self.prev_cvar = current
+
+    def state_dict(self) -> dict:
+        return {"prev_cvar": self.prev_cvar, "sum": float(self._sum), "count": self._count,
+                "last_delta": self.last_delta, "alpha": self.selector.alpha}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.prev_cvar = sd["prev_cvar"]
+        self._sum, self._count = torch.tensor(float(sd["sum"])), int(sd["count"])
+        self.last_delta = float(sd["last_delta"])
+        self.selector.alpha = float(sd["alpha"])

@@ -1,0 +1,133 @@
+"""Token selectors: which tokens of a micro-batch count in the loss.
+
+A selector maps the micro-batch's risk scores (B, T) to the flat indices of the kept tokens. Everything is
+computed on detached fp32 scores. The kept count K is a Python int derived from shapes (no host sync);
+``select`` never calls ``.item()``.
+
+* ``AllTokens``   keep everything (CLM, dense KD). No scores needed, so no scoring pass runs.
+* ``VaRSelector`` keep the top K = N - floor(alpha*N) by score (ESLM VaR-entropy / CVaR-loss, Rho-1).
+* ``RandomSelector`` keep K uniformly random tokens: the control that tells selection from mere sparsity.
+
+With ``threshold`` given (selection scope "step": the VaR of the whole optimizer step, computed by the
+step's scoring pre-pass), a selector keeps every token whose score is >= threshold instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from eslm.data.batch import Batch
+from eslm.selection import risk
+from eslm.selection.scores import standardize
+
+
+@dataclass
+class Selection:
+    """The kept tokens of one micro-batch.
+
+    index:     (K,) int64 flat indices into the (B*T,) token axis, or None for "all tokens"
+    num_kept:  K (Python int)
+    num_tokens: N = B*T (Python int)
+    stats:     0-dim / small tensors for the metrics (threshold, cvar, score means, per-domain counts)
+    """
+
+    index: torch.Tensor | None
+    num_kept: int
+    num_tokens: int
+    stats: dict = field(default_factory=dict)
+
+
+def _stats(raw: torch.Tensor, ranked: torch.Tensor, index: torch.Tensor, batch: Batch, n_domains: int) -> dict:
+    """Selection statistics on the RAW scores (threshold reported on the ranking scale)."""
+    flat_raw = raw.reshape(-1)
+    mask = torch.zeros_like(flat_raw).index_fill_(0, index, 1.0)
+    kept = mask.sum()
+    dropped = (flat_raw.numel() - kept).clamp(min=1)
+    B, T = raw.shape
+    per_row = mask.view(B, T).sum(1)
+    dom = batch.domain.long()
+    return {
+        "threshold": ranked.reshape(-1)[index].min(),
+        "cvar": (flat_raw * mask).sum() / kept,
+        "score_kept_mean": (flat_raw * mask).sum() / kept,
+        "score_dropped_mean": (flat_raw * (1 - mask)).sum() / dropped,
+        "kept_per_domain": torch.zeros(n_domains, device=raw.device).index_add_(0, dom, per_row),
+        "tokens_per_domain": torch.zeros(n_domains, device=raw.device).index_add_(
+            0, dom, torch.full((B,), float(T), device=raw.device)),
+    }
+
+
+class TokenSelector:
+    """Base class and the do-nothing default: keep all tokens."""
+
+    score: str | None = None  # which score the selector needs: None | "loss" | "entropy" | "excess_loss"
+
+    def __init__(self, alpha: float = 0.0, n_domains: int = 1):
+        self.alpha = risk.check_alpha(alpha)
+        self.n_domains = n_domains
+
+    def num_kept(self, n_tokens: int) -> int:
+        """K for a micro-batch of n_tokens (known before the forward pass, for global normalisation)."""
+        return n_tokens
+
+    def select(self, scores: torch.Tensor | None, batch: Batch, threshold: torch.Tensor | None = None) -> Selection:
+        n = batch.num_tokens
+        return Selection(index=None, num_kept=n, num_tokens=n)
+
+    def state_dict(self) -> dict:
+        return {"alpha": self.alpha}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.alpha = float(sd["alpha"])
+
+
+AllTokens = TokenSelector
+
+
+class VaRSelector(TokenSelector):
+    """Keep the tokens whose (standardised) score is in the top 1-alpha: score >= VaR_alpha."""
+
+    def __init__(self, score: str, alpha: float, standardize: str = "none", n_domains: int = 1):
+        super().__init__(alpha, n_domains)
+        self.score = score
+        self.standardize = standardize
+
+    def num_kept(self, n_tokens: int) -> int:
+        return risk.num_kept(n_tokens, self.alpha)
+
+    def select(self, scores, batch, threshold=None) -> Selection:
+        ranked = standardize(scores, self.standardize, batch.domain)
+        if threshold is None:
+            k = risk.num_kept(ranked.numel(), self.alpha)
+            index = risk.topk_index(ranked, k)
+        else:  # step scope: a threshold shared by all micro-batches (variable K; this path syncs)
+            index = torch.nonzero(ranked.reshape(-1) >= threshold).squeeze(1)
+            k = int(index.numel())
+        return Selection(index, k, ranked.numel(), _stats(scores, ranked, index, batch, self.n_domains))
+
+
+class RandomSelector(TokenSelector):
+    """Keep K uniformly random tokens (same K as VaR at this alpha). Its generator state is checkpointed."""
+
+    def __init__(self, alpha: float, seed: int, n_domains: int = 1):
+        super().__init__(alpha, n_domains)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def num_kept(self, n_tokens: int) -> int:
+        return risk.num_kept(n_tokens, self.alpha)
+
+    def select(self, scores, batch, threshold=None) -> Selection:
+        n = batch.num_tokens
+        k = risk.num_kept(n, self.alpha)
+        index = torch.randperm(n, generator=self.generator)[:k].to(batch.x.device)
+        fake = torch.zeros(batch.x.shape, device=batch.x.device)
+        return Selection(index, k, n, _stats(fake, fake, index, batch, self.n_domains))
+
+    def state_dict(self) -> dict:
+        return {"alpha": self.alpha, "generator": self.generator.get_state()}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.alpha = float(sd["alpha"])
+        self.generator.set_state(sd["generator"])

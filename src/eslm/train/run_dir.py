@@ -1,0 +1,88 @@
+"""The self-describing run directory: config.yaml, env.json, metrics.jsonl, tb/, checkpoints/."""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from eslm import metrics as M
+
+
+def git_info() -> dict:
+    """Commit and dirty flag of the eslm source tree (None outside a git checkout)."""
+    root = Path(__file__).resolve().parents[3]
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10)
+        if sha.returncode == 0:
+            return {"git_commit": sha.stdout.strip(), "git_dirty": bool(dirty.stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"git_commit": None, "git_dirty": None}
+
+
+def env_info(device: torch.device, world_size: int, seed: int) -> dict:
+    from eslm import __version__
+
+    info = {"eslm_version": __version__, **git_info(), "torch_version": torch.__version__,
+            "python_version": sys.version.split()[0], "platform": platform.platform(),
+            "device": str(device), "world_size": world_size, "seed": seed,
+            "num_threads": torch.get_num_threads()}
+    if device.type == "cuda":
+        info["device_name"] = torch.cuda.get_device_name(device)
+    return info
+
+
+class MetricsWriter:
+    """Appends one JSON object per line to metrics.jsonl (flushed each line) and mirrors scalars to TensorBoard.
+
+    After a resume the lines of steps past the checkpoint are written again; readers keep the last line of
+    each (kind, step) — see ``read_metrics``.
+    """
+
+    def __init__(self, run_dir: Path, tensorboard: bool):
+        self.path = run_dir / "metrics.jsonl"
+        self.file = open(self.path, "a", buffering=1)
+        self.tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(run_dir / "tb"))
+            except ImportError:
+                self.tb = None
+
+    def write(self, record: dict) -> None:
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+        self.file.write(json.dumps(clean) + "\n")
+        if self.tb is not None:
+            prefix = record.get(M.KIND, "train")
+            for k, v in record.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in (M.STEP, M.KIND):
+                    self.tb.add_scalar(f"{prefix}/{k}", v, record.get(M.STEP, 0))
+
+    def close(self) -> None:
+        self.file.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+def read_metrics(run_dir: Path, kind: str | None = None) -> list[dict]:
+    """metrics.jsonl as a list, keeping the last line of each (kind, step), in step order."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    last: dict = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            last[(rec.get(M.KIND), rec.get(M.STEP))] = rec
+    recs = [r for r in last.values() if kind is None or r.get(M.KIND) == kind]
+    return sorted(recs, key=lambda r: (r.get(M.STEP, 0), r.get(M.KIND, "")))

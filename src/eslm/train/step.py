@@ -1,0 +1,116 @@
+"""The one training step shared by every method (forward + selection + loss + backward of one optimizer step).
+
+Reads top to bottom: for each micro-batch, the row selector picks rows, the model gives hidden states, the
+scoring pass gives detached fp32 risk scores (only if the token selector needs them), the token selector keeps
+K tokens, the objective gives their per-token losses, and the normalised sum is backpropagated. The optimizer
+update itself is the trainer's. Nothing here knows a method's name.
+
+Normalisation (``train.normalize``):
+* ``paper``  each micro-batch contributes mean(kept losses) / accum_steps (what nanoGPT-style code does);
+* ``global`` sum(kept losses) / (kept tokens of the whole step over all micro-batches and ranks).
+With a fixed K per micro-batch the two coincide; they differ when K varies (selection scope "step").
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+
+from eslm.objectives.cross_entropy import token_stats
+from eslm.selection import risk
+from eslm.selection.scores import standardize
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor  # the optimised loss of the step (sum of the normalised micro-batch losses), detached
+    loss_all: torch.Tensor  # mean CE over all tokens seen (comparable across methods), detached
+    tokens_seen: int  # this rank
+    tokens_kept: int  # this rank
+    selections: list = field(default_factory=list)
+
+
+@dataclass
+class StepOptions:
+    accum_steps: int
+    normalize: str = "paper"
+    scope: str = "micro"
+    world_size: int = 1
+    loss_impl: str = "fused"
+    chunk_size: int = 1024
+    autocast: contextlib.AbstractContextManager | None = None
+
+
+def forward_backward(model, raw_model, method, batches, opts: StepOptions, step: int, lr: float) -> StepResult:
+    threshold, step_kept = _step_threshold(raw_model, method, batches, opts) if opts.scope == "step" else (None, 0)
+    denom = _global_denominator(method, batches, opts, threshold, step_kept)
+    loss_sum, ce_sum, seen, kept, sels = torch.zeros(()), torch.zeros(()), 0, 0, []
+    for i, batch in enumerate(batches):
+        with _no_sync(model, i < len(batches) - 1), (opts.autocast or contextlib.nullcontext()):
+            batch, _ = method.rows.select(raw_model, batch, step, lr)
+            hidden = model(batch.x).flatten(0, 1)
+            weight, targets = raw_model.head_weight, batch.y.reshape(-1)
+            stats = _score_pass(hidden.detach(), weight, targets, method, opts)
+            sel = method.tokens.select(method.scores(stats, batch), batch, threshold)
+            per_token = method.objective.per_token(hidden, weight, batch, sel.index, stats, step)
+            loss = per_token.sum() / (sel.num_kept * opts.accum_steps if denom is None else denom)
+        loss.backward()
+        method.observe(sel)
+        all_ce = stats.loss if stats is not None else per_token.detach()
+        loss_sum = loss_sum.to(loss.device) + loss.detach().float()
+        ce_sum = ce_sum.to(loss.device) + all_ce.float().mean() / len(batches)
+        seen, kept = seen + sel.num_tokens, kept + sel.num_kept
+        sels.append(sel)
+    return StepResult(loss_sum, ce_sum, seen, kept, sels)
+
+
+def _score_pass(hidden, weight, targets, method, opts: StepOptions):
+    """Detached fp32 per-token loss / entropy / lse, only when the token selector needs scores."""
+    if method.tokens.score is None:
+        return None
+    return token_stats(hidden, weight, targets, need_entropy=method.needs_entropy,
+                       impl=opts.loss_impl, chunk_size=opts.chunk_size)
+
+
+def _no_sync(model, skip_sync: bool):
+    """DDP: no gradient all-reduce on non-final micro-steps."""
+    if skip_sync and hasattr(model, "no_sync"):
+        return model.no_sync()
+    return contextlib.nullcontext()
+
+
+def _global_denominator(method, batches, opts: StepOptions, threshold, step_kept: int) -> float | None:
+    """Kept tokens of the whole step on all ranks (divided by world size, since DDP averages gradients)."""
+    if opts.normalize != "global":
+        return None
+    if threshold is not None:
+        return max(1, step_kept) / opts.world_size
+    per_rank = sum(method.tokens.num_kept(method.rows.num_rows(b.x.shape[0]) * b.x.shape[1]) for b in batches)
+    return float(per_rank)  # every rank has the same shapes, hence the same count: (W * n) / W
+
+
+@torch.no_grad()
+def _step_threshold(raw_model, method, batches, opts: StepOptions) -> tuple[torch.Tensor | None, int]:
+    """Selection scope "step": one extra forward over every micro-batch, then the VaR of all scores of the
+    optimizer step on all ranks (declared to the FLOPs accounting as extra forward tokens). Also returns
+    how many tokens of the step (all ranks) are at or above it, for global normalisation."""
+    if method.tokens.score is None:
+        return None, 0
+    ranked = []
+    for batch in batches:
+        with opts.autocast or contextlib.nullcontext():
+            hidden = raw_model(batch.x).flatten(0, 1)
+            stats = _score_pass(hidden, raw_model.head_weight, batch.y.reshape(-1), method, opts)
+        ranked.append(standardize(method.scores(stats, batch), getattr(method.tokens, "standardize", "none"),
+                                  batch.domain).reshape(-1))
+    scores = torch.cat(ranked)
+    if opts.world_size > 1:
+        import torch.distributed as dist
+
+        gathered = [torch.empty_like(scores) for _ in range(opts.world_size)]
+        dist.all_gather(gathered, scores)
+        scores = torch.cat(gathered)
+    threshold = risk.var_threshold(scores, method.tokens.alpha)
+    return threshold, int((scores >= threshold).sum())

@@ -1,0 +1,428 @@
+"""The training loop: setup, the step loop, logging, evaluation, checkpoints, resume, preemption.
+
+Orchestration only; the maths of a step is in ``eslm.train.step``, of selection in ``eslm.selection``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from eslm import metrics as M
+from eslm.config import Config, to_yaml
+from eslm.errors import ConfigError, ESLMError
+from eslm.flops import FlopsCounter, FlopsModel, step_flops
+from eslm.methods import BuildContext, build_method
+from eslm.model.gpt import GPT, preset
+from eslm.train import checkpoint as ckpt
+from eslm.train.distributed import DistInfo, init_distributed, shutdown
+from eslm.train.optim import build_optimizer, lr_at
+from eslm.train.run_dir import MetricsWriter, env_info
+from eslm.train.step import StepOptions, forward_backward
+
+# peak dense bf16 FLOP/s for MFU (H100 SXM / H200: 989 TFLOP/s; A100: 312)
+_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+
+
+class TrainingDiverged(ESLMError):
+    """A non-finite loss or gradient: the run stops before the optimizer step."""
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    step: int
+    val_loss: float | None
+    stopped_by: str  # "max_steps" | "max_flops" | "preempted"
+
+
+def default_run_name(cfg: Config) -> str:
+    return f"{cfg.method.name}-{cfg.model.preset}-s{cfg.run.seed}"
+
+
+def pad_vocab(n: int, multiple: int = 64) -> int:
+    return ((n + multiple - 1) // multiple) * multiple
+
+
+class Trainer:
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.dist, self.device = init_distributed(cfg.train.device, cfg.distributed.backend)
+        self._setup_torch()
+        self.dataset = self._open_data()
+        self.model_config = self._model_config()
+        self.run_dir = Path(cfg.run.out_dir) / (cfg.run.name or default_run_name(cfg))
+        self.raw_model = GPT(self.model_config).to(self.device)
+        self._init_from()
+        self.model = self._wrap(self.raw_model)
+        t = cfg.train
+        self.optimizer = build_optimizer(self.raw_model, lr=t.lr, weight_decay=t.weight_decay,
+                                         betas=(t.beta1, t.beta2), device_type=self.device.type)
+        self._build_data_streams()
+        self.method = build_method(BuildContext(cfg=cfg, device=self.device, n_domains=len(self.dataset.domains),
+                                                rank=self.dist.rank, model_config=self.model_config,
+                                                val_loader_factory=self._val_loader_factory))
+        self.fm = FlopsModel.from_config(self.model_config, cfg.data.seq_len)
+        self.flops = FlopsCounter(cfg.flops.count_per)
+        self.step, self.elapsed_s, self._preempted = 0, 0.0, False
+        self.opts = StepOptions(accum_steps=t.grad_accum_steps, normalize=t.normalize, scope=cfg.method.scope,
+                                world_size=self.dist.world_size, loss_impl=t.loss_impl, chunk_size=t.loss_chunk_size,
+                                autocast=self._autocast())
+
+    # ------------------------------------------------------------------ setup
+    def _setup_torch(self) -> None:
+        cfg = self.cfg
+        if cfg.train.num_threads > 0:
+            torch.set_num_threads(cfg.train.num_threads)
+        seed = cfg.run.seed + self.dist.rank
+        random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+
+    def _autocast(self):
+        dtype = self.cfg.train.dtype
+        if dtype == "bf16" or (dtype == "auto" and self.device.type == "cuda"):
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return None
+
+    def _open_data(self):
+        from eslm.data.loader import open_dataset
+
+        d = self.cfg.data
+        if d.dir:
+            return open_dataset(d.dir)
+        from eslm.data.prepare import ensure_prepared
+
+        if self.dist.enabled:  # rank 0 prepares, the others wait
+            import torch.distributed as dist
+
+            if self.dist.is_main:
+                ensure_prepared(d.source, d.tokenizer)
+            dist.barrier()
+        return open_dataset(ensure_prepared(d.source, d.tokenizer))
+
+    def _model_config(self):
+        m = self.cfg.model
+        vocab = m.vocab_size or pad_vocab(self.dataset.vocab_size)
+        self.dataset.check_vocab(vocab)
+        overrides = {"vocab_size": vocab, "dropout": m.dropout}
+        if m.block_size:
+            overrides["block_size"] = m.block_size
+        mc = preset(m.preset, **overrides)
+        if self.cfg.data.seq_len > mc.block_size:
+            raise ConfigError(f"data.seq_len={self.cfg.data.seq_len} exceeds the model's context "
+                              f"{mc.block_size}; lower data.seq_len or set model.block_size")
+        return mc
+
+    def _init_from(self) -> None:
+        if not self.cfg.model.init_from:
+            return
+        from eslm.model.loading import load_model
+
+        src, _ = load_model(self.cfg.model.init_from, device=self.device)
+        sd = src.state_dict()
+        ckpt.check_model_matches({"model_config": src.config.to_dict()}, self.model_config.to_dict(),
+                                 self.cfg.model.init_from)
+        self.raw_model.load_state_dict(sd)
+
+    def _wrap(self, model):
+        if self.cfg.train.compile:
+            model = torch.compile(model)
+        if self.dist.enabled:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            model = DDP(model, device_ids=ids)
+        return model
+
+    def _build_data_streams(self) -> None:
+        from eslm.data.loader import TrainLoader, val_batches
+        from eslm.data.mixture import resolve_weights
+
+        d, t = self.cfg.data, self.cfg.train
+        counts = {dom: self.dataset.num_tokens("train", dom) for dom in self.dataset.domains}
+        self.weights = resolve_weights(_parse_weights(d.weights), self.dataset.domains, token_counts=counts)
+        self.loader = TrainLoader(self.dataset, seq_len=d.seq_len, micro_batch_size_seqs=t.micro_batch_size_seqs,
+                                  weights=self.weights, seed=self.cfg.run.seed, rank=self.dist.rank,
+                                  world_size=self.dist.world_size)
+        e = self.cfg.eval
+        self.val = {dom: [b.to(self.device) for b in bs] for dom, bs in val_batches(
+            self.dataset, seq_len=d.seq_len, batch_size_seqs=e.batch_size_seqs,
+            tokens_per_domain=e.tokens_per_domain, seed=0).items()}
+
+    def _val_loader_factory(self, batch_size_seqs: int):
+        from eslm.data.loader import TrainLoader
+
+        return TrainLoader(self.dataset, seq_len=self.cfg.data.seq_len, micro_batch_size_seqs=batch_size_seqs,
+                           weights=self.weights, seed=self.cfg.run.seed + 104729, rank=self.dist.rank,
+                           world_size=self.dist.world_size, split="val")
+
+    # ------------------------------------------------------------------ run directory
+    def _prepare_run_dir(self) -> None:
+        rd = self.run_dir
+        has_metrics = (rd / "metrics.jsonl").is_file() and (rd / "metrics.jsonl").stat().st_size > 0
+        if self.dist.is_main:
+            if has_metrics and not self.cfg.run.resume:
+                raise ConfigError(f"run directory {str(rd)!r} already holds a run; pass run.resume=true "
+                                  "(--resume) to continue it, or choose another run.name")
+            rd.mkdir(parents=True, exist_ok=True)
+            (rd / "config.yaml").write_text(to_yaml(self.cfg))
+            env = env_info(self.device, self.dist.world_size, self.cfg.run.seed)
+            env["model_params_non_embedding"] = self.raw_model.num_params()
+            (rd / "env.json").write_text(json.dumps(env, indent=2) + "\n")
+            self.writer = MetricsWriter(rd, self.cfg.log.tensorboard)
+
+    def _maybe_resume(self) -> None:
+        if not self.cfg.run.resume:
+            return
+        path = ckpt.latest_checkpoint(self.run_dir)
+        if path is None:
+            self._log(f"no checkpoint in {self.run_dir}; starting from step 0")
+            return
+        state = ckpt.load_checkpoint(path, map_location=self.device)
+        ckpt.check_model_matches(state, self.model_config.to_dict(), path)
+        self.raw_model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.loader.load_state_dict(state["loader"])
+        self.method.load_state_dict(state["method"])
+        self.flops.load_state_dict(state["flops"])
+        ckpt.set_rng_state(state["rng"])
+        self.step, self.elapsed_s = state["step"], state["elapsed_s"]
+        self._log(f"resumed from {path} at step {self.step}")
+
+    def save(self) -> Path | None:
+        if not self.dist.is_main:
+            return None
+        c = self.cfg.checkpoint
+        state = {"model": {k: v.detach().cpu() for k, v in self.raw_model.state_dict().items()},
+                 "model_config": self.model_config.to_dict(), "tokenizer": self.dataset.tokenizer_name,
+                 "step": self.step, "optimizer": self.optimizer.state_dict(), "loader": self.loader.state_dict(),
+                 "method": self.method.state_dict(), "flops": self.flops.state_dict(), "rng": ckpt.rng_state(),
+                 "elapsed_s": self.elapsed_s, "config": self.cfg.to_dict(), **self.flops.totals()}
+        return ckpt.save_checkpoint(self.run_dir / "checkpoints", state, keep_last=c.keep_last,
+                                    milestones=tuple(c.milestones))
+
+    # ------------------------------------------------------------------ loop
+    def train(self) -> RunResult:
+        self._prepare_run_dir()
+        self._maybe_resume()
+        old_handler = signal.signal(signal.SIGTERM, self._on_sigterm) if _in_main_thread() else None
+        t = self.cfg.train
+        stopped_by, last_val = "max_steps", None
+        self._log(f"run directory: {self.run_dir}  | method {self.cfg.method.name} | model {self.cfg.model.preset} "
+                  f"({self.raw_model.num_params() / 1e6:.2f}M non-embedding params) | "
+                  f"{t.micro_batch_size_seqs}x{self.cfg.data.seq_len} tokens x {t.grad_accum_steps} micro-steps "
+                  f"x {self.dist.world_size} ranks = {self.global_batch_tokens} tokens/step")
+        window_t0, window_tokens = time.perf_counter(), 0
+        try:
+            while self.step < t.max_steps:
+                if self._budget_reached():
+                    stopped_by = "max_flops"
+                    break
+                t0 = time.perf_counter()
+                rec = self._train_one_step()
+                dt = time.perf_counter() - t0
+                self.elapsed_s += dt
+                window_tokens += rec[M.TOKENS_SEEN + "_step"]
+                if self.step % self.cfg.log.interval == 0 or self.step == t.max_steps:
+                    now = time.perf_counter()
+                    rec[M.TOKENS_PER_S] = window_tokens / max(now - window_t0, 1e-9)
+                    window_t0, window_tokens = now, 0
+                    self._emit_train(rec, dt)
+                if self.cfg.eval.interval and self.step % self.cfg.eval.interval == 0:
+                    last_val = self._evaluate()
+                if self._preempted:
+                    stopped_by = "preempted"
+                    break
+                if self.cfg.checkpoint.interval and self.step % self.cfg.checkpoint.interval == 0:
+                    self.save()
+            if last_val is None or self.cfg.eval.interval == 0 or self.step % self.cfg.eval.interval != 0:
+                if stopped_by != "preempted":
+                    last_val = self._evaluate()
+            path = self.save()
+            if path is not None:
+                self._log(f"saved {path}")
+        finally:
+            if old_handler is not None:
+                signal.signal(signal.SIGTERM, old_handler)
+            if self.dist.is_main and hasattr(self, "writer"):
+                self.writer.close()
+        self._log(f"done ({stopped_by}) at step {self.step}; run directory: {self.run_dir}")
+        return RunResult(self.run_dir, self.step, last_val, stopped_by)
+
+    @property
+    def global_batch_tokens(self) -> int:
+        t = self.cfg.train
+        return t.micro_batch_size_seqs * self.cfg.data.seq_len * t.grad_accum_steps * self.dist.world_size
+
+    def _train_one_step(self) -> dict:
+        t = self.cfg.train
+        lr = lr_at(self.step, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps,
+                   decay_steps=t.lr_decay_steps or t.max_steps)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        batches = [self.loader.next_batch().to(self.device) for _ in range(t.grad_accum_steps)]
+        res = forward_backward(self.model, self.raw_model, self.method, batches, self.opts, self.step + 1, lr)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), t.grad_clip if t.grad_clip > 0
+                                                   else float("inf"))
+        loss = float(res.loss)  # one host sync per step: needed to refuse a non-finite update
+        if not math.isfinite(loss) or not math.isfinite(float(grad_norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise TrainingDiverged(f"non-finite loss ({loss}) or gradient norm ({float(grad_norm)}) at step "
+                                   f"{self.step + 1}; the optimizer step was not taken and the last checkpoint "
+                                   f"in {self.run_dir / 'checkpoints'} is intact — lower train.lr or check the data")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.method.on_step_end(self.step)
+        self._count_flops(res)
+        return self._train_record(res, loss, lr, float(grad_norm))
+
+    def _count_flops(self, res) -> None:
+        n_micro = len(res.selections)
+        seen, kept = res.tokens_seen // n_micro, res.tokens_kept // n_micro
+        fused = self.cfg.train.loss_impl == "fused"
+        extra_p, extra_e = self.method.extra_flops(seen)
+        rows_p, rows_e, rows_fwd = self.method.rows.extra_flops(seen)
+        scoring_prepass = seen if self.cfg.method.scope == "step" and self.method.tokens.score else 0
+        sf = step_flops(self.fm, tokens_seen=seen, tokens_kept=kept,
+                        head_backward_tokens=kept if fused else seen,
+                        head_recompute_tokens=kept if fused and self.method.tokens.score else 0,
+                        extra_forward_tokens=scoring_prepass + rows_fwd,
+                        extra_flops_paper=extra_p + rows_p, extra_flops_executed=extra_e + rows_e)
+        self.flops.add(sf, micro_steps=n_micro, world_size=self.dist.world_size)
+
+    def _train_record(self, res, loss: float, lr: float, grad_norm: float) -> dict:
+        W = self.dist.world_size
+        rec = {M.KIND: M.KIND_TRAIN, M.STEP: self.step, M.TRAIN_LOSS: loss, M.LR: lr, M.GRAD_NORM: grad_norm,
+               M.TOKENS_SEEN + "_step": res.tokens_seen * W, M.KEPT_FRAC: res.tokens_kept / max(res.tokens_seen, 1)}
+        rec["_res"] = res
+        return rec
+
+    def _emit_train(self, rec: dict, dt: float) -> None:
+        res = rec.pop("_res")
+        rec.pop(M.TOKENS_SEEN + "_step")
+        rec[M.TRAIN_LOSS_ALL] = float(res.loss_all)
+        rec.update(self._selection_metrics(res))
+        rec[M.TOKENS_SEEN] = self.loader_tokens_seen()
+        rec[M.ELAPSED_S] = self.elapsed_s
+        rec[M.STEP_TIME_S] = dt
+        rec.update(self.flops.totals())
+        mfu = self._mfu(rec[M.TOKENS_PER_S])
+        if mfu is not None:
+            rec[M.MFU] = mfu
+        if self.dist.is_main:
+            self.writer.write(rec)
+            self._progress(rec)
+
+    def loader_tokens_seen(self) -> int:
+        return self.step * self.global_batch_tokens
+
+    def _selection_metrics(self, res) -> dict:
+        sels = [s for s in res.selections if s.stats]
+        out = {}
+        if hasattr(self.method.tokens, "alpha") and self.method.tokens.score is not None:
+            out[M.ALPHA] = self.method.tokens.alpha
+        if not sels:
+            return out
+        mean = lambda key: float(torch.stack([s.stats[key].float() for s in sels]).mean())  # noqa: E731
+        out.update({M.THRESHOLD: mean("threshold"), M.CVAR: mean("cvar"),
+                    M.SCORE_KEPT_MEAN: mean("score_kept_mean"), M.SCORE_DROPPED_MEAN: mean("score_dropped_mean")})
+        kept = sum(s.stats["kept_per_domain"] for s in sels)
+        tot = sum(s.stats["tokens_per_domain"] for s in sels)
+        for i, dom in enumerate(self.dataset.domains):
+            if float(tot[i]) > 0:
+                out[M.kept_frac_key(dom)] = float(kept[i] / tot[i])
+        return out
+
+    def _mfu(self, tokens_per_s: float) -> float | None:
+        if self.device.type != "cuda":
+            return None
+        name = torch.cuda.get_device_name(self.device)
+        peak = next((v for k, v in _PEAK_FLOPS.items() if k in name), None)
+        return None if peak is None else tokens_per_s * self.fm.train_per_token / (peak * self.dist.world_size)
+
+    def _evaluate(self) -> float:
+        from eslm.eval.val_loss import evaluate
+
+        t0 = time.perf_counter()
+        res = evaluate(self.raw_model, self.val, self.weights, impl=self.cfg.train.loss_impl,
+                       chunk_size=self.cfg.train.loss_chunk_size, autocast=self._autocast())
+        rec = {M.KIND: M.KIND_EVAL, M.STEP: self.step, M.TOKENS_SEEN: self.loader_tokens_seen(),
+               M.ELAPSED_S: self.elapsed_s, **self.flops.totals(), **res}
+        if self.dist.is_main:
+            self.writer.write(rec)
+            doms = " ".join(f"{k.split('/', 1)[1]}={v:.3f}" for k, v in res.items() if "/" in k)
+            self._log(f"eval step {self.step}: val_loss {res[M.VAL_LOSS]:.4f} ({doms}) "
+                      f"[{time.perf_counter() - t0:.1f}s]")
+        return res[M.VAL_LOSS]
+
+    def _budget_reached(self) -> bool:
+        t = self.cfg.train
+        return t.max_flops > 0 and self.flops.totals()[self.cfg.flops.budget_counter] >= t.max_flops
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self._preempted = True
+        self._log("SIGTERM: saving a checkpoint after this step and exiting")
+
+    # ------------------------------------------------------------------ output
+    def _log(self, msg: str) -> None:
+        if self.dist.is_main:
+            print(msg, flush=True)
+
+    def _progress(self, rec: dict) -> None:
+        t = self.cfg.train
+        remaining = (t.max_steps - self.step) * (self.elapsed_s / max(self.step, 1))
+        parts = [f"step {self.step}/{t.max_steps}", f"loss {rec[M.TRAIN_LOSS]:.4f}", f"lr {rec[M.LR]:.2e}"]
+        if M.ALPHA in rec:
+            parts.append(f"kept {rec[M.KEPT_FRAC]:.3f} (alpha {rec[M.ALPHA]:.3f})")
+        parts.append(f"{rec[M.TOKENS_PER_S] / 1e3:.1f}k tok/s")
+        if M.MFU in rec:
+            parts.append(f"MFU {100 * rec[M.MFU]:.1f}%")
+        parts.append(f"ETA {_fmt_time(remaining)}")
+        print(" | ".join(parts), flush=True)
+
+
+def _parse_weights(spec: str):
+    """'unif' / 'doremi' / 'natural' or 'code=0.5,docs=0.5' -> what resolve_weights takes."""
+    if "=" not in spec:
+        return spec
+    out = {}
+    for part in spec.split(","):
+        k, _, v = part.partition("=")
+        try:
+            out[k.strip()] = float(v)
+        except ValueError:
+            raise ConfigError(f"data.weights: expected domain=weight pairs, got {part!r}") from None
+    return out
+
+
+def _fmt_time(s: float) -> str:
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def _in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def train(cfg: Config) -> RunResult:
+    trainer = Trainer(cfg)
+    try:
+        return trainer.train()
+    finally:
+        shutdown(trainer.dist)

@@ -1,0 +1,57 @@
+from pathlib import Path
+
+import pytest
+
+from eslm.config import Config, all_keys, build_config, from_dict, to_yaml
+from eslm.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_defaults_are_valid():
+    cfg = build_config()
+    assert cfg.method.name == "eslm-entropy" and cfg.model.preset == "small"
+    assert cfg.train.beta2 == 0.95 and cfg.train.weight_decay == 0.1
+
+
+def test_yaml_deltas_then_overrides(tmp_path):
+    a = tmp_path / "a.yaml"
+    a.write_text("method:\n  alpha: 0.3\ntrain:\n  max_steps: 7\n")
+    b = tmp_path / "b.yaml"
+    b.write_text("method:\n  alpha: 0.2\n")
+    cfg = build_config([str(a), str(b)], ["train.max_steps=9", "checkpoint.milestones=[10,20]"])
+    assert cfg.method.alpha == 0.2 and cfg.train.max_steps == 9
+    assert cfg.checkpoint.milestones == (10, 20)
+
+
+def test_unknown_key_suggests_nearest():
+    with pytest.raises(ConfigError, match="did you mean 'method.alpha'"):
+        build_config(overrides=["method.alpah=0.2"])
+
+
+def test_every_problem_reported_at_once():
+    with pytest.raises(ConfigError) as e:
+        build_config(overrides=["method.alpha=1.5", "train.lr=abc", "method.name=eslm-entrop", "train.dtype=fp8"])
+    msg = str(e.value)
+    assert "4 config problem" in msg
+    assert "did you mean 'eslm-entropy'" in msg and "train.dtype" in msg and "train.lr" in msg
+
+
+def test_resolved_config_round_trips():
+    import yaml
+
+    cfg = build_config(overrides=["method.ada.gamma=0.7"])
+    again = from_dict(yaml.safe_load(to_yaml(cfg)))
+    assert again == cfg
+
+
+def test_every_config_file_loads_and_validates():
+    files = sorted((ROOT / "configs").rglob("*.yaml"))
+    for f in files:
+        build_config([str(f)])
+
+
+def test_keys_have_help():
+    keys = all_keys()
+    assert len(keys) > 40
+    assert all(h for _, h in keys.values())

@@ -1,0 +1,107 @@
+import math
+
+import pytest
+import torch
+
+from eslm.data.batch import Batch
+from eslm.selection.ada import AdaController
+from eslm.selection.scores import standardize
+from eslm.selection.selectors import RandomSelector, TokenSelector, VaRSelector
+
+
+def _batch(B=4, T=16, n_domains=2):
+    x = torch.randint(0, 50, (B, T))
+    return Batch(x, x.roll(-1, 1), torch.arange(B) % n_domains)
+
+
+def test_var_selector_keeps_top_scores_and_reports_stats():
+    b = _batch()
+    scores = torch.randn(4, 16)
+    sel = VaRSelector("entropy", 0.25, n_domains=2).select(scores, b)
+    assert sel.num_kept == 48 and sel.num_tokens == 64
+    kept = scores.reshape(-1)[sel.index]
+    dropped_mask = torch.ones(64, dtype=torch.bool)
+    dropped_mask[sel.index] = False
+    assert kept.min() >= scores.reshape(-1)[dropped_mask].max()
+    assert float(sel.stats["cvar"]) == pytest.approx(float(kept.mean()), rel=1e-6)
+    assert float(sel.stats["kept_per_domain"].sum()) == 48
+    assert sel.stats["tokens_per_domain"].tolist() == [32.0, 32.0]
+
+
+def test_batch_standardisation_never_changes_the_mask():
+    b = _batch()
+    scores = torch.rand(4, 16) * 5 + 3
+    a = VaRSelector("loss", 0.3, "none", 2).select(scores, b).index.sort().values
+    z = VaRSelector("loss", 0.3, "batch", 2).select(scores, b).index.sort().values
+    assert torch.equal(a, z)
+
+
+def test_sequence_and_domain_standardisation():
+    scores = torch.cat([torch.rand(2, 8) + 10, torch.rand(2, 8)])  # rows 0,1 uniformly harder
+    dom = torch.tensor([0, 0, 1, 1])
+    seq = standardize(scores, "sequence")
+    assert torch.allclose(seq.mean(1), torch.zeros(4), atol=1e-5)
+    d = standardize(scores, "domain", dom)
+    assert abs(float(d[:2].mean())) < 1e-5 and abs(float(d[2:].mean())) < 1e-5
+    b = Batch(torch.zeros(4, 8, dtype=torch.long), torch.zeros(4, 8, dtype=torch.long), dom)
+    raw = VaRSelector("loss", 0.5, "none", 2).select(scores, b)
+    by_dom = VaRSelector("loss", 0.5, "domain", n_domains=2).select(scores, b)
+    assert (raw.index < 16).all()  # raw scores: the hard domain takes the whole budget
+    assert (by_dom.index >= 16).any() and (by_dom.index < 16).any()
+
+
+def test_threshold_mode_keeps_all_at_or_above():
+    b = _batch()
+    scores = torch.randn(4, 16)
+    sel = VaRSelector("loss", 0.1, n_domains=2).select(scores, b, threshold=torch.tensor(0.0))
+    assert sel.num_kept == int((scores >= 0).sum())
+
+
+def test_random_selector_same_k_and_resumable():
+    b = _batch()
+    s = RandomSelector(0.5, seed=3, n_domains=2)
+    first = s.select(None, b)
+    state = s.state_dict()
+    nxt = s.select(None, b).index
+    s2 = RandomSelector(0.5, seed=99, n_domains=2)
+    s2.load_state_dict(state)
+    assert first.num_kept == 32
+    assert torch.equal(s2.select(None, b).index, nxt)
+
+
+def test_all_tokens_default():
+    sel = TokenSelector().select(None, _batch())
+    assert sel.index is None and sel.num_kept == 64
+
+
+class _Sel:
+    alpha = 0.1
+
+
+class _Obs:
+    def __init__(self, c):
+        self.stats = {"cvar": torch.tensor(c)}
+
+
+def test_ada_first_measurement_initialises_then_multiplicative_rule():
+    sel = _Sel()
+    ada = AdaController(sel, gamma=0.5, interval=2, eps=1e-8, alpha_min=0.01, alpha_max=0.5)
+    for c in (4.0, 6.0):
+        ada.observe(_Obs(c))
+    ada.on_step_end(1)
+    assert sel.alpha == 0.1  # not an interval boundary
+    ada.on_step_end(2)
+    assert sel.alpha == 0.1 and ada.prev_cvar == pytest.approx(5.0)  # first measurement: no update
+    ada.observe(_Obs(4.0))
+    ada.on_step_end(4)
+    d = (4.0 - 5.0) / 5.0
+    assert sel.alpha == pytest.approx(0.1 * math.exp(-0.5 * d))  # CVaR fell -> alpha rises
+    # clamping and state round trip
+    ada.observe(_Obs(1000.0))
+    ada.on_step_end(6)
+    assert sel.alpha == 0.01
+    sd = ada.state_dict()
+    sel2 = _Sel()
+    ada2 = AdaController(sel2, gamma=0.5, interval=2, eps=1e-8, alpha_min=0.01, alpha_max=0.5)
+    ada2.load_state_dict(sd)
+    assert sel2.alpha == 0.01 and ada2.prev_cvar == ada.prev_cvar

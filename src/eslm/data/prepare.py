@@ -1,0 +1,246 @@
+"""``eslm prepare SOURCE --out DIR``: text -> token shards + ``manifest.json`` (format: see manifest.py).
+
+Documents are read, tokenised and grouped in chunks by a pool of worker processes (``workers``), and the
+chunks are written back in source order, so the shards do not depend on the number of workers. Every
+document is followed by the end-of-text id; empty documents (e.g. a module without docstrings) are dropped.
+The output is written to a temporary sibling directory and renamed into place at the end, so an
+interrupted run never leaves a directory that looks prepared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from eslm.data import manifest as mf
+from eslm.data.sources import Document, document_text, get_source, SOURCE_NAMES
+from eslm.data.tokenizers import get_tokenizer, TOKENIZER_NAMES
+from eslm.errors import ConfigError
+
+CHUNK_DOCS = 64  # documents per worker task: big enough to amortise IPC, small enough for a smooth bar
+CHUNK_CHARS = 4_000_000  # ... and at most this many characters of inline text per task
+
+
+class _ShardWriter:
+    """Appends token arrays to one (split, domain) file, hashing and counting as it goes."""
+
+    def __init__(self, path: Path, dtype: str):
+        self.path, self.dtype = path, np.dtype(dtype).newbyteorder("<")
+        self._f = open(path, "wb")
+        self._sha = hashlib.sha256()
+        self.num_tokens = 0
+        self.num_documents = 0
+
+    def write(self, tokens: np.ndarray, num_documents: int) -> None:
+        data = tokens.astype(self.dtype, copy=False).tobytes()
+        self._f.write(data)
+        self._sha.update(data)
+        self.num_tokens += tokens.size
+        self.num_documents += num_documents
+
+    def close(self) -> dict:
+        self._f.close()
+        return {"path": self.path.name, "num_tokens": self.num_tokens, "num_bytes": self.num_tokens *
+                self.dtype.itemsize, "sha256": self._sha.hexdigest()}
+
+
+def _tokenize_chunk(task: tuple[str, str, list[Document]]) -> tuple[int, list[tuple[str, str, np.ndarray, int]]]:
+    """Worker: read + tokenise a chunk of documents.
+
+    Returns (documents read, [(split, domain, tokens, documents kept)]) with groups in first-seen order;
+    tokens: 1-D array of dtype ``task[1]``, each kept document's ids followed by eot.
+    """
+    tokenizer_name, dtype, docs = task
+    tok = get_tokenizer(tokenizer_name)
+    texts = [document_text(d) for d in docs]
+    kept = [(d, t) for d, t in zip(docs, texts) if t]
+    ids = tok.encode_batch([t for _, t in kept])
+    groups: dict[tuple[str, str], list[np.ndarray]] = {}
+    eot = np.array([tok.eot_id], dtype=dtype)
+    for (doc, _), doc_ids in zip(kept, ids):
+        groups.setdefault((doc.split, doc.domain), []).extend([np.asarray(doc_ids, dtype=dtype), eot])
+    return len(docs), [(s, d, np.concatenate(parts), len(parts) // 2) for (s, d), parts in groups.items()]
+
+
+def _chunks(docs: Iterable[Document], tokenizer: str, dtype: str) -> Iterator[tuple[str, str, list[Document]]]:
+    chunk, chars = [], 0
+    for doc in docs:
+        chunk.append(doc)
+        chars += len(doc.payload)
+        if len(chunk) >= CHUNK_DOCS or chars >= CHUNK_CHARS:
+            yield tokenizer, dtype, chunk
+            chunk, chars = [], 0
+    if chunk:
+        yield tokenizer, dtype, chunk
+
+
+def _tokenized(tasks: Iterator, workers: int) -> Iterator:
+    """Results of ``_tokenize_chunk`` in task order, in ``workers`` processes (1: in this process)."""
+    if workers <= 1:
+        yield from map(_tokenize_chunk, tasks)
+        return
+    import multiprocessing as mp
+
+    # spawn, not fork: the parent may hold threads (torch, tiktoken) that fork would copy in a locked state
+    with mp.get_context("spawn").Pool(workers) as pool:
+        yield from pool.imap(_tokenize_chunk, tasks)
+
+
+def default_workers() -> int:
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+def prepare(source: str, out_dir: str | os.PathLike, *, tokenizer: str = "gpt2", paths: list[str] | None = None,
+            domains: list[str] | None = None, val_fraction: float | None = None, workers: int | None = None,
+            progress: bool = True, overwrite: bool = False, hf_cache_dir: str | None = None) -> dict:
+    """Tokenise ``source`` into ``out_dir``; returns the manifest dict (also written as manifest.json).
+
+    val_fraction: share of documents (by stable hash) sent to val, stdlib/text only (default 0.02).
+    workers: tokenisation processes (default min(2, cpu count)); the output does not depend on it.
+    """
+    t0 = time.perf_counter()
+    out_dir = Path(out_dir)
+    _check_out_dir(out_dir, overwrite)
+    tok = get_tokenizer(tokenizer)
+    src = get_source(source, paths=paths, domains=domains, val_fraction=val_fraction, hf_cache_dir=hf_cache_dir)
+    dtype = mf.dtype_for_vocab(tok.vocab_size)
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        writers = {(s, d): _ShardWriter(tmp / mf.shard_name(s, d), dtype) for s in mf.SPLITS for d in src.domains}
+        _write_all(src, tok.name, dtype, writers, workers or default_workers(), progress)
+        files = [dict(w.close(), split=s, domain=d) for (s, d), w in writers.items()]
+        manifest = _build_manifest(src, tok, dtype, files, writers, val_fraction, time.perf_counter() - t0)
+        mf.write_manifest(tmp, manifest)
+        _move_into_place(tmp, out_dir, overwrite)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return manifest
+
+
+def _write_all(src, tokenizer: str, dtype: str, writers: dict, workers: int, progress: bool) -> None:
+    from tqdm.auto import tqdm
+
+    tasks = _chunks(src.documents(), tokenizer, dtype)
+    with tqdm(total=src.num_documents, unit="doc", desc=f"prepare {src.name}", disable=not progress) as bar:
+        total = 0
+        for n_read, results in _tokenized(tasks, workers):
+            for split, domain, tokens, n_docs in results:
+                writers[(split, domain)].write(tokens, n_docs)
+                total += tokens.size
+            bar.update(n_read)
+            bar.set_postfix(tokens=f"{total:,}", refresh=False)
+
+
+def _build_manifest(src, tok, dtype, files, writers, val_fraction, seconds) -> dict:
+    from eslm import __version__
+
+    count = {s: {d: writers[(s, d)].num_tokens for d in src.domains} for s in mf.SPLITS}
+    docs = {s: {d: writers[(s, d)].num_documents for d in src.domains} for s in mf.SPLITS}
+    return {
+        "format": mf.FORMAT, "version": mf.VERSION,
+        "tokenizer": {"name": tok.name, "vocab_size": tok.vocab_size, "eot_id": tok.eot_id},
+        "dtype": dtype, "byteorder": "little",
+        "domains": list(src.domains), "splits": list(mf.SPLITS),
+        "files": files, "num_tokens": count, "num_documents": docs,
+        "content_hash": mf.content_hash(files),
+        "source": src.description, "val_fraction": val_fraction,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "eslm_version": __version__,
+        "prepare_seconds": round(seconds, 3),
+    }
+
+
+def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
+    if out_dir.exists() and any(out_dir.iterdir()):
+        if not (out_dir / mf.MANIFEST_NAME).is_file():
+            raise ConfigError(f"expected --out to be a new, empty or prepared directory; found other files in "
+                              f"{out_dir}; fix: choose another --out")
+        if not overwrite:
+            raise ConfigError(f"expected a new --out directory; found {out_dir} already prepared; "
+                              "fix: pass --force to overwrite, or choose another --out")
+
+
+def _move_into_place(tmp: Path, out_dir: Path, overwrite: bool) -> None:
+    if out_dir.exists():
+        if overwrite and (out_dir / mf.MANIFEST_NAME).is_file():
+            shutil.rmtree(out_dir)
+        elif not any(out_dir.iterdir()):
+            out_dir.rmdir()
+    os.replace(tmp, out_dir)  # raises OSError if another process put a prepared directory there meanwhile
+
+
+def default_data_root() -> Path:
+    """$ESLM_DATA_DIR, else ./data."""
+    return Path(os.environ.get("ESLM_DATA_DIR") or "data")
+
+
+def ensure_prepared(source: str = "stdlib", tokenizer: str = "gpt2", root: str | os.PathLike | None = None,
+                    *, progress: bool = False, **kwargs) -> Path:
+    """The directory ``root/{source}-{tokenizer}``, preparing it first if it has no manifest.
+
+    An existing directory is validated (manifest + shard sizes) and reused, never silently rebuilt.
+    Safe when several processes call it at once: the first to finish wins, the others use its result.
+    """
+    if source == "text":
+        raise ConfigError("expected a source that needs no paths for ensure_prepared; found 'text'; "
+                          "fix: run 'eslm prepare text --out DIR PATH...' and point data.dir at DIR")
+    out = Path(root) if root is not None else default_data_root()
+    out = out / f"{source}-{tokenizer}"
+    if not (out / mf.MANIFEST_NAME).is_file():
+        try:
+            prepare(source, out, tokenizer=tokenizer, progress=progress, **kwargs)
+        except OSError:
+            if not (out / mf.MANIFEST_NAME).is_file():  # lost a race: fine if the winner finished
+                raise
+    manifest = mf.read_manifest(out)
+    mf.verify_shards(out, manifest, verify="size")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------- CLI
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", help=f"one of: {', '.join(SOURCE_NAMES)}")
+    parser.add_argument("paths", nargs="*", metavar="[NAME=]PATH",
+                        help="text: files, directories or globs, NAME = domain (default 'text'); "
+                             "openwebtext / slimpajama-6b: local data files, NAME = split (instead of the Hub)")
+    parser.add_argument("--out", default=None,
+                        help="output directory (default: $ESLM_DATA_DIR or ./data, then SOURCE-TOKENIZER)")
+    parser.add_argument("--tokenizer", default="gpt2", help=f"one of: {', '.join(TOKENIZER_NAMES)} (default gpt2)")
+    parser.add_argument("--val-fraction", type=float, default=None,
+                        help="share of documents in val for stdlib/text (default 0.02); hub sources have fixed splits")
+    parser.add_argument("--domains", default=None, help="comma-separated subset of the source's domains")
+    parser.add_argument("--workers", type=int, default=None, help="tokenisation processes (default min(2, CPUs))")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing prepared directory")
+    parser.add_argument("--hf-cache-dir", default=None, help="HF datasets cache directory (hub sources)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out) if args.out else default_data_root() / f"{args.source}-{args.tokenizer}"
+    domains = [d.strip() for d in args.domains.split(",") if d.strip()] if args.domains else None
+    m = prepare(args.source, out, tokenizer=args.tokenizer, paths=args.paths or None, domains=domains,
+                val_fraction=args.val_fraction, workers=args.workers, progress=not args.no_progress,
+                overwrite=args.force, hf_cache_dir=args.hf_cache_dir)
+    print(format_summary(m, out))
+    return 0
+
+
+def format_summary(m: dict, out: Path) -> str:
+    """A small table of tokens per (domain, split) plus totals and the time taken."""
+    lines = [f"{'domain':<16}{'train tokens':>16}{'val tokens':>14}{'train docs':>12}{'val docs':>10}"]
+    for d in m["domains"]:
+        lines.append(f"{d:<16}{m['num_tokens']['train'][d]:>16,}{m['num_tokens']['val'][d]:>14,}"
+                     f"{m['num_documents']['train'][d]:>12,}{m['num_documents']['val'][d]:>10,}")
+    tot = {s: sum(m["num_tokens"][s].values()) for s in mf.SPLITS}
+    lines.append(f"{'total':<16}{tot['train']:>16,}{tot['val']:>14,}")
+    lines.append(f"wrote {out} ({m['tokenizer']['name']}, {m['dtype']}) in {m['prepare_seconds']:.1f} s; "
+                 f"content hash {m['content_hash'][:16]}")
+    return "\n".join(lines)

@@ -1,0 +1,259 @@
+"""FLOPs accounting: the PaLM estimate, the paper's convention, and what was actually executed.
+
+Pure arithmetic on Python numbers (no torch, no model instantiation). Every quantity is in FLOPs, where one
+multiply-add counts as 2 FLOPs (the convention of PaLM, Kaplan et al. and torch.utils.flop_counter).
+
+Per-token cost of one training step (PaLM, Chowdhery et al. 2022, appendix B):
+
+    train_per_token = 6 N + 12 L H Q T
+
+* N: parameters without the position embedding, with the tied token embedding / LM head counted once
+  (``GPT.num_params(non_embedding=True)``, as nanoGPT counts). Every weight matrix W (in x out) costs
+  2*in*out FLOPs per token in the forward (one multiply-add per weight) and twice that in the backward
+  (grad wrt its input: 2*in*out; grad wrt W: 2*in*out), hence 2N + 4N = 6N. The token embedding is a lookup,
+  not a matmul, but its tied weight IS the LM head (a V x C matmul), so counting it once in N is right.
+  Layernorm gains and biases are in N although they are not matmul weights: 6N overcounts them slightly
+  (about 0.01% at 124M). Layernorm, softmax, GELU, the residual adds and the cross-entropy are not counted.
+* 12 L H Q T: attention scores Q K^T and the weighted sum A V. Per layer, per token, each is a (H*Q)-long
+  dot product with each of T positions: 2 * 2 * H*Q*T FLOPs forward, twice that backward, so 12*H*Q*T for
+  the step. It counts all T positions (no causal discount), as PaLM does.
+  L = n_layer, H = n_head, Q = head_dim, T = seq_len (the training sequence length, not block_size).
+
+Forward is 1/3 and backward 2/3 of the total (the backward of every matmul is two matmuls of the same size).
+
+The LM head is one of the matmuls in 6N: its forward is 2 C V per token (C = n_embd, V = vocab_size), its
+backward 4 C V (grad wrt the hidden state + grad wrt the weight). A fused selective loss skips the head
+backward of dropped tokens; nothing else of the backward shrinks, because attention mixes positions: a dropped
+token's hidden state still carries gradient from later kept tokens through the attention of every layer.
+
+Three counters (see ``step_flops`` and docs/flops.md):
+
+* ``dense``    = train_per_token * tokens_seen: what plain CLM spends on the same tokens.
+* ``paper``    = forward on all tokens + backward scaled by the kept fraction + declared extra forwards
+                 (reference model, teacher): the paper's accounting.
+* ``executed`` = what really ran: forward on all tokens (+ any scoring pre-pass), the trunk backward for ALL
+                 tokens, the head backward for the rows that got one, recomputed head forwards, extras.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eslm.errors import ConfigError
+from eslm.model.gpt import ModelConfig, preset
+
+COUNT_PER = ("global", "micro")
+COUNTER_KEYS = ("flops_paper", "flops_executed", "flops_dense")
+
+
+def count_params(cfg: ModelConfig) -> int:
+    """N of ``GPT(cfg).num_params(non_embedding=True)``, computed from the config alone.
+
+    Token embedding V*C (tied to the head, counted once); per layer: c_attn 3C^2, attn c_proj C^2, c_fc 4C^2,
+    mlp c_proj 4C^2 (= 12 C^2 of matmul weights) plus two layernorm gains 2C; ln_f gain C. With ``bias`` the
+    linears add 3C + C + 4C + C biases per layer and every layernorm a bias of C. The position embedding is
+    excluded.
+    """
+    C, L = cfg.n_embd, cfg.n_layer
+    per_layer = 12 * C * C + 2 * C  # matmul weights + ln_1, ln_2 gains
+    final = C  # ln_f gain
+    if cfg.bias:
+        per_layer += (3 * C + C + 4 * C + C) + 2 * C  # linear biases + ln_1, ln_2 biases
+        final += C  # ln_f bias
+    return cfg.vocab_size * C + L * per_layer + final
+
+
+@dataclass(frozen=True)
+class FlopsModel:
+    """Per-token FLOPs of one model at one training sequence length (all properties: FLOPs per token)."""
+
+    n_params: int  # N without the position embedding (tied embedding counted once), as nanoGPT counts
+    n_layer: int
+    n_head: int
+    head_dim: int
+    seq_len: int  # T: tokens per training sequence (attention span)
+    n_embd: int
+    vocab_size: int
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig, seq_len: int) -> "FlopsModel":
+        """The FlopsModel of ``GPT(cfg)`` trained on sequences of ``seq_len`` tokens (N computed analytically)."""
+        if not 1 <= int(seq_len) <= cfg.block_size:
+            raise ConfigError(f"seq_len must be in [1, block_size={cfg.block_size}]; found {seq_len}; "
+                              f"fix: set data.seq_len <= model.block_size")
+        return cls(n_params=count_params(cfg), n_layer=cfg.n_layer, n_head=cfg.n_head,
+                   head_dim=cfg.n_embd // cfg.n_head, seq_len=int(seq_len), n_embd=cfg.n_embd,
+                   vocab_size=cfg.vocab_size)
+
+    @property
+    def attention_per_token(self) -> float:
+        """12 L H Q T: attention scores and weighted values, forward + backward, all T positions."""
+        return 12.0 * self.n_layer * self.n_head * self.head_dim * self.seq_len
+
+    @property
+    def train_per_token(self) -> float:
+        """PaLM: 6N + 12 L H Q T (forward + backward)."""
+        return 6.0 * self.n_params + self.attention_per_token
+
+    @property
+    def forward_per_token(self) -> float:
+        """2N + 4 L H Q T: one third of a training step."""
+        return self.train_per_token / 3.0
+
+    @property
+    def backward_per_token(self) -> float:
+        """4N + 8 L H Q T: two thirds of a training step (LM head backward included)."""
+        return 2.0 * self.train_per_token / 3.0
+
+    @property
+    def head_forward_per_token(self) -> float:
+        """2 C V: the LM-head matmul hidden (C,) @ W^T (C, V)."""
+        return 2.0 * self.n_embd * self.vocab_size
+
+    @property
+    def head_backward_per_token(self) -> float:
+        """4 C V: grad wrt the hidden state (dlogits @ W) + grad wrt W (dlogits^T @ hidden)."""
+        return 4.0 * self.n_embd * self.vocab_size
+
+
+def forward_flops(fm: FlopsModel, tokens: int) -> float:
+    """FLOPs of a forward pass of ``fm`` over ``tokens`` tokens (e.g. a reference or teacher model)."""
+    return fm.forward_per_token * tokens
+
+
+@dataclass
+class StepFlops:
+    """FLOPs of one micro-batch on one rank under the three conventions."""
+
+    paper: float
+    executed: float
+    dense: float
+
+
+def step_flops(fm: FlopsModel, *, tokens_seen: int, tokens_kept: int, head_backward_tokens: int,
+               head_recompute_tokens: int = 0, extra_forward_tokens: int = 0,
+               extra_flops_paper: float = 0.0, extra_flops_executed: float = 0.0) -> StepFlops:
+    """The three FLOPs counts of one micro-batch on one rank.
+
+    tokens_seen:           tokens through the forward of the trained model (B*T)
+    tokens_kept:           tokens whose loss is backpropagated (the realised K)
+    head_backward_tokens:  rows whose LM-head backward ran: K for the fused loss, tokens_seen for a masked loss
+    head_recompute_tokens: rows whose logits the fused loss recomputed in its backward (0 if cached)
+    extra_forward_tokens:  further forward tokens of the trained model (a scoring pre-pass, GREATS' validation rows)
+    extra_flops_paper / extra_flops_executed: FLOPs outside the trained model (reference / teacher forwards,
+                           e.g. ``forward_flops(ref_fm, tokens_seen)``), as counted by each convention
+    """
+    if not 0 <= tokens_kept <= tokens_seen or not 0 <= head_backward_tokens <= tokens_seen:
+        raise ValueError(f"expected 0 <= tokens_kept, head_backward_tokens <= tokens_seen={tokens_seen}; "
+                         f"found tokens_kept={tokens_kept}, head_backward_tokens={head_backward_tokens}")
+    fwd, bwd = fm.forward_per_token, fm.backward_per_token
+    dense = fm.train_per_token * tokens_seen
+    # The paper: forward on every token, backward as if it scaled with the kept fraction.
+    paper = fwd * tokens_seen + bwd * tokens_kept + extra_flops_paper
+    # Executed: the trunk backward runs for every token (attention mixes positions, so a dropped token's
+    # activations still receive gradient from kept ones); only the head backward can be restricted to rows.
+    trunk_bwd = bwd - fm.head_backward_per_token
+    executed = (fwd * (tokens_seen + extra_forward_tokens)
+                + trunk_bwd * tokens_seen
+                + fm.head_backward_per_token * head_backward_tokens
+                + fm.head_forward_per_token * head_recompute_tokens
+                + extra_flops_executed)
+    return StepFlops(paper=paper, executed=executed, dense=dense)
+
+
+class FlopsCounter:
+    """Cumulative ``flops_paper``, ``flops_executed``, ``flops_dense`` over a run.
+
+    count_per="global": every micro-batch of every rank (the FLOPs the cluster spent).
+    count_per="micro":  one micro-batch of one rank per optimizer step. This is what the paper's absolute
+                        budgets appear to use: 3E17 FLOPs at 124M is ~28.5k steps of 12 x 1024 tokens, in line
+                        with its 40k-step reference checkpoints, whereas counted globally (x 40 accumulation
+                        steps) 3E17 would be only ~714 optimizer steps (docs/flops.md).
+    """
+
+    def __init__(self, count_per: str):
+        if count_per not in COUNT_PER:
+            raise ConfigError(f"flops.count_per must be one of {' | '.join(COUNT_PER)}; found {count_per!r}; "
+                              f"fix: set flops.count_per=global or flops.count_per=micro")
+        self.count_per = count_per
+        self._totals = {k: 0.0 for k in COUNTER_KEYS}
+
+    def add(self, step_flops: StepFlops, *, micro_steps: int, world_size: int) -> None:
+        """Count one optimizer step; ``step_flops`` describes ONE micro-batch on one rank (the step's mean)."""
+        factor = micro_steps * world_size if self.count_per == "global" else 1
+        self._totals["flops_paper"] += factor * float(step_flops.paper)
+        self._totals["flops_executed"] += factor * float(step_flops.executed)
+        self._totals["flops_dense"] += factor * float(step_flops.dense)
+
+    def totals(self) -> dict:
+        """{"flops_paper", "flops_executed", "flops_dense"}: cumulative FLOPs (Python floats)."""
+        return dict(self._totals)
+
+    def state_dict(self) -> dict:
+        return {"count_per": self.count_per, **self._totals}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("count_per", self.count_per) != self.count_per:
+            raise ConfigError(f"flops.count_per of the checkpoint is {state['count_per']!r}; found "
+                              f"{self.count_per!r} in the config; fix: resume with "
+                              f"flops.count_per={state['count_per']}")
+        self._totals = {k: float(state[k]) for k in COUNTER_KEYS}
+
+
+def executed_savings(fm: FlopsModel, keep: float, *, recompute: bool = False) -> float:
+    """Fraction of dense training FLOPs a fused selective loss saves at kept fraction ``keep`` (one token).
+
+    Saved: the head backward of dropped tokens, (1 - keep) * 4CV; spent with ``recompute``: the head forward
+    of kept tokens, keep * 2CV. Divided by 6N + 12LHQT.
+    """
+    s = step_flops(fm, tokens_seen=1, tokens_kept=keep, head_backward_tokens=keep,
+                   head_recompute_tokens=keep if recompute else 0)
+    return 1.0 - s.executed / s.dense
+
+
+def micro_steps_for_budget(fm: FlopsModel, budget_flops: float, micro_batch_tokens: int) -> float:
+    """Optimizer steps a dense run takes to reach ``budget_flops`` counting one micro-batch per step."""
+    return budget_flops / (fm.train_per_token * micro_batch_tokens)
+
+
+PAPER_SIZES = ("gpt2-124m", "gpt2-350m", "gpt2-774m")
+
+
+def savings_table(sizes=PAPER_SIZES, alphas=(0.1, 0.2, 0.5), seq_len: int = 1024,
+                  vocab_size: int = 50304) -> list[dict]:
+    """Per-token FLOPs / dense for each size and alpha, keep = 1 - alpha (rows of plain floats).
+
+    paper:           (1 + 2 keep) / 3
+    masked:          a masked loss over full logits (head backward for every row): executed = dense
+    fused_cached:    head backward only for kept rows, logits cached from the scoring pass
+    fused_recompute: as fused_cached, plus recomputing the kept rows' logits in the backward
+    """
+    rows = []
+    for name in sizes:
+        fm = FlopsModel.from_config(preset(name, vocab_size=vocab_size), seq_len)
+        for alpha in alphas:
+            keep = 1.0 - alpha
+            s = step_flops(fm, tokens_seen=1, tokens_kept=keep, head_backward_tokens=1)
+            rows.append({"model": name, "n_params": fm.n_params, "alpha": alpha,
+                         "paper": s.paper / s.dense, "masked": s.executed / s.dense,
+                         "fused_cached": 1.0 - executed_savings(fm, keep),
+                         "fused_recompute": 1.0 - executed_savings(fm, keep, recompute=True)})
+    return rows
+
+
+def format_savings_table(rows: list[dict]) -> str:
+    """A Markdown table of ``savings_table()`` rows."""
+    lines = ["| model | N | alpha | paper / dense | executed / dense: masked | fused, cached logits "
+             "| fused, recompute |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['n_params'] / 1e6:.1f}M | {r['alpha']:.1f} | {r['paper']:.4f} "
+                     f"| {r['masked']:.4f} | {r['fused_cached']:.4f} | {r['fused_recompute']:.4f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m eslm.flops
+    print(format_savings_table(savings_table()))
+    fm = FlopsModel.from_config(preset("gpt2-124m"), 1024)
+    steps = micro_steps_for_budget(fm, 3e17, 12 * 1024)
+    print(f"\n124M: {fm.train_per_token:.4g} FLOPs/token; 3E17 FLOPs = {steps:,.0f} steps of 12x1024 tokens "
+          f"counted per micro-batch, {steps / 40:,.0f} steps counted per global batch (x40)")

@@ -102,7 +102,7 @@ def prepare(source: str, out_dir: str | os.PathLike, *, tokenizer: str = "gpt2",
             progress: bool = True, overwrite: bool = False, hf_cache_dir: str | None = None) -> dict:
     """Tokenise ``source`` into ``out_dir``; returns the manifest dict (also written as manifest.json).
 
-    val_fraction: share of documents (by stable hash) sent to val, stdlib/text only (default 0.02).
+    val_fraction: share of documents (by stable hash) sent to val, stdlib/text only (default 0.05).
     workers: tokenisation processes (default min(2, cpu count)); the output does not depend on it.
     """
     t0 = time.perf_counter()
@@ -118,7 +118,7 @@ def prepare(source: str, out_dir: str | os.PathLike, *, tokenizer: str = "gpt2",
         writers = {(s, d): _ShardWriter(tmp / mf.shard_name(s, d), dtype) for s in mf.SPLITS for d in src.domains}
         _write_all(src, tok.name, dtype, writers, workers or default_workers(), progress)
         files = [dict(w.close(), split=s, domain=d) for (s, d), w in writers.items()]
-        manifest = _build_manifest(src, tok, dtype, files, writers, val_fraction, time.perf_counter() - t0)
+        manifest = _build_manifest(src, tok, dtype, files, writers, time.perf_counter() - t0)
         mf.write_manifest(tmp, manifest)
         _move_into_place(tmp, out_dir, overwrite)
     finally:
@@ -140,7 +140,7 @@ def _write_all(src, tokenizer: str, dtype: str, writers: dict, workers: int, pro
             bar.set_postfix(tokens=f"{total:,}", refresh=False)
 
 
-def _build_manifest(src, tok, dtype, files, writers, val_fraction, seconds) -> dict:
+def _build_manifest(src, tok, dtype, files, writers, seconds) -> dict:
     from eslm import __version__
 
     count = {s: {d: writers[(s, d)].num_tokens for d in src.domains} for s in mf.SPLITS}
@@ -152,7 +152,7 @@ def _build_manifest(src, tok, dtype, files, writers, val_fraction, seconds) -> d
         "domains": list(src.domains), "splits": list(mf.SPLITS),
         "files": files, "num_tokens": count, "num_documents": docs,
         "content_hash": mf.content_hash(files),
-        "source": src.description, "val_fraction": val_fraction,
+        "source": src.description, "val_fraction": src.description.get("val_fraction"),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "eslm_version": __version__,
         "prepare_seconds": round(seconds, 3),
     }
@@ -215,7 +215,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output directory (default: $ESLM_DATA_DIR or ./data, then SOURCE-TOKENIZER)")
     parser.add_argument("--tokenizer", default="gpt2", help=f"one of: {', '.join(TOKENIZER_NAMES)} (default gpt2)")
     parser.add_argument("--val-fraction", type=float, default=None,
-                        help="share of documents in val for stdlib/text (default 0.02); hub sources have fixed splits")
+                        help="share of documents in val for stdlib/text (default 0.05); hub sources have fixed splits")
     parser.add_argument("--domains", default=None, help="comma-separated subset of the source's domains")
     parser.add_argument("--workers", type=int, default=None, help="tokenisation processes (default min(2, CPUs))")
     parser.add_argument("--force", action="store_true", help="overwrite an existing prepared directory")

@@ -55,7 +55,7 @@ SLIMPAJAMA_SET_NAMES = {
 HUB_IDS = {"openwebtext": "Skylion007/openwebtext", "slimpajama-6b": "DKYoon/SlimPajama-6B"}
 # nanoGPT's data/openwebtext/prepare.py: train_test_split(test_size=0.0005, seed=2357, shuffle=True)
 OWT_TEST_SIZE, OWT_SEED = 0.0005, 2357
-DEFAULT_VAL_FRACTION = 0.02
+DEFAULT_VAL_FRACTION = 0.05
 
 _DOMAIN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _STDLIB_SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "lib-dynload"}
@@ -219,7 +219,7 @@ def stdlib_source(val_fraction: float, domains: list[str] | None = None) -> Sour
         (len(topics) + len(docs_src)) * ("reference" in domains)
     desc = {"name": "stdlib", "python": sys.version.split()[0], "stdlib_dir": sysconfig.get_paths()["stdlib"],
             "python_files": len(files), "pydoc_topics": len(topics), "python_docs_files": len(docs_src),
-            "split_rule": f"sha256(module path or topic) < val_fraction={val_fraction}"}
+            "val_fraction": val_fraction, "split_rule": "sha256(module path or topic) < val_fraction"}
     return Source("stdlib", domains, desc, documents, n)
 
 
@@ -285,7 +285,7 @@ def text_source(paths: list[str] | None, val_fraction: float, domains: list[str]
             yield Document(d, split[k], k, "utf8", p)
 
     desc = {"name": "text", "paths": [f"{n}={os.path.abspath(p)}" for n, p in named], "files": len(files),
-            "split_rule": f"sha256(domain:relative path) < val_fraction={val_fraction}"}
+            "val_fraction": val_fraction, "split_rule": "sha256(domain:relative path) < val_fraction"}
     return Source("text", domains, desc, documents, len(files))
 
 

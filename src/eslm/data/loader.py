@@ -1,0 +1,265 @@
+"""Reading prepared data: the Dataset (validated, memory-mapped once), the training sampler, validation sets.
+
+Training sampler
+----------------
+Each row of a batch draws its domain from the mixture weights, then a window of ``seq_len + 1`` tokens
+starting uniformly at random inside that domain's token stream (windows may cross document boundaries;
+the end-of-text tokens mark them, as in nanoGPT). ``x`` is the window without its last token and ``y``
+without its first.
+
+The randomness is counter-based: batch ``i`` of rank ``r`` is drawn from a fresh generator seeded with
+``(seed, r, i)``. So the only state is the batch counter, a resumed loader reproduces the original
+batches exactly, and ranks draw independent windows without coordinating.
+
+Validation
+----------
+:func:`val_batches` cuts each domain's val stream into non-overlapping windows (targets never repeat) and
+picks a fixed, seeded subset of ``tokens_per_domain // seq_len`` of them, so per-domain losses use the
+same token budget and the same tokens in every run with the same arguments.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+import zlib
+from pathlib import Path
+from typing import Iterator, Mapping
+
+import numpy as np
+import torch
+
+from eslm.data import manifest as mf
+from eslm.data.batch import Batch
+from eslm.data.mixture import resolve_weights
+from eslm.errors import CheckpointError, ConfigError, DataError
+
+STATE_VERSION = 1
+
+
+class Dataset:
+    """A prepared data directory. Build it with :func:`open_dataset`.
+
+    domains:        list[str] in manifest order; ``Batch.domain`` indexes this list
+    tokenizer_name, vocab_size, eot_id, dtype ("uint16" | "uint32"), manifest (the parsed dict), path
+    """
+
+    def __init__(self, path: Path, manifest: dict):
+        self.path = path
+        self.manifest = manifest
+        self.domains: list[str] = list(manifest["domains"])
+        tok = manifest["tokenizer"]
+        self.tokenizer_name: str = tok["name"]
+        self.vocab_size: int = int(tok["vocab_size"])
+        self.eot_id: int = int(tok["eot_id"])
+        self.dtype: str = manifest["dtype"]
+        self.content_hash: str = manifest.get("content_hash", "")
+        self._files = {(f["split"], f["domain"]): f for f in manifest["files"]}
+        self._maps: dict[tuple[str, str], np.ndarray] = {}
+
+    def num_tokens(self, split: str, domain: str) -> int:
+        return int(self._file(split, domain)["num_tokens"])
+
+    def token_counts(self, split: str = "train") -> dict[str, int]:
+        """{domain: tokens} of ``split``, e.g. for the "natural" mixture."""
+        return {d: self.num_tokens(split, d) for d in self.domains}
+
+    def tokens(self, split: str, domain: str) -> np.ndarray:
+        """The read-only token stream of (split, domain): a 1-D ``np.memmap`` of ``dtype``, mapped once."""
+        key = (split, domain)
+        if key not in self._maps:
+            f = self._file(split, domain)
+            dtype = np.dtype(self.dtype).newbyteorder("<")
+            if int(f["num_tokens"]) == 0:
+                self._maps[key] = np.empty(0, dtype=dtype)  # mmap cannot map an empty file
+            else:
+                self._maps[key] = np.memmap(self.path / f["path"], dtype=dtype, mode="r")
+        return self._maps[key]
+
+    def check_vocab(self, model_vocab_size: int, tokenizer_name: str | None = None) -> None:
+        """DataError unless a model with ``model_vocab_size`` outputs can embed every id of this data.
+
+        A larger model vocabulary is fine (GPT-2 pads 50257 to 50304 for speed); a smaller one is not.
+        ``tokenizer_name``, when given, must equal the data's tokenizer.
+        """
+        fix = "fix: set model.vocab_size >= the data's, or prepare the data with the model's tokenizer"
+        if tokenizer_name is not None and tokenizer_name != self.tokenizer_name:
+            raise DataError(f"expected data tokenized with {tokenizer_name!r}; found {self.tokenizer_name!r} in "
+                            f"{self.path}; {fix}")
+        if int(model_vocab_size) < self.vocab_size:
+            raise DataError(f"expected a model vocab_size >= {self.vocab_size} ({self.tokenizer_name} data in "
+                            f"{self.path}); found {model_vocab_size}; {fix}")
+
+    def _file(self, split: str, domain: str) -> dict:
+        if (split, domain) not in self._files:
+            raise DataError(f"expected split in {list(mf.SPLITS)} and domain in {self.domains}; found "
+                            f"({split!r}, {domain!r}) in {self.path}; fix: use one of the listed names")
+        return self._files[(split, domain)]
+
+    def __getstate__(self) -> dict:
+        # pickling (e.g. to worker processes) must not copy the mapped arrays; they are re-mapped on use
+        return {**self.__dict__, "_maps": {}}
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"{d}={self.num_tokens('train', d):,}" for d in self.domains)
+        return f"Dataset({self.path}, {self.tokenizer_name}, train tokens: {counts})"
+
+
+def open_dataset(data_dir: str | os.PathLike, *, verify: str = "auto") -> Dataset:
+    """Open and validate a prepared directory (manifest schema, shard presence and sizes, and content
+    hashes when ``verify`` is "hash" or "auto" with small data). Problems raise one-line DataErrors."""
+    path = Path(data_dir)
+    manifest = mf.read_manifest(path)
+    mf.verify_shards(path, manifest, verify=verify)
+    return Dataset(path, manifest)
+
+
+# -------------------------------------------------------------------------------------------- training
+class TrainLoader:
+    """Seeded, resumable sampler of training micro-batches (see the module docstring).
+
+    weights: {domain: weight} (by name) or a spec for :func:`resolve_weights` ("natural", "unif", ...).
+    Yields :class:`Batch` with x, y (micro_batch_size_seqs, seq_len) int64 and domain (micro_batch_size_seqs,).
+    """
+
+    def __init__(self, dataset: Dataset, *, seq_len: int, micro_batch_size_seqs: int,
+                 weights: Mapping[str, float] | str, seed: int, rank: int = 0, world_size: int = 1,
+                 split: str = "train"):
+        _check_positive(seq_len=seq_len, micro_batch_size_seqs=micro_batch_size_seqs, world_size=world_size)
+        if not 0 <= rank < world_size or seed < 0:
+            raise ConfigError(f"expected seed >= 0 and 0 <= rank < world_size; found seed={seed}, rank={rank}, "
+                              f"world_size={world_size}; fix: check the launch settings")
+        self.dataset, self.split = dataset, split
+        self.seq_len, self.micro_batch_size_seqs = int(seq_len), int(micro_batch_size_seqs)
+        self.seed, self.rank, self.world_size = int(seed), int(rank), int(world_size)
+        self.weights = resolve_weights(weights, dataset.domains, token_counts=dataset.token_counts(split))
+        # only domains with positive weight are ever drawn (a zero weight is never sampled, not even by rounding)
+        self._active = np.array([i for i, d in enumerate(dataset.domains) if self.weights[d] > 0], dtype=np.int64)
+        p = np.array([self.weights[dataset.domains[i]] for i in self._active], dtype=np.float64)
+        self._p = p / p.sum()
+        self._streams = [dataset.tokens(split, d) for d in dataset.domains]
+        self._check_lengths()
+        self.batch_index = 0
+
+    def _check_lengths(self) -> None:
+        for i in self._active:
+            d, n = self.dataset.domains[i], len(self._streams[i])
+            if n < self.seq_len + 1:
+                raise DataError(f"expected >= seq_len+1 = {self.seq_len + 1} {self.split} tokens in domain {d!r} "
+                                f"(weight {self.weights[d]:.4g}); found {n}; fix: give it weight 0, lower "
+                                "seq_len, or prepare more data")
+
+    def _generator(self, batch_index: int) -> np.random.Generator:
+        return np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, self.rank, batch_index])))
+
+    def draw(self, batch_index: int) -> Batch:
+        """Batch number ``batch_index`` of this rank (pure: does not move the loader)."""
+        rng = self._generator(batch_index)
+        b, t = self.micro_batch_size_seqs, self.seq_len
+        domain = self._active[rng.choice(len(self._active), size=b, p=self._p)]
+        lengths = np.array([len(self._streams[i]) for i in domain], dtype=np.int64)
+        starts = rng.integers(0, lengths - t)  # window [s, s+t] inclusive fits: s <= n-(t+1)
+        buf = np.empty((b, t + 1), dtype=np.int64)
+        for row, (i, s) in enumerate(zip(domain, starts)):
+            buf[row] = self._streams[i][s:s + t + 1]
+        tokens = torch.from_numpy(buf)
+        return Batch(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous(), torch.from_numpy(domain))
+
+    def next_batch(self) -> Batch:
+        batch = self.draw(self.batch_index)
+        self.batch_index += 1
+        return batch
+
+    def __iter__(self) -> Iterator[Batch]:
+        while True:
+            yield self.next_batch()
+
+    def state_dict(self) -> dict:
+        """Plain Python types only (safe for ``torch.load(weights_only=True)``)."""
+        return {"version": STATE_VERSION, "batch_index": self.batch_index, "seed": self.seed, "rank": self.rank,
+                "world_size": self.world_size, "seq_len": self.seq_len,
+                "micro_batch_size_seqs": self.micro_batch_size_seqs, "split": self.split,
+                "domains": list(self.dataset.domains), "weights": dict(self.weights),
+                "content_hash": self.dataset.content_hash}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        """Resume at ``state["batch_index"]``. Every rank may load the same (e.g. rank 0's) state: the
+        counter is shared, and each rank's windows come from its own rank. Settings that would change
+        the batches raise a one-line CheckpointError."""
+        mine = self.state_dict()
+        if state.get("version") != STATE_VERSION:
+            raise CheckpointError(f"expected loader state version {STATE_VERSION}; found {state.get('version')!r}; "
+                                  "fix: resume with the eslm version that wrote the checkpoint")
+        for key in ("seed", "seq_len", "micro_batch_size_seqs", "split", "domains", "content_hash"):
+            if state.get(key) != mine[key]:
+                raise CheckpointError(f"expected the checkpoint's data {key}={state.get(key)!r} to resume exactly; "
+                                      f"found {mine[key]!r}; fix: resume with the original data and settings")
+        if any(abs(state["weights"].get(d, -1.0) - w) > 1e-12 for d, w in mine["weights"].items()):
+            raise CheckpointError(f"expected the checkpoint's mixture {state['weights']}; found {mine['weights']}; "
+                                  "fix: resume with the original weights")
+        if state.get("world_size") != self.world_size:
+            warnings.warn(f"loader resumed with world_size {self.world_size} (checkpoint: {state.get('world_size')}):"
+                          " batches continue but differ from the original run's", stacklevel=2)
+        self.batch_index = int(state["batch_index"])
+
+
+def _check_positive(**values: int) -> None:
+    bad = {k: v for k, v in values.items() if not (isinstance(v, (int, np.integer)) and v > 0)}
+    if bad:
+        raise ConfigError(f"expected positive integers; found {bad}; fix: set them to values >= 1")
+
+
+# ------------------------------------------------------------------------------------------ validation
+def val_batches(dataset: Dataset, *, seq_len: int, batch_size_seqs: int, tokens_per_domain: int,
+                seed: int = 0, split: str = "val") -> dict[str, list[Batch]]:
+    """A fixed validation set per domain: {domain: [Batch, ...]}.
+
+    Each domain contributes ``max(1, tokens_per_domain // seq_len)`` windows of ``seq_len`` targets, picked
+    (seeded by ``seed`` and the domain name) from its non-overlapping windows; capped, with a warning, at
+    what the domain has. A domain whose val stream is shorter than seq_len+1 is skipped with a warning;
+    a DataError if no domain has a window. Batches hold up to ``batch_size_seqs`` rows.
+    """
+    _check_positive(seq_len=seq_len, batch_size_seqs=batch_size_seqs, tokens_per_domain=tokens_per_domain)
+    out = {}
+    for di, domain in enumerate(dataset.domains):
+        stream = dataset.tokens(split, domain)
+        available = (len(stream) - 1) // seq_len
+        if available == 0:
+            warnings.warn(f"val: domain {domain!r} has {len(stream)} {split} tokens, fewer than seq_len+1 = "
+                          f"{seq_len + 1}; it is left out of validation", stacklevel=2)
+            continue
+        wanted = max(1, tokens_per_domain // seq_len)
+        if wanted > available:
+            warnings.warn(f"val: domain {domain!r} has {available * seq_len} target tokens in {available} windows; "
+                          f"capped below tokens_per_domain={tokens_per_domain}", stacklevel=2)
+        out[domain] = _domain_val_batches(stream, di, min(wanted, available), available, seq_len,
+                                          batch_size_seqs, _domain_seed(seed, domain))
+    if not out:
+        raise DataError(f"expected a {split} stream of >= seq_len+1 = {seq_len + 1} tokens in some domain of "
+                        f"{dataset.path}; found none; fix: re-prepare with a larger --val-fraction or lower seq_len")
+    return out
+
+
+def _domain_seed(seed: int, domain: str) -> np.random.SeedSequence:
+    # keyed by the domain NAME, so a domain's windows do not change when other domains are added
+    return np.random.SeedSequence([int(seed), zlib.crc32(domain.encode("utf-8"))])
+
+
+def _domain_val_batches(stream: np.ndarray, domain_index: int, count: int, available: int, seq_len: int,
+                        batch_size_seqs: int, seed_seq: np.random.SeedSequence) -> list[Batch]:
+    rng = np.random.Generator(np.random.PCG64(seed_seq))
+    slots = np.sort(rng.choice(available, size=count, replace=False))
+    batches = []
+    for lo in range(0, count, batch_size_seqs):
+        rows = slots[lo:lo + batch_size_seqs]
+        buf = np.stack([np.asarray(stream[s * seq_len:s * seq_len + seq_len + 1], dtype=np.int64) for s in rows])
+        tokens = torch.from_numpy(buf)
+        domain = torch.full((len(rows),), domain_index, dtype=torch.int64)
+        batches.append(Batch(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous(), domain))
+    return batches
+
+
+def val_token_budget(batches: dict[str, list[Batch]]) -> dict[str, int]:
+    """{domain: target tokens} actually in a validation set (after capping)."""
+    return {d: sum(b.y.numel() for b in bs) for d, bs in batches.items()}
+

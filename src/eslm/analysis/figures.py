@@ -1,0 +1,176 @@
+"""Matplotlib figures for ``eslm report`` (PNG files, Agg backend; matplotlib imported only here, lazily).
+
+Each function takes already-aggregated numbers (see ``eslm.analysis.report``) and writes one PNG. A
+"series" is a dict ``{"label", "x", "mean", "lo", "hi", "n"}`` of equal-length lists: the group's mean
+curve and its spread band (min..max over seeds); ``n`` is the number of seeds (band drawn when n > 1).
+``colors`` maps group labels to colours so every figure uses the same colour for a group.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DPI = 110
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def color_map(labels: list[str]) -> dict[str, str]:
+    """One tab10 colour per label (cycling after ten)."""
+    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+               "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+    return {lab: palette[i % len(palette)] for i, lab in enumerate(labels)}
+
+
+def _positive(s: dict, logx: bool, logy: bool) -> list[int]:
+    """Indices of points drawable on the chosen axes (log axes need positive values)."""
+    return [i for i in range(len(s["x"]))
+            if (not logx or s["x"][i] > 0) and (not logy or s["lo"][i] > 0)]
+
+
+def _draw_series(ax, series: list[dict], colors: dict, logx: bool, logy: bool) -> None:
+    for s in series:
+        idx = _positive(s, logx, logy)
+        if not idx:
+            continue
+        x = [s["x"][i] for i in idx]
+        c = colors.get(s["label"])
+        name = s["label"] + (f" (n={s['n']})" if s["n"] > 1 else "")
+        marker = "o" if len(x) <= 60 else None  # dots on eval points; plain lines for dense train logs
+        ax.plot(x, [s["mean"][i] for i in idx], color=c, marker=marker, ms=3, lw=1.6, label=name)
+        if s["n"] > 1:
+            ax.fill_between(x, [s["lo"][i] for i in idx], [s["hi"][i] for i in idx], color=c, alpha=0.2, lw=0)
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+        _plain_log_ticks(ax.yaxis)
+    ax.grid(True, which="both", alpha=0.3)
+
+
+def _plain_log_ticks(axis) -> None:
+    """Label a log axis with plain numbers (3.5, 4) instead of 3.5x10^0; losses span less than a decade."""
+    from matplotlib.ticker import FuncFormatter
+
+    fmt = FuncFormatter(lambda v, _: f"{v:.3g}")
+    axis.set_major_formatter(fmt)
+    axis.set_minor_formatter(fmt)
+
+
+def curves(path: Path, series: list[dict], colors: dict, *, xlabel: str, ylabel: str, title: str,
+           logx: bool, logy: bool, hline: float | None = None) -> None:
+    """Mean curves with min-max bands; optional dashed horizontal line (the target loss)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    _draw_series(ax, series, colors, logx, logy)
+    if hline is not None:
+        ax.axhline(hline, color="k", ls="--", lw=1, label=f"target {hline:.4g}")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def panels(path: Path, panel_series: dict[str, list[dict]], colors: dict, *, xlabel: str, ylabel: str,
+           title: str, logx: bool, logy: bool, ylim: tuple | None = None) -> None:
+    """Small multiples: one axis per key of ``panel_series`` (e.g. one per domain), shared legend."""
+    plt = _plt()
+    n = len(panel_series)
+    cols = min(3, n)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
+    for ax, (name, series) in zip(axes.flat, panel_series.items()):
+        _draw_series(ax, series, colors, logx, logy)
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.tick_params(labelsize=7)
+        if ylim is not None:
+            ax.set_ylim(*ylim)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    handles, labels = list(axes.flat)[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(4, max(1, len(labels))), fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def target_bars(path: Path, bars: list[dict], colors: dict, *, ylabel: str, title: str) -> None:
+    """One bar per group: ``{"label", "mean", "lo", "hi", "reached", "n"}``.
+
+    The bar is the mean over the seeds that reached the target, the whisker their min..max. A group with no
+    seed reaching it gets no bar and the words "not reached" (never a zero bar); a group where only some
+    seeds reached it is hatched and annotated "k/n reached".
+    """
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(bars) + 2), 4.5))
+    top = max([b["hi"] for b in bars if b["reached"]] or [1.0])
+    for i, b in enumerate(bars):
+        if not b["reached"]:
+            ax.text(i, top * 0.03, "not\nreached", ha="center", va="bottom", fontsize=9, color="0.3",
+                    bbox={"boxstyle": "round", "fc": "white", "ec": "0.6", "ls": "--"})
+            continue
+        partial = b["reached"] < b["n"]
+        ax.bar(i, b["mean"], color=colors.get(b["label"]), hatch="//" if partial else None,
+               edgecolor="k" if partial else None)
+        if b["reached"] > 1:
+            ax.errorbar(i, b["mean"], yerr=[[b["mean"] - b["lo"]], [b["hi"] - b["mean"]]], color="k", capsize=4)
+        note = f"{b['mean']:.3g}" + (f"\n{b['reached']}/{b['n']} reached" if partial else
+                                      f"\nmean of {b['n']}" if b["n"] > 1 else "")
+        ax.text(i, b["hi"], note, ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(bars)))
+    ax.set_xticklabels([b["label"] for b in bars], rotation=20, ha="right", fontsize=8)
+    ax.set_xlim(-0.6, len(bars) - 0.4)
+    ax.set_ylim(0, top * 1.18)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def grouped_bars(path: Path, categories: list[str], values: dict[str, list], colors: dict, *,
+                 ylabel: str, title: str, spread: dict[str, list] | None = None) -> None:
+    """Bars per category (e.g. domain), one bar per group; ``values[label][i]`` may be None (no bar).
+
+    ``spread[label][i]`` is ``(lo, hi)`` drawn as a whisker when the group has several seeds.
+    """
+    plt = _plt()
+    labels = list(values)
+    width = 0.8 / max(1, len(labels))
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(categories) * max(1, len(labels)) * 0.5 + 2), 4.5))
+    finite = [v for vs in values.values() for v in vs if v is not None]
+    for j, lab in enumerate(labels):
+        xs = [i + (j - (len(labels) - 1) / 2) * width for i in range(len(categories))]
+        pts = [(x, v, i) for i, (x, v) in enumerate(zip(xs, values[lab])) if v is not None]
+        ax.bar([p[0] for p in pts], [p[1] for p in pts], width=width, color=colors.get(lab), label=lab)
+        for x, v, i in pts:
+            if spread and spread.get(lab) and spread[lab][i] is not None:
+                lo, hi = spread[lab][i]
+                ax.errorbar(x, v, yerr=[[v - lo], [hi - v]], color="k", capsize=2, lw=0.8)
+    if finite:
+        lo, hi = min(finite), max(finite)
+        pad = 0.15 * (hi - lo) if hi > lo else 0.1 * abs(hi) + 0.1
+        ax.set_ylim(max(0.0, lo - pad), hi + pad)
+    ax.set_xticks(range(len(categories)))
+    ax.set_xticklabels(categories, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)

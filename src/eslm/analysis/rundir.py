@@ -1,0 +1,235 @@
+"""Reading run directories for reports: config, environment, metrics, downstream results; seed groups.
+
+A run directory (``runs/<name>/``) holds ``config.yaml`` (the resolved config), ``env.json``,
+``metrics.jsonl`` (one JSON object per line, key names in ``eslm.metrics``), ``eval/*.json`` (downstream
+results from ``eslm eval``) and ``checkpoints/``. This module reads only those files and is tolerant of
+missing optional pieces: a missing ``env.json`` or ``eval/`` folder is simply empty, a malformed
+metrics line (e.g. the half-written last line of a crashed run) is skipped with a warning.
+
+Seed groups: runs whose resolved configs are identical except for the keys in ``IGNORED_FOR_GROUPING``
+(the run's name, seed, output folder and resume flag) are repeats of one experiment with different seeds
+and are aggregated into one ``Group``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eslm import metrics as M
+from eslm.errors import ESLMError
+
+# Config keys that do not change the experiment, so runs differing only in these are seeds of one group.
+IGNORED_FOR_GROUPING = ("run.name", "run.seed", "run.out_dir", "run.resume")
+
+
+class RunDirError(ESLMError):
+    """A path that is not a readable run directory."""
+
+
+@dataclass
+class Run:
+    """One run directory's contents. ``train`` / ``eval`` are metric records in step order."""
+
+    path: Path
+    name: str
+    config: dict
+    env: dict
+    train: list[dict]
+    eval: list[dict]
+    downstream: list[dict] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def seed(self):
+        return config_get(self.config, "run.seed", self.env.get("seed"))
+
+    @property
+    def method(self) -> str:
+        return str(config_get(self.config, "method.name", "unknown"))
+
+
+@dataclass
+class Group:
+    """Runs that differ only by seed. ``label`` is unique among the groups of one report."""
+
+    key: str
+    label: str
+    method: str
+    settings: dict
+    runs: list[Run]
+
+
+# ---------------------------------------------------------------- small helpers
+
+
+def config_get(cfg: dict, dotted: str, default=None):
+    """``cfg["a"]["b"]`` for ``dotted="a.b"``; ``default`` when any level is missing."""
+    node = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def flatten(cfg: dict, prefix: str = "") -> dict:
+    """Nested mapping -> {"a.b": value} (lists kept as values)."""
+    out = {}
+    for k, v in cfg.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def is_number(v) -> bool:
+    """A finite int/float that is not a bool (None, NaN and strings are not numbers)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# ---------------------------------------------------------------- reading files
+
+
+def is_run_dir(path: Path) -> bool:
+    return path.is_dir() and (path / "metrics.jsonl").is_file()
+
+
+def _read_yaml(path: Path) -> dict:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise RunDirError(f"expected valid YAML in {path}, found a parse error ({str(e).splitlines()[0]}); "
+                          "fix or regenerate the file") from None
+    if not isinstance(data, dict):
+        raise RunDirError(f"expected a mapping in {path}, found {type(data).__name__}; regenerate the file")
+    return data
+
+
+def _read_json(path: Path, warnings: list[str]) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        warnings.append(f"{path}: unreadable JSON ({e}); ignored")
+        return {}
+    if not isinstance(data, dict):
+        warnings.append(f"{path}: expected a JSON object, found {type(data).__name__}; ignored")
+        return {}
+    return data
+
+
+def read_metrics(path: Path, warnings: list[str]) -> tuple[list[dict], list[dict]]:
+    """(train, eval) records of a metrics.jsonl, each keeping the LAST line of every (kind, step).
+
+    A resumed run writes the steps after its checkpoint again; the later lines win. Unparseable lines
+    and lines without kind/step are skipped and counted in ``warnings``.
+    """
+    last: dict[tuple, dict] = {}
+    bad = 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                bad += 1
+                continue
+            if not isinstance(rec, dict) or not is_number(rec.get(M.STEP)) or M.KIND not in rec:
+                bad += 1
+                continue
+            last[(rec[M.KIND], rec[M.STEP])] = rec
+    if bad:
+        warnings.append(f"{path}: skipped {bad} malformed line(s)")
+    by_step = sorted(last.values(), key=lambda r: r[M.STEP])
+    return ([r for r in by_step if r[M.KIND] == M.KIND_TRAIN],
+            [r for r in by_step if r[M.KIND] == M.KIND_EVAL])
+
+
+def read_downstream(run_path: Path, warnings: list[str]) -> list[dict]:
+    """The ``eval/*.json`` results of ``eslm eval``, sorted by step (files without ``results`` skipped)."""
+    folder = run_path / "eval"
+    if not folder.is_dir():
+        return []
+    out = []
+    for f in sorted(folder.glob("*.json")):
+        data = _read_json(f, warnings)
+        if isinstance(data.get("results"), dict) and data["results"]:
+            data.setdefault("step", None)
+            data["_file"] = f.name
+            out.append(data)
+    return sorted(out, key=lambda d: d["step"] if is_number(d.get("step")) else -1)
+
+
+def load_run(path: str | Path) -> Run:
+    """Read one run directory; raises RunDirError when ``path`` is not one."""
+    p = Path(path)
+    if not p.exists():
+        raise RunDirError(f"expected a run directory, found nothing at {p}; check the path")
+    if not is_run_dir(p):
+        raise RunDirError(f"expected a run directory with metrics.jsonl at {p}, found none; "
+                          "pass runs/<name> directories written by 'eslm train'")
+    warnings: list[str] = []
+    config = _read_yaml(p / "config.yaml") if (p / "config.yaml").is_file() else {}
+    if not config:
+        warnings.append(f"{p}: no config.yaml; the run is grouped on its own")
+    env = _read_json(p / "env.json", warnings) if (p / "env.json").is_file() else {}
+    train, evals = read_metrics(p / "metrics.jsonl", warnings)
+    name = str(config_get(config, "run.name") or p.name)
+    return Run(path=p, name=name, config=config, env=env, train=train, eval=evals,
+               downstream=read_downstream(p, warnings), warnings=warnings)
+
+
+# ---------------------------------------------------------------- seed groups
+
+
+def group_key(run: Run) -> str:
+    """Canonical JSON of the config without the seed-like keys; runs without config key on their path."""
+    if not run.config:
+        return json.dumps({"__path__": str(run.path.resolve())})
+    flat = {k: v for k, v in flatten(run.config).items() if k not in IGNORED_FOR_GROUPING}
+    return json.dumps(flat, sort_keys=True, default=str)
+
+
+def _varying_keys(flat_configs: list[dict]) -> list[str]:
+    """Keys whose values differ between groups (these distinguish groups of the same method)."""
+    keys = sorted(set().union(*flat_configs)) if flat_configs else []
+    return [k for k in keys if k not in IGNORED_FOR_GROUPING
+            and len({json.dumps(c.get(k), sort_keys=True, default=str) for c in flat_configs}) > 1]
+
+
+def group_runs(runs: list[Run]) -> list[Group]:
+    """Group runs by ``group_key``, in order of first appearance; labels name the method and the settings
+    that differ from other groups of the same method (e.g. ``eslm-entropy (method.alpha=0.2)``)."""
+    buckets: dict[str, list[Run]] = {}
+    for r in runs:
+        buckets.setdefault(group_key(r), []).append(r)
+    groups = []
+    for key, members in buckets.items():
+        groups.append(Group(key=key, label="", method=members[0].method, settings={}, runs=members))
+    for method in {g.method for g in groups}:
+        same = [g for g in groups if g.method == method]
+        flats = [flatten(g.runs[0].config) for g in same]
+        varying = [k for k in _varying_keys(flats) if k != "method.name"]
+        for g, flat in zip(same, flats):
+            g.settings = {k: flat.get(k) for k in varying}
+            extra = ", ".join(f"{k}={v}" for k, v in g.settings.items())
+            g.label = f"{method} ({extra})" if extra else method
+    _dedupe_labels(groups)
+    return groups
+
+
+def _dedupe_labels(groups: list[Group]) -> None:
+    """Append #2, #3 ... to labels that are still equal (e.g. runs without a config)."""
+    seen: dict[str, int] = {}
+    for g in groups:
+        n = seen.get(g.label, 0) + 1
+        seen[g.label] = n
+        if n > 1:
+            g.label = f"{g.label} #{n}"

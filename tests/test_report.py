@@ -1,0 +1,186 @@
+"""`eslm report` on synthetic run directories: files written, grouping, FLOPs-to-target numbers, errors."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+
+from eslm import metrics as M
+from eslm.analysis import report
+from eslm.analysis.rundir import RunDirError, group_runs, load_run
+from eslm.errors import ESLMError
+
+DOMAINS = ("web", "code")
+FLOPS_PER_STEP = 1e12
+
+
+def _loss(method: str, seed: int, step: int) -> float:
+    """A decreasing synthetic curve; ESLM is a bit better per FLOP, seeds differ slightly."""
+    base = 3.0 if method == "clm" else 2.9
+    return base + 6.0 / math.sqrt(step) + 0.01 * seed
+
+
+def make_run(root, name, method, seed, *, steps=(10, 20, 40, 80, 160), alpha=0.1, resume_dup=False,
+             downstream=None, evals=True):
+    """Write a run directory in the trainer's format; returns its path."""
+    d = root / name
+    (d / "checkpoints").mkdir(parents=True)
+    cfg = {"run": {"name": name, "seed": seed, "out_dir": str(root)},
+           "method": {"name": method, "alpha": alpha}, "model": {"preset": "tiny"},
+           "data": {"source": "stdlib", "weights": "natural"}, "flops": {"count_per": "global"}}
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (d / "env.json").write_text(json.dumps({"git_commit": "abc", "device": "cpu", "world_size": 1, "seed": seed}))
+    kept = 1.0 if method == "clm" else 1.0 - alpha
+    lines = []
+    for step in range(10, steps[-1] + 1, 10):
+        flops = FLOPS_PER_STEP * step * (1.0 + 2.0 * kept) / 3.0
+        rec = {M.KIND: M.KIND_TRAIN, M.STEP: step, M.TOKENS_SEEN: 1000 * step, M.TRAIN_LOSS: _loss(method, seed, step),
+               M.ELAPSED_S: 0.5 * step, M.FLOPS_PAPER: flops, M.FLOPS_EXECUTED: FLOPS_PER_STEP * step}
+        if method != "clm":
+            rec.update({M.KEPT_FRAC: kept, M.ALPHA: alpha, M.kept_frac_key("web"): kept})
+        lines.append(rec)
+        if evals and step in steps:
+            ev = {M.KIND: M.KIND_EVAL, M.STEP: step, M.TOKENS_SEEN: 1000 * step, M.ELAPSED_S: 0.5 * step,
+                  M.FLOPS_PAPER: flops, M.FLOPS_EXECUTED: FLOPS_PER_STEP * step,
+                  M.VAL_LOSS: _loss(method, seed, step)}
+            for i, dom in enumerate(DOMAINS):
+                ev[M.val_loss_key(dom)] = _loss(method, seed, step) + 0.3 * i
+            lines.append(ev)
+    if resume_dup:  # crashed after step 40 and resumed from step 20: the stale lines of 30, 40 come first
+        stale = [dict(r, **{k: r[k] + 0.5 for k in (M.VAL_LOSS, M.TRAIN_LOSS) if k in r})
+                 for r in lines if 20 < r[M.STEP] <= 40]
+        lines = [r for r in lines if r[M.STEP] <= 20] + stale + [r for r in lines if r[M.STEP] > 20]
+    text = "\n".join(json.dumps(r) for r in lines) + "\n"
+    (d / "metrics.jsonl").write_text(text)
+    if downstream:
+        (d / "eval").mkdir()
+        (d / "eval" / "step_0000160.json").write_text(json.dumps(downstream))
+    return d
+
+
+def independent_crossing(run_dir, key, target):
+    """Recompute x at the target from the raw file: first eval with loss <= target, log-linear crossing."""
+    last = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        last[(r["kind"], r["step"])] = r
+    ev = sorted((r for r in last.values() if r["kind"] == "eval"), key=lambda r: r["step"])
+    prev = None
+    for r in ev:
+        if r["val_loss"] <= target:
+            if prev is None:
+                return r[key]
+            frac = (prev["val_loss"] - target) / (prev["val_loss"] - r["val_loss"])
+            return 10 ** (math.log10(prev[key]) + frac * (math.log10(r[key]) - math.log10(prev[key])))
+        prev = r
+    return None
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("runs")
+    down = {"step": 160, "flops_paper": 1e14, "results": {
+        "arc_easy": {"metric": "acc_norm", "value": 0.40, "stderr": 0.01, "num_fewshot": 0},
+        "piqa": {"metric": "acc_norm", "value": 0.60, "stderr": 0.02, "num_fewshot": 5}}}
+    return [make_run(tmp_path, "eslm-s1", "eslm-entropy", 1, resume_dup=True, downstream=down),
+            make_run(tmp_path, "eslm-s2", "eslm-entropy", 2, downstream=down),
+            make_run(tmp_path, "clm-s1", "clm", 1, steps=(10, 20, 40, 80))]
+
+
+def test_grouping_by_config_except_seed(runs):
+    groups = group_runs([load_run(p) for p in runs])
+    assert [g.label for g in groups] == ["eslm-entropy", "clm"]
+    assert [r.name for r in groups[0].runs] == ["eslm-s1", "eslm-s2"]
+
+
+def test_grouping_separates_settings(tmp_path):
+    a = make_run(tmp_path, "a", "eslm-entropy", 1, alpha=0.1)
+    b = make_run(tmp_path, "b", "eslm-entropy", 1, alpha=0.2)
+    labels = [g.label for g in group_runs([load_run(a), load_run(b)])]
+    assert labels == ["eslm-entropy (method.alpha=0.1)", "eslm-entropy (method.alpha=0.2)"]
+
+
+def test_resumed_run_keeps_last_occurrence(tmp_path):
+    d = make_run(tmp_path, "r", "clm", 1)
+    with open(d / "metrics.jsonl", "a") as f:  # resumed: step 20 eval rewritten with another value
+        f.write(json.dumps({M.KIND: M.KIND_EVAL, M.STEP: 20, M.FLOPS_PAPER: 2e13, M.VAL_LOSS: 1.0}) + "\n")
+        f.write('{"kind": "train", "step": 30, "trunc')  # half-written line of a crash
+    run = load_run(d)
+    assert [r[M.STEP] for r in run.eval] == [10, 20, 40, 80, 160]
+    assert run.eval[1][M.VAL_LOSS] == 1.0
+    assert any("malformed" in w for w in run.warnings)
+
+
+def test_report_files_and_flops_to_target(runs, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "rep"
+    s = report.build_report([str(p) for p in runs], out)
+    for f in ("index.html", "summary.json", "loss_vs_flops.png", "loss_vs_tokens.png", "loss_vs_time.png",
+              "flops_to_target.png", "time_to_target.png", "domain_final.png", "domain_curves.png", "selection.png"):
+        assert (out / f).is_file() and (out / f).stat().st_size > 0, f
+    on_disk = json.loads((out / "summary.json").read_text())
+    assert on_disk["target_loss"] == pytest.approx(s["target_loss"])
+    # default target = max over runs of min val loss (clm stops at step 80)
+    target = max(_loss("clm", 1, 80), _loss("eslm-entropy", 1, 160), _loss("eslm-entropy", 2, 160))
+    assert s["target_loss"] == pytest.approx(target)
+    g = {x["label"]: x for x in on_disk["groups"]}
+    assert g["eslm-entropy"]["runs"] == ["eslm-s1", "eslm-s2"] and g["eslm-entropy"]["seeds"] == [1, 2]
+    for label, names in (("eslm-entropy", runs[:2]), ("clm", runs[2:])):
+        ft = g[label]["to_target"]["flops"]
+        expect = [independent_crossing(p, M.FLOPS_PAPER, target) for p in names]
+        assert [ft["per_run"][p.name] for p in names] == pytest.approx(expect, rel=1e-9)
+        assert ft["mean"] == pytest.approx(sum(expect) / len(expect))
+        assert ft["reached"] == len(names)
+    html = (out / "index.html").read_text()
+    assert "http" not in html.lower().replace("http-equiv", "")  # offline: no external resources
+    assert "eslm-s1, eslm-s2" in html and "40.0 ± " in html  # group runs and downstream table
+
+
+def test_crossing_interpolates_in_log_flops_and_not_reached():
+    # loss 4 at 1e10, 2 at 1e12: target 3 is halfway in log10 -> 1e11
+    assert report.crossing([1e10, 1e12], [4.0, 2.0], 3.0) == pytest.approx(1e11)
+    assert report.crossing([1e10, 1e12], [4.0, 2.0], 5.0) == pytest.approx(1e10)
+    assert report.crossing([1e10, 1e12], [4.0, 3.5], 3.0) is None
+
+
+def test_given_target_not_reached_is_null(runs):
+    loaded = [load_run(p) for p in runs]
+    s = report.summarize(loaded, group_runs(loaded), target=3.4, target_source="given", flops="executed",
+                         skipped=[], warnings=[])
+    g = {x["label"]: x for x in s["groups"]}
+    assert g["clm"]["to_target"]["flops"]["reached"] == 0
+    assert g["clm"]["to_target"]["flops"]["mean"] is None
+    assert g["clm"]["to_target"]["flops"]["per_run"] == {"clm-s1": None}
+    ft = g["eslm-entropy"]["to_target"]["flops"]
+    assert ft["reached"] == 2
+    assert ft["per_run"]["eslm-s2"] == pytest.approx(independent_crossing(runs[1], M.FLOPS_EXECUTED, 3.4))
+    assert "not reached" in report.render_html(s, {})
+
+
+def test_errors_and_skips(runs, tmp_path):
+    with pytest.raises(RunDirError, match="expected a run directory"):
+        load_run(tmp_path / "nope")
+    with pytest.raises(RunDirError, match="metrics.jsonl"):
+        load_run(tmp_path)
+    with pytest.raises(ESLMError, match="target-loss"):
+        report.build_report([str(runs[0])], tmp_path / "x", target_loss=-1.0)
+    empty = make_run(tmp_path, "noeval", "clm", 3, evals=False)
+    with pytest.raises(ESLMError, match="at least one run with eval lines"):
+        report.load_runs([str(empty)])
+    loaded, skipped, warnings = report.load_runs([str(runs[0]), str(empty)])
+    assert [r.name for r in loaded] == ["eslm-s1"] and skipped[0]["path"] == str(empty)
+    assert any("skipped" in w for w in warnings)
+
+
+def test_cli_dispatch(runs, tmp_path, capsys, monkeypatch):
+    from eslm.cli import main
+
+    monkeypatch.setattr(report, "make_figures", lambda out, groups, summary: {})  # figures tested above
+
+    assert main(["report", str(runs[2]), "--out", str(tmp_path / "o")]) == 0
+    assert (tmp_path / "o" / "index.html").is_file()
+    assert main(["report", str(tmp_path / "missing"), "--out", str(tmp_path / "o2")]) == 2
+    assert "error: expected a run directory" in capsys.readouterr().err

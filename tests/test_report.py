@@ -85,8 +85,9 @@ def runs(tmp_path_factory):
     down = {"step": 160, "flops_paper": 1e14, "results": {
         "arc_easy": {"metric": "acc_norm", "value": 0.40, "stderr": 0.01, "num_fewshot": 0},
         "piqa": {"metric": "acc_norm", "value": 0.60, "stderr": 0.02, "num_fewshot": 5}}}
+    as_eslm_eval = {"format": "eslm-eval-v1", "step": 160, "tasks": down["results"]}  # eslm eval's key
     return [make_run(tmp_path, "eslm-s1", "eslm-entropy", 1, resume_dup=True, downstream=down),
-            make_run(tmp_path, "eslm-s2", "eslm-entropy", 2, downstream=down),
+            make_run(tmp_path, "eslm-s2", "eslm-entropy", 2, downstream=as_eslm_eval),
             make_run(tmp_path, "clm-s1", "clm", 1, steps=(10, 20, 40, 80))]
 
 
@@ -137,6 +138,9 @@ def test_report_files_and_flops_to_target(runs, tmp_path):
     html = (out / "index.html").read_text()
     assert "http" not in html.lower().replace("http-equiv", "")  # offline: no external resources
     assert "eslm-s1, eslm-s2" in html and "40.0 ± " in html  # group runs and downstream table
+    arc = g["eslm-entropy"]["downstream"]["arc_easy"]
+    assert arc["k"] == 2 and arc["value"] == pytest.approx(0.40)
+    assert arc["stderr"] == pytest.approx(math.sqrt(2 * 0.01 ** 2) / 2)
 
 
 def test_crossing_interpolates_in_log_flops_and_not_reached():

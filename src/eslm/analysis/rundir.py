@@ -153,14 +153,18 @@ def read_metrics(path: Path, warnings: list[str]) -> tuple[list[dict], list[dict
 
 
 def read_downstream(run_path: Path, warnings: list[str]) -> list[dict]:
-    """The ``eval/*.json`` results of ``eslm eval``, sorted by step (files without ``results`` skipped)."""
+    """The ``eval/*.json`` results of ``eslm eval``, sorted by step; each dict gets ``results`` =
+    {task: {"metric", "value", "stderr", "num_fewshot"}} (files without task results are skipped)."""
     folder = run_path / "eval"
     if not folder.is_dir():
         return []
     out = []
     for f in sorted(folder.glob("*.json")):
         data = _read_json(f, warnings)
-        if isinstance(data.get("results"), dict) and data["results"]:
+        # ``eslm eval`` writes per-task results under "tasks"; "results" is accepted too.
+        results = data.get("tasks") if isinstance(data.get("tasks"), dict) else data.get("results")
+        if isinstance(results, dict) and results:
+            data["results"] = results
             data.setdefault("step", None)
             data["_file"] = f.name
             out.append(data)

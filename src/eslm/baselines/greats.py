@@ -1,0 +1,357 @@
+"""GREATS (Wang et al., 2024): online selection of training rows by a greedy, validation-aligned utility.
+
+Per step, with B candidate rows (sequences) z_1..z_B, a validation batch v_1..v_Bv and learning rate eta:
+
+    g_i  = grad_theta loss_i         loss_i = mean over the row's T tokens of the next-token CE
+    gbar = (1/Bv) sum_v g_v          the mean validation gradient
+    u_i  = <g_i, gbar>               validation alignment of candidate i
+    K_ij = <g_i, g_j>                train-train gradient inner products
+
+GREATS approximates the drop of the validation loss after an SGD step on the subset S by a first-order term
+per row and a pairwise second-order interaction (Hessian replaced by the identity). The set objective is
+
+    F(S) = eta * sum_{i in S} u_i  -  eta^2 * sum_{i < j, i, j in S} K_ij                      (``greats_objective``)
+
+and the greedy picks, k times, the unchosen row with the largest marginal gain
+
+    F(S + {i}) - F(S) = eta * u_i - eta^2 * sum_{j in S} K_ij                              (``greedy_select``)
+
+(ties to the lowest index). Greedy is what GREATS runs; it is not guaranteed to maximise F over all
+k-subsets (F is neither monotone nor submodular when some K_ij < 0). The tests compare it with brute force.
+
+Gradients: only the weights (and biases) of ``nn.Linear`` layers enter the inner products, as in GREATS.
+For a layer with inputs a_i (T, in) and output gradients d_i (T, out) of loss_i, the per-sample weight
+gradient is G_i = d_i^T a_i (out, in) and
+
+    <G_i, G_v> = sum_t sum_s (a_i,t . a_v,s) (d_i,t . d_v,s)          (the "ghost" inner product)
+
+(+1 inside the first factor for a bias: the bias gradient is sum_t d_i,t). Per layer we either form the two
+T x T Gram matrices per pair (ghost) or materialise G_i per sample and take dot products. Cost model, for
+Nx rows scored against N rows (Nx N pairs), p = out * (in + bias) numbers per per-sample gradient:
+
+    ghost         memory 2 T^2 per pair, computed one row against all: 2 N T^2 at a time
+                  FLOPs  Nx N (2 T^2 (in + out) + 2 T^2 [+ T^2 for a bias])
+    materialised  memory p per sample: N p
+                  FLOPs  N (2 T in out [+ T out]) + Nx N 2 p
+
+``mode="auto"`` (default, the issue's rule and the ghost-clipping literature's): ghost iff 2 T^2 < p, i.e.
+whichever holds fewer numbers. ``mode="flops"`` picks whichever needs fewer FLOPs instead. For GPT-2 124M at
+T = 1024 (2 T^2 = 2.10M): the attention's c_attn (p = 1.77M) and c_proj (0.59M) are materialised, the
+MLP's c_fc and c_proj (2.36M) use the ghost form under "auto" -- although materialising them needs ~20x
+fewer FLOPs (the ghost form pays 2 T^2 (in + out) per pair); under "flops" every layer is materialised.
+The ghost form wins on both counts only for short rows (T^2 << in out), GREATS' fine-tuning setting.
+
+The tied LM head / token embedding (``exclude_head``, default True): the head is a (V, C) Linear on the final
+hidden states, so scoring it means output gradients of shape (B, T, V) (the full logits gradient, 50304 wide)
+and, materialised, V*C = 38.6M numbers per sample; its other use, the embedding, is a gather, not a Linear,
+so its per-sample gradient is a scatter that the ghost form does not cover. Excluding it follows GREATS'
+practice of scoring the transformer's Linear layers and keeps memory bounded. With ``exclude_head=False`` the
+head is scored as a Linear on the final hidden states (its embedding-side gradient is still left out).
+The position embedding and the LayerNorms are never scored.
+
+Everything here uses ``torch.autograd.grad`` with respect to the Linear outputs: the model's parameter
+``.grad`` is never touched, so the caller can run its update pass afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from eslm.errors import ConfigError
+
+_FLOOR_EPS = 1e-9  # 0.9 * 10 = 9.000000000000002 must floor to 9, 0.7 * 10 = 6.999999999999999 to 7
+
+
+# ---------------------------------------------------------------------------------------------------------
+# capturing layer inputs and output gradients
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LayerIO:
+    """One scored Linear layer on N rows: a (N, T, in) inputs, d (N, T, out) output gradients (fp32, detached)."""
+
+    name: str
+    a: torch.Tensor
+    d: torch.Tensor
+    has_bias: bool
+
+
+def scored_linears(model: nn.Module, exclude_head: bool = True) -> list[tuple[str, nn.Linear]]:
+    """The Linear modules whose weights enter the inner products (``lm_head`` last, only if included)."""
+    out = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and n != "lm_head"]
+    if not exclude_head:
+        out.append(("lm_head", model.lm_head))
+    return out
+
+
+def scored_layer_shapes(cfg, exclude_head: bool = True) -> list[tuple[int, int, bool]]:
+    """(in, out, has_bias) of the scored Linears of a GPT with ModelConfig ``cfg``, without building it."""
+    C, bias = cfg.n_embd, cfg.bias
+    block = [(C, 3 * C, bias), (C, C, bias), (C, 4 * C, bias), (4 * C, C, bias)]
+    shapes = block * cfg.n_layer
+    return shapes if exclude_head else shapes + [(C, cfg.vocab_size, False)]
+
+
+def _default_impl() -> str:
+    """'fused' when eslm.ops.fused_head is importable, else the naive oracle."""
+    try:
+        import eslm.ops.fused_head  # noqa: F401
+    except ImportError:
+        return "naive"
+    return "fused"
+
+
+def _per_sample_loss(model, hidden: torch.Tensor, y: torch.Tensor, exclude_head: bool, impl: str) -> torch.Tensor:
+    """(N,) mean next-token CE per row, differentiable w.r.t. the hidden states (and the hooked head)."""
+    N, T, C = hidden.shape
+    if exclude_head:
+        from eslm.objectives.cross_entropy import selected_ce
+
+        # The head weight is detached: only activation gradients are wanted, never the head's weight gradient.
+        ce = selected_ce(hidden.reshape(N * T, C), model.head_weight.detach(), y.reshape(-1), None, impl=impl)
+    else:
+        ce = F.cross_entropy(model.lm_head(hidden).float().reshape(N * T, -1), y.reshape(-1), reduction="none")
+    return ce.view(N, T).mean(1)
+
+
+def capture_linear_io(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, exclude_head: bool = True,
+                      impl: str | None = None) -> tuple[list[LayerIO], torch.Tensor]:
+    """Forward x (N, T), backward sum_i loss_i to every scored Linear's output; returns (layers, loss (N,)).
+
+    Because rows never interact in a GPT (causal attention within a row, LayerNorm per token), the gradient
+    of sum_i loss_i with respect to row n's layer output is exactly d loss_n / d out_n.
+    """
+    impl = impl or _default_impl()
+    mods = scored_linears(model, exclude_head)
+    saved: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def hook(name):
+        def fn(module, inputs, output):
+            saved[name] = (inputs[0].detach(), output)
+        return fn
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in mods]
+    try:
+        with torch.enable_grad():
+            loss = _per_sample_loss(model, model(x), y, exclude_head, impl)
+            outs = [saved[n][1] for n, _ in mods]
+            grads = torch.autograd.grad(loss.sum(), outs, allow_unused=True)
+    finally:
+        for h in handles:
+            h.remove()
+    layers = []
+    for (n, m), out, g in zip(mods, outs, grads):
+        g = torch.zeros_like(out) if g is None else g
+        layers.append(LayerIO(n, saved[n][0].float(), g.detach().float(), m.bias is not None))
+    return layers, loss.detach().float()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# per-layer inner products
+# ---------------------------------------------------------------------------------------------------------
+
+
+def layer_flops(T: int, n_in: int, n_out: int, has_bias: bool, n_x: int, n_rows: int) -> tuple[float, float]:
+    """(ghost, materialised) FLOPs of one layer's (n_x, n_rows) inner products (module doc's cost model)."""
+    pairs = n_x * n_rows
+    ghost = pairs * (2.0 * T * T * (n_in + n_out) + 2.0 * T * T + (T * T if has_bias else 0))
+    mat = n_rows * (2.0 * T * n_in * n_out + (T * n_out if has_bias else 0)) + pairs * 2.0 * n_out * (n_in + has_bias)
+    return ghost, mat
+
+
+def layer_mode(T: int, n_in: int, n_out: int, has_bias: bool = False, mode: str = "auto",
+               n_x: int = 1, n_rows: int = 1) -> str:
+    """'ghost' or 'materialised' for one layer.
+
+    mode "auto": ghost iff 2 T^2 < out * (in + bias) (memory); "flops": the cheaper by ``layer_flops`` for
+    n_x rows against n_rows rows; "ghost" / "materialised": forced.
+    """
+    if mode in ("ghost", "materialised"):
+        return mode
+    if mode == "auto":
+        return "ghost" if 2 * T * T < n_out * (n_in + int(has_bias)) else "materialised"
+    if mode == "flops":
+        ghost, mat = layer_flops(T, n_in, n_out, has_bias, n_x, n_rows)
+        return "ghost" if ghost < mat else "materialised"
+    raise ConfigError(f"GREATS layer mode: expected auto | flops | ghost | materialised, found {mode!r}")
+
+
+def ghost_inner_products(a_x, d_x, a_y, d_y, has_bias: bool = False) -> torch.Tensor:
+    """(Nx, Ny) fp32 <G_i, G_v> = sum_{t,s} (a_i,t . a_v,s + bias) (d_i,t . d_v,s), one row i at a time.
+
+    a_x (Nx, T, in), d_x (Nx, T, out), a_y (Ny, S, in), d_y (Ny, S, out). Peak extra memory: 2 Ny T S.
+    """
+    out = torch.empty(a_x.shape[0], a_y.shape[0], dtype=torch.float32, device=a_x.device)
+    for i in range(a_x.shape[0]):
+        A = a_y @ a_x[i].t()  # (Ny, S, T): a_v,s . a_i,t
+        if has_bias:
+            A = A + 1.0
+        D = d_y @ d_x[i].t()  # (Ny, S, T): d_v,s . d_i,t
+        out[i] = (A * D).sum((1, 2))
+    return out
+
+
+def per_sample_grads(a: torch.Tensor, d: torch.Tensor, has_bias: bool = False) -> torch.Tensor:
+    """(N, out*in [+ out]) fp32: G_n = d_n^T a_n flattened, with the bias gradient sum_t d_n,t appended."""
+    G = torch.einsum("nto,nti->noi", d, a).flatten(1)
+    return torch.cat([G, d.sum(1)], 1) if has_bias else G
+
+
+def materialised_inner_products(a_x, d_x, a_y, d_y, has_bias: bool = False) -> torch.Tensor:
+    """(Nx, Ny) fp32 inner products of explicitly formed per-sample gradients."""
+    return per_sample_grads(a_x, d_x, has_bias) @ per_sample_grads(a_y, d_y, has_bias).t()
+
+
+def layer_inner_products(io: LayerIO, n_x: int, mode: str = "auto") -> tuple[torch.Tensor, str]:
+    """(n_x, N) inner products between the first n_x rows of ``io`` and all its N rows; and the mode used."""
+    T, n_in, n_out = io.a.shape[1], io.a.shape[2], io.d.shape[2]
+    m = layer_mode(T, n_in, n_out, io.has_bias, mode, n_x, io.a.shape[0])
+    if m == "ghost":
+        return ghost_inner_products(io.a[:n_x], io.d[:n_x], io.a, io.d, io.has_bias), m
+    G = per_sample_grads(io.a, io.d, io.has_bias)  # form every row's gradient once
+    return G[:n_x] @ G.t(), m
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the greedy
+# ---------------------------------------------------------------------------------------------------------
+
+
+def greats_objective(subset: Sequence[int], u: torch.Tensor, K: torch.Tensor, eta: float) -> float:
+    """F(S) = eta * sum_{i in S} u_i - eta^2 * sum_{i<j in S} K_ij (float64 arithmetic)."""
+    idx = torch.as_tensor(list(subset), dtype=torch.long)
+    u, K = u.double(), K.double()
+    Ks = K[idx][:, idx]
+    pairs = (Ks.sum() - Ks.diagonal().sum()) / 2  # each unordered pair once, no self terms
+    return float(eta * u[idx].sum() - eta * eta * pairs)
+
+
+def greedy_select(u: torch.Tensor, K: torch.Tensor, k: int, eta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy maximisation of ``greats_objective``: (pick order (k,) int64, marginal gains (k,) float64).
+
+    u (B,) alignments, K (B, B) symmetric train Gram. The running gain of every row is updated by
+    -eta^2 K[:, j] after row j is picked, so each step is O(B).
+    """
+    B = u.shape[0]
+    if not 1 <= k <= B:
+        raise ConfigError(f"GREATS keeps k rows of B candidates: expected 1 <= k <= {B}, found k = {k}")
+    gain = eta * u.double().clone()
+    K = K.double()
+    taken = torch.zeros(B, dtype=torch.bool, device=u.device)
+    order, gains = [], []
+    for _ in range(k):
+        i = int(torch.argmax(gain.masked_fill(taken, -math.inf)))  # first maximum on ties
+        order.append(i)
+        gains.append(gain[i].clone())
+        taken[i] = True
+        gain -= eta * eta * K[:, i]
+    return torch.tensor(order, dtype=torch.long, device=u.device), torch.stack(gains)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the selection step
+# ---------------------------------------------------------------------------------------------------------
+
+
+def greats_gram(model: nn.Module, train_x, train_y, val_x, val_y, *, exclude_head: bool = True,
+                mode: str = "auto", impl: str | None = None) -> tuple[torch.Tensor, dict]:
+    """(B, B + Bv) fp32 summed-over-layers inner products of the train rows with [train; val] rows.
+
+    One forward and one activation-gradient backward on the concatenated (B + Bv, T) batch.
+    Returns the matrix and {"layer_modes": {name: mode}, "train_loss": (B,), "val_loss": (Bv,)}.
+    """
+    B = train_x.shape[0]
+    if val_x.shape[1] != train_x.shape[1]:
+        raise ConfigError(f"GREATS validation rows must have the training length T = {train_x.shape[1]}, "
+                          f"found {val_x.shape[1]}; build the validation stream with the same seq_len")
+    x, y = torch.cat([train_x, val_x]), torch.cat([train_y, val_y])
+    layers, loss = capture_linear_io(model, x, y, exclude_head=exclude_head, impl=impl)
+    total = torch.zeros(B, x.shape[0], dtype=torch.float32, device=x.device)
+    modes = {}
+    for io in layers:
+        ip, modes[io.name] = layer_inner_products(io, B, mode)
+        total += ip
+    return total, {"layer_modes": modes, "train_loss": loss[:B], "val_loss": loss[B:]}
+
+
+def greats_select(model: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor, val_x: torch.Tensor,
+                  val_y: torch.Tensor, *, lr: float, k: int, exclude_head: bool = True,
+                  mode: str = "auto", impl: str | None = None) -> tuple[torch.Tensor, dict]:
+    """Choose k of the B rows of (train_x, train_y) (B, T) int64 by GREATS' greedy (module doc).
+
+    val_x, val_y (Bv, T): the validation batch; lr: the current learning rate eta.
+    Returns (kept row indices (k,) int64, ascending; info) with info =
+      "val_scores" (B,) fp32 u_i = <g_i, gbar_val>; "gram" (B, B) fp32 K; "pick_order" (k,);
+      "gains" (k,) marginal gains at pick time; "objective" F(S); "layer_modes" {name: ghost|materialised};
+      "n_ghost", "n_materialised"; "train_loss" (B,), "val_loss" (Bv,) per-row mean CE.
+    Parameter ``.grad`` is left exactly as it was.
+    """
+    B = train_x.shape[0]
+    ip, info = greats_gram(model, train_x, train_y, val_x, val_y, exclude_head=exclude_head, mode=mode,
+                           impl=impl)
+    K, u = ip[:, :B], ip[:, B:].mean(1)  # <g_i, mean_v g_v> = mean_v <g_i, g_v>
+    order, gains = greedy_select(u, K, k, lr)
+    modes = info["layer_modes"].values()
+    info.update(val_scores=u, gram=K, pick_order=order, gains=gains,
+                objective=greats_objective(order.tolist(), u, K, lr),
+                n_ghost=sum(m == "ghost" for m in modes), n_materialised=sum(m == "materialised" for m in modes))
+    return torch.sort(order).values, info
+
+
+# ---------------------------------------------------------------------------------------------------------
+# budget and FLOPs
+# ---------------------------------------------------------------------------------------------------------
+
+
+def greats_pool_size(B: int, budget: float, mode: str = "floor") -> tuple[int, int]:
+    """(candidate rows drawn, rows kept) for a micro-batch of B rows and a selection budget in (0, 1].
+
+    "floor" (default): draw B, keep floor(budget * B) (at least 1). Paper: B = 12, budget 0.9 -> keep 10.
+        It trains on fewer rows than CLM from the same data stream, as ESLM trains on fewer tokens, which is
+        how the paper aligns GREATS' budget with ESLM's alpha; the loader is unchanged.
+    "pool": draw ceil(B / budget), keep B: every update has CLM's row count, but the loader must yield
+        more rows per micro-batch and the data is consumed faster (12 / 0.9 -> 14 candidates).
+    """
+    if not (0.0 < budget <= 1.0):
+        raise ConfigError(f"GREATS budget must be in (0, 1], found {budget}; set alpha in [0, 1)")
+    if mode == "floor":
+        return B, max(1, math.floor(budget * B + _FLOOR_EPS))
+    if mode == "pool":
+        return math.ceil(B / budget - _FLOOR_EPS), B
+    raise ConfigError(f"GREATS pool mode: expected floor | pool, found {mode!r}")
+
+
+def ghost_product_flops(layer_shapes: Sequence[tuple[int, int, bool]], B: int, Bv: int, T: int,
+                        mode: str = "auto") -> float:
+    """FLOPs of the inner products: B train rows against B + Bv rows, per layer, by ``layer_flops``."""
+    total = 0.0
+    for n_in, n_out, bias in layer_shapes:
+        ghost, mat = layer_flops(T, n_in, n_out, bias, B, B + Bv)
+        total += ghost if layer_mode(T, n_in, n_out, bias, mode, B, B + Bv) == "ghost" else mat
+    return total
+
+
+def greats_extra_flops(forward_per_token: float, backward_per_token: float,
+                       layer_shapes: Sequence[tuple[int, int, bool]], B: int, Bv: int, T: int, *,
+                       act_backward_fraction: float = 0.5, mode: str = "auto") -> float:
+    """FLOPs GREATS spends per micro-batch beyond the update pass on the kept rows:
+
+        (B + Bv) T forward_per_token                               scoring forward, train + validation rows
+      + (B + Bv) T backward_per_token * act_backward_fraction      activation-gradient backward (no weight
+                                                                   gradients: about half of a backward)
+      + ghost_product_flops(layer_shapes, B, Bv, T)                the inner products
+
+    forward_per_token / backward_per_token: the trained model's per-token FLOPs (eslm.flops.FlopsModel's
+    forward_per_token / backward_per_token); layer_shapes from ``scored_layer_shapes``. The greedy itself
+    (O(k B)) is negligible and not counted.
+    """
+    tokens = (B + Bv) * T
+    return (tokens * forward_per_token + tokens * backward_per_token * act_backward_fraction
+            + ghost_product_flops(layer_shapes, B, Bv, T, mode))

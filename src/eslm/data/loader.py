@@ -223,7 +223,7 @@ def val_batches(dataset: Dataset, *, seq_len: int, batch_size_seqs: int, tokens_
     out = {}
     for di, domain in enumerate(dataset.domains):
         stream = dataset.tokens(split, domain)
-        available = (len(stream) - 1) // seq_len
+        available = max(0, len(stream) - 1) // seq_len  # an empty stream has no window, not -1
         if available == 0:
             warnings.warn(f"val: domain {domain!r} has {len(stream)} {split} tokens, fewer than seq_len+1 = "
                           f"{seq_len + 1}; it is left out of validation", stacklevel=2)

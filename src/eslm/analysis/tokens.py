@@ -1,0 +1,333 @@
+"""``eslm tokens CHECKPOINT (--data DIR | --text FILE) --out DIR``: which tokens ESLM keeps (the paper's
+appendix "token selection analysis").
+
+For each passage the model scores every next-token prediction (position i predicts token i+1), in fp32 from
+full logits (``token_stats(..., impl="naive")``): its entropy and its loss. Two variants select tokens with
+the VaR rule of ``eslm.selection.risk`` at confidence level alpha (keep score >= VaR_alpha, the top 1-alpha):
+
+* ESLM-VaR-entropy: score = predictive entropy,
+* ESLM-CVaR-loss:   score = per-token loss (CVaR = mean loss of the kept tokens).
+
+By default (``--scope batch``) the threshold is computed over all displayed passages together, as one batch
+is during training; ``--scope passage`` uses one threshold per passage. The page shows each passage twice,
+side by side (entropy left, loss right): background intensity grows with the score, kept tokens are
+underlined and dark, dropped tokens grey. Per variant, a PNG charts the 20 most frequent kept tokens.
+``tokens.json`` holds every number shown.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from eslm.errors import DataError, ESLMError
+from eslm.objectives.cross_entropy import token_stats
+from eslm.selection.risk import check_alpha, var_threshold
+
+# (score key, title, RGB of the highlight) — the paper's colours: electric blue for entropy, salmon for loss.
+VARIANTS = (("entropy", "ESLM-VaR-entropy", (44, 117, 255)), ("loss", "ESLM-CVaR-loss", (250, 128, 114)))
+TOP_K = 20
+
+
+@dataclass
+class Passage:
+    """Token ids of one passage (its first token is context only; the others are scored)."""
+
+    source: str
+    ids: list[int]
+
+
+class TokensViewError(ESLMError):
+    """Inputs the token view cannot use (empty text, too few tokens, tokenizer mismatch)."""
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("checkpoint", help="run directory, checkpoint .pt or local HF GPT-2 directory")
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--data", help="prepared data directory: passages from each domain's validation split")
+    src.add_argument("--text", help="a UTF-8 text file: passages are its paragraphs (blank-line separated)")
+    parser.add_argument("--out", required=True, help="output directory (index.html, PNGs, tokens.json)")
+    parser.add_argument("--alpha", type=float, default=0.1, help="VaR confidence level: drop the lowest alpha")
+    parser.add_argument("--num-passages", type=int, default=4,
+                        help="passages per domain with --data; passages in all with --text")
+    parser.add_argument("--max-tokens", type=int, default=256, help="scored tokens per passage at most")
+    parser.add_argument("--scope", choices=("batch", "passage"), default="batch",
+                        help="one VaR threshold over all passages (batch, as in training) or one per passage")
+    parser.add_argument("--tokenizer", default=None, help="override the checkpoint's tokenizer (gpt2 | byte)")
+    parser.add_argument("--device", default="cpu", help="cpu | cuda")
+
+
+def run(args) -> int:
+    view = build_token_view(args.checkpoint, args.out, data=args.data, text=args.text, alpha=args.alpha,
+                            num_passages=args.num_passages, max_tokens=args.max_tokens, scope=args.scope,
+                            tokenizer=args.tokenizer, device=args.device)
+    print(f"wrote {Path(args.out) / 'index.html'} ({len(view['passages'])} passages, alpha={args.alpha})")
+    return 0
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def load_checkpoint_model(path: str, device: str = "cpu"):
+    """(model in eval mode, info with "tokenizer" and "step") through ``eslm.model.loading.load_model``."""
+    from eslm.model.loading import load_model
+
+    return load_model(path, device)
+
+
+def text_passages(text: str, tok, num: int, max_tokens: int) -> list[Passage]:
+    """The first ``num`` paragraphs with at least two tokens, each cut to ``max_tokens + 1`` ids."""
+    out = []
+    for para in (p.strip("\n") for p in text.replace("\r\n", "\n").split("\n\n")):
+        ids = tok.encode(para)[: max_tokens + 1] if para.strip() else []
+        if len(ids) >= 2:
+            out.append(Passage(f"paragraph {len(out) + 1}", ids))
+        if len(out) == num:
+            break
+    if not out:
+        raise TokensViewError("expected text with at least one paragraph of two or more tokens, found none; "
+                              "pass a non-empty --text file")
+    return out
+
+
+def stream_passages(stream, eot_id: int, num: int, max_tokens: int, domain: str) -> list[Passage]:
+    """``num`` passages evenly spread over a token stream, each starting at a document start (after an
+    end-of-text token) and stopping at the next end-of-text or after ``max_tokens + 1`` ids."""
+    import numpy as np
+
+    arr = np.asarray(stream)
+    starts = [0] + [int(i) + 1 for i in np.flatnonzero(arr == eot_id) if i + 2 < len(arr)]
+    starts = [s for s in starts if s + 1 < len(arr) and arr[s] != eot_id and arr[s + 1] != eot_id]
+    if not starts:
+        return []
+    picks = sorted({starts[round(k * (len(starts) - 1) / max(1, num - 1))] for k in range(num)})
+    out = []
+    for s in picks:
+        window = arr[s: s + max_tokens + 1].tolist()
+        if eot_id in window:
+            window = window[: window.index(eot_id)]
+        if len(window) >= 2:
+            out.append(Passage(f"{domain} @ token {s}", [int(t) for t in window]))
+    return out
+
+
+def dataset_passages(data_dir: str, num: int, max_tokens: int) -> tuple[list[Passage], str]:
+    """Passages from each domain's validation tokens of a prepared dataset, and its tokenizer name."""
+    from eslm.data.loader import open_dataset
+
+    ds = open_dataset(data_dir)
+    out = []
+    for domain in ds.domains:
+        out += stream_passages(ds.tokens("val", domain), ds.eot_id, num, max_tokens, domain)
+    if not out:
+        raise TokensViewError(f"expected validation tokens in {data_dir}, found no passage of two or more "
+                              "tokens; prepare the data with a validation split (eslm prepare ... --out DIR)")
+    return out, ds.tokenizer_name
+
+
+# ---------------------------------------------------------------- scores and selection
+
+
+@torch.no_grad()
+def score_passage(model, ids: list[int], device: str = "cpu") -> dict[str, torch.Tensor]:
+    """{"entropy", "loss"}: fp32 (len(ids) - 1,) for predicting ids[1:] from ids[:-1]."""
+    x = torch.tensor(ids[:-1], dtype=torch.long, device=device)
+    y = torch.tensor(ids[1:], dtype=torch.long, device=device)
+    hidden = model(x[None])[0].float()
+    stats = token_stats(hidden, model.head_weight.float(), y, need_entropy=True, impl="naive")
+    return {"entropy": stats.entropy.cpu(), "loss": stats.loss.cpu()}
+
+
+def thresholds(scores: list[torch.Tensor], alpha: float, scope: str) -> list[float]:
+    """VaR_alpha per passage: one shared value over all passages (batch) or one each (passage)."""
+    if scope == "batch":
+        t = float(var_threshold(torch.cat(scores), alpha))
+        return [t] * len(scores)
+    return [float(var_threshold(s, alpha)) for s in scores]
+
+
+def analyse(model, passages: list[Passage], alpha: float, scope: str, device: str = "cpu") -> list[dict]:
+    """Per passage: scores and, per variant, the threshold and the kept flags (score >= threshold)."""
+    scored = [score_passage(model, p.ids, device) for p in passages]
+    out = [{"source": p.source, "ids": p.ids, "scores": {k: s[k].tolist() for k, *_ in VARIANTS}, "variants": {}}
+           for p, s in zip(passages, scored)]
+    for key, *_ in VARIANTS:
+        per = [s[key] for s in scored]
+        for rec, s, t in zip(out, per, thresholds(per, alpha, scope)):
+            kept = s >= t
+            rec["variants"][key] = {"threshold": t, "kept": kept.tolist(),
+                                    "cvar": float(s[kept].mean()), "kept_frac": float(kept.float().mean())}
+    return out
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def visible(text: str) -> str:
+    """Whitespace made visible for the frequency chart: ' the' -> '␣the', '\\n' -> '↵', tab -> '→'."""
+    return text.replace(" ", "␣").replace("\n", "↵").replace("\t", "→") or "∅"
+
+
+def token_texts(tok, ids: list[int]) -> list[str]:
+    """Each id decoded on its own (a multi-byte character split over tokens shows as U+FFFD)."""
+    return [tok.decode([i]) for i in ids]
+
+
+def _span_text(text: str) -> str:
+    """HTML for one token: escaped, newlines shown as ↵ plus a line break, tabs as →."""
+    esc = html.escape(text).replace("\t", "→")
+    return esc.replace("\n", "<span class='ws'>↵</span><br>")
+
+
+def _token_span(text: str, score: float, kept: bool, lo: float, hi: float, rgb, key: str, other: str) -> str:
+    a = 0.08 + 0.8 * ((score - lo) / (hi - lo) if hi > lo else 1.0)
+    cls = "t k" if kept else "t d"
+    return (f"<span class='{cls}' data-variant='{key}' data-score='{score!r}' data-kept='{int(kept)}' "
+            f"style='background:rgba({rgb[0]},{rgb[1]},{rgb[2]},{a:.3f})' title='{html.escape(other)}'>"
+            f"{_span_text(text)}</span>")
+
+
+def passage_cell(rec: dict, texts: list[str], key: str, rgb) -> str:
+    """One column: the passage with the variant's scores and kept flags."""
+    scores, kept = rec["scores"][key], rec["variants"][key]["kept"]
+    lo, hi = min(scores), max(scores)
+    spans = [f"<span class='ctx' title='context only (not scored)'>{_span_text(texts[0])}</span>"]
+    for i, (s, k) in enumerate(zip(scores, kept)):
+        e, lo_ = rec["scores"]["entropy"][i], rec["scores"]["loss"][i]
+        tip = f"{texts[i + 1]!r}: entropy {e:.3f}, loss {lo_:.3f}, {'kept' if k else 'dropped'}"
+        spans.append(_token_span(texts[i + 1], s, bool(k), lo, hi, rgb, key, tip))
+    return "<div class='p'>" + "".join(spans) + "</div>"
+
+
+CSS = """body{font-family:sans-serif;max-width:1400px;margin:2em auto;padding:0 1em;color:#222}
+table.v{border-collapse:collapse;width:100%;table-layout:fixed}table.v td,table.v th{border:1px solid #ddd;
+padding:6px;vertical-align:top}.p{font-family:monospace;font-size:13px;white-space:pre-wrap;line-height:1.7}
+.t.k{color:#000;border-bottom:2px solid #222}.t.d{color:#999}.ctx{color:#bbb}.ws{color:#aaa}
+.note{color:#555;font-size:0.9em}img{max-width:49%;border:1px solid #eee}"""
+
+
+def render_html(records: list[dict], tok, meta: dict, pngs: dict[str, str]) -> str:
+    """The page: settings, legend, one two-column table per passage, the frequency charts."""
+    head = "".join(f"<th>{title}</th>" for _, title, _ in VARIANTS)
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>eslm tokens</title><style>{CSS}</style>"
+             "</head><body><h1>Token selection view</h1>",
+             f"<p>Checkpoint <code>{html.escape(str(meta['checkpoint']))}</code> (step {meta['step']}), "
+             f"tokenizer {html.escape(str(meta['tokenizer']))}, alpha = {meta['alpha']} (keep the top "
+             f"{1 - meta['alpha']:.0%} by score), threshold scope: {meta['scope']}.</p>",
+             "<p class='note'>Each token is coloured by its score (darker = higher) under the token it predicts; "
+             "<b>kept</b> tokens (score &ge; VaR threshold) are underlined and black, dropped ones grey. Left: "
+             "predictive entropy (VaR-entropy); right: per-token loss (CVaR-loss). The first token of a passage is "
+             "context only. ↵ marks a newline. Hover a token for its numbers.</p>"]
+    for i, rec in enumerate(records):
+        texts = token_texts(tok, rec["ids"])
+        info = " | ".join(f"{title}: threshold {rec['variants'][k]['threshold']:.3f}, kept "
+                          f"{rec['variants'][k]['kept_frac']:.0%}, CVaR {rec['variants'][k]['cvar']:.3f}"
+                          for k, title, _ in VARIANTS)
+        cells = "".join(f"<td>{passage_cell(rec, texts, k, rgb)}</td>" for k, _, rgb in VARIANTS)
+        parts.append(f"<h3>Passage {i + 1}: {html.escape(rec['source'])}</h3><p class='note'>{info}</p>"
+                     f"<table class='v'><tr>{head}</tr><tr>{cells}</tr></table>")
+    parts.append(f"<h2>Top-{TOP_K} selected tokens</h2><p>"
+                 + "".join(f"<img src='{pngs[k]}' alt='top tokens {t}'>" for k, t, _ in VARIANTS) + "</p>")
+    return "\n".join(parts) + "</body></html>"
+
+
+def top_tokens(records: list[dict], tok, key: str, k: int = TOP_K) -> list[tuple[str, int]]:
+    """The k most frequent kept tokens of a variant, as (visible text, count)."""
+    counts: Counter = Counter()
+    for rec in records:
+        texts = token_texts(tok, rec["ids"])[1:]
+        counts.update(visible(t) for t, kept in zip(texts, rec["variants"][key]["kept"]) if kept)
+    return counts.most_common(k)
+
+
+def frequency_chart(path: Path, items: list[tuple[str, int]], title: str, rgb) -> None:
+    """Horizontal bar chart of (token, count), most frequent on top."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 0.28 * max(5, len(items)) + 1.2))
+    labels = [repr(t)[1:-1] for t, _ in items][::-1]
+    ax.barh(range(len(items)), [c for _, c in items][::-1], color=[v / 255 for v in rgb])
+    ax.set_yticks(range(len(items)))
+    ax.set_yticklabels(labels, fontsize=8, family="monospace")
+    ax.set_xlabel("times selected")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def _passages(data, text, tok_name, num, max_tokens):
+    """(passages, tokenizer name) from --data or --text."""
+    from eslm.data.tokenizers import get_tokenizer
+
+    if data:
+        passages, data_tok = dataset_passages(data, num, max_tokens)
+        if tok_name and data_tok != tok_name:
+            raise TokensViewError(f"expected data tokenized with the model's tokenizer {tok_name!r}, found "
+                                  f"{data_tok!r} in {data}; prepare the data with --tokenizer {tok_name}")
+        return passages, data_tok
+    p = Path(text)
+    if not p.is_file():
+        raise DataError(f"expected a text file at {p}, found none; check the --text path")
+    name = tok_name or "gpt2"
+    return text_passages(p.read_text(encoding="utf-8", errors="replace"), get_tokenizer(name), num, max_tokens), name
+
+
+def _check_options(alpha: float, num: int, max_tokens: int) -> None:
+    check_alpha(alpha)
+    if num < 1 or max_tokens < 1:
+        raise TokensViewError(f"expected --num-passages and --max-tokens >= 1, found {num} and {max_tokens}; "
+                              "pass positive values")
+
+
+def _check_vocab(model, passages: list[Passage]) -> None:
+    """Every id must be embeddable by the model (a tokenizer mismatch otherwise)."""
+    vocab = model.config.vocab_size
+    bad = max(max(p.ids) for p in passages)
+    if bad >= vocab:
+        raise TokensViewError(f"expected token ids below the model's vocab_size {vocab}, found {bad}; "
+                              "use the tokenizer the model was trained with (--tokenizer)")
+
+
+def build_token_view(checkpoint: str, out_dir: str | Path, *, data: str | None = None, text: str | None = None,
+                     alpha: float = 0.1, num_passages: int = 4, max_tokens: int = 256, scope: str = "batch",
+                     tokenizer: str | None = None, device: str = "cpu") -> dict:
+    """Score, select, and write index.html, top_tokens_<variant>.png and tokens.json; returns the JSON dict."""
+    from eslm.data.tokenizers import get_tokenizer
+
+    _check_options(alpha, num_passages, max_tokens)
+    model, info = load_checkpoint_model(checkpoint, device)
+    max_tokens = min(max_tokens, model.config.block_size)  # inputs are the first max_tokens ids
+    passages, tok_name = _passages(data, text, tokenizer or info.get("tokenizer"), num_passages, max_tokens)
+    _check_vocab(model, passages)
+    tok = get_tokenizer(tok_name)
+    records = analyse(model, passages, alpha, scope, device)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    pngs = {}
+    for key, title, rgb in VARIANTS:
+        pngs[key] = f"top_tokens_{key}.png"
+        frequency_chart(out / pngs[key], top_tokens(records, tok, key),
+                        f"{title}: top-{TOP_K} selected tokens (alpha={alpha})", rgb)
+    meta = {"checkpoint": str(checkpoint), "step": info.get("step"), "tokenizer": tok_name,
+            "alpha": alpha, "scope": scope}
+    (out / "index.html").write_text(render_html(records, tok, meta, pngs), encoding="utf-8")
+    result = {**meta, "passages": records, "top_tokens": {k: top_tokens(records, tok, k) for k, *_ in VARIANTS}}
+    (out / "tokens.json").write_text(json.dumps(result))
+    return result
+

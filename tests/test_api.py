@@ -143,6 +143,35 @@ def test_fused_path_matches_naive_when_available():
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+def test_fused_dispatch_uses_the_documented_signatures(monkeypatch):
+    """impl="fused" calls eslm.ops.fused_head with the cross_entropy contract (a stand-in module here)."""
+    import types
+
+    from eslm.objectives import cross_entropy as ce
+
+    calls = []
+    fake = types.ModuleType("eslm.ops.fused_head")
+
+    def fused_token_stats(hidden, weight, targets, *, need_entropy, chunk_size):
+        calls.append(("stats", hidden.shape, need_entropy, chunk_size))
+        return ce.naive_token_stats(hidden, weight, targets, need_entropy)
+
+    def fused_selected_ce(hidden, weight, targets, index, *, chunk_size, lse):
+        calls.append(("ce", index.shape, chunk_size, lse.shape))
+        return ce.naive_selected_ce(hidden, weight, targets, index)
+
+    fake.fused_token_stats, fake.fused_selected_ce = fused_token_stats, fused_selected_ce
+    monkeypatch.setitem(sys.modules, "eslm.ops.fused_head", fake)
+    g = torch.Generator().manual_seed(5)
+    hidden, weight = torch.randn(2, 10, 8, generator=g), torch.randn(17, 8, generator=g)
+    _, targets = _inputs(2, 10, 17, ignore_frac=0.0, seed=5)
+    loss_f, _ = selective_loss(targets, hidden=hidden, weight=weight, score="loss", alpha=0.3, impl="fused",
+                               chunk_size=4)
+    loss_n, _ = selective_loss(targets, hidden=hidden, weight=weight, score="loss", alpha=0.3, impl="naive")
+    assert calls == [("stats", (20, 8), False, 4), ("ce", (14,), 4, (20,))]
+    assert float(loss_f) == pytest.approx(float(loss_n), rel=1e-6)
+
+
 def test_stats_are_tensors_without_host_sync():
     logits, targets = _inputs()
     _, st = selective_loss(targets, logits=logits)

@@ -139,13 +139,28 @@ metric_list:
 
 def _write_tasks(d):
     d.mkdir()
-    mc = [{"question": f"what is {i}+{i}?", "choices": [str(2 * i), str(2 * i + 1), "no"], "label": 0}
+    mc = [{"question": f"what is {i}+{i}?", "choices": [str(2 * i), str(2 * i + 1), "no"], "label": i % 3}
           for i in range(6)]
     ppl = [{"text": f"The number {i} is followed by {i + 1}, and that is the end of line {i}."} for i in range(4)]
     gen = [{"question": f"say {w}", "answer": w} for w in ("yes", "no", "cat", "dog")]
     for name, rows, yaml in (("mc", mc, MC_YAML), ("ppl", ppl, ROLL_YAML), ("gen", gen, GEN_YAML)):
         (d / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         (d / f"{name}.yaml").write_text(yaml.format(data=d / f"{name}.jsonl"))
+
+
+def _mc_reference(run, step, tok, tmp_path):
+    """(acc, acc_norm) of the first 4 multiple-choice docs, scored directly (0-shot), as lm-eval defines them:
+    choice = " " + text after "Q: ...\\nA:"; acc_norm divides the log-likelihood by the choice's length."""
+    model, _ = load_model(run / "checkpoints" / f"step_{step:07d}.pt")
+    rows = [json.loads(line) for line in (tmp_path / "tasks" / "mc.jsonl").read_text().splitlines()][:4]
+    acc = acc_norm = 0.0
+    for r in rows:
+        ctx = f"Q: {r['question']}\nA:"
+        lls = [s for s, _ in harness.score_continuations(
+            model, [harness.encode_pair(tok, ctx, " " + c) for c in r["choices"]])]
+        acc += max(range(len(lls)), key=lambda i: lls[i]) == r["label"]
+        acc_norm += max(range(len(lls)), key=lambda i: lls[i] / len(r["choices"][i])) == r["label"]
+    return acc / len(rows), acc_norm / len(rows)
 
 
 def test_eslm_eval_end_to_end_on_local_tasks(tmp_path, monkeypatch):
@@ -165,19 +180,20 @@ def test_eslm_eval_end_to_end_on_local_tasks(tmp_path, monkeypatch):
                    run / "checkpoints" / f"step_{step:07d}.pt")
     (run / "checkpoints" / "latest").write_text("step_0000020.pt")
     _write_tasks(tmp_path / "tasks")
-    rc = main(["eval", str(run), "--all-checkpoints", "--tasks", "t_mc:1,t_ppl,t_gen", "--limit", "4",
+    rc = main(["eval", str(run), "--all-checkpoints", "--tasks", "t_mc:0,t_ppl,t_gen:1", "--limit", "4",
                "--batch-size", "4", "--device", "cpu", "--include-path", str(tmp_path / "tasks")])
     assert rc == 0
     for step in (10, 20):
         rec = json.loads((run / "eval" / f"step_{step:07d}.json").read_text())
         assert rec["step"] == step and rec["flops_paper"] == 1.5e9 * step
         mc, ppl, gen = rec["tasks"]["t_mc"], rec["tasks"]["t_ppl"], rec["tasks"]["t_gen"]
-        assert mc["num_fewshot"] == 1 and mc["metric"] == "acc_norm" and mc["n_samples"] == 4
+        assert mc["num_fewshot"] == 0 and gen["num_fewshot"] == 1 and mc["metric"] == "acc_norm"
+        assert mc["n_samples"] == 4 and (mc["metrics"]["acc,none"], mc["value"]) == _mc_reference(run, step, tok, tmp_path)
         assert 0.0 <= mc["value"] <= 1.0 and mc["stderr"] is not None
         assert ppl["metric"] == "word_perplexity" and ppl["value"] > 1.0
         assert gen["metric"] == "exact_match" and gen["value"] == 0.0 and gen["stderr"] is not None
         md = (run / "eval" / f"step_{step:07d}.md").read_text()
-        assert f"| t_mc | 1 | acc_norm | {100 * mc['value']:.2f} ± {100 * mc['stderr']:.2f} | 4 |" in md
+        assert f"| t_mc | 0 | acc_norm | {mc['value']:.4f} ({mc['stderr']:.4f}) | 4 |" in md
     # word perplexity recomputed from the rolling windows, against what the harness aggregated
     m20, _ = load_model(run)
     docs = [json.loads(line)["text"] for line in (tmp_path / "tasks" / "ppl.jsonl").read_text().splitlines()]
@@ -188,4 +204,14 @@ def test_eslm_eval_end_to_end_on_local_tasks(tmp_path, monkeypatch):
     assert list(rec["tasks"]) == ["t_mc", "t_ppl", "t_gen"]
     summary = (run / "eval" / "summary.md").read_text()
     assert "t_mc (acc_norm)" in summary and "| 10 | 1.500e+10 | 1.000e+10 |" in summary
-    assert "| 20 | 3.000e+10 |" in summary
+    assert "| 20 | 3.000e+10 |" in summary and "Best during training" in summary
+
+
+def test_best_per_task_picks_highest_accuracy_and_lowest_perplexity():
+    def rec(step, acc, ppl):
+        return {"step": step, "tasks": {
+            "a": {"metric": "acc", "value": acc, "stderr": 0.01, "num_fewshot": 0},
+            "p": {"metric": "word_perplexity", "value": ppl, "stderr": None, "num_fewshot": 0}}}
+    best = harness.best_per_task([rec(1, 0.3, 50.0), rec(2, 0.5, 60.0), rec(3, 0.4, 40.0)])
+    assert (best["a"]["step"], best["a"]["value"]) == (2, 0.5)
+    assert (best["p"]["step"], best["p"]["value"]) == (3, 40.0)

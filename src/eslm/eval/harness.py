@@ -39,7 +39,7 @@ PAPER_TASKS: dict[str, int] = {
 # match; perplexity-only tasks (rolling loglikelihood) report word perplexity, then bits per byte.
 METRIC_PREFERENCE = ("acc_norm", "acc", "exact_match", "word_perplexity", "bits_per_byte", "byte_perplexity",
                      "perplexity")
-PERCENT_METRICS = ("acc_norm", "acc", "exact_match")  # shown x100 in tables, as in the paper
+FRACTION_METRICS = ("acc_norm", "acc", "exact_match")  # higher is better, in [0, 1]; 4 decimals as in the paper
 EVAL_FORMAT = "eslm-eval-v1"
 
 
@@ -330,30 +330,53 @@ def _reraise_offline(e: Exception, names: list[str]) -> None:
 
 
 def _fmt(metric: str | None, value: float | None, se: float | None) -> str:
+    """The paper's cell: ``0.3682 (0.0099)``, value and one standard error as fractions."""
     if value is None:
         return "n/a"
-    scale = 100.0 if metric in PERCENT_METRICS else 1.0
-    v = f"{value * scale:.2f}"
-    return f"{v} ± {se * scale:.2f}" if se is not None else v
+    digits = 4 if metric in FRACTION_METRICS else 2
+    return f"{value:.{digits}f} ({se:.{digits}f})" if se is not None else f"{value:.{digits}f}"
+
+
+_NOTE = "Value (one standard error, from lm-eval); accuracy and exact match as fractions, as in the paper."
 
 
 def checkpoint_table(record: dict) -> str:
     """Markdown table of one checkpoint's results: one row per task."""
     lines = [f"# lm-eval: {record['source']} (step {record['step']})", "",
-             "| task | shots | metric | value ± stderr | n |", "|---|---:|---|---:|---:|"]
+             "| task | shots | metric | value (stderr) | n |", "|---|---:|---|---:|---:|"]
     for name, r in record["tasks"].items():
         lines.append(f"| {name} | {r['num_fewshot']} | {r['metric']} | {_fmt(r['metric'], r['value'], r['stderr'])}"
                      f" | {r['n_samples'] if r['n_samples'] is not None else ''} |")
-    lines += ["", "Accuracy and exact match in %, ± one standard error (lm-eval); perplexities as is."]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + ["", _NOTE]) + "\n"
 
 
-def summary_table(records: list[dict]) -> str:
-    """Markdown table across checkpoints (rows: step, columns: tasks), as in the paper's tables."""
-    records = sorted(records, key=lambda r: (r["step"] is None, r["step"] or 0))
+def _task_order(records: list[dict]) -> list[str]:
     tasks: list[str] = []
     for r in records:
         tasks += [t for t in r["tasks"] if t not in tasks]
+    return tasks
+
+
+def best_per_task(records: list[dict]) -> dict[str, dict]:
+    """Task -> the best result over checkpoints (highest accuracy / lowest perplexity) plus its step,
+    the paper's "best observed accuracy during training"."""
+    best: dict[str, dict] = {}
+    for r in records:
+        for t, res in r["tasks"].items():
+            if res["value"] is None:
+                continue
+            lower_better = res["metric"] not in FRACTION_METRICS
+            cur = best.get(t)
+            if cur is None or (res["value"] < cur["value"] if lower_better else res["value"] > cur["value"]):
+                best[t] = {**res, "step": r["step"]}
+    return best
+
+
+def summary_table(records: list[dict]) -> str:
+    """Markdown across checkpoints of a run: one row per step with its FLOPs (accuracy against FLOPs),
+    then the best result per task in the paper's layout (task, shots, value (stderr), step)."""
+    records = sorted(records, key=lambda r: (r["step"] is None, r["step"] or 0))
+    tasks = _task_order(records)
     head = ["step", "flops_paper", "flops_executed"] + [
         f"{t} ({next(r['tasks'][t]['metric'] for r in records if t in r['tasks'])})" for t in tasks]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
@@ -362,7 +385,12 @@ def summary_table(records: list[dict]) -> str:
         cells += [_fmt(r["tasks"][t]["metric"], r["tasks"][t]["value"], r["tasks"][t]["stderr"])
                   if t in r["tasks"] else "" for t in tasks]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    lines += ["", "Best during training:", "", "| task | shots | metric | value (stderr) | step |",
+              "|---|---:|---|---:|---:|"]
+    for t, b in best_per_task(records).items():
+        lines.append(f"| {t} | {b['num_fewshot']} | {b['metric']} | {_fmt(b['metric'], b['value'], b['stderr'])}"
+                     f" | {b['step']} |")
+    return "\n".join(lines + ["", _NOTE]) + "\n"
 
 
 def _sci(x) -> str:

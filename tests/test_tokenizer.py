@@ -37,6 +37,14 @@ def test_gpt2_roundtrip_unicode():
     assert tok.decode(tok.encode(text)) == text
 
 
+def test_tokenizers_pickle_by_name():
+    import pickle
+
+    for name in ("gpt2", "byte"):
+        tok = pickle.loads(pickle.dumps(get_tokenizer(name)))
+        assert tok.name == name and tok.encode("Hello world") == get_tokenizer(name).encode("Hello world")
+
+
 def test_byte_tokenizer():
     tok = get_tokenizer("byte")
     assert (tok.name, tok.vocab_size, tok.eot_id) == ("byte", 257, 256)

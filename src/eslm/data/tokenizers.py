@@ -74,6 +74,10 @@ class GPT2Tokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._enc.decode(list(ids))
 
+    def __reduce__(self):
+        # pickle by name (e.g. into worker processes): rebuilt from the local files on the other side
+        return get_tokenizer, ("gpt2",)
+
     def __repr__(self) -> str:
         return "GPT2Tokenizer(r50k_base, vocab_size=50257, eot_id=50256)"
 

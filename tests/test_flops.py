@@ -14,7 +14,7 @@ from eslm.flops import (FlopsCounter, FlopsModel, StepFlops, count_params, execu
 from eslm.model.gpt import GPT, ModelConfig, preset
 
 SMALL = ModelConfig(n_layer=2, n_head=2, n_embd=64, vocab_size=256, block_size=64)
-B, T = 2, 64
+B, T = 2, 48  # T < block_size: the attention term must use the training length
 
 
 @pytest.mark.parametrize("cfg", [SMALL, ModelConfig(n_layer=3, n_head=4, n_embd=96, vocab_size=320,

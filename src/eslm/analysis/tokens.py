@@ -260,6 +260,9 @@ def frequency_chart(path: Path, items: list[tuple[str, int]], title: str, rgb) -
     ax.barh(range(len(items)), [c for _, c in items][::-1], color=[v / 255 for v in rgb])
     ax.set_yticks(range(len(items)))
     ax.set_yticklabels(labels, fontsize=8, family="monospace")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("times selected")
     ax.set_title(title, fontsize=10)
     ax.grid(True, axis="x", alpha=0.3)

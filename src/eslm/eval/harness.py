@@ -293,8 +293,6 @@ def evaluate(model, tokenizer, tasks: dict[str, int], *, limit: int | float | No
              progress: bool = False) -> dict:
     """Run lm-eval tasks (name -> shots) on our model. Returns {task: {num_fewshot, metric, value, stderr,
     n_samples, metrics}} with every metric of the task in ``metrics``."""
-    from lm_eval import evaluator
-
     tm = _task_manager(include_path, list(tasks))
     lm = lm_class()(model=model, tokenizer=tokenizer, batch_size=batch_size, progress=progress)
     by_shots: dict[int, list[str]] = {}
@@ -303,10 +301,7 @@ def evaluate(model, tokenizer, tasks: dict[str, int], *, limit: int | float | No
     out: dict[str, dict] = {}
     for shots, names in sorted(by_shots.items()):  # one harness call per shot count
         try:
-            res = evaluator.simple_evaluate(
-                model=lm, tasks=names, num_fewshot=shots, limit=limit, task_manager=tm, log_samples=False,
-                bootstrap_iters=bootstrap_iters, random_seed=seed, numpy_random_seed=seed,
-                torch_random_seed=seed, fewshot_random_seed=seed)
+            res = _run_harness(lm, tm, names, shots, limit=limit, bootstrap_iters=bootstrap_iters, seed=seed)
         except Exception as e:
             _reraise_offline(e, names)
             raise
@@ -317,6 +312,37 @@ def evaluate(model, tokenizer, tasks: dict[str, int], *, limit: int | float | No
                          "n_samples": _plain(res.get("n-samples", {}).get(name, {}).get("effective")),
                          "metrics": _plain({k: v for k, v in metrics.items() if k != "alias"})}
     return {name: out[name] for name in tasks if name in out} | out  # the order asked for; groups last
+
+
+def _run_harness(lm, tm, names: list[str], shots: int, *, limit, bootstrap_iters: int, seed: int) -> dict:
+    """lm-eval's results dict for ``names`` at ``shots``.
+
+    Where the TaskManager can load tasks itself (lm-eval >= 0.4.10) this calls ``evaluator.evaluate``
+    directly: ``simple_evaluate`` would add an environment report that runs ``pip list`` in a subprocess
+    on every call (seconds each; we record our own environment in the run directory). The seeding and
+    few-shot settings are those ``simple_evaluate`` applies, except that the shot count asked for always
+    wins (``simple_evaluate`` keeps a task's own ``num_fewshot: 0``).
+    """
+    from lm_eval import evaluator
+
+    if not hasattr(tm, "load"):
+        return evaluator.simple_evaluate(
+            model=lm, tasks=names, num_fewshot=shots, limit=limit, task_manager=tm, log_samples=False,
+            bootstrap_iters=bootstrap_iters, random_seed=seed, numpy_random_seed=seed,
+            torch_random_seed=seed, fewshot_random_seed=seed)
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    loaded = tm.load(names)
+    for task in loaded["tasks"].values():
+        task.set_config(key="num_fewshot", value=shots)
+        task.set_fewshot_seed(seed=seed)
+    return evaluator.evaluate(lm=lm, task_dict=loaded, limit=limit, bootstrap_iters=bootstrap_iters,
+                              log_samples=False)
 
 
 def _reraise_offline(e: Exception, names: list[str]) -> None:

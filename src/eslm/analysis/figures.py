@@ -88,11 +88,12 @@ def panels(path: Path, panel_series: dict[str, list[dict]], colors: dict, *, xla
     n = len(panel_series)
     cols = min(3, n)
     rows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False, sharex=True)
     for ax, (name, series) in zip(axes.flat, panel_series.items()):
         _draw_series(ax, series, colors, logx, logy)
         ax.set_title(name, fontsize=10)
         ax.set_xlabel(xlabel, fontsize=8)
+        ax.xaxis.set_tick_params(labelbottom=True)  # shared x, but every panel keeps its labels
         ax.set_ylabel(ylabel, fontsize=8)
         ax.tick_params(labelsize=7)
         if ylim is not None:

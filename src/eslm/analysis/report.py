@@ -314,10 +314,22 @@ def _domain_figures(out: Path, groups, summary, colors) -> dict[str, str]:
     return {"domain_final": "domain_final.png", "domain_curves": "domain_curves.png"}
 
 
+def _train_domains(runs: list[Run]) -> list[str]:
+    """Domains with a kept_frac/<domain> metric in any train line, first seen first."""
+    seen: dict[str, None] = {}
+    for r in runs:
+        for rec in r.train:
+            for k in rec:
+                if k.startswith(M.KEPT_FRAC_DOMAIN_PREFIX):
+                    seen.setdefault(k[len(M.KEPT_FRAC_DOMAIN_PREFIX):], None)
+    return list(seen)
+
+
 def _selection_figure(out: Path, groups, colors) -> dict[str, str]:
     tr = lambda r: r.train  # noqa: E731
-    panel = {name: _curve_set(groups, tr, M.STEP, key)
-             for name, key in (("kept fraction", M.KEPT_FRAC), ("alpha", M.ALPHA))}
+    keys = [("kept fraction", M.KEPT_FRAC), ("alpha", M.ALPHA)]
+    keys += [(f"kept fraction: {d}", M.kept_frac_key(d)) for d in _train_domains([r for g in groups for r in g.runs])]
+    panel = {name: _curve_set(groups, tr, M.STEP, key) for name, key in keys}
     panel = {k: v for k, v in panel.items() if v}
     if not panel:
         return {}
@@ -331,7 +343,8 @@ def _selection_figure(out: Path, groups, colors) -> dict[str, str]:
 
 
 CSS = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;margin:1em 0;font-size:0.9em}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}
+table{border-collapse:collapse;margin:1em 0;font-size:0.9em}
+td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}img{max-width:100%;border:1px solid #eee}
 .note{color:#555;font-size:0.9em}.warn{color:#a40}code{background:#f5f5f5;padding:0 3px}"""
 
@@ -425,11 +438,13 @@ def render_html(summary: dict, written: dict) -> str:
         f"<!doctype html><html><head><meta charset='utf-8'><title>eslm report</title><style>{CSS}</style></head><body>",
         "<h1>eslm report</h1>",
         f"<p>{len(s['runs'])} runs in {len(s['groups'])} groups. FLOPs convention: <b>{s['flops_convention']}</b> "
-        f"(<code>{s['flops_key']}</code>). Target validation loss: <b>{s['target_loss']:.4g}</b> ({s['target_source']}).</p>",
+        f"(<code>{s['flops_key']}</code>). Target validation loss: <b>{s['target_loss']:.4g}</b> "
+        f"({html.escape(s['target_source'])}).</p>",
         f"<ul>{warn}</ul>" if warn else "",
         "<h2>Summary</h2>", _summary_table(s),
         "<p class='note'>Values are the mean over the seeds of a group; [min, max] over seeds in brackets. "
-        f"To-target values: {html.escape(s['interpolation'])}. A group mean covers only the seeds that reached the target.</p>",
+        f"To-target values: {html.escape(s['interpolation'])}. A group mean covers only the seeds that reached "
+        "the target. Time is training wall-clock (elapsed_s), evaluation excluded.</p>",
         "<h2>Groups</h2>",
         f"<p class='note'>Runs are grouped when their resolved config.yaml files are identical except for "
         f"{', '.join('<code>' + k + '</code>' for k in IGNORED_FOR_GROUPING)}; a group is drawn as the mean "

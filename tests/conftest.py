@@ -35,7 +35,7 @@ def tiny_data(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("corpus")
     paths = _write_corpus(root / "text")
     out = root / "prepared"
-    prepare("text", out, tokenizer="byte", paths=paths, progress=False)
+    prepare("text", out, tokenizer="byte", paths=paths, progress=False, workers=1)
     return out
 
 

@@ -45,10 +45,21 @@ def test_resolved_config_round_trips():
     assert again == cfg
 
 
-def test_every_config_file_loads_and_validates():
-    files = sorted((ROOT / "configs").rglob("*.yaml"))
+def test_every_config_file_loads_and_validates(tmp_path):
+    from eslm.study import load_study, plan
+
+    files = sorted((ROOT / "configs" / "paper").glob("*.yaml"))
+    assert len(files) >= 10
     for f in files:
         build_config([str(f)])
+    # the paper's composition: base + model + data (+ variant)
+    build_config([str(ROOT / "configs/paper/base.yaml"), str(ROOT / "configs/paper/774m.yaml"),
+                  str(ROOT / "configs/paper/slimpajama-doremi.yaml"), str(ROOT / "configs/paper/ada-eslm.yaml")])
+    studies = sorted((ROOT / "configs" / "studies").glob("*.yaml"))
+    assert studies
+    for f in studies:
+        runs = plan(load_study(str(f)), tmp_path)
+        assert runs and all(r.train.max_flops > 0 for r in runs)
 
 
 def test_keys_have_help():

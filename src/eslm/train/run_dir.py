@@ -81,8 +81,11 @@ def read_metrics(run_dir: Path, kind: str | None = None) -> list[dict]:
         return []
     last: dict = {}
     for line in path.read_text().splitlines():
-        if line.strip():
+        try:
             rec = json.loads(line)
+        except json.JSONDecodeError:  # a line torn by a kill mid-write
+            continue
+        if isinstance(rec, dict):
             last[(rec.get(M.KIND), rec.get(M.STEP))] = rec
     recs = [r for r in last.values() if kind is None or r.get(M.KIND) == kind]
     return sorted(recs, key=lambda r: (r.get(M.STEP, 0), r.get(M.KIND, "")))

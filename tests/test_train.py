@@ -136,3 +136,33 @@ def test_checkpoint_of_another_model_is_rejected(tiny_data, tmp_path):
     train(build_config(overrides=over))
     with pytest.raises(CheckpointError, match="another model"):
         train(build_config(overrides=over + ["model.preset=small", "run.resume=true"]))
+
+
+@pytest.fixture(scope="module")
+def teacher_run(tiny_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("teacher")
+    res = train(build_config(overrides=tiny_overrides(tiny_data, out, **{"method.name": "clm", "train.max_steps": 3})))
+    return res.run_dir
+
+
+@pytest.mark.parametrize("name", ["rho1", "dense-kd", "eslm-kd-entropy", "eslm-kd-loss", "salt"])
+def test_reference_and_teacher_methods_train_and_resume(name, tiny_data, tmp_path, teacher_run):
+    extra = {"method.name": name, "method.reference": str(teacher_run), "method.teacher": str(teacher_run),
+             "method.salt_kd_steps": 2, "train.max_steps": 2}
+    res = train(build_config(overrides=tiny_overrides(tiny_data, tmp_path, **extra)))
+    first = read_metrics(res.run_dir, "train")
+    assert first[-1][M.FLOPS_PAPER] > 0
+    extra["train.max_steps"] = 4
+    res = train(build_config(overrides=tiny_overrides(tiny_data, tmp_path, **extra) + ["run.resume=true"]))
+    lines = read_metrics(res.run_dir, "train")
+    assert [r[M.STEP] for r in lines] == [1, 2, 3, 4]
+    # a reference / teacher forward is counted: paper FLOPs exceed the trained model's own dense cost
+    if name != "salt":
+        assert lines[-1][M.FLOPS_PAPER] > lines[-1][M.FLOPS_DENSE] * (0.9 if name == "rho1" else 1.0)
+
+
+def test_missing_teacher_is_a_config_error():
+    from eslm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="method.teacher"):
+        build_config(overrides=["method.name=dense-kd"])

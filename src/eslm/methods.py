@@ -149,3 +149,94 @@ def build_method(ctx: BuildContext) -> Method:
 
 def describe_methods() -> str:
     return "\n".join(f"  {n:<18} {s.help}" for n, s in METHODS.items())
+
+
+# ---------------------------------------------------------------- baselines and distillation
+
+
+def _frozen(path: str, ctx: BuildContext):
+    from eslm.baselines.rho1 import ReferenceModel
+
+    return ReferenceModel.from_path(path, ctx.device, impl=ctx.cfg.train.loss_impl,
+                                    chunk_size=ctx.cfg.train.loss_chunk_size)
+
+
+def _rho1(ctx: BuildContext) -> Method:
+    from eslm.baselines.plugins import Rho1Selector
+
+    m = ctx.cfg.method
+    sel = Rho1Selector(_frozen(m.reference, ctx), m.alpha, ctx.cfg.data.seq_len, m.standardize, ctx.n_domains)
+    return Method(name="rho1", tokens=sel, objective=_ce(ctx))
+
+
+def _greats(ctx: BuildContext) -> Method:
+    from eslm.baselines.plugins import GreatsRows
+    from eslm.flops import FlopsModel
+
+    m, t = ctx.cfg.method, ctx.cfg.train
+    bv = max(1, round(m.greats_val_fraction * t.micro_batch_size_seqs))
+    rows = GreatsRows(ctx.val_loader_factory(bv), alpha=m.alpha, exclude_head=m.greats_exclude_head,
+                      fm=FlopsModel.from_config(ctx.model_config, ctx.cfg.data.seq_len),
+                      model_config=ctx.model_config, device=ctx.device)
+    return Method(name="greats", rows=rows, objective=_ce(ctx))
+
+
+def _distill(ctx: BuildContext):
+    from eslm.objectives.kd_objective import Distill
+
+    m = ctx.cfg.method
+    return Distill(_frozen(m.teacher, ctx), lam=m.kd_lambda, rho=m.kd_temperature, seq_len=ctx.cfg.data.seq_len,
+                   chunk_size=ctx.cfg.train.loss_chunk_size)
+
+
+def _dense_kd(ctx: BuildContext) -> Method:
+    return Method(name="dense-kd", objective=_distill(ctx))
+
+
+def _eslm_kd(score: str):
+    def build(ctx: BuildContext) -> Method:
+        m = ctx.cfg.method
+        return Method(name=m.name, tokens=VaRSelector(score, m.alpha, m.standardize, ctx.n_domains),
+                      objective=_distill(ctx))
+    return build
+
+
+def _salt(ctx: BuildContext) -> Method:
+    from eslm.objectives.kd_objective import Salt
+
+    return Method(name="salt", objective=Salt(_distill(ctx), _ce(ctx), ctx.cfg.method.salt_kd_steps))
+
+
+def _needs(key: str, what: str):
+    def validate(cfg) -> list[str]:
+        if not getattr(cfg.method, key):
+            return [f"method.{key}: {cfg.method.name} needs {what}; set method.{key}=RUN_DIR|CHECKPOINT"]
+        return []
+    return validate
+
+
+def _greats_validate(cfg) -> list[str]:
+    out = []
+    if cfg.method.greats_pool != "floor":
+        out.append("method.greats_pool: only 'floor' is wired into the trainer; 'pool' is available in "
+                   "eslm.baselines.greats.greats_pool_size for custom loops")
+    if cfg.method.scope != "micro":
+        out.append("method.scope: greats selects rows, so only scope=micro applies")
+    return out
+
+
+for _spec in [
+    MethodSpec("rho1", "Rho-1: keep the top 1-alpha tokens by excess loss against a frozen reference model",
+               _rho1, _needs("reference", "a reference model")),
+    MethodSpec("greats", "GREATS: greedy online row selection by ghost gradient inner products with a validation batch",
+               _greats, _greats_validate),
+    MethodSpec("dense-kd", "dense distillation: lambda*KL(teacher||student) + (1-lambda)*CE on every token",
+               _dense_kd, _needs("teacher", "a teacher model")),
+    MethodSpec("eslm-kd-entropy", "ESLM-KD: KD on the top 1-alpha tokens by the student's entropy",
+               _eslm_kd("entropy"), _needs("teacher", "a teacher model")),
+    MethodSpec("eslm-kd-loss", "ESLM-KD: KD on the top 1-alpha tokens by the student's loss",
+               _eslm_kd("loss"), _needs("teacher", "a teacher model")),
+    MethodSpec("salt", "SALT: dense KD for method.salt_kd_steps steps, then plain CE",
+               _salt, _needs("teacher", "a teacher model")),
+]:
+    register(_spec)

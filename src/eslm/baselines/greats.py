@@ -49,8 +49,10 @@ practice of scoring the transformer's Linear layers and keeps memory bounded. Wi
 head is scored as a Linear on the final hidden states (its embedding-side gradient is still left out).
 The position embedding and the LayerNorms are never scored.
 
-Everything here uses ``torch.autograd.grad`` with respect to the Linear outputs: the model's parameter
-``.grad`` is never touched, so the caller can run its update pass afterwards.
+Everything here uses ``torch.autograd.grad`` with respect to a Linear output: the model's parameter
+``.grad`` is never touched, so the caller can run its update pass afterwards. Each layer's inner products
+are computed inside the backward, as soon as its output gradient arrives (a tensor hook), and that gradient
+is then dropped: peak memory is the activations of one forward on B + Bv rows plus one layer's products.
 """
 
 from __future__ import annotations
@@ -121,36 +123,60 @@ def _per_sample_loss(model, hidden: torch.Tensor, y: torch.Tensor, exclude_head:
     return ce.view(N, T).mean(1)
 
 
-def capture_linear_io(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, exclude_head: bool = True,
-                      impl: str | None = None) -> tuple[list[LayerIO], torch.Tensor]:
-    """Forward x (N, T), backward sum_i loss_i to every scored Linear's output; returns (layers, loss (N,)).
+def stream_linear_io(model: nn.Module, x: torch.Tensor, y: torch.Tensor, on_layer, *, exclude_head: bool = True,
+                     impl: str | None = None) -> torch.Tensor:
+    """Forward x (N, T) and backward sum_i loss_i; call ``on_layer(name, a, d, has_bias)`` for every scored
+    Linear as soon as its output gradient d (N, T, out) is known (a (N, T, in) its input, both detached,
+    the model's dtype). Returns the per-row loss (N,) fp32.
 
     Because rows never interact in a GPT (causal attention within a row, LayerNorm per token), the gradient
-    of sum_i loss_i with respect to row n's layer output is exactly d loss_n / d out_n.
+    of sum_i loss_i with respect to row n's layer output is exactly d loss_n / d out_n. The backward runs
+    through ``torch.autograd.grad`` to the first scored layer's output only, so no parameter's ``.grad``
+    is written and at most one layer's d is alive at a time (a is the input the Linear saves for its own
+    backward anyway). The model's parameters must require grad (they do during training).
     """
     impl = impl or _default_impl()
     mods = scored_linears(model, exclude_head)
-    saved: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    outs, fired = [], set()
 
-    def hook(name):
+    def forward_hook(name):
         def fn(module, inputs, output):
-            saved[name] = (inputs[0].detach(), output)
+            a, bias = inputs[0].detach(), module.bias is not None
+
+            def on_grad(d):
+                fired.add(name)
+                on_layer(name, a, d.detach(), bias)  # returns None: the gradient flows on unchanged
+
+            output.register_hook(on_grad)
+            outs.append(output)
         return fn
 
-    handles = [m.register_forward_hook(hook(n)) for n, m in mods]
+    handles = [m.register_forward_hook(forward_hook(n)) for n, m in mods]
     try:
         with torch.enable_grad():
             loss = _per_sample_loss(model, model(x), y, exclude_head, impl)
-            outs = [saved[n][1] for n, _ in mods]
-            grads = torch.autograd.grad(loss.sum(), outs, allow_unused=True)
+            torch.autograd.grad(loss.sum(), outs[:1])  # every scored layer lies between outs[0] and the loss
     finally:
         for h in handles:
             h.remove()
-    layers = []
-    for (n, m), out, g in zip(mods, outs, grads):
-        g = torch.zeros_like(out) if g is None else g
-        layers.append(LayerIO(n, saved[n][0].float(), g.detach().float(), m.bias is not None))
-    return layers, loss.detach().float()
+    for (n, m), out in zip(mods, outs):  # a layer the loss does not reach has zero gradient
+        if n not in fired:
+            on_layer(n, None, None, m.bias is not None)
+    return loss.detach().float()
+
+
+def capture_linear_io(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, exclude_head: bool = True,
+                      impl: str | None = None) -> tuple[list[LayerIO], torch.Tensor]:
+    """All scored layers' inputs and output gradients at once (fp32), in module order, and the loss (N,).
+    Holds every layer's d simultaneously: for tests and inspection; the selection streams instead."""
+    got: dict[str, LayerIO] = {}
+
+    def keep(name, a, d, bias):
+        if a is not None:
+            got[name] = LayerIO(name, a.float(), d.float(), bias)
+
+    loss = stream_linear_io(model, x, y, keep, exclude_head=exclude_head, impl=impl)
+    return [got[n] for n, _ in scored_linears(model, exclude_head) if n in got], loss
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -272,13 +298,19 @@ def greats_gram(model: nn.Module, train_x, train_y, val_x, val_y, *, exclude_hea
         raise ConfigError(f"GREATS validation rows must have the training length T = {train_x.shape[1]}, "
                           f"found {val_x.shape[1]}; build the validation stream with the same seq_len")
     x, y = torch.cat([train_x, val_x]), torch.cat([train_y, val_y])
-    layers, loss = capture_linear_io(model, x, y, exclude_head=exclude_head, impl=impl)
     total = torch.zeros(B, x.shape[0], dtype=torch.float32, device=x.device)
     modes = {}
-    for io in layers:
-        ip, modes[io.name] = layer_inner_products(io, B, mode)
-        total += ip
-    return total, {"layer_modes": modes, "train_loss": loss[:B], "val_loss": loss[B:]}
+
+    def accumulate(name, a, d, bias):  # runs inside the backward, one layer at a time
+        if a is None:
+            modes[name] = "unused"
+            return
+        ip, modes[name] = layer_inner_products(LayerIO(name, a.float(), d.float(), bias), B, mode)
+        total.add_(ip)
+
+    loss = stream_linear_io(model, x, y, accumulate, exclude_head=exclude_head, impl=impl)
+    order = [n for n, _ in scored_linears(model, exclude_head)]
+    return total, {"layer_modes": {n: modes[n] for n in order}, "train_loss": loss[:B], "val_loss": loss[B:]}
 
 
 def greats_select(model: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor, val_x: torch.Tensor,

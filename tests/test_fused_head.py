@@ -74,3 +74,72 @@ def test_tied_embedding_grads_through_gpt():
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+# ----------------------------------------------------------------------------- the summed loss used in training
+
+from eslm.ops.fused_head import fused_ce_sum, head_pass  # noqa: E402
+
+
+def _index(n, keep, seed=2):
+    if keep is None:
+        return None
+    k = 1 if keep == "one" else int(round(keep * n))
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:k]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("keep", [None, 1.0, 0.9, 0.85, 0.5, "one"])
+@pytest.mark.parametrize("route", ["grads_in_pass", "scores_only", "no_pass"])
+@pytest.mark.parametrize("n,c,v,chunk", [(45, 24, 131, 16), (7, 8, 1031, 3)])
+def test_ce_sum_values_and_grads(dtype, keep, route, n, c, v, chunk):
+    h0, w0, y = _inputs(n, c, v, dtype, seed=1)
+    index = _index(n, keep)
+
+    h, w = h0.float().clone().requires_grad_(), w0.float().clone().requires_grad_()
+    ref = naive_selected_ce(h, w, y, index)
+    ref.sum().mul(0.37).backward()  # any scalar upstream gradient
+    pre = None if route == "no_pass" else head_pass(h0, w0, y, need_entropy=True, chunk_size=chunk,
+                                                    with_grads=route == "grads_in_pass")
+    hf, wf = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+    total, per_token = fused_ce_sum(hf, wf, y, index, pre=pre, chunk_size=chunk)
+    total.mul(0.37).backward()
+    assert total.dtype == torch.float32 and total.dim() == 0 and not per_token.requires_grad
+    torch.testing.assert_close(per_token, ref.detach(), **TOL[dtype])
+    torch.testing.assert_close(total, ref.detach().sum(), **TOL[dtype])
+    assert hf.grad.dtype == dtype and wf.grad.dtype == dtype
+    torch.testing.assert_close(hf.grad.float(), h.grad, **TOL[dtype], msg="grad_hidden")
+    torch.testing.assert_close(wf.grad.float(), w.grad, **TOL[dtype], msg="grad_weight")
+    if index is not None:
+        dropped = torch.ones(n, dtype=torch.bool)
+        dropped[index] = False
+        assert torch.all(hf.grad[dropped] == 0)  # exactly zero, not merely small
+
+
+def test_head_pass_grads_equal_autograd_of_the_summed_loss():
+    h0, w0, y = _inputs(33, 12, 77, torch.float32, seed=4)
+    got = head_pass(h0, w0, y, need_entropy=False, with_grads=True, chunk_size=10)
+    h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+    naive_selected_ce(h, w, y, None).sum().backward()
+    torch.testing.assert_close(got.grad_hidden, h.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got.grad_weight, w.grad, rtol=1e-5, atol=1e-6)
+    assert got.entropy is None
+
+
+def test_ce_sum_under_cpu_bf16_autocast_matches_naive_under_autocast():
+    h0, w0, y = _inputs(40, 16, 201, torch.float32, seed=5)
+    index = _index(40, 0.9)
+    out = []
+    for fused in (False, True):
+        h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if fused:
+                pre = head_pass(h.detach(), w.detach(), y, with_grads=True, chunk_size=16)
+                total, _ = fused_ce_sum(h, w, y, index, pre=pre, chunk_size=16)
+            else:
+                total = naive_selected_ce(h, w, y, index).sum()
+        total.backward()
+        out.append((total.detach(), h.grad, w.grad))
+    for a, b in zip(*out):
+        torch.testing.assert_close(a, b, rtol=3e-2, atol=3e-2)
+    assert out[1][1].dtype == torch.float32  # gradients come back in the parameters' dtype

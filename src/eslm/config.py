@@ -97,7 +97,7 @@ class MethodSection:
     kd_temperature: float = _f(1.0, "KD temperature rho")
     salt_kd_steps: int = _f(12000, "SALT: optimizer steps of dense KD before plain CE")
     greats_val_fraction: float = _f(0.5, "GREATS validation batch size as a fraction of the micro-batch")
-    greats_pool: str = _f("floor", "GREATS budget: floor (keep floor((1-alpha)B) of B) | pool (draw ceil(B/(1-alpha)), keep B)")
+    greats_pool: str = _f("floor", "GREATS budget 1-alpha of a micro-batch of B rows: floor (score the B rows, keep floor((1-alpha)B); default: GREATS' budget is the kept fraction of each batch and every method then consumes the same B rows per micro-batch) | pool (score ceil(B/(1-alpha)) rows, the B loader rows + extra training rows drawn by GREATS, keep B). The paper (0.9 of 12) does not say which; see eslm/baselines/greats.py")
     greats_exclude_head: bool = _f(True, "GREATS: leave the tied LM head out of the gradient inner products")
 
 

@@ -28,7 +28,9 @@ class BuildContext:
     n_domains: int
     rank: int = 0
     model_config: object = None  # the trained model's ModelConfig
-    val_loader_factory: Callable | None = None  # (batch_size_seqs) -> loader of validation windows (GREATS)
+    # (batch_size_seqs) -> TrainLoader of validation windows (GREATS; its pool mode also builds its stream of
+    # extra training candidates from this loader's dataset, mixture, seq_len and rank)
+    val_loader_factory: Callable | None = None
 
 
 @dataclass
@@ -170,15 +172,33 @@ def _rho1(ctx: BuildContext) -> Method:
 
 
 def _greats(ctx: BuildContext) -> Method:
+    from eslm.baselines.greats import greats_pool_size
     from eslm.baselines.plugins import GreatsRows
     from eslm.flops import FlopsModel
 
     m, t = ctx.cfg.method, ctx.cfg.train
-    bv = max(1, round(m.greats_val_fraction * t.micro_batch_size_seqs))
-    rows = GreatsRows(ctx.val_loader_factory(bv), alpha=m.alpha, exclude_head=m.greats_exclude_head,
+    B = t.micro_batch_size_seqs
+    bv = max(1, round(m.greats_val_fraction * B))
+    val = ctx.val_loader_factory(bv)
+    extra = greats_pool_size(B, 1.0 - m.alpha, m.greats_pool)[0] - B
+    rows = GreatsRows(val, alpha=m.alpha, exclude_head=m.greats_exclude_head,
                       fm=FlopsModel.from_config(ctx.model_config, ctx.cfg.data.seq_len),
-                      model_config=ctx.model_config, device=ctx.device)
+                      model_config=ctx.model_config, device=ctx.device, pool=m.greats_pool,
+                      candidate_loader=_candidate_loader(val, extra, ctx.cfg.run.seed) if extra else None)
     return Method(name="greats", rows=rows, objective=_ce(ctx))
+
+
+_CANDIDATE_SEED_OFFSET = 209459  # the validation stream uses run.seed + 104729, the main stream run.seed
+
+
+def _candidate_loader(val_loader, rows: int, seed: int):
+    """GREATS pool mode's extra candidates: an independent stream of TRAINING windows with the validation
+    stream's dataset, mixture (the training mixture), seq_len and rank (both are ``TrainLoader``s)."""
+    from eslm.data.loader import TrainLoader
+
+    v = val_loader
+    return TrainLoader(v.dataset, seq_len=v.seq_len, micro_batch_size_seqs=rows, weights=v.weights,
+                       seed=seed + _CANDIDATE_SEED_OFFSET, rank=v.rank, world_size=v.world_size, split="train")
 
 
 def _distill(ctx: BuildContext):
@@ -186,7 +206,7 @@ def _distill(ctx: BuildContext):
 
     m = ctx.cfg.method
     return Distill(_frozen(m.teacher, ctx), lam=m.kd_lambda, rho=m.kd_temperature, seq_len=ctx.cfg.data.seq_len,
-                   chunk_size=ctx.cfg.train.loss_chunk_size)
+                   chunk_size=ctx.cfg.train.loss_chunk_size, impl=ctx.cfg.train.loss_impl)
 
 
 def _dense_kd(ctx: BuildContext) -> Method:
@@ -217,9 +237,6 @@ def _needs(key: str, what: str):
 
 def _greats_validate(cfg) -> list[str]:
     out = []
-    if cfg.method.greats_pool != "floor":
-        out.append("method.greats_pool: only 'floor' is wired into the trainer; 'pool' is available in "
-                   "eslm.baselines.greats.greats_pool_size for custom loops")
     if cfg.method.scope != "micro":
         out.append("method.scope: greats selects rows, so only scope=micro applies")
     return out

@@ -49,6 +49,24 @@ practice of scoring the transformer's Linear layers and keeps memory bounded. Wi
 head is scored as a Linear on the final hidden states (its embedding-side gradient is still left out).
 The position embedding and the LayerNorms are never scored.
 
+The budget (``method.greats_pool``, ``greats_pool_size``). The paper keeps a "batch selection budget" of 0.9
+(= 1 - ESLM's alpha 0.1) of a micro-batch of B = 12 rows, and 0.9 x 12 = 10.8 rows is not an integer. Two
+readings are offered:
+
+    floor (default)  the loader's B rows are the candidates; keep floor(0.9 B) = 10 of 12
+    pool             draw ceil(B / 0.9) = 14 candidates (the loader's 12 + 2 from GREATS' own candidate stream,
+                     ``plugins.GreatsRows``), keep B = 12
+
+Default floor, because (1) GREATS (Wang et al., 2024) selects a subset of each incoming batch, its budget
+being the selected fraction of that batch, which is floor's reading; (2) the paper aligns the budget with
+ESLM's alpha, and ESLM keeps a fraction of a fixed micro-batch drawn from the same data stream as CLM: under
+floor every method consumes the same B x T training tokens per micro-batch and differs only in what trains
+on them; (3) the paper's hyperparameter table gives one mini-batch size (12 x 1024 tokens at 124M) for the
+baselines and mentions no larger draw for GREATS. The paper does not say how 10.8 was rounded, so pool --
+every update has CLM's row count, at the price of scoring and consuming ceil(B / budget) rows per
+micro-batch -- is there to test the other reading. Both round the kept fraction down: 10/12 = 0.833 (floor),
+12/14 = 0.857 (pool), against 0.9.
+
 Everything here uses ``torch.autograd.grad`` with respect to a Linear output: the model's parameter
 ``.grad`` is never touched, so the caller can run its update pass afterwards. Each layer's inner products
 are computed inside the backward, as soon as its output gradient arrives (a tensor hook), and that gradient
@@ -343,13 +361,14 @@ def greats_select(model: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor
 
 
 def greats_pool_size(B: int, budget: float, mode: str = "floor") -> tuple[int, int]:
-    """(candidate rows drawn, rows kept) for a micro-batch of B rows and a selection budget in (0, 1].
+    """(candidate rows scored, rows kept) for a micro-batch of B rows and a selection budget in (0, 1].
 
-    "floor" (default): draw B, keep floor(budget * B) (at least 1). Paper: B = 12, budget 0.9 -> keep 10.
-        It trains on fewer rows than CLM from the same data stream, as ESLM trains on fewer tokens, which is
-        how the paper aligns GREATS' budget with ESLM's alpha; the loader is unchanged.
-    "pool": draw ceil(B / budget), keep B: every update has CLM's row count, but the loader must yield
-        more rows per micro-batch and the data is consumed faster (12 / 0.9 -> 14 candidates).
+    "floor" (default, module doc): score the B rows, keep floor(budget * B) (at least 1). Paper: B = 12,
+        budget 0.9 -> keep 10. It trains on fewer rows than CLM from the same data stream, as ESLM trains on
+        fewer tokens, which is how the paper aligns GREATS' budget with ESLM's alpha; the loader is unchanged.
+    "pool": score ceil(B / budget), keep B: every update has CLM's row count, but ceil(B / budget) - B extra
+        rows are drawn per micro-batch (by ``plugins.GreatsRows`` from its own candidate stream) and the
+        data is consumed faster (12 / 0.9 -> 14 candidates).
     """
     if not (0.0 < budget <= 1.0):
         raise ConfigError(f"GREATS budget must be in (0, 1], found {budget}; set alpha in [0, 1)")

@@ -10,6 +10,8 @@ import torch
 
 from eslm.baselines.greats import greats_extra_flops, greats_pool_size, greats_select, scored_layer_shapes
 from eslm.baselines.rho1 import ReferenceModel, excess_loss
+from eslm.data.batch import Batch
+from eslm.errors import CheckpointError, ConfigError
 from eslm.selection.selectors import VaRSelector
 
 
@@ -31,37 +33,78 @@ class Rho1Selector(VaRSelector):
 
 
 class GreatsRows:
-    """GREATS: per micro-batch, score every row by its gradient's alignment with a fresh validation batch
-    (ghost inner products) and keep the greedy best floor((1-alpha) B) rows for the update pass."""
+    """GREATS: per micro-batch, score every candidate row by its gradient's alignment with a fresh validation
+    batch (ghost inner products) and keep the greedy best rows for the update pass.
 
-    def __init__(self, val_loader, *, alpha: float, exclude_head: bool, fm, model_config, device):
-        self.val_loader, self.budget = val_loader, 1.0 - alpha
+    ``pool`` (``method.greats_pool``, see ``greats.greats_pool_size``) for a loader micro-batch of B rows:
+      "floor" (default): the B loader rows are the candidates; keep floor(budget B).
+      "pool":  the B loader rows plus ceil(B / budget) - B extra rows drawn from ``candidate_loader`` (an
+               independent stream of training windows, same dataset, mixture, seq_len and rank, its own seed)
+               are the candidates; keep B. The training sampler draws every window independently and
+               uniformly (``eslm.data.loader``), so this pool has the distribution of ceil(B / budget) rows of
+               one stream; the trainer's loader and the step are unchanged. The candidate loader's position is
+               part of ``state_dict``, so a resumed run draws the same candidates.
+    """
+
+    def __init__(self, val_loader, *, alpha: float, exclude_head: bool, fm, model_config, device,
+                 pool: str = "floor", candidate_loader=None):
+        self.val_loader, self.budget, self.pool = val_loader, 1.0 - alpha, pool
+        self.candidate_loader = candidate_loader
         self.exclude_head, self.fm, self.device = exclude_head, fm, device
         self.layer_shapes = scored_layer_shapes(model_config, exclude_head)
-        self._last_rows = (0, 0)
+        self._last_shape = (0, 0, 0)  # (candidate rows, validation rows, T) of the last selection
+        greats_pool_size(1, self.budget, pool)  # a bad budget or mode fails at construction
+
+    def candidate_rows(self, batch_rows: int) -> int:
+        return greats_pool_size(batch_rows, self.budget, self.pool)[0]
 
     def num_rows(self, batch_rows: int) -> int:
-        return greats_pool_size(batch_rows, self.budget, "floor")[1]
+        return greats_pool_size(batch_rows, self.budget, self.pool)[1]
+
+    def _candidates(self, batch):
+        """The loader's rows followed by the extra candidates (pool mode)."""
+        extra = self.candidate_rows(batch.x.shape[0]) - batch.x.shape[0]
+        if extra == 0:
+            return batch
+        if self.candidate_loader is None or self.candidate_loader.micro_batch_size_seqs != extra:
+            have = None if self.candidate_loader is None else self.candidate_loader.micro_batch_size_seqs
+            raise ConfigError(f"GREATS pool mode: a micro-batch of {batch.x.shape[0]} rows needs a candidate "
+                              f"loader of {extra} extra rows; found {have}; build it for train.micro_batch_size_seqs")
+        more = self.candidate_loader.next_batch().to(batch.x.device)
+        return Batch(torch.cat([batch.x, more.x]), torch.cat([batch.y, more.y]),
+                     torch.cat([batch.domain, more.domain]))
 
     def select(self, model, batch, step: int, lr: float):
-        val = self.val_loader.next_batch().to(self.device)
         k = self.num_rows(batch.x.shape[0])
+        pool = self._candidates(batch)
+        val = self.val_loader.next_batch().to(self.device)
         with torch.autocast(device_type=self.device.type, enabled=False):
-            index, info = greats_select(model, batch.x, batch.y, val.x, val.y, lr=lr, k=k,
+            index, info = greats_select(model, pool.x, pool.y, val.x, val.y, lr=lr, k=k,
                                         exclude_head=self.exclude_head)
-        self._last_rows = (batch.x.shape[0], val.x.shape[0])
-        return batch.rows(index.to(batch.x.device)), info
+        self._last_shape = (pool.x.shape[0], val.x.shape[0], pool.x.shape[1])
+        return pool.rows(index.to(pool.x.device)), info
 
     def extra_flops(self, tokens_seen: int) -> tuple[float, float, int]:
-        B, Bv = self._last_rows
-        if B == 0:
+        """Scoring the last micro-batch's candidates (``greats_extra_flops``): forward + activation backward on
+        candidates + validation rows, and the inner products. The update pass on the kept rows is the
+        trainer's ``tokens_seen``; the validation rows' forward is inside this figure, hence 0 extra tokens."""
+        n, Bv, T = self._last_shape
+        if n == 0:
             return 0.0, 0.0, 0
-        T = tokens_seen // max(self.num_rows(B), 1)
-        f = greats_extra_flops(self.fm.forward_per_token, self.fm.backward_per_token, self.layer_shapes, B, Bv, T)
+        f = greats_extra_flops(self.fm.forward_per_token, self.fm.backward_per_token, self.layer_shapes, n, Bv, T)
         return f, f, 0
 
     def state_dict(self) -> dict:
-        return {"val_loader": self.val_loader.state_dict()}
+        sd = {"val_loader": self.val_loader.state_dict()}
+        if self.candidate_loader is not None:
+            sd["candidate_loader"] = self.candidate_loader.state_dict()
+        return sd
 
     def load_state_dict(self, sd: dict) -> None:
+        if ("candidate_loader" in sd) != (self.candidate_loader is not None):
+            was = "pool" if "candidate_loader" in sd else "floor"
+            raise CheckpointError(f"expected a GREATS checkpoint of method.greats_pool={self.pool}; found one of "
+                                  f"greats_pool={was}; fix: resume with method.greats_pool={was}")
         self.val_loader.load_state_dict(sd["val_loader"])
+        if self.candidate_loader is not None:
+            self.candidate_loader.load_state_dict(sd["candidate_loader"])

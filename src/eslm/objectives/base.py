@@ -1,5 +1,6 @@
-"""Per-token objectives. An objective turns (hidden states, head weight, batch, kept indices) into a
-per-kept-token loss (K,) fp32 with gradient. The step sums and normalises it; objectives never reduce.
+"""Per-token objectives. An objective gives the scoring pass over all N tokens of a micro-batch (``score``) and
+the summed loss of the kept tokens with its gradient (``loss_sum``). The step normalises the sum; objectives
+never divide by a token count.
 """
 
 from __future__ import annotations
@@ -7,21 +8,30 @@ from __future__ import annotations
 import torch
 
 from eslm.data.batch import Batch
-from eslm.objectives.cross_entropy import TokenStats, selected_ce
+from eslm.objectives.cross_entropy import TokenStats, naive_selected_ce, selected_ce, token_stats
 
 
-class CrossEntropy:
-    """Next-token cross-entropy on the kept tokens (CLM, ESLM, Rho-1, GREATS)."""
+class Objective:
+    """Base: ``score`` is the plain scoring pass; ``loss_sum`` sums ``per_token``. Subclasses define
+    ``per_token(hidden, weight, batch, index, stats, step) -> (K,)`` fp32 with gradient."""
 
     def __init__(self, impl: str = "fused", chunk_size: int = 1024):
         self.impl, self.chunk_size = impl, chunk_size
 
-    def per_token(self, hidden: torch.Tensor, weight: torch.Tensor, batch: Batch, index: torch.Tensor | None,
-                  stats: TokenStats | None, step: int) -> torch.Tensor:
-        """hidden (N, C) with grad, weight (V, C) -> (K,) fp32 CE of the kept tokens."""
-        lse = stats.lse if stats is not None else None
-        return selected_ce(hidden, weight, batch.y.reshape(-1), index, impl=self.impl,
-                           chunk_size=self.chunk_size, lse=lse)
+    def score(self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, need_scores: bool,
+              need_entropy: bool, keep_fraction: float) -> TokenStats | None:
+        """Detached fp32 per-token statistics of all N tokens (hidden (N, C) detached), or None when the token
+        selector needs no scores. ``keep_fraction`` K/N lets an objective choose its cheapest route."""
+        if not need_scores:
+            return None
+        return token_stats(hidden, weight, targets, need_entropy=need_entropy, impl=self.impl,
+                           chunk_size=self.chunk_size)
+
+    def loss_sum(self, hidden: torch.Tensor, weight: torch.Tensor, batch: Batch, index: torch.Tensor | None,
+                 stats: TokenStats | None, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sum of the kept tokens' losses, 0-dim with gradient; their per-token losses (K,) detached)."""
+        per_token = self.per_token(hidden, weight, batch, index, stats, step)
+        return per_token.sum(), per_token.detach()
 
     def extra_flops(self, tokens_seen: int) -> tuple[float, float]:
         """(paper, executed) FLOPs this objective spends beyond the trained model, per micro-batch."""
@@ -32,3 +42,40 @@ class CrossEntropy:
 
     def load_state_dict(self, sd: dict) -> None:
         pass
+
+
+class CrossEntropy(Objective):
+    """Next-token cross-entropy on the kept tokens (CLM, ESLM, Rho-1, GREATS).
+
+    With the fused implementation the scoring pass and the loss share the work (``eslm.ops.fused_head``): when
+    every token is kept (CLM) or most are (k >= 0.8), the one pass over the vocabulary also forms the gradients,
+    so the head costs what plain training's does; otherwise only the kept rows get logits and gradients.
+    """
+
+    def score(self, hidden, weight, targets, *, need_scores, need_entropy, keep_fraction):
+        if self.impl == "naive":
+            return super().score(hidden, weight, targets, need_scores=need_scores, need_entropy=need_entropy,
+                                 keep_fraction=keep_fraction)
+        from eslm.ops.fused_head import head_pass, wants_grads_in_pass
+
+        with_grads = wants_grads_in_pass(keep_fraction)
+        if not (need_scores or with_grads):
+            return None
+        return head_pass(hidden, weight, targets, need_entropy=need_scores and need_entropy,
+                         with_grads=with_grads, chunk_size=self.chunk_size)
+
+    def loss_sum(self, hidden, weight, batch, index, stats, step):
+        targets = batch.y.reshape(-1)
+        if self.impl == "naive":
+            per_token = naive_selected_ce(hidden, weight, targets, index)
+            return per_token.sum(), per_token.detach()
+        from eslm.ops.fused_head import fused_ce_sum
+
+        return fused_ce_sum(hidden, weight, targets, index, pre=stats, chunk_size=self.chunk_size)
+
+    def per_token(self, hidden: torch.Tensor, weight: torch.Tensor, batch: Batch, index: torch.Tensor | None,
+                  stats: TokenStats | None, step: int) -> torch.Tensor:
+        """hidden (N, C) with grad, weight (V, C) -> (K,) fp32 CE of the kept tokens (any upstream gradient)."""
+        lse = stats.lse if stats is not None else None
+        return selected_ce(hidden, weight, batch.y.reshape(-1), index, impl=self.impl,
+                           chunk_size=self.chunk_size, lse=lse)

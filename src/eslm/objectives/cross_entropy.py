@@ -26,11 +26,16 @@ class TokenStats:
     loss    = -log p(target) = lse - z_target
     entropy = -sum_v p_v log p_v = lse - sum_v p_v z_v      (None when not requested)
     lse     = log sum_v exp(z_v)
+
+    The fused pass may also carry the cross-entropy gradients of sum_i loss_i over all N rows, formed while
+    the logits were at hand (``eslm.ops.fused_head.head_pass``): grad_hidden (N, C), grad_weight (V, C) fp32.
     """
 
     loss: torch.Tensor
     entropy: torch.Tensor | None
     lse: torch.Tensor
+    grad_hidden: torch.Tensor | None = None
+    grad_weight: torch.Tensor | None = None
 
 
 def naive_token_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import torch
 
-from eslm.objectives.base import CrossEntropy
+from eslm.objectives.base import CrossEntropy, Objective
 from eslm.objectives.distill import kd_per_token
 
 
-class Distill:
-    """lambda * KL(teacher_rho || student_rho) + (1 - lambda) * CE on the kept tokens (all tokens: Dense-KD)."""
+class Distill(Objective):
+    """lambda * KL(teacher_rho || student_rho) + (1 - lambda) * CE on the kept tokens (all tokens: Dense-KD).
+    Selection scores (ESLM-KD) come from the student's own scoring pass (``Objective.score``)."""
 
-    def __init__(self, teacher, *, lam: float, rho: float, seq_len: int, chunk_size: int = 1024):
-        self.teacher, self.lam, self.rho = teacher, lam, rho
-        self.seq_len, self.chunk_size = seq_len, chunk_size
+    def __init__(self, teacher, *, lam: float, rho: float, seq_len: int, chunk_size: int = 1024,
+                 impl: str = "fused"):
+        super().__init__(impl, chunk_size)
+        self.teacher, self.lam, self.rho, self.seq_len = teacher, lam, rho, seq_len
 
     def per_token(self, hidden, weight, batch, index, stats, step) -> torch.Tensor:
         t_hidden = self.teacher.hidden(batch.x).flatten(0, 1)
@@ -31,12 +33,6 @@ class Distill:
         f = self.teacher.forward_flops_per_token_at(self.seq_len) * tokens_seen
         return f, f
 
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, sd: dict) -> None:
-        pass
-
 
 class Salt:
     """SALT: dense KD for the first ``kd_steps`` optimizer steps, then plain cross-entropy."""
@@ -48,9 +44,14 @@ class Salt:
     def _active(self):
         return self.kd if self.step < self.kd_steps else self.ce
 
-    def per_token(self, hidden, weight, batch, index, stats, step) -> torch.Tensor:
-        self.step = step - 1  # steps done before this one
-        return self._active().per_token(hidden, weight, batch, index, stats, step)
+    def score(self, hidden, weight, targets, **kw):
+        return self._active().score(hidden, weight, targets, **kw)
+
+    def loss_sum(self, hidden, weight, batch, index, stats, step):
+        return self._active().loss_sum(hidden, weight, batch, index, stats, step)
+
+    def on_step_end(self, step: int) -> None:
+        self.step = step  # optimizer steps done
 
     def extra_flops(self, tokens_seen: int) -> tuple[float, float]:
         return self._active().extra_flops(tokens_seen)

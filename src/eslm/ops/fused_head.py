@@ -1,33 +1,54 @@
-"""Chunked LM-head losses: per-token loss and entropy without full logits; head backward only for kept rows.
+"""Chunked LM-head losses: per-token loss and entropy without full logits; head gradients only for kept rows.
 
 Shapes: hidden (N, C), weight (V, C) (the tied LM head), targets (N,) int64, index (K,) int64 kept rows.
+Cost unit below: u = one (N x C) x (C x V) head matmul. The naive path (full logits, log-softmax, masked mean)
+costs 3u plus about eight elementwise passes over an (N, V) fp32 tensor, and holds up to three of them.
 
-Scoring (``fused_token_stats``, no gradient). Tokens are processed in chunks of ``chunk_size`` rows; for each
-chunk the (chunk, V) logits z are formed once, in fp32, and reduced to
+**One pass** (``head_pass``). Tokens are processed in chunks of ``chunk_size`` rows; for each chunk the
+(chunk, V) logits z are formed once, in fp32, and reduced to
 
-    lse_i = log sum_v exp(z_iv),   loss_i = lse_i - z_{i,y_i},   H_i = lse_i - sum_v softmax(z_i)_v z_iv,
+    lse_i = log sum_v exp(z_iv),   loss_i = lse_i - z_{i,y_i},   H_i = lse_i - sum_v p_iv z_iv,
 
-so at most one (chunk, V) fp32 block is alive instead of the naive path's (N, V) logits, log-softmax and
-probabilities.
+with p = softmax(z) (the entropy costs one multiply-add per logit). With ``with_grads`` the same chunk also
+forms the cross-entropy gradient of every row, dz_i = p_i - onehot(y_i), and spends the two gradient matmuls
 
-Training loss (``fused_selected_ce``, autograd). Only the K kept rows enter: their hidden states are gathered
-and, when the scoring pass already produced ``lse``, the forward is just loss_i = lse_i - <h_i, W_{y_i}> (no
-vocabulary work at all). The backward recomputes the kept rows' logits chunk by chunk and forms
+    G_h[i] = dz_i W   (N, C),        G_W = sum_i dz_i^T h_i   (V, C, fp32),
 
-    dL/dz_i = g_i (softmax(z_i) - onehot(y_i)),   dL/dh_i = dL/dz_i W,   dL/dW += dL/dz_i^T h_i,
+so scores, loss and gradients together cost 3u — what plain training's head costs anyway. At most one
+(chunk, V) fp32 block is alive, never the naive path's (N, V) logits, log-probabilities and gradients.
 
-so the head's backward costs 3 head matmuls over K rows (recompute + two gradient matmuls) instead of 2 over
-all N rows plus holding (N, V) gradients; dropped rows receive exactly zero head gradient. The per-token
-upstream gradient g is applied row by row, so any reduction (mean, sum, weighted) is correct.
+**The selected loss** (``fused_ce_sum``) returns sum_{i in kept} loss_i with its gradient, by one of two routes:
 
-K is a Python int fixed by the selection (no host synchronisation here).
+* the pass already holds all-row gradients (most tokens kept): the kept rows' gradient is G_h with the dropped
+  rows zeroed, and G_W minus the dropped rows' share, recomputed for the N-K dropped rows only: 3u + 2(1-k)u;
+* otherwise (few tokens kept, or no pass ran): logits, dz and both gradient matmuls for the K kept rows only,
+  after a scoring pass without gradients: 1u + 3ku.
+
+The two cost the same at k = 0.8 (``GRADS_IN_PASS_MIN_KEEP``); ``wants_grads_in_pass`` picks by the keep
+fraction. Either way the gradients are formed in the forward (as Liger-Kernel's fused linear cross-entropy
+does) and the backward only scales them by the scalar upstream gradient, which is exact because the output is
+a scalar sum. Dropped rows get exactly zero gradient at the head.
+
+``fused_selected_ce`` keeps a per-token output (K,) for callers that weight tokens individually (the drop-in
+API, GREATS' per-sample losses); its backward recomputes the kept rows' logits (1u + 3ku after a pass).
+
+K is a Python int fixed by the selection; nothing here synchronises with the device.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from eslm.objectives.cross_entropy import TokenStats
+
+GRADS_IN_PASS_MIN_KEEP = 0.8  # 3 + 2(1-k) <= 1 + 3k  <=>  k >= 0.8
+
+
+def wants_grads_in_pass(keep_fraction: float) -> bool:
+    """Whether the scoring pass should also form all-row gradients (cheaper when most tokens are kept)."""
+    return keep_fraction >= GRADS_IN_PASS_MIN_KEEP
 
 
 def _chunks(n: int, size: int):
@@ -35,38 +56,145 @@ def _chunks(n: int, size: int):
         yield start, min(start + size, n)
 
 
-def _logits(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """(c, C) x (V, C) -> (c, V) fp32 logits (the matmul runs in the inputs' dtype, e.g. bf16 on GPU)."""
-    w = weight if weight.dtype == h.dtype else weight.to(h.dtype)
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """The matmul dtype: autocast's (bf16 on GPU) when it is on, else the input's."""
+    dev = t.device.type
+    if torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return t.dtype
+
+
+def _no_autocast(t: torch.Tensor):
+    """Dtypes are managed explicitly below (fp32 softmax and accumulators, matmuls in the compute dtype)."""
+    return torch.autocast(device_type=t.device.type, enabled=False) if torch.is_autocast_enabled(
+        t.device.type) else contextlib.nullcontext()
+
+
+def _logits(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """(c, C) x (V, C) -> (c, V) fp32 logits; the matmul runs in the inputs' (shared) dtype."""
     return (h @ w.t()).float()
 
 
+class _Grads:
+    """fp32/compute-dtype accumulators of the head gradients, filled chunk by chunk."""
+
+    def __init__(self, n: int, weight: torch.Tensor, h_dtype: torch.dtype):
+        self.hidden = torch.empty(n, weight.shape[1], dtype=h_dtype, device=weight.device)
+        self.weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+
+    def add(self, rows: slice, dz: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> None:
+        """dz (c, V) fp32 logit gradients of the rows h (c, C); w the compute-dtype weight."""
+        dzc = dz.to(w.dtype)
+        self.hidden[rows] = dzc @ w
+        if w.dtype == torch.float32:
+            self.weight.addmm_(dzc.t(), h)
+        else:
+            self.weight += (dzc.t() @ h).float()
+
+
 @torch.no_grad()
-def fused_token_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
-                      need_entropy: bool = True, chunk_size: int = 1024) -> TokenStats:
-    """Detached fp32 per-token loss, entropy (if asked) and log-sum-exp, chunked over tokens."""
+def head_pass(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, need_entropy: bool = True,
+              with_grads: bool = False, chunk_size: int = 1024) -> TokenStats:
+    """Detached fp32 per-token loss, entropy (if asked) and lse; with ``with_grads`` also the all-row
+    cross-entropy gradients G_h (N, C) and G_W (V, C) fp32 of sum_i loss_i (``grad_hidden`` / ``grad_weight``)."""
     n = hidden.shape[0]
+    cdt = _compute_dtype(hidden)
     loss = torch.empty(n, dtype=torch.float32, device=hidden.device)
     lse = torch.empty_like(loss)
     ent = torch.empty_like(loss) if need_entropy else None
-    for s, e in _chunks(n, chunk_size):
-        z = _logits(hidden[s:e], weight)
-        l = torch.logsumexp(z, dim=-1)
-        lse[s:e] = l
-        loss[s:e] = l - z.gather(1, targets[s:e, None]).squeeze(1)
-        if need_entropy:
-            # H = lse - sum_v p_v z_v: one extra multiply-add per logit, on a chunk-sized buffer
-            ent[s:e] = l - (torch.exp(z - l[:, None]) * z).sum(-1)
-    return TokenStats(loss=loss, entropy=ent, lse=lse)
+    with _no_autocast(hidden):
+        h_all, w = hidden.to(cdt), weight.to(cdt)
+        grads = _Grads(n, weight, hidden.dtype) if with_grads else None
+        for s, e in _chunks(n, chunk_size):
+            h = h_all[s:e]
+            z = _logits(h, w)
+            y = targets[s:e, None]
+            l = torch.logsumexp(z, dim=-1)
+            lse[s:e] = l
+            loss[s:e] = l - z.gather(1, y).squeeze(1)
+            if need_entropy or grads is not None:
+                p = torch.sub(z, l[:, None]).exp_()  # softmax, one (chunk, V) buffer
+                if need_entropy:
+                    ent[s:e] = l - torch.mul(z, p, out=z).sum(-1)  # z is not needed after this
+                if grads is not None:
+                    p.scatter_add_(1, y, torch.full_like(y, -1.0, dtype=p.dtype))  # dz = p - onehot(y)
+                    grads.add(slice(s, e), p, h, w)
+    if grads is None:
+        return TokenStats(loss=loss, entropy=ent, lse=lse)
+    return TokenStats(loss=loss, entropy=ent, lse=lse, grad_hidden=grads.hidden, grad_weight=grads.weight)
+
+
+def fused_token_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
+                      need_entropy: bool = True, chunk_size: int = 1024) -> TokenStats:
+    """Detached fp32 per-token loss, entropy (if asked) and log-sum-exp, chunked over tokens."""
+    return head_pass(hidden, weight, targets, need_entropy=need_entropy, chunk_size=chunk_size)
+
+
+# --------------------------------------------------------------------------- the summed loss (training)
+
+
+class _PrecomputedGrad(torch.autograd.Function):
+    """A scalar whose gradient with respect to (hidden, weight) was formed in the forward."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, value, grad_hidden, grad_weight):
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        return value
+
+    @staticmethod
+    def backward(ctx, g):
+        gh, gw = ctx.saved_tensors
+        return (gh * g.to(gh.dtype) if ctx.needs_input_grad[0] else None,
+                gw * g.to(gw.dtype) if ctx.needs_input_grad[1] else None,
+                None, None, None)
+
+
+def _dropped_rows(n: int, index: torch.Tensor) -> torch.Tensor:
+    """The N-K indices not in ``index``, without a host sync (a stable sort puts the dropped rows first)."""
+    kept = torch.zeros(n, dtype=torch.int8, device=index.device).index_fill_(0, index, 1)
+    return torch.argsort(kept, stable=True)[: n - index.numel()]
+
+
+@torch.no_grad()
+def _kept_grads(hidden, weight, targets, index, pre: TokenStats, chunk_size: int):
+    """Gradients of sum_{kept} loss from the pass's all-row gradients minus the dropped rows' share."""
+    if index is None or index.numel() == hidden.shape[0]:
+        return pre.grad_hidden, pre.grad_weight
+    gh = torch.zeros_like(pre.grad_hidden)
+    gh[index] = pre.grad_hidden[index]
+    dropped = _dropped_rows(hidden.shape[0], index)
+    part = head_pass(hidden[dropped], weight, targets[dropped], need_entropy=False, with_grads=True,
+                     chunk_size=chunk_size)
+    return gh, pre.grad_weight.sub_(part.grad_weight)  # the pass's buffer is used once: update in place
+
+
+def fused_ce_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, index: torch.Tensor | None,
+                 *, pre: TokenStats | None = None, chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """sum_{i in kept} CE_i as a 0-dim fp32 tensor with autograd to hidden and weight, and the kept rows'
+    per-token CE (K,) detached. ``pre``: the scoring pass's result for all N rows, if one ran (with or without
+    ``grad_hidden`` / ``grad_weight``); ``index`` None keeps every row."""
+    h_in, w_in = hidden.detach(), weight.detach()
+    if pre is not None and pre.grad_weight is not None:
+        gh, gw = _kept_grads(h_in, w_in, targets, index, pre, chunk_size)
+        per_token = pre.loss if index is None else pre.loss[index]
+    else:
+        rows = h_in if index is None else h_in[index]
+        part = head_pass(rows, w_in, targets if index is None else targets[index], need_entropy=False,
+                         with_grads=True, chunk_size=chunk_size)
+        gw, per_token = part.grad_weight, part.loss
+        gh = part.grad_hidden if index is None else torch.zeros_like(h_in).index_copy_(0, index, part.grad_hidden)
+    value = per_token.sum()
+    return _PrecomputedGrad.apply(hidden, weight, value, gh, gw.to(weight.dtype)), per_token
+
+
+# --------------------------------------------------------------------------- per-token loss (any upstream grads)
 
 
 class _SelectedCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h_kept, weight, y_kept, lse_kept, chunk_size):
         if lse_kept is None:
-            lse_kept = torch.empty(h_kept.shape[0], dtype=torch.float32, device=h_kept.device)
-            for s, e in _chunks(h_kept.shape[0], chunk_size):
-                lse_kept[s:e] = torch.logsumexp(_logits(h_kept[s:e], weight), dim=-1)
+            lse_kept = head_pass(h_kept, weight, y_kept, need_entropy=False, chunk_size=chunk_size).lse
         w_y = weight[y_kept]
         z_y = (h_kept.float() * w_y.float()).sum(-1)
         ctx.save_for_backward(h_kept, weight, y_kept, lse_kept)
@@ -76,30 +204,23 @@ class _SelectedCE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         h, weight, y, lse = ctx.saved_tensors
-        grad_h = torch.empty_like(h) if ctx.needs_input_grad[0] else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
-            if ctx.needs_input_grad[1] else None
+        grads = _Grads(h.shape[0], weight, h.dtype)
+        w = weight.to(h.dtype)
         g = grad_out.float()
         for s, e in _chunks(h.shape[0], ctx.chunk_size):
-            dz = _logits(h[s:e], weight).sub_(lse[s:e, None]).exp_()  # softmax of the kept rows
-            dz[torch.arange(e - s, device=h.device), y[s:e]] -= 1.0
-            dz.mul_(g[s:e, None])
-            dz = dz.to(h.dtype)
-            if grad_h is not None:
-                grad_h[s:e] = dz @ weight.to(h.dtype)
-            if grad_w is not None:
-                grad_w.addmm_(dz.t().float() if h.dtype != torch.float32 else dz.t(), h[s:e].float())
-        return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None, None
+            dz = _logits(h[s:e], w).sub_(lse[s:e, None]).exp_()  # softmax of the kept rows
+            dz.scatter_add_(1, y[s:e, None], torch.full((e - s, 1), -1.0, device=dz.device))
+            grads.add(slice(s, e), dz.mul_(g[s:e, None]), h[s:e], w)
+        return (grads.hidden if ctx.needs_input_grad[0] else None,
+                grads.weight.to(weight.dtype) if ctx.needs_input_grad[1] else None, None, None, None)
 
 
 def fused_selected_ce(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                       index: torch.Tensor | None, *, chunk_size: int = 1024,
                       lse: torch.Tensor | None = None) -> torch.Tensor:
-    """Per-token CE (K,) fp32 of the kept rows (all rows if index is None), with autograd to hidden and weight.
-
-    The gather ``hidden[index]`` scatters the kept rows' gradients back into an (N, C) zero tensor, so dropped
-    rows get exactly zero gradient from the head.
-    """
+    """Per-token CE (K,) fp32 of the kept rows (all rows if index is None), with autograd to hidden and weight,
+    for any upstream gradient. The gather ``hidden[index]`` scatters the kept rows' gradients back into an
+    (N, C) zero tensor, so dropped rows get exactly zero gradient from the head."""
     if index is not None:
         hidden, targets = hidden[index], targets[index]
         lse = lse[index] if lse is not None else None

@@ -1,8 +1,9 @@
 """The one training step shared by every method (forward + selection + loss + backward of one optimizer step).
 
 Reads top to bottom: for each micro-batch, the row selector picks rows, the model gives hidden states, the
-scoring pass gives detached fp32 risk scores (only if the token selector needs them), the token selector keeps
-K tokens, the objective gives their per-token losses, and the normalised sum is backpropagated. The optimizer
+objective's scoring pass gives detached fp32 per-token statistics (the risk scores, when the token selector
+needs them; the fused cross-entropy may form its gradients in the same pass), the token selector keeps K tokens,
+the objective gives the sum of their losses, and the normalised sum is backpropagated. The optimizer
 update itself is the trainer's. Nothing here knows a method's name.
 
 Normalisation (``train.normalize``):
@@ -51,14 +52,17 @@ def forward_backward(model, raw_model, method, batches, opts: StepOptions, step:
         with _no_sync(model, i < len(batches) - 1), (opts.autocast or contextlib.nullcontext()):
             batch, _ = method.rows.select(raw_model, batch, step, lr)
             hidden = model(batch.x).flatten(0, 1)
-            weight, targets = raw_model.head_weight, batch.y.reshape(-1)
-            stats = _score_pass(hidden.detach(), weight, targets, method, opts)
+            weight, targets, n = raw_model.head_weight, batch.y.reshape(-1), batch.x.numel()
+            stats = method.objective.score(hidden.detach(), weight.detach(), targets,
+                                           need_scores=method.tokens.score is not None,
+                                           need_entropy=method.needs_entropy,
+                                           keep_fraction=method.tokens.num_kept(n) / n)
             sel = method.tokens.select(method.scores(stats, batch), batch, threshold)
-            per_token = method.objective.per_token(hidden, weight, batch, sel.index, stats, step)
-            loss = per_token.sum() / (sel.num_kept * opts.accum_steps if denom is None else denom)
+            kept_sum, kept_loss = method.objective.loss_sum(hidden, weight, batch, sel.index, stats, step)
+            loss = kept_sum / (sel.num_kept * opts.accum_steps if denom is None else denom)
         loss.backward()
         method.observe(sel)
-        all_ce = stats.loss if stats is not None else per_token.detach()
+        all_ce = stats.loss if stats is not None else kept_loss
         loss_sum = loss_sum.to(loss.device) + loss.detach().float()
         ce_sum = ce_sum.to(loss.device) + all_ce.float().mean() / len(batches)
         seen, kept = seen + sel.num_tokens, kept + sel.num_kept

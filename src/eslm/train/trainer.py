@@ -332,7 +332,8 @@ class Trainer:
             self._progress(rec)
 
     def loader_tokens_seen(self) -> int:
-        return self.step * self.global_batch_tokens
+        b = self.cfg.train.micro_batch_size_seqs  # a row selector may score extra candidate rows (GREATS pool)
+        return self.step * self.global_batch_tokens // b * self.method.rows.candidate_rows(b)
 
     def _selection_metrics(self, res) -> dict:
         sels = [s for s in res.selections if s.stats]

@@ -1,5 +1,6 @@
 """GREATS: ghost / materialised inner products vs torch.func per-sample gradients; greedy vs brute force;
-.grad untouched; pool sizes; FLOPs formula; time ratio against a CLM step (printed with -s)."""
+.grad untouched; pool sizes; FLOPs formula; time ratio against a CLM step (printed with -s); through the real
+trainer in floor and pool mode: rows scored / trained, tokens and FLOPs counters, exact resume."""
 
 import itertools
 import math
@@ -220,3 +221,119 @@ def test_errors():
         G.greats_select(model, tx, ty, tx[:, :4], ty[:, :4], lr=0.1, k=2, impl="naive")
     with pytest.raises(ConfigError):
         G.greats_select(model, tx, ty, tx, ty, lr=0.1, k=5, impl="naive")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# through the real trainer: floor and pool budgets, rows trained, FLOPs, exact resume
+# ---------------------------------------------------------------------------------------------------------
+
+from conftest import tiny_overrides  # noqa: E402
+from eslm import metrics as M  # noqa: E402
+from eslm.baselines.plugins import GreatsRows  # noqa: E402
+from eslm.config import build_config  # noqa: E402
+from eslm.errors import CheckpointError  # noqa: E402
+from eslm.flops import step_flops  # noqa: E402
+from eslm.train.run_dir import read_metrics  # noqa: E402
+from eslm.train.trainer import Trainer  # noqa: E402
+
+# tiny_overrides: micro-batches of B = 4 rows of 32 tokens, 2 accumulation steps; alpha 0.1 -> budget 0.9:
+# floor scores 4 and keeps floor(3.6) = 3; pool scores ceil(4 / 0.9) = 5 and keeps 4. Validation rows: 2.
+POOL_ROWS = {"floor": (4, 3), "pool": (5, 4)}
+TIME_KEYS = {M.TOKENS_PER_S, M.ELAPSED_S, M.STEP_TIME_S, M.MFU}
+
+
+def _greats_overrides(data, out, pool, **extra):
+    return tiny_overrides(data, out, **{"method.name": "greats", "method.alpha": 0.1, "method.greats_pool": pool,
+                                        "train.lr_decay_steps": 6, **extra})
+
+
+def _spy_rows(trainer):
+    """Record (loader rows, candidate rows scored, rows returned for the update) of every selection."""
+    calls, select = [], trainer.method.rows.select
+
+    def spy(model, batch, step, lr):
+        kept, info = select(model, batch, step, lr)
+        cand = info["gram"].shape[0]
+        assert info["val_scores"].shape == (cand,) and info["val_loss"].shape == (2,)
+        calls.append((batch.x.shape[0], cand, kept.x.shape[0]))
+        return kept, info
+
+    trainer.method.rows.select = spy
+    return calls
+
+
+@pytest.mark.parametrize("pool", ["floor", "pool"])
+def test_trainer_rows_tokens_and_flops(pool, tiny_data, tmp_path):
+    trainer = Trainer(build_config(overrides=_greats_overrides(tiny_data, tmp_path, pool, **{"train.max_steps": 3})))
+    rows = trainer.method.rows
+    assert isinstance(rows, GreatsRows) and (rows.candidate_rows(4), rows.num_rows(4)) == POOL_ROWS[pool]
+    calls = _spy_rows(trainer)
+    trainer.train()
+    n_cand, n_keep = POOL_ROWS[pool]
+    assert calls == [(4, n_cand, n_keep)] * 6  # 3 steps x 2 micro-batches
+    lines = read_metrics(trainer.run_dir, "train")
+    assert [r[M.STEP] for r in lines] == [1, 2, 3]
+    T, fm = 32, trainer.fm
+    for r in lines:
+        # tokens_seen: the training windows drawn and scored, all candidates (loader rows + GREATS' extra rows)
+        assert r[M.TOKENS_SEEN] == r[M.STEP] * 2 * n_cand * T
+        assert r[M.KEPT_FRAC] == 1.0  # every token of a kept row trains
+    # per micro-batch: scoring n_cand candidates + 2 validation rows, then the update pass on the n_keep rows
+    extra = G.greats_extra_flops(fm.forward_per_token, fm.backward_per_token, rows.layer_shapes, n_cand, 2, T)
+    sf = step_flops(fm, tokens_seen=n_keep * T, tokens_kept=n_keep * T, head_backward_tokens=n_keep * T,
+                    extra_flops_paper=extra, extra_flops_executed=extra)
+    last = lines[-1]
+    assert last[M.FLOPS_DENSE] == pytest.approx(3 * 2 * fm.train_per_token * n_keep * T, rel=1e-12)
+    assert last[M.FLOPS_PAPER] == pytest.approx(3 * 2 * sf.paper, rel=1e-12)
+    assert last[M.FLOPS_EXECUTED] == pytest.approx(3 * 2 * sf.executed, rel=1e-12)
+    assert last[M.FLOPS_PAPER] > last[M.FLOPS_DENSE]  # GREATS' scoring costs more than it saves
+
+
+def test_pool_costs_more_flops_than_floor(tiny_data, tmp_path):
+    last = {}
+    for pool in ("floor", "pool"):
+        trainer = Trainer(build_config(overrides=_greats_overrides(tiny_data, tmp_path / pool, pool, **{
+            "train.max_steps": 2, "eval.interval": 0})))
+        trainer.train()
+        last[pool] = read_metrics(trainer.run_dir, "train")[-1]
+    for key in (M.FLOPS_PAPER, M.FLOPS_EXECUTED, M.FLOPS_DENSE, M.TOKENS_SEEN):
+        assert last["pool"][key] > last["floor"][key], key
+    assert last["pool"][M.TOKENS_SEEN] == last["floor"][M.TOKENS_SEEN] * 5 // 4
+
+
+@pytest.mark.parametrize("pool", ["floor", "pool"])
+def test_trainer_resumes_exactly(pool, tiny_data, tmp_path):
+    """Stop after step 3 of 6 (checkpoint), resume in a new Trainer: every train and eval metric of every step
+    equals the uninterrupted run's. In pool mode this needs GREATS' candidate stream resumed too."""
+    full = Trainer(build_config(overrides=_greats_overrides(tiny_data, tmp_path / "a", pool, **{"train.max_steps": 6})))
+    full.train()
+    first = Trainer(build_config(overrides=_greats_overrides(tiny_data, tmp_path / "b", pool, **{"train.max_steps": 3})))
+    first.train()
+    sd = first.method.rows.state_dict()
+    assert ("candidate_loader" in sd) == (pool == "pool")
+    resumed = Trainer(build_config(overrides=_greats_overrides(tiny_data, tmp_path / "b", pool, **{
+        "train.max_steps": 6, "run.resume": "true"})))
+    resumed.train()
+    assert resumed.method.rows.state_dict() == full.method.rows.state_dict()
+
+    def comparable(run_dir):
+        return [{k: v for k, v in r.items() if k not in TIME_KEYS} for r in read_metrics(run_dir)]
+
+    a, b = comparable(full.run_dir), comparable(resumed.run_dir)
+    assert [r[M.STEP] for r in a if r[M.KIND] == M.KIND_TRAIN] == [1, 2, 3, 4, 5, 6]
+    assert a == b  # bitwise
+
+
+def test_pool_and_floor_checkpoints_do_not_mix(tiny_data, tmp_path):
+    pool = Trainer(build_config(overrides=_greats_overrides(tiny_data, tmp_path / "p", "pool")))
+    floor = Trainer(build_config(overrides=_greats_overrides(tiny_data, tmp_path / "f", "floor")))
+    with pytest.raises(CheckpointError, match="greats_pool=floor"):
+        pool.method.rows.load_state_dict(floor.method.rows.state_dict())
+    with pytest.raises(CheckpointError, match="greats_pool=pool"):
+        floor.method.rows.load_state_dict(pool.method.rows.state_dict())
+
+
+def test_config_accepts_pool_and_rejects_step_scope():
+    assert build_config(overrides=["method.name=greats", "method.greats_pool=pool"]).method.greats_pool == "pool"
+    with pytest.raises(ConfigError, match="scope=micro"):
+        build_config(overrides=["method.name=greats", "method.greats_pool=pool", "method.scope=step"])

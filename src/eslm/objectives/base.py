@@ -37,6 +37,12 @@ class Objective:
         """(paper, executed) FLOPs this objective spends beyond the trained model, per micro-batch."""
         return 0.0, 0.0
 
+    def head_work(self, n: int, k: int, *, scored: bool) -> tuple[float, float]:
+        """For ``eslm.flops.step_flops``: (rows whose head backward ran, rows whose logits were formed again)
+        of a micro-batch of n tokens with k kept. Default: a chunked loss on the kept rows that recomputes
+        their logits in its backward."""
+        return float(k), float(k)
+
     def state_dict(self) -> dict:
         return {}
 
@@ -72,6 +78,13 @@ class CrossEntropy(Objective):
         from eslm.ops.fused_head import fused_ce_sum
 
         return fused_ce_sum(hidden, weight, targets, index, pre=stats, chunk_size=self.chunk_size)
+
+    def head_work(self, n, k, *, scored):
+        if self.impl == "naive":
+            return float(n), 0.0  # a masked loss: the backward runs over every row
+        from eslm.ops.fused_head import head_work
+
+        return head_work(n, k, scored=scored)
 
     def per_token(self, hidden: torch.Tensor, weight: torch.Tensor, batch: Batch, index: torch.Tensor | None,
                   stats: TokenStats | None, step: int) -> torch.Tensor:

@@ -50,6 +50,9 @@ class Salt:
     def loss_sum(self, hidden, weight, batch, index, stats, step):
         return self._active().loss_sum(hidden, weight, batch, index, stats, step)
 
+    def head_work(self, n, k, *, scored):
+        return self._active().head_work(n, k, scored=scored)
+
     def on_step_end(self, step: int) -> None:
         self.step = step  # optimizer steps done
 

@@ -51,6 +51,19 @@ def wants_grads_in_pass(keep_fraction: float) -> bool:
     return keep_fraction >= GRADS_IN_PASS_MIN_KEEP
 
 
+def head_work(n: int, k: int, *, scored: bool) -> tuple[float, float]:
+    """What ``CrossEntropy`` on this path runs at the head, for the FLOPs accounting, in rows:
+    (rows with the two gradient matmuls, rows with an extra logits-sized matmul beyond the one forward).
+
+    grads in the pass: all N rows get gradients; the N-K dropped rows are recomputed and their weight gradient
+    formed again to be subtracted (two extra matmuls each). Otherwise the K kept rows get gradients, and their
+    logits are formed again after a scoring pass (``scored``), or for the first time if none ran (the dropped
+    rows' forward then never happens; counted as run, an overcount of (N-K) head forwards)."""
+    if wants_grads_in_pass(k / n):
+        return float(n), 2.0 * (n - k)
+    return float(k), float(k) if scored else 0.0
+
+
 def _chunks(n: int, size: int):
     for start in range(0, n, size):
         yield start, min(start + size, n)
@@ -78,14 +91,15 @@ def _logits(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 class _Grads:
     """fp32/compute-dtype accumulators of the head gradients, filled chunk by chunk."""
 
-    def __init__(self, n: int, weight: torch.Tensor, h_dtype: torch.dtype):
-        self.hidden = torch.empty(n, weight.shape[1], dtype=h_dtype, device=weight.device)
+    def __init__(self, n: int, weight: torch.Tensor, h_dtype: torch.dtype, hidden: bool = True):
+        self.hidden = torch.empty(n, weight.shape[1], dtype=h_dtype, device=weight.device) if hidden else None
         self.weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
 
     def add(self, rows: slice, dz: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> None:
         """dz (c, V) fp32 logit gradients of the rows h (c, C); w the compute-dtype weight."""
         dzc = dz.to(w.dtype)
-        self.hidden[rows] = dzc @ w
+        if self.hidden is not None:
+            self.hidden[rows] = dzc @ w
         if w.dtype == torch.float32:
             self.weight.addmm_(dzc.t(), h)
         else:
@@ -94,9 +108,10 @@ class _Grads:
 
 @torch.no_grad()
 def head_pass(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, need_entropy: bool = True,
-              with_grads: bool = False, chunk_size: int = 1024) -> TokenStats:
+              with_grads: bool = False, grad_hidden: bool = True, chunk_size: int = 1024) -> TokenStats:
     """Detached fp32 per-token loss, entropy (if asked) and lse; with ``with_grads`` also the all-row
-    cross-entropy gradients G_h (N, C) and G_W (V, C) fp32 of sum_i loss_i (``grad_hidden`` / ``grad_weight``)."""
+    cross-entropy gradients G_h (N, C) (unless ``grad_hidden`` is False) and G_W (V, C) fp32 of sum_i loss_i
+    (``grad_hidden`` / ``grad_weight``)."""
     n = hidden.shape[0]
     cdt = _compute_dtype(hidden)
     loss = torch.empty(n, dtype=torch.float32, device=hidden.device)
@@ -104,7 +119,7 @@ def head_pass(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
     ent = torch.empty_like(loss) if need_entropy else None
     with _no_autocast(hidden):
         h_all, w = hidden.to(cdt), weight.to(cdt)
-        grads = _Grads(n, weight, hidden.dtype) if with_grads else None
+        grads = _Grads(n, weight, hidden.dtype, grad_hidden) if with_grads else None
         for s, e in _chunks(n, chunk_size):
             h = h_all[s:e]
             z = _logits(h, w)
@@ -164,7 +179,7 @@ def _kept_grads(hidden, weight, targets, index, pre: TokenStats, chunk_size: int
     gh[index] = pre.grad_hidden[index]
     dropped = _dropped_rows(hidden.shape[0], index)
     part = head_pass(hidden[dropped], weight, targets[dropped], need_entropy=False, with_grads=True,
-                     chunk_size=chunk_size)
+                     grad_hidden=False, chunk_size=chunk_size)
     return gh, pre.grad_weight.sub_(part.grad_weight)  # the pass's buffer is used once: update in place
 
 

@@ -69,9 +69,10 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return ckpt_dir / checkpoint_name(steps[-1]) if steps else None
 
 
-def load_checkpoint(path: Path, map_location="cpu") -> dict:
+def load_checkpoint(path: Path, map_location="cpu", mmap: bool = False) -> dict:
+    """``mmap=True`` maps the tensors from the file instead of reading them (processes share the page cache)."""
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {str(path)!r} not found; expected a step_XXXXXXX.pt file") from None
     except Exception as e:  # unpickling errors, truncated files

@@ -1,7 +1,21 @@
-"""torchrun / DDP plumbing: process group, device, per-rank seeds, rank-0-only output."""
+"""torchrun / DDP / FSDP2 plumbing: process group, device, per-rank seeds, rank-0-only output, sharding.
+
+FSDP2 (``distributed.fsdp=true`` with more than one process): ``shard_fsdp`` applies ``fully_shard`` to every
+transformer block and then to the root (embeddings, ``ln_f`` and the tied head). The root is sharded with
+``reshard_after_forward=False``: its parameters stay unsharded from the forward to the end of the backward, so
+``model.head_weight`` read after the forward (as the step does for the loss) is the plain, full (V, C)
+parameter that the forward used, and the gradient the loss puts into it is reduce-scattered with the rest of
+the root's gradients at the end of the backward. Outside a forward it is a DTensor shard.
+
+``FSDPModel`` is what the step calls instead of DDP: calling it runs the model, and ``no_sync()`` turns the
+gradient reduce-scatter off for micro-steps whose forward runs inside it (decided at forward time, like DDP).
+``full_state_dicts`` / ``load_full_state_dicts`` convert to and from the checkpoint's plain formats (the full
+model state dict and ``Optimizer.state_dict()``), so a checkpoint does not depend on how it was trained.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -68,3 +82,97 @@ def shutdown(info: DistInfo) -> None:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------ FSDP2
+
+
+def shard_fsdp(model: torch.nn.Module, info: DistInfo, device: torch.device) -> torch.nn.Module:
+    """Shard a GPT in place with FSDP2 (one unit per block, then the root); returns the same module.
+
+    Rank 0's parameters are broadcast first, so every rank starts from the same weights (DDP does the same at
+    construction; the ranks' seeds differ)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(t.data, src=0)
+    mesh = init_device_mesh(device.type, (info.world_size,))
+    for block in model.transformer.h:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False)  # head_weight stays unsharded until backward ends
+    return model
+
+
+class FSDPModel:
+    """The FSDP2-sharded model as the training step sees it: ``model(x)`` and ``with model.no_sync(): ...``.
+
+    As with DDP, whether a micro-step's gradients are reduced is decided by its forward: a forward run inside
+    ``no_sync()`` accumulates unsharded local gradients without communication; the next forward outside it
+    reduce-scatters them together with its own."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+        self._sync = True
+
+    def __call__(self, *args, **kwargs):
+        self.module.set_requires_gradient_sync(self._sync)
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        prev, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = prev
+
+
+def _optimizer_fqns(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """Parameter names in the order ``Optimizer.state_dict()`` numbers them (group by group)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+
+
+def full_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """The full (unsharded) model state dict and optimizer state dict, on CPU, on rank 0 (empty on the others),
+    in the formats of ``model.state_dict()`` and ``optimizer.state_dict()`` without FSDP. A collective: every
+    rank must call it."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_sd = get_model_state_dict(model, options=opts)
+    optim_sd = get_optimizer_state_dict(model, optimizer, options=opts)
+    if not optim_sd:  # not rank 0
+        return model_sd, optim_sd
+    index = {fqn: i for i, fqn in enumerate(_optimizer_fqns(model, optimizer))}
+    return model_sd, {
+        "state": {index[fqn]: s for fqn, s in sorted(optim_sd["state"].items(), key=lambda kv: index[kv[0]])},
+        "param_groups": [{**g, "params": [index[f] for f in g["params"]]} for g in optim_sd["param_groups"]],
+    }
+
+
+def load_full_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_sd: dict,
+                          optim_sd: dict) -> None:
+    """Load full (unsharded, plain-format) state dicts, as written by ``full_state_dicts`` or by a run without
+    FSDP, into the sharded model and its optimizer. Every rank passes the full dicts (each keeps its shard)."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                         set_optimizer_state_dict)
+
+    fqns = _optimizer_fqns(model, optimizer)
+    n_saved = sum(len(g["params"]) for g in optim_sd["param_groups"])
+    if n_saved != len(fqns) or len(optim_sd["param_groups"]) != len(optimizer.param_groups):
+        raise ValueError(f"the checkpoint's optimizer holds {n_saved} parameters in "
+                         f"{len(optim_sd['param_groups'])} groups; this model's holds {len(fqns)} in "
+                         f"{len(optimizer.param_groups)}")
+    opts = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, model_sd, options=opts)
+    set_optimizer_state_dict(model, optimizer, {
+        "state": {fqns[i]: s for i, s in optim_sd["state"].items()},
+        "param_groups": [{**g, "params": [fqns[i] for i in g["params"]]} for g in optim_sd["param_groups"]],
+    }, options=opts)
+    for group, saved in zip(optimizer.param_groups, optim_sd["param_groups"]):  # as Optimizer.load_state_dict
+        group.update({k: v for k, v in saved.items() if k != "params"})  # (keeps e.g. betas a tuple)

@@ -25,7 +25,8 @@ from eslm.flops import FlopsCounter, FlopsModel, step_flops
 from eslm.methods import BuildContext, build_method
 from eslm.model.gpt import GPT, preset
 from eslm.train import checkpoint as ckpt
-from eslm.train.distributed import DistInfo, init_distributed, shutdown
+from eslm.train.distributed import (DistInfo, FSDPModel, full_state_dicts, init_distributed,
+                                    load_full_state_dicts, shard_fsdp, shutdown)
 from eslm.train.optim import build_optimizer, lr_at
 from eslm.train.run_dir import MetricsWriter, env_info
 from eslm.train.step import StepOptions, forward_backward
@@ -62,6 +63,10 @@ class Trainer:
         self.dataset = self._open_data()
         self.model_config = self._model_config()
         self.run_dir = Path(cfg.run.out_dir) / (cfg.run.name or default_run_name(cfg))
+        # FSDP2 only with more than one process; raw_model is then the sharded module itself (DTensor parameters)
+        self.fsdp = cfg.distributed.fsdp and self.dist.enabled
+        if cfg.distributed.fsdp and not self.dist.enabled:
+            self._log("distributed.fsdp=true is ignored with one process (nothing to shard)")
         self.raw_model = GPT(self.model_config).to(self.device)
         self._init_from()
         self.model = self._wrap(self.raw_model)
@@ -138,6 +143,11 @@ class Trainer:
         self.raw_model.load_state_dict(sd)
 
     def _wrap(self, model):
+        if self.fsdp:
+            if self.cfg.train.compile:
+                for block in model.transformer.h:
+                    block.compile()
+            return FSDPModel(shard_fsdp(model, self.dist, self.device))
         if self.cfg.train.compile:
             model = torch.compile(model)
         if self.dist.enabled:
@@ -191,10 +201,14 @@ class Trainer:
         if path is None:
             self._log(f"no checkpoint in {self.run_dir}; starting from step 0")
             return
-        state = ckpt.load_checkpoint(path, map_location=self.device)
+        # FSDP: every rank reads the full file memory-mapped on CPU (one page cache) and keeps its shard
+        state = ckpt.load_checkpoint(path, map_location="cpu" if self.fsdp else self.device, mmap=self.fsdp)
         ckpt.check_model_matches(state, self.model_config.to_dict(), path)
-        self.raw_model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.fsdp:
+            load_full_state_dicts(self.raw_model, self.optimizer, state["model"], state["optimizer"])
+        else:
+            self.raw_model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.loader.load_state_dict(state["loader"])
         self.method.load_state_dict(state["method"])
         self.flops.load_state_dict(state["flops"])
@@ -203,12 +217,18 @@ class Trainer:
         self._log(f"resumed from {path} at step {self.step}")
 
     def save(self) -> Path | None:
+        """Rank 0 writes the checkpoint; under FSDP every rank must call this (the full state dicts are gathered)."""
+        if self.fsdp:
+            model_sd, optim_sd = full_state_dicts(self.raw_model, self.optimizer)
         if not self.dist.is_main:
             return None
+        if not self.fsdp:
+            model_sd = {k: v.detach().cpu() for k, v in self.raw_model.state_dict().items()}
+            optim_sd = self.optimizer.state_dict()
         c = self.cfg.checkpoint
-        state = {"model": {k: v.detach().cpu() for k, v in self.raw_model.state_dict().items()},
+        state = {"model": model_sd,
                  "model_config": self.model_config.to_dict(), "tokenizer": self.dataset.tokenizer_name,
-                 "step": self.step, "optimizer": self.optimizer.state_dict(), "loader": self.loader.state_dict(),
+                 "step": self.step, "optimizer": optim_sd, "loader": self.loader.state_dict(),
                  "method": self.method.state_dict(), "flops": self.flops.state_dict(), "rng": ckpt.rng_state(),
                  "elapsed_s": self.elapsed_s, "config": self.cfg.to_dict(), **self.flops.totals()}
         return ckpt.save_checkpoint(self.run_dir / "checkpoints", state, keep_last=c.keep_last,
@@ -243,7 +263,7 @@ class Trainer:
                     self._emit_train(rec, dt)
                 if self.cfg.eval.interval and self.step % self.cfg.eval.interval == 0:
                     last_val = self._evaluate()
-                if self._preempted:
+                if self._preempted_any_rank():
                     stopped_by = "preempted"
                     break
                 if self.cfg.checkpoint.interval and self.step % self.cfg.checkpoint.interval == 0:
@@ -281,6 +301,8 @@ class Trainer:
         res = forward_backward(self.model, self.raw_model, self.method, batches, self.opts, self.step + 1, lr)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), t.grad_clip if t.grad_clip > 0
                                                    else float("inf"))
+        if hasattr(grad_norm, "full_tensor"):  # FSDP: a replicated DTensor
+            grad_norm = grad_norm.full_tensor()
         loss = float(res.loss)  # one host sync per step: needed to refuse a non-finite update
         if not math.isfinite(loss) or not math.isfinite(float(grad_norm)):
             self.optimizer.zero_grad(set_to_none=True)
@@ -377,6 +399,18 @@ class Trainer:
     def _budget_reached(self) -> bool:
         t = self.cfg.train
         return t.max_flops > 0 and self.flops.totals()[self.cfg.flops.budget_counter] >= t.max_flops
+
+    def _preempted_any_rank(self) -> bool:
+        """All ranks stop after the same step if any of them got SIGTERM (the checkpoint that follows is a
+        collective under FSDP, and DDP's next all-reduce would wait on a rank that left)."""
+        if not self.dist.enabled:
+            return self._preempted
+        import torch.distributed as dist
+
+        flag = torch.tensor([float(self._preempted)], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        self._preempted = bool(flag.item())
+        return self._preempted
 
     def _on_sigterm(self, signum, frame) -> None:
         self._preempted = True

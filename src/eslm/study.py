@@ -11,12 +11,25 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from pathlib import Path
 
 from eslm.errors import ConfigError
 
+# Study files live in the repository (configs/studies), not in the installed package. A name is looked up
+# in the source tree this module was imported from (an editable install or a checkout on sys.path), then in
+# ./configs/studies (a non-editable install run from the repository root).
 STUDIES_DIR = Path(__file__).resolve().parents[2] / "configs" / "studies"
+
+
+def study_dirs() -> list[Path]:
+    """Where ``eslm study NAME`` looks for NAME.yaml, in order (duplicates removed)."""
+    out: list[Path] = []
+    for d in (STUDIES_DIR, Path.cwd() / "configs" / "studies"):
+        if d.resolve() not in [o.resolve() for o in out]:
+            out.append(d)
+    return out
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,10 +45,17 @@ def load_study(name: str) -> dict:
 
     path = Path(name)
     if not path.is_file():
-        path = STUDIES_DIR / f"{name}.yaml"
+        dirs = study_dirs()
+        path = next((d / f"{name}.yaml" for d in dirs if (d / f"{name}.yaml").is_file()), path)
     if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in STUDIES_DIR.glob("*.yaml")))
-        raise ConfigError(f"unknown study {name!r}; expected a file or one of: {known}")
+        known = sorted({p.stem for d in dirs for p in d.glob("*.yaml")})
+        where = ", ".join(str(d) for d in dirs)
+        if known:
+            raise ConfigError(f"unknown study {name!r}; expected a study file or one of: {', '.join(known)}")
+        raise ConfigError(f"expected the study {name!r} as a file or in configs/studies, found no study files "
+                          f"(looked in: {where}); fix: run from the eslm repository root (the study files are "
+                          "not part of an installed wheel), install it editable (pip install -e .), "
+                          "or pass a path: eslm study path/to/study.yaml")
     study = yaml.safe_load(path.read_text()) or {}
     for key in ("methods", "seeds", "config"):
         if key not in study:
@@ -117,7 +137,11 @@ def run(args: argparse.Namespace) -> int:
             continue
         resume = (rd / "metrics.jsonl").is_file()
         print(f"== {c.run.name}{' (resuming)' if resume else ''}")
-        train(replace(c, run=replace(c.run, resume=resume)))
+        result = train(replace(c, run=replace(c.run, resume=resume)))
+        if result.stopped_by == "preempted":  # SIGTERM: the run saved a checkpoint; stop here, no report
+            print(f"study {study['name']}: stopped (SIGTERM) during {c.run.name}; run the same command again "
+                  "to resume it and the remaining runs", file=sys.stderr)
+            return 143
     report_dir = out / study["name"] / "report"
     code = cli_main(["report", *map(str, run_dirs), "--out", str(report_dir)])
     print(f"study {study['name']} done in {time.perf_counter() - t0:.0f}s; report: {report_dir / 'index.html'}")

@@ -188,3 +188,16 @@ def test_cli_dispatch(runs, tmp_path, capsys, monkeypatch):
     assert (tmp_path / "o" / "index.html").is_file()
     assert main(["report", str(tmp_path / "missing"), "--out", str(tmp_path / "o2")]) == 2
     assert "error: expected a run directory" in capsys.readouterr().err
+
+
+def test_without_matplotlib_the_tables_are_still_written(runs, tmp_path, monkeypatch):
+    # the demo study trains for minutes and then reports: a missing plot extra must not lose the numbers
+    from eslm.analysis import figures
+
+    monkeypatch.setattr(figures, "available", lambda: False)
+    out = tmp_path / "rep"
+    s = report.build_report([str(p) for p in runs], out)
+    assert (out / "index.html").is_file() and (out / "summary.json").is_file()
+    assert not list(out.glob("*.png")) and s["figures"] == {}
+    assert any("pip install 'eslm[plot]'" in w for w in s["warnings"])
+    assert "eslm[plot]" in (out / "index.html").read_text()

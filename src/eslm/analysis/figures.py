@@ -13,6 +13,13 @@ from pathlib import Path
 DPI = 110
 
 
+def available() -> bool:
+    """Whether matplotlib can be imported (the ``plot`` extra)."""
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
+
+
 def _plt():
     import matplotlib
 

@@ -491,7 +491,12 @@ def build_report(run_dirs: list[str], out_dir: str | Path, *, target_loss: float
                         skipped=skipped, warnings=warnings)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    written = make_figures(out, groups, summary)
+    if figures.available():
+        written = make_figures(out, groups, summary)
+    else:  # the numbers and tables do not need matplotlib: write them, say why the figures are missing
+        written = {}
+        summary["warnings"].append("figures skipped: matplotlib is not installed; fix: pip install 'eslm[plot]' "
+                                   "and run eslm report again")
     summary["figures"] = written
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     (out / "index.html").write_text(render_html(summary, written), encoding="utf-8")

@@ -90,7 +90,7 @@ def _index(n, keep, seed=2):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("keep", [None, 1.0, 0.9, 0.85, 0.5, "one"])
-@pytest.mark.parametrize("route", ["grads_in_pass", "scores_only", "no_pass"])
+@pytest.mark.parametrize("route", ["grads_in_pass", "cached_probs", "scores_only", "no_pass"])
 @pytest.mark.parametrize("n,c,v,chunk", [(45, 24, 131, 16), (7, 8, 1031, 3)])
 def test_ce_sum_values_and_grads(dtype, keep, route, n, c, v, chunk):
     h0, w0, y = _inputs(n, c, v, dtype, seed=1)
@@ -100,11 +100,13 @@ def test_ce_sum_values_and_grads(dtype, keep, route, n, c, v, chunk):
     ref = naive_selected_ce(h, w, y, index)
     ref.sum().mul(0.37).backward()  # any scalar upstream gradient
     pre = None if route == "no_pass" else head_pass(h0, w0, y, need_entropy=True, chunk_size=chunk,
-                                                    with_grads=route == "grads_in_pass")
+                                                    with_grads=route == "grads_in_pass",
+                                                    keep_probs=route == "cached_probs")
     hf, wf = h0.clone().requires_grad_(), w0.clone().requires_grad_()
     total, per_token = fused_ce_sum(hf, wf, y, index, pre=pre, chunk_size=chunk)
     total.mul(0.37).backward()
     assert total.dtype == torch.float32 and total.dim() == 0 and not per_token.requires_grad
+    assert pre is None or (pre.probs is None and pre.grad_weight is None)  # large buffers released once used
     torch.testing.assert_close(per_token, ref.detach(), **TOL[dtype])
     torch.testing.assert_close(total, ref.detach().sum(), **TOL[dtype])
     assert hf.grad.dtype == dtype and wf.grad.dtype == dtype
@@ -143,3 +145,16 @@ def test_ce_sum_under_cpu_bf16_autocast_matches_naive_under_autocast():
     for a, b in zip(*out):
         torch.testing.assert_close(a, b, rtol=3e-2, atol=3e-2)
     assert out[1][1].dtype == torch.float32  # gradients come back in the parameters' dtype
+
+
+def test_head_work_per_route():
+    """The FLOPs accounting's view of each route: (rows with the two gradient matmuls, rows recomputed)."""
+    from eslm.objectives.base import CrossEntropy
+    from eslm.ops.fused_head import head_work
+
+    assert head_work(100, 90, scored=True, cached_probs=True) == (90.0, 0.0)   # softmax kept by the pass
+    assert head_work(100, 90, scored=True) == (100.0, 20.0)                    # all-row grads, dropped subtracted
+    assert head_work(100, 100, scored=False) == (100.0, 0.0)                   # CLM: one pass
+    assert head_work(100, 50, scored=True) == (50.0, 50.0)                     # kept rows after a scoring pass
+    assert head_work(100, 50, scored=False) == (50.0, 0.0)                     # random control, no scores
+    assert CrossEntropy(impl="naive").head_work(100, 50, scored=True) == (100.0, 0.0)  # masked loss

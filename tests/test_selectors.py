@@ -109,9 +109,11 @@ def test_ada_first_measurement_initialises_then_multiplicative_rule():
 
 @pytest.mark.parametrize("name,alpha", [("clm", 0.0), ("eslm-entropy", 0.1), ("eslm-entropy", 0.5),
                                         ("eslm-loss", 0.15), ("eslm-loss", 0.6)])
-def test_fused_step_gives_the_naive_steps_gradients(name, alpha):
+@pytest.mark.parametrize("cache", ["true", "false"])
+def test_fused_step_gives_the_naive_steps_gradients(name, alpha, cache):
     """The whole training step, fused vs naive loss path: same loss, same kept tokens, same parameter grads
-    (both routes of the fused loss: grads formed in the scoring pass at k >= 0.8, kept rows only below)."""
+    (every route of the fused loss: cached softmax; grads formed in the scoring pass at k >= 0.8; kept rows
+    only below)."""
     from eslm.config import build_config
     from eslm.data.batch import Batch
     from eslm.methods import BuildContext, build_method
@@ -126,7 +128,7 @@ def test_fused_step_gives_the_naive_steps_gradients(name, alpha):
     out = {}
     for impl in ("naive", "fused"):
         cfg = build_config(overrides=[f"method.name={name}", f"method.alpha={alpha}", f"train.loss_impl={impl}",
-                                      "train.loss_chunk_size=17"])
+                                      "train.loss_chunk_size=17", f"train.loss_cache_probs={cache}"])
         method = build_method(BuildContext(cfg=cfg, device=torch.device("cpu"), n_domains=1))
         model.zero_grad(set_to_none=True)
         res = forward_backward(model, model, method, batches, StepOptions(accum_steps=2, loss_impl=impl,

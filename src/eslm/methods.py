@@ -96,7 +96,7 @@ class MethodSpec:
 
 def _ce(ctx: BuildContext) -> CrossEntropy:
     t = ctx.cfg.train
-    return CrossEntropy(impl=t.loss_impl, chunk_size=t.loss_chunk_size)
+    return CrossEntropy(impl=t.loss_impl, chunk_size=t.loss_chunk_size, cache_probs=t.loss_cache_probs)
 
 
 def _var(score: str):

@@ -53,10 +53,17 @@ class Objective:
 class CrossEntropy(Objective):
     """Next-token cross-entropy on the kept tokens (CLM, ESLM, Rho-1, GREATS).
 
-    With the fused implementation the scoring pass and the loss share the work (``eslm.ops.fused_head``): when
-    every token is kept (CLM) or most are (k >= 0.8), the one pass over the vocabulary also forms the gradients,
-    so the head costs what plain training's does; otherwise only the kept rows get logits and gradients.
+    With the fused implementation the scoring pass and the loss share the work (``eslm.ops.fused_head``):
+    * scores needed and ``cache_probs``: the scoring pass keeps its softmax, and only the kept rows get the two
+      gradient matmuls (1u + 2ku; one (N, V) fp32 buffer);
+    * every token kept (CLM), or most (k >= 0.8): the one pass over the vocabulary also forms the gradients, so
+      the head costs what plain training's does (3u, plus 2(1-k)u to take the dropped rows out);
+    * otherwise only the kept rows get logits and gradients (1u + 3ku after a scoring pass).
     """
+
+    def __init__(self, impl: str = "fused", chunk_size: int = 1024, cache_probs: bool = True):
+        super().__init__(impl, chunk_size)
+        self.cache_probs = cache_probs
 
     def score(self, hidden, weight, targets, *, need_scores, need_entropy, keep_fraction):
         if self.impl == "naive":
@@ -64,11 +71,12 @@ class CrossEntropy(Objective):
                                  keep_fraction=keep_fraction)
         from eslm.ops.fused_head import head_pass, wants_grads_in_pass
 
-        with_grads = wants_grads_in_pass(keep_fraction)
+        keep_probs = need_scores and self.cache_probs
+        with_grads = not keep_probs and wants_grads_in_pass(keep_fraction)
         if not (need_scores or with_grads):
             return None
-        return head_pass(hidden, weight, targets, need_entropy=need_scores and need_entropy,
-                         with_grads=with_grads, chunk_size=self.chunk_size)
+        return head_pass(hidden, weight, targets, need_entropy=need_scores and need_entropy, with_grads=with_grads,
+                         keep_probs=keep_probs, chunk_size=self.chunk_size)
 
     def loss_sum(self, hidden, weight, batch, index, stats, step):
         targets = batch.y.reshape(-1)
@@ -84,7 +92,7 @@ class CrossEntropy(Objective):
             return float(n), 0.0  # a masked loss: the backward runs over every row
         from eslm.ops.fused_head import head_work
 
-        return head_work(n, k, scored=scored)
+        return head_work(n, k, scored=scored, cached_probs=self.cache_probs)
 
     def per_token(self, hidden: torch.Tensor, weight: torch.Tensor, batch: Batch, index: torch.Tensor | None,
                   stats: TokenStats | None, step: int) -> torch.Tensor:

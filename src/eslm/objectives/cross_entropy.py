@@ -28,7 +28,8 @@ class TokenStats:
     lse     = log sum_v exp(z_v)
 
     The fused pass may also carry the cross-entropy gradients of sum_i loss_i over all N rows, formed while
-    the logits were at hand (``eslm.ops.fused_head.head_pass``): grad_hidden (N, C), grad_weight (V, C) fp32.
+    the logits were at hand (``eslm.ops.fused_head.head_pass``): grad_hidden (N, C), grad_weight (V, C) fp32,
+    or the softmax itself (probs).
     """
 
     loss: torch.Tensor
@@ -36,6 +37,7 @@ class TokenStats:
     lse: torch.Tensor
     grad_hidden: torch.Tensor | None = None
     grad_weight: torch.Tensor | None = None
+    probs: torch.Tensor | None = None  # (N, V) fp32 softmax, when the pass was asked to keep it
 
 
 def naive_token_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,

@@ -51,14 +51,17 @@ def wants_grads_in_pass(keep_fraction: float) -> bool:
     return keep_fraction >= GRADS_IN_PASS_MIN_KEEP
 
 
-def head_work(n: int, k: int, *, scored: bool) -> tuple[float, float]:
+def head_work(n: int, k: int, *, scored: bool, cached_probs: bool = False) -> tuple[float, float]:
     """What ``CrossEntropy`` on this path runs at the head, for the FLOPs accounting, in rows:
     (rows with the two gradient matmuls, rows with an extra logits-sized matmul beyond the one forward).
 
     grads in the pass: all N rows get gradients; the N-K dropped rows are recomputed and their weight gradient
     formed again to be subtracted (two extra matmuls each). Otherwise the K kept rows get gradients, and their
     logits are formed again after a scoring pass (``scored``), or for the first time if none ran (the dropped
-    rows' forward then never happens; counted as run, an overcount of (N-K) head forwards)."""
+    rows' forward then never happens; counted as run, an overcount of (N-K) head forwards). With the softmax
+    cached by the scoring pass, the K kept rows get gradients and nothing is recomputed."""
+    if cached_probs and scored:
+        return float(k), 0.0
     if wants_grads_in_pass(k / n):
         return float(n), 2.0 * (n - k)
     return float(k), float(k) if scored else 0.0
@@ -108,15 +111,18 @@ class _Grads:
 
 @torch.no_grad()
 def head_pass(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, need_entropy: bool = True,
-              with_grads: bool = False, grad_hidden: bool = True, chunk_size: int = 1024) -> TokenStats:
-    """Detached fp32 per-token loss, entropy (if asked) and lse; with ``with_grads`` also the all-row
-    cross-entropy gradients G_h (N, C) (unless ``grad_hidden`` is False) and G_W (V, C) fp32 of sum_i loss_i
-    (``grad_hidden`` / ``grad_weight``)."""
+              with_grads: bool = False, grad_hidden: bool = True, keep_probs: bool = False,
+              chunk_size: int = 1024) -> TokenStats:
+    """Detached fp32 per-token loss, entropy (if asked) and lse. With ``with_grads`` also the all-row
+    cross-entropy gradients of sum_i loss_i: ``grad_hidden`` (N, C) (unless ``grad_hidden`` is False) and
+    ``grad_weight`` (V, C) fp32. With ``keep_probs`` also ``probs``, the (N, V) fp32 softmax, so that the kept
+    rows' gradients later need no second logits matmul."""
     n = hidden.shape[0]
     cdt = _compute_dtype(hidden)
     loss = torch.empty(n, dtype=torch.float32, device=hidden.device)
     lse = torch.empty_like(loss)
     ent = torch.empty_like(loss) if need_entropy else None
+    probs = torch.empty(n, weight.shape[0], dtype=torch.float32, device=hidden.device) if keep_probs else None
     with _no_autocast(hidden):
         h_all, w = hidden.to(cdt), weight.to(cdt)
         grads = _Grads(n, weight, hidden.dtype, grad_hidden) if with_grads else None
@@ -124,19 +130,27 @@ def head_pass(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
             h = h_all[s:e]
             z = _logits(h, w)
             y = targets[s:e, None]
-            l = torch.logsumexp(z, dim=-1)
-            lse[s:e] = l
-            loss[s:e] = l - z.gather(1, y).squeeze(1)
-            if need_entropy or grads is not None:
-                p = torch.sub(z, l[:, None]).exp_()  # softmax, one (chunk, V) buffer
+            z_y = z.gather(1, y).squeeze(1)
+            if not (need_entropy or with_grads or keep_probs):
+                lse[s:e] = torch.logsumexp(z, dim=-1)
+            else:  # one exp pass serves lse, entropy and the softmax
+                m = z.amax(dim=-1, keepdim=True)
+                p = torch.sub(z, m).exp_()  # unnormalised softmax, one (chunk, V) buffer
+                total = p.sum(-1)
+                lse[s:e] = m.squeeze(1) + total.log()
                 if need_entropy:
-                    ent[s:e] = l - torch.mul(z, p, out=z).sum(-1)  # z is not needed after this
+                    ent[s:e] = lse[s:e] - torch.mul(z, p, out=z).sum(-1) / total  # z is not needed after this
+                p.div_(total[:, None])
+                if probs is not None:
+                    probs[s:e] = p
                 if grads is not None:
                     p.scatter_add_(1, y, torch.full_like(y, -1.0, dtype=p.dtype))  # dz = p - onehot(y)
                     grads.add(slice(s, e), p, h, w)
+            loss[s:e] = lse[s:e] - z_y
     if grads is None:
-        return TokenStats(loss=loss, entropy=ent, lse=lse)
-    return TokenStats(loss=loss, entropy=ent, lse=lse, grad_hidden=grads.hidden, grad_weight=grads.weight)
+        return TokenStats(loss=loss, entropy=ent, lse=lse, probs=probs)
+    return TokenStats(loss=loss, entropy=ent, lse=lse, grad_hidden=grads.hidden, grad_weight=grads.weight,
+                      probs=probs)
 
 
 def fused_token_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
@@ -183,21 +197,44 @@ def _kept_grads(hidden, weight, targets, index, pre: TokenStats, chunk_size: int
     return gh, pre.grad_weight.sub_(part.grad_weight)  # the pass's buffer is used once: update in place
 
 
+@torch.no_grad()
+def _grads_from_probs(hidden, weight, targets, index, probs, chunk_size: int):
+    """Gradients of sum_{kept} loss from the pass's cached softmax: dz = p - onehot(y) for the kept rows, then
+    the two gradient matmuls on those rows only (2ku)."""
+    n, cdt = hidden.shape[0], _compute_dtype(hidden)
+    rows = torch.arange(n, device=hidden.device) if index is None else index
+    with _no_autocast(hidden):
+        h_all, w = hidden.to(cdt), weight.to(cdt)
+        grads = _Grads(rows.numel(), weight, hidden.dtype)
+        for s, e in _chunks(rows.numel(), chunk_size):
+            r = rows[s:e]
+            dz = probs[r]
+            dz.scatter_add_(1, targets[r, None], torch.full((e - s, 1), -1.0, device=dz.device))
+            grads.add(slice(s, e), dz, h_all[r], w)
+    gh = grads.hidden if index is None else torch.zeros_like(hidden).index_copy_(0, index, grads.hidden)
+    return gh, grads.weight
+
+
 def fused_ce_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, index: torch.Tensor | None,
                  *, pre: TokenStats | None = None, chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
     """sum_{i in kept} CE_i as a 0-dim fp32 tensor with autograd to hidden and weight, and the kept rows'
     per-token CE (K,) detached. ``pre``: the scoring pass's result for all N rows, if one ran (with or without
-    ``grad_hidden`` / ``grad_weight``); ``index`` None keeps every row."""
+    ``grad_hidden`` / ``grad_weight`` or ``probs``; those buffers are consumed and released from ``pre``);
+    ``index`` None keeps every row."""
     h_in, w_in = hidden.detach(), weight.detach()
     if pre is not None and pre.grad_weight is not None:
         gh, gw = _kept_grads(h_in, w_in, targets, index, pre, chunk_size)
-        per_token = pre.loss if index is None else pre.loss[index]
+    elif pre is not None and pre.probs is not None:
+        gh, gw = _grads_from_probs(h_in, w_in, targets, index, pre.probs, chunk_size)
     else:
         rows = h_in if index is None else h_in[index]
         part = head_pass(rows, w_in, targets if index is None else targets[index], need_entropy=False,
                          with_grads=True, chunk_size=chunk_size)
         gw, per_token = part.grad_weight, part.loss
         gh = part.grad_hidden if index is None else torch.zeros_like(h_in).index_copy_(0, index, part.grad_hidden)
+    if pre is not None:
+        per_token = pre.loss if index is None else pre.loss[index]
+        pre.grad_hidden = pre.grad_weight = pre.probs = None  # large buffers: free them as soon as they are used
     value = per_token.sum()
     return _PrecomputedGrad.apply(hidden, weight, value, gh, gw.to(weight.dtype)), per_token
 

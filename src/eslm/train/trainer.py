@@ -319,13 +319,12 @@ class Trainer:
     def _count_flops(self, res) -> None:
         n_micro = len(res.selections)
         seen, kept = res.tokens_seen // n_micro, res.tokens_kept // n_micro
-        fused = self.cfg.train.loss_impl == "fused"
+        head_bwd, head_recompute = self.method.objective.head_work(seen, kept, scored=bool(self.method.tokens.score))
         extra_p, extra_e = self.method.extra_flops(seen)
         rows_p, rows_e, rows_fwd = self.method.rows.extra_flops(seen)
         scoring_prepass = seen if self.cfg.method.scope == "step" and self.method.tokens.score else 0
         sf = step_flops(self.fm, tokens_seen=seen, tokens_kept=kept,
-                        head_backward_tokens=kept if fused else seen,
-                        head_recompute_tokens=kept if fused and self.method.tokens.score else 0,
+                        head_backward_tokens=head_bwd, head_recompute_tokens=head_recompute,
                         extra_forward_tokens=scoring_prepass + rows_fwd,
                         extra_flops_paper=extra_p + rows_p, extra_flops_executed=extra_e + rows_e)
         self.flops.add(sf, micro_steps=n_micro, world_size=self.dist.world_size)

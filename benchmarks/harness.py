@@ -1,0 +1,208 @@
+"""Shared benchmark machinery: real training steps of several variants, timed round-robin in ONE process.
+
+Each variant is a method built through the registry (``eslm.methods``) with its own config overrides, run
+through the real shared step (``eslm.train.step.forward_backward``) plus gradient clipping and the AdamW
+update, on one model. Variants are interleaved step by step (round-robin), so a slow spell of the machine hits
+every variant alike; the figure per variant is the median step time after warm-up.
+
+Peak memory of a step = the highest resident memory during the step minus the resident memory just before it
+(model, optimizer state and the data are resident before; activations, logits and gradients come and go).
+On CUDA: torch.cuda.max_memory_allocated after reset_peak_memory_stats. On Linux CPU: VmHWM after writing "5"
+to /proc/self/clear_refs (resets the high-water mark); glibc must return freed blocks to the system for this to
+track live tensors, so the process re-executes itself once with MALLOC_MMAP_THRESHOLD_=65536 (large blocks
+are then always mmap'ed and unmapped on free).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent
+RESULTS = ROOT / "results"
+_MALLOC_ENV = "MALLOC_MMAP_THRESHOLD_"
+
+
+def ensure_malloc_env() -> None:
+    """Re-execute this script once with glibc's mmap threshold pinned (see the module docstring)."""
+    if os.environ.get(_MALLOC_ENV) is None and sys.platform.startswith("linux"):
+        env = {**os.environ, _MALLOC_ENV: "65536"}
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
+# ----------------------------------------------------------------------------------------------- memory probes
+
+
+def _status_kb(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{key} not in /proc/self/status")
+
+
+class MemoryProbe:
+    """Peak memory of a region above what was resident when it started, in bytes."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cpu = device.type == "cpu" and Path("/proc/self/clear_refs").exists()
+
+    def start(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._base = torch.cuda.memory_allocated(self.device)
+        elif self.cpu:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self._base = _status_kb("VmRSS") * 1024
+
+    def stop(self) -> float | None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return float(torch.cuda.max_memory_allocated(self.device) - self._base)
+        if self.cpu:
+            return float(_status_kb("VmHWM") * 1024 - self._base)
+        return None
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ----------------------------------------------------------------------------------------------- variants
+
+
+@dataclass
+class Variant:
+    label: str
+    overrides: dict  # config overrides (method.name, method.alpha, train.loss_impl, ...)
+    group: str = ""
+    times: list = field(default_factory=list)
+    peaks: list = field(default_factory=list)
+    kept: list = field(default_factory=list)
+
+
+class Bench:
+    """One model, one optimizer, fixed random batches; variants built from config overrides."""
+
+    def __init__(self, *, preset: str, seq_len: int, micro_batch: int, accum: int = 1, device: str = "cpu",
+                 dtype: str = "fp32", compile: bool = False, seed: int = 0, context=None):
+        from eslm.model.gpt import GPT, preset as model_preset
+        from eslm.train.optim import build_optimizer
+
+        torch.manual_seed(seed)
+        self.device = torch.device(device)
+        self.preset, self.seq_len, self.micro_batch, self.accum = preset, seq_len, micro_batch, accum
+        self.dtype, self.compile = dtype, compile
+        self.model_config = model_preset(preset, vocab_size=50304)
+        self.raw = GPT(self.model_config).to(self.device)
+        self.model = torch.compile(self.raw) if compile else self.raw
+        self.opt = build_optimizer(self.raw, lr=6e-4, weight_decay=0.1, betas=(0.9, 0.95),
+                                   device_type=self.device.type)
+        g = torch.Generator().manual_seed(seed + 1)
+        from eslm.data.batch import Batch
+
+        def batch():
+            x = torch.randint(0, 50257, (micro_batch, seq_len + 1), generator=g)
+            return Batch(x=x[:, :-1].contiguous(), y=x[:, 1:].contiguous(),
+                         domain=torch.zeros(micro_batch, dtype=torch.long)).to(self.device)
+
+        self.batches = [batch() for _ in range(accum)]
+        self.context = context or {}
+        self.probe = MemoryProbe(self.device)
+        self._methods: dict[str, object] = {}
+
+    def autocast(self):
+        if self.dtype == "bf16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return None
+
+    def method(self, v: Variant):
+        if v.label not in self._methods:
+            from eslm.config import build_config
+            from eslm.methods import BuildContext, build_method
+
+            base = {"data.seq_len": self.seq_len, "train.micro_batch_size_seqs": self.micro_batch}
+            cfg = build_config(overrides=[f"{k}={val}" for k, val in {**base, **v.overrides}.items()])
+            ctx = BuildContext(cfg=cfg, device=self.device, n_domains=1, model_config=self.model_config,
+                               **self.context)
+            self._methods[v.label] = (cfg, build_method(ctx))
+        return self._methods[v.label]
+
+    def step(self, v: Variant) -> None:
+        from eslm.train.step import StepOptions, forward_backward
+
+        cfg, method = self.method(v)
+        t = cfg.train
+        opts = StepOptions(accum_steps=self.accum, normalize=t.normalize, loss_impl=t.loss_impl,
+                           chunk_size=t.loss_chunk_size, autocast=self.autocast())
+        sync(self.device)
+        self.probe.start()
+        t0 = time.perf_counter()
+        res = forward_backward(self.model, self.raw, method, self.batches, opts, step=1, lr=6e-4)
+        torch.nn.utils.clip_grad_norm_(self.raw.parameters(), 1.0)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        sync(self.device)
+        v.times.append(time.perf_counter() - t0)
+        peak = self.probe.stop()
+        if peak is not None:
+            v.peaks.append(peak)
+        v.kept.append(res.tokens_kept / max(res.tokens_seen, 1))
+
+    def run(self, variants: list[Variant], *, warmup: int, steps: int, log=print) -> None:
+        """Round-robin: every round runs each variant once; the first ``warmup`` rounds are not recorded."""
+        for r in range(warmup + steps):
+            for v in variants:
+                self.step(v)
+                if r < warmup:
+                    v.times.clear(), v.peaks.clear(), v.kept.clear()
+            if r >= warmup:
+                log(f"  round {r - warmup + 1}/{steps}: " + "  ".join(
+                    f"{v.label} {v.times[-1]:.3f}s" for v in variants))
+
+
+def median(xs: list) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def environment(bench: Bench) -> dict:
+    env = {"torch": torch.__version__, "python": platform.python_version(), "device": str(bench.device),
+           "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
+           "cpu_count": os.cpu_count()}
+    if bench.device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(bench.device)
+    try:
+        env["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                    cwd=ROOT).stdout.strip()
+    except OSError:
+        pass
+    return env
+
+
+def write_results(name: str, payload: dict, markdown: str) -> tuple[Path, Path]:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    jp, mp = RESULTS / f"{name}.json", RESULTS / f"{name}.md"
+    jp.write_text(json.dumps(payload, indent=2) + "\n")
+    mp.write_text(markdown)
+    return jp, mp
+
+
+def fmt_mb(b: float | None) -> str:
+    return "n/a" if b is None else f"{b / 2**20:,.0f}"
+
+
+def fmt_ratio(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"

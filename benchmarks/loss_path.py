@@ -1,0 +1,144 @@
+"""Benchmark: the selective loss path, naive (full logits, the paper's way) against fused, in ONE run.
+
+Variants (real training steps through the shared step, round-robin, median after warm-up):
+CLM naive, CLM fused, and at each alpha: ESLM-entropy naive, ESLM-entropy fused, ESLM-loss fused.
+Prints and writes ratios against CLM naive and CLM fused, peak step memory, and the cost of computing the
+scores, the VaR threshold and the mask (the entropy's extra work in the head pass + the top-k selection and its
+statistics) as a fraction of the CLM fused step.
+
+    python benchmarks/loss_path.py --preset small --seq-len 128 --micro-batch 16
+    python benchmarks/loss_path.py --preset gpt2-124m --seq-len 1024 --micro-batch 1 --steps 3
+    python benchmarks/loss_path.py --preset gpt2-124m --seq-len 1024 --micro-batch 12 --device cuda --dtype bf16
+
+Results: benchmarks/results/loss_path-<preset>-<device>-<dtype>-T<seq>-B<mb>.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+from harness import (Bench, Variant, environment, ensure_malloc_env, fmt_mb, fmt_ratio, median,  # noqa: E402
+                     write_results)
+
+
+def variants(alphas: list[float], chunk: int) -> list[Variant]:
+    c = {"train.loss_chunk_size": chunk}
+    vs = [Variant("clm-naive", {"method.name": "clm", "train.loss_impl": "naive", **c}, "clm"),
+          Variant("clm-fused", {"method.name": "clm", "train.loss_impl": "fused", **c}, "clm")]
+    for a in alphas:
+        for name, impl in (("eslm-entropy", "naive"), ("eslm-entropy", "fused"), ("eslm-loss", "fused")):
+            vs.append(Variant(f"{name}-{impl}@{a}", {"method.name": name, "method.alpha": a,
+                                                     "train.loss_impl": impl, **c}, f"alpha {a}"))
+    return vs
+
+
+def selection_overhead(bench: Bench, alphas: list[float], chunk: int, reps: int) -> dict:
+    """Seconds per micro-batch of what selection adds: the entropy inside the fused head pass (pass with
+    entropy minus pass without, on the route the step takes at this alpha), and the selector's top-k + stats."""
+    from eslm.ops.fused_head import head_pass, wants_grads_in_pass
+
+    batch = bench.batches[0]
+    with torch.no_grad(), (bench.autocast() or torch.autocast("cpu", enabled=False)):
+        hidden = bench.raw(batch.x).flatten(0, 1)
+    w, y = bench.raw.head_weight.detach(), batch.y.reshape(-1)
+    out = {}
+    for a in alphas:
+        _, method = bench.method(Variant(f"eslm-entropy-fused@{a}", {}))
+        grads = wants_grads_in_pass(1 - a)
+        t_ent, t_plain, t_sel = [], [], []
+        for _ in range(reps):
+            for need, acc in ((True, t_ent), (False, t_plain)):
+                t0 = time.perf_counter()
+                stats = head_pass(hidden, w, y, need_entropy=need, with_grads=grads, chunk_size=chunk)
+                acc.append(time.perf_counter() - t0)
+            stats = head_pass(hidden, w, y, need_entropy=True, chunk_size=chunk)
+            t0 = time.perf_counter()
+            sel = method.tokens.select(method.scores(stats, batch), batch)
+            float(sel.stats["threshold"])  # wait for the work
+            t_sel.append(time.perf_counter() - t0)
+        out[a] = {"entropy_s": max(0.0, median(t_ent) - median(t_plain)), "select_s": median(t_sel),
+                  "head_pass_s": median(t_plain), "route": "grads in pass" if grads else "kept rows only"}
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="small")
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--micro-batch", type=int, default=16, help="sequences per micro-step")
+    p.add_argument("--alphas", type=float, nargs="+", default=[0.1, 0.2, 0.5])
+    p.add_argument("--steps", type=int, default=5, help="timed rounds (each runs every variant once)")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--chunk", type=int, default=1024, help="train.loss_chunk_size for the fused path")
+    p.add_argument("--name", default="", help="results file name (default from the settings)")
+    a = p.parse_args(argv)
+    if a.device == "cpu":
+        ensure_malloc_env()
+
+    bench = Bench(preset=a.preset, seq_len=a.seq_len, micro_batch=a.micro_batch, device=a.device, dtype=a.dtype,
+                  compile=a.compile)
+    vs = variants(a.alphas, a.chunk)
+    tokens = a.seq_len * a.micro_batch
+    print(f"loss-path benchmark: {a.preset}, {a.micro_batch}x{a.seq_len} = {tokens} tokens/step, {a.device} "
+          f"{a.dtype}, {torch.get_num_threads()} threads, {len(vs)} variants x ({a.warmup} warm-up + {a.steps}) "
+          f"rounds", flush=True)
+    bench.run(vs, warmup=a.warmup, steps=a.steps, log=lambda m: print(m, flush=True))
+    overhead = selection_overhead(bench, a.alphas, a.chunk, reps=max(3, a.steps))
+
+    by = {v.label: v for v in vs}
+    t_naive, t_fused = median(by["clm-naive"].times), median(by["clm-fused"].times)
+    m_naive, m_fused = median(by["clm-naive"].peaks), median(by["clm-fused"].peaks)
+    rows = []
+    for v in vs:
+        t, m = median(v.times), median(v.peaks)
+        naive_twin = by.get(v.label.replace("-fused", "-naive").replace("eslm-loss", "eslm-entropy"))
+        rows.append({"variant": v.label, "step_s": t, "peak_bytes": m, "kept_frac": median(v.kept),
+                     "time_vs_clm_naive": t / t_naive, "time_vs_clm_fused": t / t_fused,
+                     "mem_vs_clm_naive": (m / m_naive) if m and m_naive else None,
+                     "mem_vs_clm_fused": (m / m_fused) if m and m_fused else None,
+                     "time_vs_naive_twin": t / median(naive_twin.times) if naive_twin else None,
+                     "mem_vs_naive_twin": (m / median(naive_twin.peaks)) if naive_twin and m else None})
+    for alpha, o in overhead.items():
+        o["fraction_of_clm_fused_step"] = (o["entropy_s"] + o["select_s"]) / t_fused
+
+    name = a.name or f"loss_path-{a.preset}-{a.device.split(':')[0]}-{a.dtype}-T{a.seq_len}-B{a.micro_batch}"
+    cmd = "python benchmarks/loss_path.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    payload = {"command": cmd.strip(), "settings": vars(a), "tokens_per_step": tokens,
+               "environment": environment(bench), "rows": rows,
+               "selection_overhead": {str(k): v for k, v in overhead.items()}}
+    md = [f"# Loss-path benchmark: {a.preset}, {a.micro_batch}x{a.seq_len} tokens, {a.device} {a.dtype}", "",
+          f"Command: `{payload['command']}`  ",
+          f"Environment: {payload['environment']}  ",
+          f"Median of {a.steps} round-robin rounds after {a.warmup} warm-up; peak = step's peak memory above "
+          "what was resident before it (MB).", "",
+          "| variant | kept | step s | vs CLM naive | vs CLM fused | vs naive twin | peak MB | mem vs CLM naive "
+          "| mem vs naive twin |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        md.append(f"| {r['variant']} | {r['kept_frac']:.3f} | {r['step_s']:.3f} | {fmt_ratio(r['time_vs_clm_naive'])}"
+                  f" | {fmt_ratio(r['time_vs_clm_fused'])} | {fmt_ratio(r['time_vs_naive_twin'])} | "
+                  f"{fmt_mb(r['peak_bytes'])} | {fmt_ratio(r['mem_vs_clm_naive'])} | "
+                  f"{fmt_ratio(r['mem_vs_naive_twin'])} |")
+    md += ["", "Scores + threshold + mask (per micro-batch; fraction of the CLM fused step):", "",
+           "| alpha | route | entropy s | top-k + stats s | fraction |", "|---|---|---|---|---|"]
+    for alpha, o in overhead.items():
+        md.append(f"| {alpha} | {o['route']} | {o['entropy_s']:.4f} | {o['select_s']:.4f} | "
+                  f"{100 * o['fraction_of_clm_fused_step']:.2f}% |")
+    text = "\n".join(md) + "\n"
+    print("\n" + text)
+    jp, mp = write_results(name, payload, text)
+    print(f"wrote {jp} and {mp}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

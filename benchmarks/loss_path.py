@@ -1,7 +1,9 @@
 """Benchmark: the selective loss path, naive (full logits, the paper's way) against fused, in ONE run.
 
 Variants (real training steps through the shared step, round-robin, median after warm-up):
-CLM naive, CLM fused, and at each alpha: ESLM-entropy naive, ESLM-entropy fused, ESLM-loss fused.
+CLM naive, CLM fused, and at each alpha: ESLM-entropy naive, ESLM-entropy fused (the default: the scoring pass
+keeps its softmax), ESLM-entropy fused "nocache" (train.loss_cache_probs=false: no tokens x vocab buffer),
+ESLM-loss fused.
 Prints and writes ratios against CLM naive and CLM fused, peak step memory, and the cost of computing the
 scores, the VaR threshold and the mask (the entropy's extra work in the head pass + the top-k selection and its
 statistics) as a fraction of the CLM fused step.
@@ -33,9 +35,11 @@ def variants(alphas: list[float], chunk: int) -> list[Variant]:
     vs = [Variant("clm-naive", {"method.name": "clm", "train.loss_impl": "naive", **c}, "clm"),
           Variant("clm-fused", {"method.name": "clm", "train.loss_impl": "fused", **c}, "clm")]
     for a in alphas:
-        for name, impl in (("eslm-entropy", "naive"), ("eslm-entropy", "fused"), ("eslm-loss", "fused")):
-            vs.append(Variant(f"{name}-{impl}@{a}", {"method.name": name, "method.alpha": a,
-                                                     "train.loss_impl": impl, **c}, f"alpha {a}"))
+        for name, impl, cache in (("eslm-entropy", "naive", True), ("eslm-entropy", "fused", True),
+                                  ("eslm-entropy", "fused", False), ("eslm-loss", "fused", True)):
+            label = f"{name}-{impl}{'' if cache else '-nocache'}@{a}"
+            vs.append(Variant(label, {"method.name": name, "method.alpha": a, "train.loss_impl": impl,
+                                      "train.loss_cache_probs": cache, **c}, f"alpha {a}"))
     return vs
 
 
@@ -101,7 +105,8 @@ def main(argv=None) -> int:
     rows = []
     for v in vs:
         t, m = median(v.times), median(v.peaks)
-        naive_twin = by.get(v.label.replace("-fused", "-naive").replace("eslm-loss", "eslm-entropy"))
+        naive_twin = by.get(v.label.replace("-nocache", "").replace("-fused", "-naive")
+                            .replace("eslm-loss", "eslm-entropy"))
         rows.append({"variant": v.label, "step_s": t, "peak_bytes": m, "kept_frac": median(v.kept),
                      "time_vs_clm_naive": t / t_naive, "time_vs_clm_fused": t / t_fused,
                      "mem_vs_clm_naive": (m / m_naive) if m and m_naive else None,

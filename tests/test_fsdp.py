@@ -1,9 +1,10 @@
 """FSDP2 (distributed.fsdp=true) on two CPU processes with gloo, launched by torchrun --standalone (free port).
 
 An FSDP run (the CLI) stops at step 3 and is resumed to step 6; it is compared step by step with an
-uninterrupted DDP run of the same config (method clm: no token selection, whose threshold could flip a token
-on reduction-order noise). The gradients of the selective step itself (micro and step scope, accumulation with
-no_sync) are compared with DDP's at fixed weights, in the same launch as the DDP run (launches are the cost).
+uninterrupted DDP run of the same config (method clm: a token selector's threshold is discontinuous, so
+reduction-order noise could change a selection and the losses would then differ by more than noise). The
+gradients of the selective step itself (micro and step scope, naive and fused loss, accumulation with no_sync)
+are compared with DDP's at fixed weights, in the same launch as the DDP run (launches are the cost).
 """
 
 import os
@@ -40,11 +41,11 @@ DDP_SCRIPT = textwrap.dedent('''
     g = torch.Generator().manual_seed(1 + info.rank)
     xs = [torch.randint(0, 64, (2, 16), generator=g) for _ in range(3)]
     batches = [Batch(x, x.roll(-1, 1), torch.zeros(2, dtype=torch.long)) for x in xs]
-    for scope in ("micro", "step"):
+    for scope, impl in [(s, i) for s in ("micro", "step") for i in ("naive", "fused")]:
         cfg = build_config(overrides=["method.name=eslm-entropy", "method.alpha=0.3", f"method.scope={scope}",
-                                      "train.loss_impl=naive"])
+                                      f"train.loss_impl={impl}"])
         opts = StepOptions(accum_steps=len(batches), normalize="global", scope=scope, world_size=2,
-                           loss_impl="naive")
+                           loss_impl=impl)
         grads, losses = {}, {}
         for kind in ("ddp", "fsdp"):
             raw = copy.deepcopy(model)
@@ -54,10 +55,10 @@ DDP_SCRIPT = textwrap.dedent('''
             losses[kind] = float(res.loss)
             grads[kind] = {n: (p.grad.full_tensor() if kind == "fsdp" else p.grad)
                            for n, p in raw.named_parameters()}
-        assert losses["ddp"] == losses["fsdp"], (scope, losses)
+        assert losses["ddp"] == losses["fsdp"], (scope, impl, losses)
         for n, gd in grads["ddp"].items():
-            torch.testing.assert_close(grads["fsdp"][n], gd, rtol=1e-5, atol=1e-7, msg=f"{scope} {n}")
-        print(f"rank {info.rank} {scope}: gradients equal", flush=True)
+            torch.testing.assert_close(grads["fsdp"][n], gd, rtol=1e-5, atol=1e-7, msg=f"{scope} {impl} {n}")
+        print(f"rank {info.rank} {scope} {impl}: gradients equal", flush=True)
     train(build_config(overrides=sys.argv[1:]))  # DDP; shuts the process group down
 ''')
 
@@ -139,6 +140,6 @@ def test_fsdp_checkpoint_is_a_plain_checkpoint(runs, step):
 
 
 def test_fsdp_gradients_of_the_selective_step_match_ddp(runs):
-    """ESLM-entropy with 3 micro-steps (two under no_sync), micro and step scope: FSDP's reduce-scattered
-    gradients, the tied head's included, equal DDP's (asserted on both ranks inside the launch)."""
-    assert runs["ddp_out"].count("gradients equal") == 4, runs["ddp_out"]
+    """ESLM-entropy with 3 micro-steps (two under no_sync), micro and step scope, naive and fused loss: FSDP's
+    reduce-scattered gradients, the tied head's included, equal DDP's (asserted on both ranks in the launch)."""
+    assert runs["ddp_out"].count("gradients equal") == 8, runs["ddp_out"]

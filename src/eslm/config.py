@@ -130,7 +130,7 @@ class FlopsSection:
 
 @dataclass(frozen=True)
 class DistributedSection:
-    fsdp: bool = _f(False, "shard parameters/optimizer state with FSDP2 instead of DDP")
+    fsdp: bool = _f(False, "shard parameters, gradients and optimizer state with FSDP2 instead of DDP (ignored with one process; docs/training.md)")
     backend: str = _f("auto", "auto (nccl on CUDA, gloo on CPU) | nccl | gloo")
 
 

@@ -162,12 +162,14 @@ def load_full_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimiz
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                          set_optimizer_state_dict)
 
+    from eslm.errors import CheckpointError
+
     fqns = _optimizer_fqns(model, optimizer)
     n_saved = sum(len(g["params"]) for g in optim_sd["param_groups"])
     if n_saved != len(fqns) or len(optim_sd["param_groups"]) != len(optimizer.param_groups):
-        raise ValueError(f"the checkpoint's optimizer holds {n_saved} parameters in "
-                         f"{len(optim_sd['param_groups'])} groups; this model's holds {len(fqns)} in "
-                         f"{len(optimizer.param_groups)}")
+        raise CheckpointError(f"the checkpoint's optimizer holds {n_saved} parameters in "
+                              f"{len(optim_sd['param_groups'])} groups; this model's holds {len(fqns)} in "
+                              f"{len(optimizer.param_groups)}; resume with the config it was written with")
     opts = StateDictOptions(full_state_dict=True)
     set_model_state_dict(model, model_sd, options=opts)
     set_optimizer_state_dict(model, optimizer, {

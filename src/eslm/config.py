@@ -87,7 +87,7 @@ class AdaSection:
 
 @dataclass(frozen=True)
 class MethodSection:
-    name: str = _f("eslm-entropy", "training method; see `eslm train --methods`")
+    name: str = _f("eslm-entropy", "training method; `eslm train --help` lists them")
     alpha: float = _f(0.1, "VaR confidence level: the fraction of tokens dropped (keep the top 1-alpha)")
     standardize: str = _f("none", "score standardisation: none | batch | sequence | domain")
     scope: str = _f("micro", "selection scope: micro (per micro-batch per rank, the paper) | step (whole optimizer step, all ranks; one extra forward)")

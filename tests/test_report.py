@@ -24,7 +24,7 @@ def _loss(method: str, seed: int, step: int) -> float:
 
 
 def make_run(root, name, method, seed, *, steps=(10, 20, 40, 80, 160), alpha=0.1, resume_dup=False,
-             downstream=None, evals=True):
+             downstream=None, evals=True, finished=True):
     """Write a run directory in the trainer's format; returns its path."""
     d = root / name
     (d / "checkpoints").mkdir(parents=True)
@@ -55,6 +55,8 @@ def make_run(root, name, method, seed, *, steps=(10, 20, 40, 80, 160), alpha=0.1
         lines = [r for r in lines if r[M.STEP] <= 20] + stale + [r for r in lines if r[M.STEP] > 20]
     text = "\n".join(json.dumps(r) for r in lines) + "\n"
     (d / "metrics.jsonl").write_text(text)
+    if finished:  # the trainer's end-of-run marker
+        (d / "result.json").write_text(json.dumps({"step": steps[-1], "stopped_by": "max_steps"}))
     if downstream:
         (d / "eval").mkdir()
         (d / "eval" / "step_0000160.json").write_text(json.dumps(downstream))
@@ -201,3 +203,18 @@ def test_without_matplotlib_the_tables_are_still_written(runs, tmp_path, monkeyp
     assert not list(out.glob("*.png")) and s["figures"] == {}
     assert any("pip install 'eslm[plot]'" in w for w in s["warnings"])
     assert "eslm[plot]" in (out / "index.html").read_text()
+
+
+def test_unfinished_run_is_flagged(tmp_path):
+    # a run without result.json (still running / interrupted): its "final" loss is only its latest eval
+    done = make_run(tmp_path, "clm-s1", "clm", 1)
+    partial = make_run(tmp_path, "eslm-s1", "eslm-entropy", 1, steps=(10, 20, 40), finished=False)
+    loaded, _, warnings = report.load_runs([str(done), str(partial)])
+    assert [r.finished for r in loaded] == [True, False]
+    assert [w for w in warnings if "result.json" in w] == [w for w in warnings if str(partial) in w] != []
+    s = report.summarize(loaded, group_runs(loaded), target=4.0, target_source="given", flops="paper",
+                         skipped=[], warnings=warnings)
+    g = {x["label"]: x for x in s["groups"]}
+    assert g["clm"]["unfinished"] == [] and g["eslm-entropy"]["unfinished"] == ["eslm-s1"]
+    assert [r["finished"] for r in s["runs"]] == [True, False]
+    assert "(1/1 unfinished)" in report.render_html(s, {})

@@ -236,6 +236,7 @@ def summarize(runs: list[Run], groups: list[Group], *, target: float, target_sou
         gs.append({
             "label": g.label, "method": g.method, "settings": g.settings,
             "runs": [r.name for r in g.runs], "seeds": [r.seed for r in g.runs],
+            "unfinished": [r.name for r in g.runs if not r.finished],
             "to_target": {"flops": to_target(g, flops_key, target), "time_s": to_target(g, M.ELAPSED_S, target),
                           "tokens": to_target(g, M.TOKENS_SEEN, target)},
             **group_final(g, domains),
@@ -247,7 +248,7 @@ def summarize(runs: list[Run], groups: list[Group], *, target: float, target_sou
         "grouping": "same resolved config except " + ", ".join(IGNORED_FOR_GROUPING),
         "domains": domains, "groups": gs,
         "runs": [{"name": r.name, "path": str(r.path), "method": r.method, "seed": r.seed,
-                  "group": group_of[id(r)], "git_commit": r.env.get("git_commit"), "device": r.env.get("device")}
+                  "group": group_of[id(r)], "finished": r.finished, "git_commit": r.env.get("git_commit"), "device": r.env.get("device")}
                  for r in runs],
         "skipped": skipped, "warnings": warnings,
     }
@@ -379,7 +380,10 @@ def _summary_table(summary: dict) -> str:
     rows = []
     for g in summary["groups"]:
         tt = g["to_target"]
-        rows.append([html.escape(g["label"]), str(len(g["runs"])), _agg_cell(g["final_val_loss"]),
+        label = html.escape(g["label"])
+        if g["unfinished"]:
+            label += f" <small class='warn'>({len(g['unfinished'])}/{len(g['runs'])} unfinished)</small>"
+        rows.append([label, str(len(g["runs"])), _agg_cell(g["final_val_loss"]),
                      _agg_cell(g["best_val_loss"]), _target_cell(tt["flops"]), _target_cell(tt["time_s"]),
                      _target_cell(tt["tokens"]), _agg_cell(g["final_" + summary["flops_key"]], ".3g")])
     return _table(["group", "seeds", "final val loss", "best val loss", "FLOPs to target", "time to target (s)",

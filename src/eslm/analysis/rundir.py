@@ -1,7 +1,7 @@
 """Reading run directories for reports: config, environment, metrics, downstream results; seed groups.
 
 A run directory (``runs/<name>/``) holds ``config.yaml`` (the resolved config), ``env.json``,
-``metrics.jsonl`` (one JSON object per line, key names in ``eslm.metrics``), ``eval/*.json`` (downstream
+``result.json`` (written when the run finished), ``metrics.jsonl`` (one JSON object per line, key names in ``eslm.metrics``), ``eval/*.json`` (downstream
 results from ``eslm eval``) and ``checkpoints/``. This module reads only those files and is tolerant of
 missing optional pieces: a missing ``env.json`` or ``eval/`` folder is simply empty, a malformed
 metrics line (e.g. the half-written last line of a crashed run) is skipped with a warning.
@@ -41,6 +41,7 @@ class Run:
     eval: list[dict]
     downstream: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    finished: bool = True  # the trainer wrote result.json (False: still running, interrupted or crashed)
 
     @property
     def seed(self):
@@ -186,8 +187,12 @@ def load_run(path: str | Path) -> Run:
     env = _read_json(p / "env.json", warnings) if (p / "env.json").is_file() else {}
     train, evals = read_metrics(p / "metrics.jsonl", warnings)
     name = str(config_get(config, "run.name") or p.name)
+    finished = (p / "result.json").is_file()
+    if not finished:
+        warnings.append(f"{p}: no result.json, the run is still running or was interrupted; its last eval "
+                        "point is not its final one (resume it, or read its numbers as partial)")
     return Run(path=p, name=name, config=config, env=env, train=train, eval=evals,
-               downstream=read_downstream(p, warnings), warnings=warnings)
+               downstream=read_downstream(p, warnings), warnings=warnings, finished=finished)
 
 
 # ---------------------------------------------------------------- seed groups

@@ -218,3 +218,32 @@ def test_unfinished_run_is_flagged(tmp_path):
     assert g["clm"]["unfinished"] == [] and g["eslm-entropy"]["unfinished"] == ["eslm-s1"]
     assert [r["finished"] for r in s["runs"]] == [True, False]
     assert "(1/1 unfinished)" in report.render_html(s, {})
+
+
+def test_log_loss_axis_below_a_decade_has_readable_ticks():
+    # losses 4.05..5.6 on a log axis: the log locator alone labels only "4" and "5"
+    pytest.importorskip("matplotlib")
+    from eslm.analysis import figures
+
+    plt = figures._plt()
+    fig, ax = plt.subplots()
+    s = {"label": "clm", "x": [1e11, 1e12, 1e13], "mean": [5.6, 4.5, 4.05], "lo": [5.6, 4.5, 4.05],
+         "hi": [5.6, 4.5, 4.05], "n": 1}
+    figures._draw_series(ax, [s], {}, logx=True, logy=True)
+    lo, hi = ax.get_ylim()
+    ticks = [t for t in ax.yaxis.get_majorticklocs() if lo <= t <= hi]
+    assert ax.get_yscale() == "log" and len(ticks) >= 4
+    plt.close(fig)
+
+
+def test_domain_final_panels_have_their_own_y_range(tmp_path):
+    # domains several nats apart, methods hundredths apart within a domain: one shared axis hides the latter
+    pytest.importorskip("matplotlib")
+    from eslm.analysis import figures
+
+    values = {"clm": [4.08, 7.17], "eslm-loss": [4.04, 7.07], "eslm-entropy": [None, 7.21]}
+    limits = figures.category_points(tmp_path / "d.png", ["code", "docs"], values, {}, ylabel="loss", title="t",
+                                     spread={"clm": [(4.07, 4.09), None]})
+    assert (tmp_path / "d.png").stat().st_size > 0
+    (c0, c1), (d0, d1) = limits["code"], limits["docs"]
+    assert c0 < 4.04 and 4.09 < c1 < 4.2 and d0 > 7.0 and d1 > 7.21

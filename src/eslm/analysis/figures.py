@@ -63,10 +63,21 @@ def _draw_series(ax, series: list[dict], colors: dict, logx: bool, logy: bool) -
 
 
 def _plain_log_ticks(axis) -> None:
-    """Label a log axis with plain numbers (3.5, 4) instead of 3.5x10^0; losses span less than a decade."""
-    from matplotlib.ticker import FuncFormatter
+    """Label a log axis with plain numbers (3.5, 4) instead of 3.5x10^0.
+
+    Losses usually span less than a decade, where the log locator finds only the 2..9 x 10^k minor ticks:
+    between 4.05 and 5.6 that is just "4" and "5". Below a decade the ticks are therefore placed at round
+    linear steps (4.2, 4.4, ...: the axis stays logarithmic, only the tick positions change)."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter, NullLocator
 
     fmt = FuncFormatter(lambda v, _: f"{v:.3g}")
+    lo, hi = axis.get_view_interval()
+    if lo > 0 and hi / lo < 10:
+        axis.set_major_locator(MaxNLocator(nbins=8, steps=[1, 2, 2.5, 5, 10], min_n_ticks=4))
+        axis.set_minor_locator(NullLocator())
+        axis.set_minor_formatter(NullFormatter())
+        axis.set_major_formatter(fmt)
+        return
     axis.set_major_formatter(fmt)
     axis.set_minor_formatter(fmt)
 
@@ -102,7 +113,7 @@ def panels(path: Path, panel_series: dict[str, list[dict]], colors: dict, *, xla
         ax.set_xlabel(xlabel, fontsize=8)
         ax.xaxis.set_tick_params(labelbottom=True)  # shared x, but every panel keeps its labels
         ax.set_ylabel(ylabel, fontsize=8)
-        ax.tick_params(labelsize=7)
+        ax.tick_params(which="both", labelsize=7)  # minor labels too (log axes label minor ticks)
         if ylim is not None:
             ax.set_ylim(*ylim)
     for ax in list(axes.flat)[n:]:
@@ -150,35 +161,54 @@ def target_bars(path: Path, bars: list[dict], colors: dict, *, ylabel: str, titl
     plt.close(fig)
 
 
-def grouped_bars(path: Path, categories: list[str], values: dict[str, list], colors: dict, *,
-                 ylabel: str, title: str, spread: dict[str, list] | None = None) -> None:
-    """Bars per category (e.g. domain), one bar per group; ``values[label][i]`` may be None (no bar).
+def category_points(path: Path, categories: list[str], values: dict[str, list], colors: dict, *,
+                    ylabel: str, title: str, spread: dict[str, list] | None = None) -> dict[str, tuple]:
+    """One panel per category (e.g. domain) with one point per group, each panel on its own y range.
 
-    ``spread[label][i]`` is ``(lo, hi)`` drawn as a whisker when the group has several seeds.
+    Domains can differ by several nats while methods differ by hundredths within a domain: a shared axis (or
+    bars, which need a zero baseline) hides exactly the differences the chart is for. Points carry their
+    value; ``spread[label][i] = (lo, hi)`` draws a min..max whisker (several seeds). ``values[label][i]``
+    may be None (no point). Returns {category: (ymin, ymax)} of the panels drawn.
     """
     plt = _plt()
     labels = list(values)
-    width = 0.8 / max(1, len(labels))
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(categories) * max(1, len(labels)) * 0.5 + 2), 4.5))
-    finite = [v for vs in values.values() for v in vs if v is not None]
-    for j, lab in enumerate(labels):
-        xs = [i + (j - (len(labels) - 1) / 2) * width for i in range(len(categories))]
-        pts = [(x, v, i) for i, (x, v) in enumerate(zip(xs, values[lab])) if v is not None]
-        ax.bar([p[0] for p in pts], [p[1] for p in pts], width=width, color=colors.get(lab), label=lab)
-        for x, v, i in pts:
-            if spread and spread.get(lab) and spread[lab][i] is not None:
-                lo, hi = spread[lab][i]
-                ax.errorbar(x, v, yerr=[[v - lo], [hi - v]], color="k", capsize=2, lw=0.8)
-    if finite:
-        lo, hi = min(finite), max(finite)
-        pad = 0.15 * (hi - lo) if hi > lo else 0.1 * abs(hi) + 0.1
-        ax.set_ylim(max(0.0, lo - pad), hi + pad)
-    ax.set_xticks(range(len(categories)))
-    ax.set_xticklabels(categories, rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    ax.grid(True, axis="y", alpha=0.3)
+    n = len(categories)
+    cols = min(4, max(1, n))
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(max(3.2, 0.55 * len(labels) + 1.6) * cols, 3.3 * rows),
+                             squeeze=False)
+    limits = {}
+    for i, (ax, cat) in enumerate(zip(axes.flat, categories)):
+        pts = [(j, values[lab][i], lab) for j, lab in enumerate(labels) if values[lab][i] is not None]
+        for j, v, lab in pts:
+            sp = (spread or {}).get(lab)
+            sp = sp[i] if sp else None
+            if sp is not None:
+                ax.errorbar(j, v, yerr=[[v - sp[0]], [sp[1] - v]], color=colors.get(lab), capsize=3, lw=1)
+            ax.plot(j, v, "o", ms=7, color=colors.get(lab), label=lab)
+            ax.annotate(f"{v:.3f}", (j, v), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=7)
+        if pts:
+            vs = [v for _, v, _ in pts]
+            for _, _, lab in pts:
+                sp = (spread or {}).get(lab)
+                if sp and sp[i] is not None:
+                    vs += list(sp[i])
+            lo, hi = min(vs), max(vs)
+            pad = 0.25 * (hi - lo) if hi > lo else 0.05 * abs(hi) + 0.01
+            ax.set_ylim(lo - pad, hi + 1.6 * pad)
+            limits[cat] = ax.get_ylim()
+        ax.set_title(cat, fontsize=10)
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels, rotation=25, ha="right", fontsize=7)
+        ax.set_xlim(-0.6, len(labels) - 0.4)
+        ax.tick_params(axis="y", labelsize=7)
+        ax.grid(True, axis="y", alpha=0.3)
+        if i % cols == 0:
+            ax.set_ylabel(ylabel, fontsize=8)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
+    return limits

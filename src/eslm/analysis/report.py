@@ -306,8 +306,8 @@ def _domain_figures(out: Path, groups, summary, colors) -> dict[str, str]:
         return {}
     values = {g["label"]: [g["final_val_loss_domain"][d]["mean"] for d in domains] for g in summary["groups"]}
     spread = {g["label"]: [_min_max(g["final_val_loss_domain"][d]) for d in domains] for g in summary["groups"]}
-    figures.grouped_bars(out / "domain_final.png", domains, values, colors, spread=spread,
-                         ylabel="final validation loss (axis zoomed)", title="Final validation loss per domain")
+    figures.category_points(out / "domain_final.png", domains, values, colors, spread=spread,
+                            ylabel="final validation loss", title="Final validation loss per domain (own y range each)")
     ev = lambda r: r.eval  # noqa: E731
     panel = {d: _curve_set(groups, ev, summary["flops_key"], M.val_loss_key(d)) for d in domains}
     figures.panels(out / "domain_curves.png", panel, colors, xlabel=f"FLOPs ({summary['flops_convention']})",

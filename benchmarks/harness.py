@@ -7,10 +7,11 @@ every variant alike; the figure per variant is the median step time after warm-u
 
 Peak memory of a step = the highest resident memory during the step minus the resident memory just before it
 (model, optimizer state and the data are resident before; activations, logits and gradients come and go).
-On CUDA: torch.cuda.max_memory_allocated after reset_peak_memory_stats. On Linux CPU: VmHWM after writing "5"
-to /proc/self/clear_refs (resets the high-water mark); glibc must return freed blocks to the system for this to
-track live tensors, so the process re-executes itself once with MALLOC_MMAP_THRESHOLD_=65536 (large blocks
-are then always mmap'ed and unmapped on free).
+On CUDA: torch.cuda.max_memory_allocated after reset_peak_memory_stats, in the timing run. On Linux CPU:
+VmHWM after writing "5" to /proc/self/clear_refs (resets the high-water mark); glibc must return freed blocks
+to the system for this to track live tensors, so memory is measured in a separate child process started with
+MALLOC_MMAP_THRESHOLD_=65536 (large blocks always mmap'ed and unmapped on free). Timing runs with the normal
+allocator, as training does.
 """
 
 from __future__ import annotations
@@ -32,11 +33,20 @@ RESULTS = ROOT / "results"
 _MALLOC_ENV = "MALLOC_MMAP_THRESHOLD_"
 
 
-def ensure_malloc_env() -> None:
-    """Re-execute this script once with glibc's mmap threshold pinned (see the module docstring)."""
-    if os.environ.get(_MALLOC_ENV) is None and sys.platform.startswith("linux"):
-        env = {**os.environ, _MALLOC_ENV: "65536"}
-        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+def cpu_peaks_in_child(argv: list[str], rounds: int = 2) -> dict[str, float]:
+    """Run this script again as a child with glibc's mmap threshold pinned and ``--memory-only``; returns each
+    variant's peak step memory (bytes, the max over ``rounds`` rounds after one warm-up)."""
+    out = RESULTS / ".peaks.json"
+    env = {**os.environ, _MALLOC_ENV: "65536"}
+    subprocess.run([sys.executable, sys.argv[0], *argv, "--memory-only", str(out), "--steps", str(rounds)],
+                   env=env, check=True)
+    peaks = json.loads(out.read_text())
+    out.unlink()
+    return peaks
+
+
+def dump_peaks(path: str, variants: list) -> None:
+    Path(path).write_text(json.dumps({v.label: max(v.peaks) for v in variants if v.peaks}))
 
 
 # ----------------------------------------------------------------------------------------------- memory probes
@@ -122,6 +132,7 @@ class Bench:
         self.batches = [batch() for _ in range(accum)]
         self.context = context or {}
         self.probe = MemoryProbe(self.device)
+        self.measure_memory = self.device.type == "cuda" or os.environ.get(_MALLOC_ENV) is not None
         self._methods: dict[str, object] = {}
 
     def autocast(self):
@@ -149,7 +160,8 @@ class Bench:
         opts = StepOptions(accum_steps=self.accum, normalize=t.normalize, loss_impl=t.loss_impl,
                            chunk_size=t.loss_chunk_size, autocast=self.autocast())
         sync(self.device)
-        self.probe.start()
+        if self.measure_memory:
+            self.probe.start()
         t0 = time.perf_counter()
         res = forward_backward(self.model, self.raw, method, self.batches, opts, step=1, lr=6e-4)
         torch.nn.utils.clip_grad_norm_(self.raw.parameters(), 1.0)
@@ -157,7 +169,7 @@ class Bench:
         self.opt.zero_grad(set_to_none=True)
         sync(self.device)
         v.times.append(time.perf_counter() - t0)
-        peak = self.probe.stop()
+        peak = self.probe.stop() if self.measure_memory else None
         if peak is not None:
             v.peaks.append(peak)
         v.kept.append(res.tokens_kept / max(res.tokens_seen, 1))

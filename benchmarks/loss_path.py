@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from harness import (Bench, Variant, environment, ensure_malloc_env, fmt_mb, fmt_ratio, median,  # noqa: E402
-                     write_results)
+from harness import (Bench, Variant, cpu_peaks_in_child, dump_peaks, environment, fmt_mb,  # noqa: E402
+                     fmt_ratio, median, write_results)
 
 
 def variants(alphas: list[float], chunk: int) -> list[Variant]:
@@ -44,9 +44,10 @@ def variants(alphas: list[float], chunk: int) -> list[Variant]:
 
 
 def selection_overhead(bench: Bench, alphas: list[float], chunk: int, reps: int) -> dict:
-    """Seconds per micro-batch of what selection adds: the entropy inside the fused head pass (pass with
-    entropy minus pass without, on the route the step takes at this alpha), and the selector's top-k + stats."""
-    from eslm.ops.fused_head import head_pass, wants_grads_in_pass
+    """Seconds per micro-batch of what selection adds: the entropy inside the fused scoring pass (pass with
+    entropy minus the same pass without, on the default route: the pass keeps its softmax), and the selector's
+    top-k + stats. The pass itself is not counted: it is the loss's forward, which CLM runs too."""
+    from eslm.ops.fused_head import head_pass
 
     batch = bench.batches[0]
     with torch.no_grad(), (bench.autocast() or torch.autocast("cpu", enabled=False)):
@@ -55,12 +56,11 @@ def selection_overhead(bench: Bench, alphas: list[float], chunk: int, reps: int)
     out = {}
     for a in alphas:
         _, method = bench.method(Variant(f"eslm-entropy-fused@{a}", {}))
-        grads = wants_grads_in_pass(1 - a)
         t_ent, t_plain, t_sel = [], [], []
         for _ in range(reps):
             for need, acc in ((True, t_ent), (False, t_plain)):
                 t0 = time.perf_counter()
-                stats = head_pass(hidden, w, y, need_entropy=need, with_grads=grads, chunk_size=chunk)
+                stats = head_pass(hidden, w, y, need_entropy=need, keep_probs=True, chunk_size=chunk)
                 acc.append(time.perf_counter() - t0)
             stats = head_pass(hidden, w, y, need_entropy=True, chunk_size=chunk)
             t0 = time.perf_counter()
@@ -68,7 +68,7 @@ def selection_overhead(bench: Bench, alphas: list[float], chunk: int, reps: int)
             float(sel.stats["threshold"])  # wait for the work
             t_sel.append(time.perf_counter() - t0)
         out[a] = {"entropy_s": max(0.0, median(t_ent) - median(t_plain)), "select_s": median(t_sel),
-                  "head_pass_s": median(t_plain), "route": "grads in pass" if grads else "kept rows only"}
+                  "head_pass_s": median(t_plain), "route": "cached softmax"}
     return out
 
 
@@ -85,9 +85,8 @@ def main(argv=None) -> int:
     p.add_argument("--compile", action="store_true")
     p.add_argument("--chunk", type=int, default=1024, help="train.loss_chunk_size for the fused path")
     p.add_argument("--name", default="", help="results file name (default from the settings)")
+    p.add_argument("--memory-only", default="", help=argparse.SUPPRESS)  # internal: the CPU memory child
     a = p.parse_args(argv)
-    if a.device == "cpu":
-        ensure_malloc_env()
 
     bench = Bench(preset=a.preset, seq_len=a.seq_len, micro_batch=a.micro_batch, device=a.device, dtype=a.dtype,
                   compile=a.compile)
@@ -97,6 +96,14 @@ def main(argv=None) -> int:
           f"{a.dtype}, {torch.get_num_threads()} threads, {len(vs)} variants x ({a.warmup} warm-up + {a.steps}) "
           f"rounds", flush=True)
     bench.run(vs, warmup=a.warmup, steps=a.steps, log=lambda m: print(m, flush=True))
+    if a.memory_only:
+        dump_peaks(a.memory_only, vs)
+        return 0
+    if a.device == "cpu":
+        print("measuring peak step memory in a child process ...", flush=True)
+        peaks = cpu_peaks_in_child(list(argv if argv is not None else sys.argv[1:]))
+        for v in vs:
+            v.peaks = [peaks[v.label]] if v.label in peaks else []
     overhead = selection_overhead(bench, a.alphas, a.chunk, reps=max(3, a.steps))
 
     by = {v.label: v for v in vs}

@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from harness import (Bench, Variant, environment, ensure_malloc_env, fmt_mb, fmt_ratio, median,  # noqa: E402
-                     write_results)
+from harness import (Bench, Variant, cpu_peaks_in_child, dump_peaks, environment, fmt_mb,  # noqa: E402
+                     fmt_ratio, median, write_results)
 
 
 class RandomLoader:
@@ -68,9 +68,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--methods", nargs="*", help="subset of the registry (default: all)")
     p.add_argument("--name", default="")
+    p.add_argument("--memory-only", default="", help=argparse.SUPPRESS)  # internal: the CPU memory child
     a = p.parse_args(argv)
-    if a.device == "cpu":
-        ensure_malloc_env()
     from eslm.methods import METHODS
 
     device = torch.device(a.device)
@@ -85,6 +84,14 @@ def main(argv=None) -> int:
           f"{torch.get_num_threads()} threads, {len(vs)} variants x ({a.warmup} warm-up + {a.steps}) rounds",
           flush=True)
     bench.run(vs, warmup=a.warmup, steps=a.steps, log=lambda m: print(m, flush=True))
+    if a.memory_only:
+        dump_peaks(a.memory_only, vs)
+        return 0
+    if a.device == "cpu":
+        print("measuring peak step memory in a child process ...", flush=True)
+        peaks = cpu_peaks_in_child(list(argv if argv is not None else sys.argv[1:]))
+        for v in vs:
+            v.peaks = [peaks[v.label]] if v.label in peaks else []
 
     by = {v.label: v for v in vs}
     clm = by["clm"]

@@ -152,7 +152,7 @@ def test_head_work_per_route():
     from eslm.objectives.base import CrossEntropy
     from eslm.ops.fused_head import head_work
 
-    assert head_work(100, 90, scored=True, cached_probs=True) == (90.0, 0.0)   # softmax kept by the pass
+    assert head_work(100, 90, scored=True, cached_probs=True) == (100.0, 0.0)  # softmax kept, dropped rows zeroed
     assert head_work(100, 90, scored=True) == (100.0, 20.0)                    # all-row grads, dropped subtracted
     assert head_work(100, 100, scored=False) == (100.0, 0.0)                   # CLM: one pass
     assert head_work(100, 50, scored=True) == (50.0, 50.0)                     # kept rows after a scoring pass

@@ -19,6 +19,9 @@ so scores, loss and gradients together cost 3u — what plain training's head co
 
 **The selected loss** (``fused_ce_sum``) returns sum_{i in kept} loss_i with its gradient, by one of two routes:
 
+* the pass kept its softmax (``keep_probs``): zero the dropped rows, subtract onehot(y) in place, and run the
+  two gradient matmuls over the buffer: 1u + 2u, no (N, V) copy (the default when selection scores are needed;
+  one (N, V) fp32 buffer);
 * the pass already holds all-row gradients (most tokens kept): the kept rows' gradient is G_h with the dropped
   rows zeroed, and G_W minus the dropped rows' share, recomputed for the N-K dropped rows only: 3u + 2(1-k)u;
 * otherwise (few tokens kept, or no pass ran): logits, dz and both gradient matmuls for the K kept rows only,
@@ -59,9 +62,10 @@ def head_work(n: int, k: int, *, scored: bool, cached_probs: bool = False) -> tu
     formed again to be subtracted (two extra matmuls each). Otherwise the K kept rows get gradients, and their
     logits are formed again after a scoring pass (``scored``), or for the first time if none ran (the dropped
     rows' forward then never happens; counted as run, an overcount of (N-K) head forwards). With the softmax
-    cached by the scoring pass, the K kept rows get gradients and nothing is recomputed."""
+    cached by the scoring pass, the gradient matmuls run over all N rows (the dropped ones zeroed) and nothing
+    is recomputed."""
     if cached_probs and scored:
-        return float(k), 0.0
+        return float(n), 0.0
     if wants_grads_in_pass(k / n):
         return float(n), 2.0 * (n - k)
     return float(k), float(k) if scored else 0.0
@@ -135,14 +139,14 @@ def head_pass(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                 lse[s:e] = torch.logsumexp(z, dim=-1)
             else:  # one exp pass serves lse, entropy and the softmax
                 m = z.amax(dim=-1, keepdim=True)
-                p = torch.sub(z, m).exp_()  # unnormalised softmax, one (chunk, V) buffer
+                # unnormalised softmax, written straight into the kept buffer or into one (chunk, V) temporary
+                p = torch.sub(z, m, out=probs[s:e]) if probs is not None else torch.sub(z, m)
+                p.exp_()
                 total = p.sum(-1)
                 lse[s:e] = m.squeeze(1) + total.log()
-                if need_entropy:
-                    ent[s:e] = lse[s:e] - torch.mul(z, p, out=z).sum(-1) / total  # z is not needed after this
+                if need_entropy:  # sum_v p_v z_v as a batched dot product: no (chunk, V) product is written
+                    ent[s:e] = lse[s:e] - torch.bmm(p.unsqueeze(1), z.unsqueeze(2)).view(-1) / total
                 p.div_(total[:, None])
-                if probs is not None:
-                    probs[s:e] = p
                 if grads is not None:
                     p.scatter_add_(1, y, torch.full_like(y, -1.0, dtype=p.dtype))  # dz = p - onehot(y)
                     grads.add(slice(s, e), p, h, w)
@@ -199,20 +203,21 @@ def _kept_grads(hidden, weight, targets, index, pre: TokenStats, chunk_size: int
 
 @torch.no_grad()
 def _grads_from_probs(hidden, weight, targets, index, probs, chunk_size: int):
-    """Gradients of sum_{kept} loss from the pass's cached softmax: dz = p - onehot(y) for the kept rows, then
-    the two gradient matmuls on those rows only (2ku)."""
+    """Gradients of sum_{kept} loss from the pass's cached softmax, in place: the dropped rows are zeroed and
+    onehot(y) is subtracted from the kept ones (dz, without a copy), then the two gradient matmuls run chunk by
+    chunk over the buffer. A zero row contributes exactly zero to both gradients."""
     n, cdt = hidden.shape[0], _compute_dtype(hidden)
     rows = torch.arange(n, device=hidden.device) if index is None else index
+    if index is not None and index.numel() < n:
+        probs.index_fill_(0, _dropped_rows(n, index), 0.0)
+    probs.index_put_((rows, targets[rows]), torch.full((rows.numel(),), -1.0, device=probs.device),
+                     accumulate=True)
     with _no_autocast(hidden):
         h_all, w = hidden.to(cdt), weight.to(cdt)
-        grads = _Grads(rows.numel(), weight, hidden.dtype)
-        for s, e in _chunks(rows.numel(), chunk_size):
-            r = rows[s:e]
-            dz = probs[r]
-            dz.scatter_add_(1, targets[r, None], torch.full((e - s, 1), -1.0, device=dz.device))
-            grads.add(slice(s, e), dz, h_all[r], w)
-    gh = grads.hidden if index is None else torch.zeros_like(hidden).index_copy_(0, index, grads.hidden)
-    return gh, grads.weight
+        grads = _Grads(n, weight, hidden.dtype)
+        for s, e in _chunks(n, chunk_size):
+            grads.add(slice(s, e), probs[s:e], h_all[s:e], w)
+    return grads.hidden, grads.weight
 
 
 def fused_ce_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, index: torch.Tensor | None,

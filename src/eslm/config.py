@@ -71,7 +71,7 @@ class TrainSection:
     compile: bool = _f(False, "torch.compile the model")
     loss_impl: str = _f("fused", "fused (chunked, head backward only for kept tokens) | naive (full logits, the oracle)")
     loss_chunk_size: int = _f(1024, "tokens per chunk in the fused loss")
-    loss_cache_probs: bool = _f(True, "fused loss with selection scores: keep the scoring pass's softmax (one tokens x vocab fp32 buffer per micro-batch) so the kept tokens' gradients need no second logits matmul (fastest); false: no such buffer (least memory)")
+    loss_cache_probs: bool = _f(True, "fused loss with selection scores: keep the scoring pass's softmax (one tokens x vocab fp32 buffer per micro-batch) so the gradients need no second logits matmul (fastest measured); false: no such buffer, recompute instead")
     normalize: str = _f("paper", "paper (mean over kept tokens per micro-batch / accum steps) | global (sum / kept tokens of the whole step, all ranks)")
     num_threads: int = _f(0, "torch CPU threads; 0 = torch's default (torchrun sets 1 per process)")
 

@@ -101,7 +101,7 @@ def main(argv=None) -> int:
         return 0
     if a.device == "cpu":
         print("measuring peak step memory in a child process ...", flush=True)
-        peaks = cpu_peaks_in_child(list(argv if argv is not None else sys.argv[1:]))
+        peaks = cpu_peaks_in_child(list(argv if argv is not None else sys.argv[1:]), rounds=min(2, a.steps))
         for v in vs:
             v.peaks = [peaks[v.label]] if v.label in peaks else []
     overhead = selection_overhead(bench, a.alphas, a.chunk, reps=max(3, a.steps))

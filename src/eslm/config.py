@@ -56,11 +56,11 @@ class DataSection:
 class TrainSection:
     micro_batch_size_seqs: int = _f(8, "sequences per rank per micro-step (the paper: 12 for 124M/350M, 8 for 774M)")
     grad_accum_steps: int = _f(1, "micro-steps per optimizer step (the paper: 40)")
-    max_steps: int = _f(300, "optimizer steps to run")
+    max_steps: int = _f(240, "optimizer steps to run (default sized for about 4 minutes on 2 CPU cores)")
     max_flops: float = _f(0.0, "stop once the flops.budget_counter counter reaches this (0 = no FLOPs budget)")
     lr: float = _f(2e-3, "max learning rate (default sized for the small CPU run; the paper: 6e-4, configs/paper/base.yaml)")
     min_lr: float = _f(2e-4, "learning rate at the end of the cosine decay (the paper: 6e-5)")
-    warmup_steps: int = _f(30, "linear warmup steps (default sized for the 300-step CPU run; the paper: 2000)")
+    warmup_steps: int = _f(30, "linear warmup steps (default sized for the 240-step CPU run; the paper: 2000)")
     lr_decay_steps: int = _f(0, "cosine decay length in steps; 0 = max_steps (the paper: 200k SlimPajama, 600k OWT)")
     weight_decay: float = _f(0.1, "AdamW weight decay on tensors with 2+ dimensions only")
     beta1: float = _f(0.9, "AdamW beta1")
@@ -105,7 +105,7 @@ class MethodSection:
 @dataclass(frozen=True)
 class EvalSection:
     interval: int = _f(100, "optimizer steps between validation evaluations (0 = only at the end)")
-    tokens_per_domain: int = _f(32768, "fixed validation budget per domain, tokens")
+    tokens_per_domain: int = _f(8192, "fixed validation budget per domain, tokens (the paper: 1638400, configs/paper/base.yaml)")
     batch_size_seqs: int = _f(8, "validation sequences per forward")
 
 

@@ -45,8 +45,19 @@ def cpu_peaks_in_child(argv: list[str], rounds: int = 2) -> dict[str, float]:
     return peaks
 
 
-def dump_peaks(path: str, variants: list) -> None:
-    Path(path).write_text(json.dumps({v.label: max(v.peaks) for v in variants if v.peaks}))
+def run_and_measure(bench: "Bench", variants: list, args, argv) -> bool:
+    """Time the variants round-robin; on CPU then measure their peak memory in a child process. In that child
+    (``args.memory_only`` set) write the peaks and return False: the caller stops there."""
+    bench.run(variants, warmup=args.warmup, steps=args.steps, log=lambda m: print(m, flush=True))
+    if args.memory_only:
+        Path(args.memory_only).write_text(json.dumps({v.label: max(v.peaks) for v in variants if v.peaks}))
+        return False
+    if bench.device.type == "cpu":
+        print("measuring peak step memory in a child process ...", flush=True)
+        peaks = cpu_peaks_in_child(list(argv if argv is not None else sys.argv[1:]), rounds=min(2, args.steps))
+        for v in variants:
+            v.peaks = [peaks[v.label]] if v.label in peaks else []
+    return True
 
 
 # ----------------------------------------------------------------------------------------------- memory probes

@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from harness import (Bench, Variant, cpu_peaks_in_child, dump_peaks, environment, fmt_mb,  # noqa: E402
-                     fmt_ratio, median, write_results)
+from harness import (Bench, Variant, environment, fmt_mb, fmt_ratio, median, run_and_measure,  # noqa: E402
+                     write_results)
 
 
 def variants(alphas: list[float], chunk: int) -> list[Variant]:
@@ -95,15 +95,8 @@ def main(argv=None) -> int:
     print(f"loss-path benchmark: {a.preset}, {a.micro_batch}x{a.seq_len} = {tokens} tokens/step, {a.device} "
           f"{a.dtype}, {torch.get_num_threads()} threads, {len(vs)} variants x ({a.warmup} warm-up + {a.steps}) "
           f"rounds", flush=True)
-    bench.run(vs, warmup=a.warmup, steps=a.steps, log=lambda m: print(m, flush=True))
-    if a.memory_only:
-        dump_peaks(a.memory_only, vs)
-        return 0
-    if a.device == "cpu":
-        print("measuring peak step memory in a child process ...", flush=True)
-        peaks = cpu_peaks_in_child(list(argv if argv is not None else sys.argv[1:]), rounds=min(2, a.steps))
-        for v in vs:
-            v.peaks = [peaks[v.label]] if v.label in peaks else []
+    if not run_and_measure(bench, vs, a, argv):
+        return 0  # the memory child's work is done
     overhead = selection_overhead(bench, a.alphas, a.chunk, reps=max(3, a.steps))
 
     by = {v.label: v for v in vs}

@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from harness import (Bench, Variant, cpu_peaks_in_child, dump_peaks, environment, fmt_mb,  # noqa: E402
-                     fmt_ratio, median, write_results)
+from harness import (Bench, Variant, environment, fmt_mb, fmt_ratio, median, run_and_measure,  # noqa: E402
+                     write_results)
 
 
 class RandomLoader:
@@ -83,15 +83,8 @@ def main(argv=None) -> int:
     print(f"methods benchmark: {a.preset}, {a.micro_batch}x{a.seq_len} tokens/micro-step, {a.device} {a.dtype}, "
           f"{torch.get_num_threads()} threads, {len(vs)} variants x ({a.warmup} warm-up + {a.steps}) rounds",
           flush=True)
-    bench.run(vs, warmup=a.warmup, steps=a.steps, log=lambda m: print(m, flush=True))
-    if a.memory_only:
-        dump_peaks(a.memory_only, vs)
-        return 0
-    if a.device == "cpu":
-        print("measuring peak step memory in a child process ...", flush=True)
-        peaks = cpu_peaks_in_child(list(argv if argv is not None else sys.argv[1:]), rounds=min(2, a.steps))
-        for v in vs:
-            v.peaks = [peaks[v.label]] if v.label in peaks else []
+    if not run_and_measure(bench, vs, a, argv):
+        return 0  # the memory child's work is done
 
     by = {v.label: v for v in vs}
     clm = by["clm"]

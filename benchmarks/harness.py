@@ -215,12 +215,15 @@ def environment(bench: Bench) -> dict:
     return env
 
 
-def write_results(name: str, payload: dict, markdown: str) -> tuple[Path, Path]:
+def write_results(name: str, payload: dict, md_lines: list[str]) -> None:
+    """Print the markdown table and write results/<name>.json and results/<name>.md."""
+    text = "\n".join(md_lines) + "\n"
+    print("\n" + text)
     RESULTS.mkdir(parents=True, exist_ok=True)
     jp, mp = RESULTS / f"{name}.json", RESULTS / f"{name}.md"
     jp.write_text(json.dumps(payload, indent=2) + "\n")
-    mp.write_text(markdown)
-    return jp, mp
+    mp.write_text(text)
+    print(f"wrote {jp} and {mp}")
 
 
 def fmt_mb(b: float | None) -> str:

@@ -138,10 +138,7 @@ def main(argv=None) -> int:
     for alpha, o in overhead.items():
         md.append(f"| {alpha} | {o['route']} | {o['entropy_s']:.4f} | {o['select_s']:.4f} | "
                   f"{100 * o['fraction_of_clm_fused_step']:.2f}% |")
-    text = "\n".join(md) + "\n"
-    print("\n" + text)
-    jp, mp = write_results(name, payload, text)
-    print(f"wrote {jp} and {mp}")
+    write_results(name, payload, md)
     return 0
 
 

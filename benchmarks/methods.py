@@ -103,10 +103,7 @@ def main(argv=None) -> int:
     for r in rows:
         md.append(f"| {r['method']} | {r['kept_frac']:.3f} | {r['step_s']:.3f} | {fmt_ratio(r['time_vs_clm'])} | "
                   f"{fmt_mb(r['peak_bytes'])} | {fmt_ratio(r['mem_vs_clm'])} |")
-    text = "\n".join(md) + "\n"
-    print("\n" + text)
-    jp, mp = write_results(name, payload, text)
-    print(f"wrote {jp} and {mp}")
+    write_results(name, payload, md)
     tmp.cleanup()
     return 0
 

@@ -50,3 +50,16 @@ def tiny_overrides(data_dir: Path, run_dir: Path, **extra) -> list[str]:
     }
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]
+
+
+def torchrun(args, timeout=300) -> str:
+    """Run ``python -m torch.distributed.run --standalone --nproc_per_node 2 ARGS`` (gloo, 1 thread per
+    process, a free port chosen by torchrun); fail the test with the output's tail if it fails."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out.stdout

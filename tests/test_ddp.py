@@ -8,22 +8,14 @@ import textwrap
 import pytest
 import torch
 
-from conftest import tiny_overrides
+from conftest import tiny_overrides, torchrun
 from eslm import metrics as M
 from eslm.train.run_dir import read_metrics
 
 
-def _torchrun(args, timeout=300):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    return out.stdout
-
-
 @pytest.mark.slow
 def test_two_process_gloo_training(tiny_data, tmp_path):
-    out = _torchrun(["-m", "eslm.cli", "train", *tiny_overrides(tiny_data, tmp_path, **{"train.max_steps": 3})])
+    out = torchrun(["-m", "eslm.cli", "train", *tiny_overrides(tiny_data, tmp_path, **{"train.max_steps": 3})])
     assert out.count("step 3/3") == 1  # rank 0 logs alone
     lines = read_metrics(tmp_path / "t", "train")
     assert lines[-1][M.TOKENS_SEEN] == 3 * 4 * 32 * 2 * 2  # steps x seqs x len x micro-steps x ranks
@@ -74,7 +66,7 @@ def test_global_normalisation_same_gradient_1x4_and_2x2(tmp_path, scope):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     r = subprocess.run([sys.executable, str(script), str(one), scope], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
-    _torchrun([str(script), str(two), scope])
+    torchrun([str(script), str(two), scope])
     g1, g2 = torch.load(one), torch.load(two)
     for name in g1:
         torch.testing.assert_close(g1[name], g2[name], rtol=1e-5, atol=1e-7, msg=name)

@@ -7,15 +7,12 @@ gradients of the selective step itself (micro and step scope, naive and fused lo
 are compared with DDP's at fixed weights, in the same launch as the DDP run (launches are the cost).
 """
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
-from conftest import tiny_overrides
+from conftest import tiny_overrides, torchrun
 from eslm import metrics as M
 from eslm.train.run_dir import read_metrics
 
@@ -63,16 +60,8 @@ DDP_SCRIPT = textwrap.dedent('''
 ''')
 
 
-def _torchrun(args, timeout=300):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    return out.stdout
-
-
 def _train(data, out_dir, *extra, **over):
-    return _torchrun(["-m", "eslm.cli", "train", *tiny_overrides(data, out_dir, **{**COMMON, **over}), *extra])
+    return torchrun(["-m", "eslm.cli", "train", *tiny_overrides(data, out_dir, **{**COMMON, **over}), *extra])
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +71,7 @@ def runs(tiny_data, tmp_path_factory):
     resumed = _train(tiny_data, root / "fsdp", "distributed.fsdp=true", "--resume")
     script = root / "ddp.py"
     script.write_text(DDP_SCRIPT)
-    ddp = _torchrun([str(script), *tiny_overrides(tiny_data, root / "ddp", **COMMON)])
+    ddp = torchrun([str(script), *tiny_overrides(tiny_data, root / "ddp", **COMMON)])
     return {"fsdp": root / "fsdp" / "t", "ddp": root / "ddp" / "t", "first": first, "resumed": resumed,
             "ddp_out": ddp}
 

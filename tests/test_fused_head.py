@@ -106,7 +106,7 @@ def test_ce_sum_values_and_grads(dtype, keep, route, n, c, v, chunk):
     total, per_token = fused_ce_sum(hf, wf, y, index, pre=pre, chunk_size=chunk)
     total.mul(0.37).backward()
     assert total.dtype == torch.float32 and total.dim() == 0 and not per_token.requires_grad
-    assert pre is None or (pre.probs is None and pre.grad_weight is None)  # large buffers released once used
+    assert pre is None or (pre.probs is None and pre.grad_weight is None and pre.softmax_w is None)  # released
     torch.testing.assert_close(per_token, ref.detach(), **TOL[dtype])
     torch.testing.assert_close(total, ref.detach().sum(), **TOL[dtype])
     assert hf.grad.dtype == dtype and wf.grad.dtype == dtype
@@ -116,6 +116,21 @@ def test_ce_sum_values_and_grads(dtype, keep, route, n, c, v, chunk):
         dropped = torch.ones(n, dtype=torch.bool)
         dropped[index] = False
         assert torch.all(hf.grad[dropped] == 0)  # exactly zero, not merely small
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("route", ["grads_in_pass", "cached_probs", "scores_only"])
+@pytest.mark.parametrize("n,c,v,chunk", [(45, 24, 131, 16), (7, 8, 1031, 3)])
+def test_every_route_gives_the_naive_scores(dtype, route, n, c, v, chunk):
+    """The entropy has a different formula per route (batched dot with the logits, or h . (p W) in fp32 when
+    the pass forms p W anyway): every route must give the oracle's loss, entropy and lse."""
+    h0, w0, y = _inputs(n, c, v, dtype, seed=7)
+    ref = naive_token_stats(h0.float(), w0.float(), y)
+    got = head_pass(h0, w0, y, need_entropy=True, chunk_size=chunk, with_grads=route == "grads_in_pass",
+                    keep_probs=route == "cached_probs")
+    for name in ("loss", "entropy", "lse"):
+        torch.testing.assert_close(getattr(got, name), getattr(ref, name), **TOL[dtype], msg=name)
+    assert (got.softmax_w is not None) == (route == "cached_probs" and dtype == torch.float32)
 
 
 def test_head_pass_grads_equal_autograd_of_the_summed_loss():

@@ -38,6 +38,7 @@ class TokenStats:
     grad_hidden: torch.Tensor | None = None
     grad_weight: torch.Tensor | None = None
     probs: torch.Tensor | None = None  # (N, V) fp32 softmax, when the pass was asked to keep it
+    softmax_w: torch.Tensor | None = None  # (N, C) probs @ weight, when the pass formed it (fp32)
 
 
 def naive_token_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,

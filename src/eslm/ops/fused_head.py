@@ -19,9 +19,10 @@ so scores, loss and gradients together cost 3u — what plain training's head co
 
 **The selected loss** (``fused_ce_sum``) returns sum_{i in kept} loss_i with its gradient, by one of two routes:
 
-* the pass kept its softmax (``keep_probs``): zero the dropped rows, subtract onehot(y) in place, and run the
-  two gradient matmuls over the buffer: 1u + 2u, no (N, V) copy (the default when selection scores are needed;
-  one (N, V) fp32 buffer);
+* the pass kept its softmax P (``keep_probs``): G_h = P W - W[y] and G_W = P^T H_m - scatter_y(H_m), with the
+  dropped rows zeroed in G_h and in H_m (an (N, C) copy of the hidden states); P is only read, and in fp32 each
+  is one matmul over the whole buffer: 1u + 2u (the default when selection scores are needed; one (N, V) fp32
+  buffer). P W also gives the entropy: sum_v p_v z_v = h . (p W);
 * the pass already holds all-row gradients (most tokens kept): the kept rows' gradient is G_h with the dropped
   rows zeroed, and G_W minus the dropped rows' share, recomputed for the N-K dropped rows only: 3u + 2(1-k)u;
 * otherwise (few tokens kept, or no pass ran): logits, dz and both gradient matmuls for the K kept rows only,
@@ -95,6 +96,19 @@ def _logits(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (h @ w.t()).float()
 
 
+def _logits_into(h: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The fp32 logits of the rows h written into ``out`` (c, V): no new (c, V) block per chunk (on CPU a fresh
+    block of that size is a fresh mmap, whose page faults cost about as much as the softmax itself)."""
+    if h.dtype == torch.float32:
+        return torch.mm(h, w.t(), out=out)
+    return out.copy_(h @ w.t())
+
+
+def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """sum_j a_ij b_ij in fp32, (n, C) x (n, C) -> (n,)."""
+    return torch.bmm(a.float().unsqueeze(1), b.float().unsqueeze(2)).view(-1)
+
+
 class _Grads:
     """fp32/compute-dtype accumulators of the head gradients, filled chunk by chunk."""
 
@@ -102,15 +116,20 @@ class _Grads:
         self.hidden = torch.empty(n, weight.shape[1], dtype=h_dtype, device=weight.device) if hidden else None
         self.weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
 
-    def add(self, rows: slice, dz: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> None:
-        """dz (c, V) fp32 logit gradients of the rows h (c, C); w the compute-dtype weight."""
+    def add(self, rows: slice, dz: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
+        """dz (c, V) fp32 logit gradients of the rows h (c, C); w the compute-dtype weight. Returns the rows'
+        hidden-state gradient dz W (None without a hidden accumulator)."""
         dzc = dz.to(w.dtype)
         if self.hidden is not None:
-            self.hidden[rows] = dzc @ w
+            if self.hidden.dtype == w.dtype:
+                torch.mm(dzc, w, out=self.hidden[rows])
+            else:
+                self.hidden[rows] = dzc @ w
         if w.dtype == torch.float32:
             self.weight.addmm_(dzc.t(), h)
         else:
             self.weight += (dzc.t() @ h).float()
+        return None if self.hidden is None else self.hidden[rows]
 
 
 @torch.no_grad()
@@ -120,39 +139,59 @@ def head_pass(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
     """Detached fp32 per-token loss, entropy (if asked) and lse. With ``with_grads`` also the all-row
     cross-entropy gradients of sum_i loss_i: ``grad_hidden`` (N, C) (unless ``grad_hidden`` is False) and
     ``grad_weight`` (V, C) fp32. With ``keep_probs`` also ``probs``, the (N, V) fp32 softmax, so that the kept
-    rows' gradients later need no second logits matmul."""
-    n = hidden.shape[0]
+    rows' gradients later need no second logits matmul.
+
+    Entropy. sum_v p_v z_v = h . (p W), since z_v = h . w_v. When the matmuls run in fp32 and p W is formed anyway
+    (the hidden-state gradient in the pass is (p - onehot(y)) W; with ``keep_probs`` it is formed once over the
+    whole buffer and returned as ``softmax_w``), the entropy costs an (N, C) row dot and the softmax is
+    computed in place over the logits. Otherwise (bf16 matmuls, or no gradients) the logits stay alongside the
+    softmax for one fp32 batched dot per chunk."""
+    n, vocab = hidden.shape[0], weight.shape[0]
     cdt = _compute_dtype(hidden)
-    loss = torch.empty(n, dtype=torch.float32, device=hidden.device)
+    dev = hidden.device
+    fp32 = cdt == torch.float32
+    ent_from_w = need_entropy and fp32 and ((with_grads and grad_hidden) or keep_probs)
+    keep_z = need_entropy and not ent_from_w  # the logits must survive the exp
+    loss = torch.empty(n, dtype=torch.float32, device=dev)
     lse = torch.empty_like(loss)
     ent = torch.empty_like(loss) if need_entropy else None
-    probs = torch.empty(n, weight.shape[0], dtype=torch.float32, device=hidden.device) if keep_probs else None
+    probs = torch.empty(n, vocab, dtype=torch.float32, device=dev) if keep_probs else None
+    rows = min(chunk_size, n)
+    z_buf = torch.empty(rows, vocab, dtype=torch.float32, device=dev) if (keep_z or not keep_probs) else None
+    p_buf = torch.empty_like(z_buf) if (keep_z and not keep_probs) else None
     with _no_autocast(hidden):
         h_all, w = hidden.to(cdt), weight.to(cdt)
         grads = _Grads(n, weight, hidden.dtype, grad_hidden) if with_grads else None
         for s, e in _chunks(n, chunk_size):
             h = h_all[s:e]
-            z = _logits(h, w)
+            z = _logits_into(h, w, z_buf[: e - s] if z_buf is not None else probs[s:e])
             y = targets[s:e, None]
             z_y = z.gather(1, y).squeeze(1)
             if not (need_entropy or with_grads or keep_probs):
                 lse[s:e] = torch.logsumexp(z, dim=-1)
-            else:  # one exp pass serves lse, entropy and the softmax
-                m = z.amax(dim=-1, keepdim=True)
-                # unnormalised softmax, written straight into the kept buffer or into one (chunk, V) temporary
-                p = torch.sub(z, m, out=probs[s:e]) if probs is not None else torch.sub(z, m)
-                p.exp_()
-                total = p.sum(-1)
-                lse[s:e] = m.squeeze(1) + total.log()
-                if need_entropy:  # sum_v p_v z_v as a batched dot product: no (chunk, V) product is written
-                    ent[s:e] = lse[s:e] - torch.bmm(p.unsqueeze(1), z.unsqueeze(2)).view(-1) / total
-                p.div_(total[:, None])
-                if grads is not None:
-                    p.scatter_add_(1, y, torch.full_like(y, -1.0, dtype=p.dtype))  # dz = p - onehot(y)
-                    grads.add(slice(s, e), p, h, w)
-            loss[s:e] = lse[s:e] - z_y
+                loss[s:e] = lse[s:e] - z_y
+                continue
+            # one exp pass serves lse, entropy and the softmax: in place over the logits unless they are needed
+            m = z.amax(dim=-1, keepdim=True)
+            p = probs[s:e] if probs is not None else (p_buf[: e - s] if p_buf is not None else z)
+            torch.sub(z, m, out=p).exp_()
+            total = p.sum(-1)
+            lse_c = m.squeeze(1) + total.log()
+            lse[s:e], loss[s:e] = lse_c, lse_c - z_y
+            if keep_z:  # sum_v p_v z_v as a batched dot product: no (chunk, V) product is written
+                ent[s:e] = lse_c - torch.bmm(p.unsqueeze(1), z.unsqueeze(2)).view(-1) / total
+            p.div_(total[:, None])
+            if grads is not None:
+                p.scatter_add_(1, y, torch.full_like(y, -1.0, dtype=p.dtype))  # dz = p - onehot(y)
+                g_h = grads.add(slice(s, e), p, h, w)
+                if ent_from_w:  # h . (p - onehot) W + z_y = sum_v p_v z_v
+                    ent[s:e] = lse_c - (_rowdot(h, g_h) + z_y)
+        softmax_w = None
+        if keep_probs and ent_from_w:  # one (N, V) x (V, C) matmul over the whole buffer
+            softmax_w = torch.mm(probs, w)
+            ent.copy_(lse - _rowdot(h_all, softmax_w))
     if grads is None:
-        return TokenStats(loss=loss, entropy=ent, lse=lse, probs=probs)
+        return TokenStats(loss=loss, entropy=ent, lse=lse, probs=probs, softmax_w=softmax_w)
     return TokenStats(loss=loss, entropy=ent, lse=lse, grad_hidden=grads.hidden, grad_weight=grads.weight,
                       probs=probs)
 
@@ -202,22 +241,34 @@ def _kept_grads(hidden, weight, targets, index, pre: TokenStats, chunk_size: int
 
 
 @torch.no_grad()
-def _grads_from_probs(hidden, weight, targets, index, probs, chunk_size: int):
-    """Gradients of sum_{kept} loss from the pass's cached softmax, in place: the dropped rows are zeroed and
-    onehot(y) is subtracted from the kept ones (dz, without a copy), then the two gradient matmuls run chunk by
-    chunk over the buffer. A zero row contributes exactly zero to both gradients."""
+def _grads_from_probs(hidden, weight, targets, index, probs, chunk_size: int, softmax_w=None):
+    """Gradients of sum_{kept} loss from the pass's cached softmax P, which is read, never written:
+
+        G_h = (P W - W[y]) with the dropped rows zeroed,      G_W = P^T H_m - scatter_y(H_m),
+
+    where H_m is the hidden states with the dropped rows zeroed (an (N, C) copy, not (N, V)): a dropped row
+    contributes exactly zero to both. P W is the pass's ``softmax_w`` when it formed it (fp32), else it is
+    formed here. In fp32 each is one matmul over the whole buffer; in lower precision, chunk by chunk."""
     n, cdt = hidden.shape[0], _compute_dtype(hidden)
-    rows = torch.arange(n, device=hidden.device) if index is None else index
-    if index is not None and index.numel() < n:
-        probs.index_fill_(0, _dropped_rows(n, index), 0.0)
-    probs.index_put_((rows, targets[rows]), torch.full((rows.numel(),), -1.0, device=probs.device),
-                     accumulate=True)
+    dropped = _dropped_rows(n, index) if index is not None and index.numel() < n else None
     with _no_autocast(hidden):
         h_all, w = hidden.to(cdt), weight.to(cdt)
-        grads = _Grads(n, weight, hidden.dtype)
-        for s, e in _chunks(n, chunk_size):
-            grads.add(slice(s, e), probs[s:e], h_all[s:e], w)
-    return grads.hidden, grads.weight
+        h_m = h_all if dropped is None else h_all.clone().index_fill_(0, dropped, 0.0)
+        if cdt == torch.float32:
+            pw = softmax_w if softmax_w is not None else torch.mm(probs, w)
+            gw = torch.mm(probs.t(), h_m)
+        else:
+            pw = torch.empty(n, w.shape[1], dtype=cdt, device=w.device)
+            gw = torch.zeros(weight.shape, dtype=torch.float32, device=w.device)
+            for s, e in _chunks(n, chunk_size):
+                pc = probs[s:e].to(cdt)
+                pw[s:e] = pc @ w
+                gw += (pc.t() @ h_m[s:e]).float()
+        gh = pw.sub_(w[targets])
+        if dropped is not None:
+            gh.index_fill_(0, dropped, 0.0)
+        gw.index_add_(0, targets, h_m.float(), alpha=-1.0)
+    return gh.to(hidden.dtype), gw
 
 
 def fused_ce_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, index: torch.Tensor | None,
@@ -230,7 +281,7 @@ def fused_ce_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tens
     if pre is not None and pre.grad_weight is not None:
         gh, gw = _kept_grads(h_in, w_in, targets, index, pre, chunk_size)
     elif pre is not None and pre.probs is not None:
-        gh, gw = _grads_from_probs(h_in, w_in, targets, index, pre.probs, chunk_size)
+        gh, gw = _grads_from_probs(h_in, w_in, targets, index, pre.probs, chunk_size, pre.softmax_w)
     else:
         rows = h_in if index is None else h_in[index]
         part = head_pass(rows, w_in, targets if index is None else targets[index], need_entropy=False,
@@ -239,7 +290,7 @@ def fused_ce_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tens
         gh = part.grad_hidden if index is None else torch.zeros_like(h_in).index_copy_(0, index, part.grad_hidden)
     if pre is not None:
         per_token = pre.loss if index is None else pre.loss[index]
-        pre.grad_hidden = pre.grad_weight = pre.probs = None  # large buffers: free them as soon as they are used
+        pre.grad_hidden = pre.grad_weight = pre.probs = pre.softmax_w = None  # large buffers: free them as soon as they are used
     value = per_token.sum()
     return _PrecomputedGrad.apply(hidden, weight, value, gh, gw.to(weight.dtype)), per_token
 

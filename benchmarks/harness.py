@@ -26,7 +26,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as the eslm command line does (src/eslm/cli.py)
+
+import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results"

@@ -31,13 +31,14 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as the eslm command line d
 import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
-RESULTS = ROOT / "results"
+RESULTS = Path(os.environ.get("ESLM_BENCH_RESULTS", ROOT / "results"))  # the env var: for the smoke tests
 _MALLOC_ENV = "MALLOC_MMAP_THRESHOLD_"
 
 
 def cpu_peaks_in_child(argv: list[str], rounds: int = 2) -> dict[str, float]:
     """Run this script again as a child with glibc's mmap threshold pinned and ``--memory-only``; returns each
-    variant's peak step memory (bytes, the max over ``rounds`` rounds after one warm-up)."""
+    variant's peak step memory (bytes, the max over ``rounds`` rounds after one warm-up; a step's allocations
+    do not depend on the round, so one is enough)."""
     out = RESULTS / ".peaks.json"
     env = {**os.environ, _MALLOC_ENV: "65536"}
     subprocess.run([sys.executable, sys.argv[0], *argv, "--memory-only", str(out), "--steps", str(rounds)],
@@ -56,7 +57,7 @@ def run_and_measure(bench: "Bench", variants: list, args, argv) -> bool:
         return False
     if bench.device.type == "cpu":
         print("measuring peak step memory in a child process ...", flush=True)
-        peaks = cpu_peaks_in_child(list(argv if argv is not None else sys.argv[1:]), rounds=min(2, args.steps))
+        peaks = cpu_peaks_in_child(list(argv if argv is not None else sys.argv[1:]), rounds=1)
         for v in variants:
             v.peaks = [peaks[v.label]] if v.label in peaks else []
     return True

@@ -1,0 +1,38 @@
+"""Smoke tests of the benchmark scripts on the tiny preset: they run end to end, measure every variant the issue
+asks for, and write ratios against the baselines measured in the same run. (Their timings are not tested.)"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(script: str, args: list[str], out: Path) -> dict:
+    env = {**os.environ, "ESLM_BENCH_RESULTS": str(out)}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args, "--name", "smoke"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert (out / "smoke.md").exists()
+    return json.loads((out / "smoke.json").read_text())
+
+
+def test_loss_path_benchmark_measures_every_variant(tmp_path):
+    res = _run("loss_path.py", ["--preset", "tiny", "--seq-len", "16", "--micro-batch", "2", "--steps", "1",
+                                "--alphas", "0.1", "0.5"], tmp_path)
+    rows = {r["variant"]: r for r in res["rows"]}
+    for a in (0.1, 0.5):
+        for v in ("eslm-entropy-naive", "eslm-entropy-fused", "eslm-loss-fused"):
+            assert f"{v}@{a}" in rows
+        assert rows[f"eslm-entropy-fused@{a}"]["kept_frac"] == pytest.approx(1 - a, abs=1 / 32)
+    assert rows["clm-naive"]["time_vs_clm_naive"] == 1.0 and rows["clm-fused"]["time_vs_clm_fused"] == 1.0
+    for r in rows.values():
+        assert r["step_s"] > 0
+        if sys.platform == "linux":
+            assert r["peak_bytes"] and r["peak_bytes"] > 0 and r["mem_vs_naive_twin"] > 0
+    for o in res["selection_overhead"].values():
+        assert o["select_s"] > 0 and o["entropy_s"] >= 0 and o["fraction_of_clm_fused_step"] > 0

@@ -54,8 +54,9 @@ class CrossEntropy(Objective):
     """Next-token cross-entropy on the kept tokens (CLM, ESLM, Rho-1, GREATS).
 
     With the fused implementation the scoring pass and the loss share the work (``eslm.ops.fused_head``):
-    * scores needed and ``cache_probs``: the scoring pass keeps its softmax, which becomes the logit gradient in
-      place (dropped rows zeroed) for the two gradient matmuls (3u, no recompute; one (N, V) fp32 buffer);
+    * scores needed and ``cache_probs``: the scoring pass keeps its softmax P, and the kept rows' gradients are
+      formed from it with the dropped rows zeroed in the (N, C) factors (3u, no recompute; one (N, V) fp32
+      buffer);
     * every token kept (CLM), or most (k >= 0.8): the one pass over the vocabulary also forms the gradients, so
       the head costs what plain training's does (3u, plus 2(1-k)u to take the dropped rows out);
     * otherwise only the kept rows get logits and gradients (1u + 3ku after a scoring pass).

@@ -35,7 +35,7 @@ RESULTS = Path(os.environ.get("ESLM_BENCH_RESULTS", ROOT / "results"))  # the en
 _MALLOC_ENV = "MALLOC_MMAP_THRESHOLD_"
 
 
-def cpu_peaks_in_child(argv: list[str], rounds: int = 2) -> dict[str, float]:
+def cpu_peaks_in_child(argv: list[str], rounds: int = 1) -> dict[str, float]:
     """Run this script again as a child with glibc's mmap threshold pinned and ``--memory-only``; returns each
     variant's peak step memory (bytes, the max over ``rounds`` rounds after one warm-up; a step's allocations
     do not depend on the round, so one is enough)."""
@@ -57,7 +57,7 @@ def run_and_measure(bench: "Bench", variants: list, args, argv) -> bool:
         return False
     if bench.device.type == "cpu":
         print("measuring peak step memory in a child process ...", flush=True)
-        peaks = cpu_peaks_in_child(list(argv if argv is not None else sys.argv[1:]), rounds=1)
+        peaks = cpu_peaks_in_child(list(argv if argv is not None else sys.argv[1:]))
         for v in variants:
             v.peaks = [peaks[v.label]] if v.label in peaks else []
     return True

@@ -65,7 +65,8 @@ def selection_overhead(bench: Bench, alphas: list[float], chunk: int, reps: int)
             return stats.lse - _rowdot(h_c, stats.softmax_w)
     else:
         route = "batched dot with the logits, per chunk"
-        z = (hidden.to(_compute_dtype(hidden)) @ w.to(_compute_dtype(hidden)).t()).float()
+        cdt = _compute_dtype(hidden)
+        z = (hidden.to(cdt) @ w.to(cdt).t()).float()
 
         def entropy():
             return [torch.bmm(stats.probs[s:s + chunk].unsqueeze(1), z[s:s + chunk].unsqueeze(2))

@@ -290,7 +290,7 @@ def fused_ce_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tens
         gh = part.grad_hidden if index is None else torch.zeros_like(h_in).index_copy_(0, index, part.grad_hidden)
     if pre is not None:
         per_token = pre.loss if index is None else pre.loss[index]
-        pre.grad_hidden = pre.grad_weight = pre.probs = pre.softmax_w = None  # large buffers: free them as soon as they are used
+        pre.grad_hidden = pre.grad_weight = pre.probs = pre.softmax_w = None  # large buffers: free them once used
     value = per_token.sum()
     return _PrecomputedGrad.apply(hidden, weight, value, gh, gw.to(weight.dtype)), per_token
 

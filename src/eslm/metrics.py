@@ -17,7 +17,10 @@ LR = "lr"
 GRAD_NORM = "grad_norm"  # before clipping
 TOKENS_PER_S = "tokens_per_s"
 ELAPSED_S = "elapsed_s"  # wall-clock seconds of training since the run started (excludes eval), resumes included
-STEP_TIME_S = "step_time_s"
+CPU_S = "cpu_s"  # process CPU seconds (user + system, all threads) of training (excludes eval), resumes included
+STEP_TIME_S = "step_time_s"  # wall-clock seconds of the last optimizer step
+STEP_CPU_S = "step_cpu_s"  # process CPU seconds of the last optimizer step
+LOAD_AVG_1M = "load_avg_1m"  # the machine's 1-minute load average when the line was written (os.getloadavg)
 MFU = "mfu"  # model FLOPs utilisation (GPU only)
 
 FLOPS_PAPER = "flops_paper"  # cumulative, the paper's convention (backward scaled by kept fraction)

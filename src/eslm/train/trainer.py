@@ -79,7 +79,8 @@ class Trainer:
                                                 val_loader_factory=self._val_loader_factory))
         self.fm = FlopsModel.from_config(self.model_config, cfg.data.seq_len)
         self.flops = FlopsCounter(cfg.flops.count_per)
-        self.step, self.elapsed_s, self._preempted = 0, 0.0, False
+        self.step, self.elapsed_s, self.cpu_s, self._preempted = 0, 0.0, 0.0, False
+        self._load_samples: list[float] = []
         self.opts = StepOptions(accum_steps=t.grad_accum_steps, normalize=t.normalize, scope=cfg.method.scope,
                                 world_size=self.dist.world_size, loss_impl=t.loss_impl, chunk_size=t.loss_chunk_size,
                                 autocast=self._autocast())
@@ -191,6 +192,7 @@ class Trainer:
             (rd / "config.yaml").write_text(to_yaml(self.cfg))
             env = env_info(self.device, self.dist.world_size, self.cfg.run.seed)
             env["model_params_non_embedding"] = self.raw_model.num_params()
+            env["load_avg_at_start"] = _load_avg()
             (rd / "env.json").write_text(json.dumps(env, indent=2) + "\n")
             self.writer = MetricsWriter(rd, self.cfg.log.tensorboard)
 
@@ -214,6 +216,7 @@ class Trainer:
         self.flops.load_state_dict(state["flops"])
         ckpt.set_rng_state(state["rng"])
         self.step, self.elapsed_s = state["step"], state["elapsed_s"]
+        self.cpu_s = float(state.get("cpu_s", 0.0))  # checkpoints written before cpu_s existed: 0
         self._log(f"resumed from {path} at step {self.step}")
 
     def save(self) -> Path | None:
@@ -230,7 +233,8 @@ class Trainer:
                  "model_config": self.model_config.to_dict(), "tokenizer": self.dataset.tokenizer_name,
                  "step": self.step, "optimizer": optim_sd, "loader": self.loader.state_dict(),
                  "method": self.method.state_dict(), "flops": self.flops.state_dict(), "rng": ckpt.rng_state(),
-                 "elapsed_s": self.elapsed_s, "config": self.cfg.to_dict(), **self.flops.totals()}
+                 "elapsed_s": self.elapsed_s, "cpu_s": self.cpu_s, "config": self.cfg.to_dict(),
+                 **self.flops.totals()}
         return ckpt.save_checkpoint(self.run_dir / "checkpoints", state, keep_last=c.keep_last,
                                     milestones=tuple(c.milestones))
 
@@ -251,10 +255,13 @@ class Trainer:
                 if self._budget_reached():
                     stopped_by = "max_flops"
                     break
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 rec = self._train_one_step()
-                dt = time.perf_counter() - t0
+                self._sync_device()
+                dt, dc = time.perf_counter() - t0, time.process_time() - c0
                 self.elapsed_s += dt
+                self.cpu_s += dc
+                rec[M.STEP_CPU_S] = dc
                 window_tokens += rec[M.TOKENS_SEEN + "_step"]
                 if self.step % self.cfg.log.interval == 0 or self.step == t.max_steps:
                     now = time.perf_counter()
@@ -274,10 +281,13 @@ class Trainer:
             path = self.save()
             if path is not None:
                 self._log(f"saved {path}")
+            if self.dist.is_main:
+                self._record_load_in_env()
             if stopped_by != "preempted" and self.dist.is_main:
                 (self.run_dir / "result.json").write_text(json.dumps(
                     {"step": self.step, "stopped_by": stopped_by, "val_loss": last_val,
-                     "elapsed_s": self.elapsed_s, **self.flops.totals()}, indent=2) + "\n")
+                     "elapsed_s": self.elapsed_s, "cpu_s": self.cpu_s, "load_avg": self._load_summary(),
+                     **self.flops.totals()}, indent=2) + "\n")
         finally:
             if old_handler is not None:
                 signal.signal(signal.SIGTERM, old_handler)
@@ -285,6 +295,45 @@ class Trainer:
                 self.writer.close()
         self._log(f"done ({stopped_by}) at step {self.step}; run directory: {self.run_dir}")
         return RunResult(self.run_dir, self.step, last_val, stopped_by)
+
+    def _progress_fraction(self) -> tuple[float, str]:
+        """(fraction of the run done, the step total to show). Under a FLOPs budget that will bind before
+        train.max_steps, progress is measured against the budget and the total is the projected step count
+        (``~N``); otherwise against max_steps."""
+        t = self.cfg.train
+        by_steps = self.step / t.max_steps
+        if t.max_flops > 0:
+            by_flops = self.flops.totals()[self.cfg.flops.budget_counter] / t.max_flops
+            if by_flops > by_steps:
+                projected = math.ceil(self.step / by_flops) if by_flops > 0 else t.max_steps
+                return min(by_flops, 1.0), f"~{min(projected, t.max_steps)} ({100 * by_flops:.0f}% of the FLOPs budget)"
+        return by_steps, str(t.max_steps)
+
+    def _sync_device(self) -> None:
+        """On CUDA, wait for the step's kernels so that wall-clock per step is the step's real time."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _record_load_in_env(self) -> None:
+        """env.json gains the load average seen during this process's part of the run (one entry per
+        start or resume), so a report can tell runs taken on an idle machine from runs on a busy one."""
+        path = self.run_dir / "env.json"
+        summary = self._load_summary()
+        if summary is None or not path.is_file():
+            return
+        try:
+            env = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return
+        env.setdefault("load_avg_during_run", []).append({"until_step": self.step, **summary})
+        (self.run_dir / "env.json").write_text(json.dumps(env, indent=2) + "\n")
+
+    def _load_summary(self) -> dict | None:
+        """Mean and max of the 1-minute load average sampled at every log line of this process."""
+        s = self._load_samples
+        if not s:
+            return None
+        return {"mean_1m": sum(s) / len(s), "max_1m": max(s), "samples": len(s)}
 
     @property
     def global_batch_tokens(self) -> int:
@@ -343,7 +392,12 @@ class Trainer:
         rec.update(self._selection_metrics(res))
         rec[M.TOKENS_SEEN] = self.loader_tokens_seen()
         rec[M.ELAPSED_S] = self.elapsed_s
+        rec[M.CPU_S] = self.cpu_s
         rec[M.STEP_TIME_S] = dt
+        load = _load_avg()
+        if load is not None:
+            rec[M.LOAD_AVG_1M] = load[0]
+            self._load_samples.append(load[0])
         rec.update(self.flops.totals())
         mfu = self._mfu(rec[M.TOKENS_PER_S])
         if mfu is not None:
@@ -387,7 +441,7 @@ class Trainer:
         res = evaluate(self.raw_model, self.val, self.weights, impl=self.cfg.train.loss_impl,
                        chunk_size=self.cfg.train.loss_chunk_size, autocast=self._autocast())
         rec = {M.KIND: M.KIND_EVAL, M.STEP: self.step, M.TOKENS_SEEN: self.loader_tokens_seen(),
-               M.ELAPSED_S: self.elapsed_s, **self.flops.totals(), **res}
+               M.ELAPSED_S: self.elapsed_s, M.CPU_S: self.cpu_s, **self.flops.totals(), **res}
         if self.dist.is_main:
             self.writer.write(rec)
             doms = " ".join(f"{k.split('/', 1)[1]}={v:.3f}" for k, v in res.items() if "/" in k)
@@ -421,9 +475,9 @@ class Trainer:
             print(msg, flush=True)
 
     def _progress(self, rec: dict) -> None:
-        t = self.cfg.train
-        remaining = (t.max_steps - self.step) * (self.elapsed_s / max(self.step, 1))
-        parts = [f"step {self.step}/{t.max_steps}", f"loss {rec[M.TRAIN_LOSS]:.4f}", f"lr {rec[M.LR]:.2e}"]
+        done, total = self._progress_fraction()
+        remaining = self.elapsed_s * (1.0 - done) / max(done, 1e-12)
+        parts = [f"step {self.step}/{total}", f"loss {rec[M.TRAIN_LOSS]:.4f}", f"lr {rec[M.LR]:.2e}"]
         if M.ALPHA in rec:
             parts.append(f"kept {rec[M.KEPT_FRAC]:.3f} (alpha {rec[M.ALPHA]:.3f})")
         parts.append(f"{rec[M.TOKENS_PER_S] / 1e3:.1f}k tok/s")
@@ -445,6 +499,14 @@ def _parse_weights(spec: str):
         except ValueError:
             raise ConfigError(f"data.weights: expected domain=weight pairs, got {part!r}") from None
     return out
+
+
+def _load_avg() -> list[float] | None:
+    """The machine's (1, 5, 15)-minute load averages, or None where the OS has none."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (OSError, AttributeError):
+        return None
 
 
 def _fmt_time(s: float) -> str:

@@ -239,7 +239,7 @@ from eslm.train.trainer import Trainer  # noqa: E402
 # tiny_overrides: micro-batches of B = 4 rows of 32 tokens, 2 accumulation steps; alpha 0.1 -> budget 0.9:
 # floor scores 4 and keeps floor(3.6) = 3; pool scores ceil(4 / 0.9) = 5 and keeps 4. Validation rows: 2.
 POOL_ROWS = {"floor": (4, 3), "pool": (5, 4)}
-TIME_KEYS = {M.TOKENS_PER_S, M.ELAPSED_S, M.STEP_TIME_S, M.MFU}
+TIME_KEYS = set(M.TIMING_KEYS)
 
 
 def _greats_overrides(data, out, pool, **extra):

@@ -171,7 +171,7 @@ def test_errors_and_skips(runs, tmp_path):
         load_run(tmp_path / "nope")
     with pytest.raises(RunDirError, match="metrics.jsonl"):
         load_run(tmp_path)
-    with pytest.raises(ESLMError, match="target-loss"):
+    with pytest.raises(ESLMError, match="--target"):
         report.build_report([str(runs[0])], tmp_path / "x", target_loss=-1.0)
     empty = make_run(tmp_path, "noeval", "clm", 3, evals=False)
     with pytest.raises(ESLMError, match="at least one run with eval lines"):
@@ -247,3 +247,95 @@ def test_domain_final_panels_have_their_own_y_range(tmp_path):
     assert (tmp_path / "d.png").stat().st_size > 0
     (c0, c1), (d0, d1) = limits["code"], limits["docs"]
     assert c0 < 4.04 and 4.09 < c1 < 4.2 and d0 > 7.0 and d1 > 7.21
+
+
+# ---------------------------------------------------------------- statistics over seeds (issue 12)
+
+
+def _shift_run(d, dv: float, cpu_per_step: float | None = None):
+    """Add ``dv`` to every loss of a written run and, optionally, log cpu_s = cpu_per_step * step."""
+    lines = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+    for r in lines:
+        for k in list(r):
+            if k == M.VAL_LOSS or k.startswith(M.VAL_LOSS_DOMAIN_PREFIX) or k == M.TRAIN_LOSS:
+                r[k] += dv
+        if cpu_per_step is not None:
+            r[M.CPU_S] = cpu_per_step * r[M.STEP]
+    (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+    return d
+
+
+def _study(root, seeds, shifts):
+    """clm, eslm-entropy and random (alpha 0.1) runs for each seed; shifts[method](seed) -> loss offset."""
+    runs = []
+    for s in seeds:
+        for m in ("clm", "eslm-entropy", "random"):
+            cpu = {"clm": 0.5, "eslm-entropy": 0.6, "random": 0.45}[m]
+            runs.append(_shift_run(make_run(root, f"{m}-s{s}", m, s), shifts[m](s), cpu))
+    return runs
+
+
+def test_report_with_five_seeds_has_intervals_paired_verdicts_and_controls(tmp_path):
+    # eslm is 0.05 nats better than clm at every seed (plus seed noise it shares with clm: a paired effect),
+    # random equals clm; per-seed offsets of +-0.1 make the unpaired intervals wide
+    noise = {1: 0.1, 2: -0.1, 3: 0.05, 4: -0.05, 5: 0.0}
+    jitter = {1: 0.002, 2: -0.001, 3: 0.0, 4: 0.001, 5: -0.002}
+    shifts = {"clm": lambda s: noise[s] + 0.1, "eslm-entropy": lambda s: noise[s] + 0.05 + jitter[s],
+              "random": lambda s: noise[s] + 0.1 - jitter[s]}
+    runs = _study(tmp_path / "r", [1, 2, 3, 4, 5], shifts)
+    s = report.build_report([str(p) for p in runs], tmp_path / "rep", target_loss="baseline")
+    g = {x["label"]: x for x in s["groups"]}
+    assert s["baseline"] == "clm" and s["time_key"] == M.CPU_S
+    fin = g["clm"]["final_val_loss"]
+    assert fin["count"] == 5 and fin["ci_half_width"] > 0.05  # unpaired: wide
+    comp = {c["group"]: c for c in s["comparisons"]}
+    d = comp["eslm-entropy"]["losses"]["final validation loss"]
+    # ESLM's synthetic curve is 0.1 below CLM's base plus the shifts: -0.1 + (-0.05) + jitter
+    assert d["n"] == 5 and d["mean"] == pytest.approx(-0.15, abs=1e-9) and d["hi"] < 0
+    assert d["half_width"] < 0.01  # paired: narrow
+    assert comp["eslm-entropy"]["verdicts"][0].startswith("final validation loss lower than clm by 0.1500")
+    assert any(v.startswith("reaches the target with") and "less paper-FLOPs than clm" in v
+               for v in comp["eslm-entropy"]["verdicts"])
+    # the control: random at the same alpha, paired too
+    ctrl = {c["group"]: c for c in s["controls"]}
+    assert ctrl["eslm-entropy"]["against"] == "random"
+    # both FLOPs conventions and CPU time, side by side
+    tt = g["eslm-entropy"]["to_target"]
+    assert {"flops_paper", "flops_executed", "tokens", "time_s"} <= set(tt)
+    assert tt["time_s"]["key"] == M.CPU_S
+    assert any("paper-FLOPs per token seen" in x for x in s["flops_gaps"])
+    html = (tmp_path / "rep" / "index.html").read_text()
+    assert "Verdicts" in html and "flops_executed to target" in html and "CPU s" in html and "(n=5)" in html
+
+
+def test_report_with_one_seed_says_no_interval(tmp_path):
+    shifts = {"clm": lambda s: 0.0, "eslm-entropy": lambda s: 0.0, "random": lambda s: 0.0}
+    runs = _study(tmp_path / "r", [1], shifts)
+    s = report.build_report([str(p) for p in runs], tmp_path / "rep")
+    c = {x["group"]: x for x in s["comparisons"]}["eslm-entropy"]
+    assert all("(n=1, no interval)" in v for v in c["verdicts"])
+    assert "(n=1, no interval)" in (tmp_path / "rep" / "index.html").read_text()
+
+
+def test_baseline_option_and_its_errors(tmp_path):
+    shifts = {m: (lambda s: 0.0) for m in ("clm", "eslm-entropy", "random")}
+    runs = _study(tmp_path / "r", [1, 2], shifts)
+    s = report.build_report([str(p) for p in runs], tmp_path / "rep", baseline="random")
+    assert s["baseline"] == "random" and {c["against"] for c in s["comparisons"]} == {"random"}
+    with pytest.raises(ESLMError, match="no group 'nope'"):
+        report.build_report([str(p) for p in runs], tmp_path / "rep2", baseline="nope")
+
+
+def test_load_warning_when_compared_runs_ran_under_different_loads(tmp_path):
+    a = make_run(tmp_path, "a", "clm", 1)
+    b = make_run(tmp_path, "b", "eslm-entropy", 1)
+    for d, load in ((a, 0.3), (b, 6.0)):
+        lines = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+        for r in lines:
+            if r[M.KIND] == M.KIND_TRAIN:
+                r[M.LOAD_AVG_1M] = load
+        (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+    s = report.build_report([str(a), str(b)], tmp_path / "rep")
+    assert any("different machine loads" in w for w in s["warnings"])
+    # without cpu_s the time axis falls back to wall-clock and says so
+    assert s["time_key"] == M.ELAPSED_S

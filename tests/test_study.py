@@ -71,3 +71,74 @@ def test_sigterm_stops_the_study_without_a_report(tmp_path, monkeypatch):
     args = argparse.Namespace(preset=str(f), out=str(tmp_path / "out"), seeds=None, dry_run=False, overrides=[])
     assert study.run(args) == 143
     assert started == ["clm-s1"] and reported == []
+
+
+SWEEP = """methods:
+  - clm
+  - eslm-entropy
+  - {name: eslm-loss, label: eslm-loss-dom, method.standardize: domain}
+seeds: [1, 2]
+sweep:
+  method.alpha: {values: [0.1, 0.3], methods: [eslm-entropy]}
+  train.lr: [0.001, 0.002]
+config:
+  model: {preset: tiny}
+  data: {seq_len: 64}
+  train: {max_steps: 10}
+"""
+
+
+def test_sweep_file_expands_to_the_full_grid_with_readable_names(tmp_path):
+    f = tmp_path / "sweep.yaml"
+    f.write_text(SWEEP)
+    runs = study.plan(study.load_study(str(f)), tmp_path / "out")
+    # per seed: clm x 2 lr, eslm-entropy x 2 alpha x 2 lr, eslm-loss-dom x 2 lr = 8; two seeds
+    assert len(runs) == 16
+    names = [r.run.name for r in runs]
+    assert names[:8] == ["clm-lr0.001-s1", "clm-lr0.002-s1", "eslm-entropy-alpha0.1-lr0.001-s1",
+                         "eslm-entropy-alpha0.1-lr0.002-s1", "eslm-entropy-alpha0.3-lr0.001-s1",
+                         "eslm-entropy-alpha0.3-lr0.002-s1", "eslm-loss-dom-lr0.001-s1", "eslm-loss-dom-lr0.002-s1"]
+    assert names[8:] == [n.replace("-s1", "-s2") for n in names[:8]]  # seeds outermost: paired seeds finish together
+    by = {r.run.name: r for r in runs}
+    assert by["eslm-entropy-alpha0.3-lr0.002-s2"].method.alpha == 0.3
+    assert by["eslm-entropy-alpha0.3-lr0.002-s2"].train.lr == 0.002 and by["clm-lr0.001-s1"].method.alpha == 0.1
+    assert by["eslm-loss-dom-lr0.001-s1"].method.standardize == "domain"
+    assert by["eslm-loss-dom-lr0.001-s1"].method.name == "eslm-loss"
+
+
+def test_sweep_errors_are_one_line(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text(SWEEP.replace("train.lr: [0.001, 0.002]", "train.lr: 0.001"))
+    with pytest.raises(ConfigError, match="expected a non-empty list"):
+        study.plan(study.load_study(str(f)), tmp_path / "out")
+    f.write_text(SWEEP.replace("train.lr: [0.001, 0.002]", "train.lrr: [0.1]"))
+    with pytest.raises(ConfigError, match="unknown config key 'train.lrr'"):
+        study.plan(study.load_study(str(f)), tmp_path / "out")
+    f.write_text("methods: [clm\nseeds: [1]")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        study.load_study(str(f))
+
+
+def test_one_seed_pairs_methods_same_initial_weights_and_batches(tiny_data, tmp_path):
+    """For one seed every method starts from the same weights and sees the same batches (paired seeds)."""
+    import torch
+
+    from conftest import tiny_overrides
+    from eslm.config import build_config
+    from eslm.train.trainer import Trainer
+
+    def first(method, **extra):
+        cfg = build_config(overrides=tiny_overrides(tiny_data, tmp_path, **{"method.name": method,
+                                                                            "run.seed": 7, **extra}))
+        tr = Trainer(cfg)
+        return tr.raw_model.state_dict(), [tr.loader.next_batch() for _ in range(3)]
+
+    ref_w, ref_b = first("clm")
+    for method, extra in (("eslm-entropy", {}), ("random", {"method.alpha": 0.3}),
+                          ("ada-eslm-loss", {"method.standardize": "domain"}), ("greats", {})):
+        w, b = first(method, **extra)
+        assert all(torch.equal(ref_w[k], w[k]) for k in ref_w), method
+        assert all(torch.equal(x.x, y.x) and torch.equal(x.y, y.y) for x, y in zip(ref_b, b)), method
+    other_w, other_b = first("clm", **{"run.seed": 8})
+    assert not torch.equal(other_w["transformer.wte.weight"], ref_w["transformer.wte.weight"])
+    assert not torch.equal(other_b[0].x, ref_b[0].x)

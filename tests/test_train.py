@@ -20,7 +20,7 @@ from eslm.train.trainer import Trainer, TrainingDiverged, train
 
 # methods that need a reference / teacher checkpoint are exercised in the baselines tests
 SELF_CONTAINED = [n for n in METHODS if n not in ("rho1", "dense-kd", "eslm-kd-entropy", "eslm-kd-loss", "salt")]
-TIME_KEYS = {M.TOKENS_PER_S, M.ELAPSED_S, M.STEP_TIME_S, M.MFU}
+TIME_KEYS = set(M.TIMING_KEYS)
 
 
 @pytest.mark.parametrize("name", SELF_CONTAINED)
@@ -166,3 +166,31 @@ def test_missing_teacher_is_a_config_error():
 
     with pytest.raises(ConfigError, match="method.teacher"):
         build_config(overrides=["method.name=dense-kd"])
+
+
+def test_cpu_seconds_are_logged_monotone_and_bounded_by_wall_clock(tiny_data, tmp_path):
+    """cpu_s: process CPU seconds of training (eval excluded), cumulative, at most wall-clock x threads."""
+    res = train(build_config(overrides=tiny_overrides(tiny_data, tmp_path, **{
+        "method.name": "eslm-loss", "train.max_steps": 6, "train.num_threads": 1})))
+    lines = read_metrics(res.run_dir, "train")
+    cpu = [r[M.CPU_S] for r in lines]
+    assert all(b > a for a, b in zip(cpu, cpu[1:])) and cpu[0] > 0
+    for r in lines:
+        assert r[M.STEP_CPU_S] > 0
+        assert r[M.CPU_S] <= r[M.ELAPSED_S] * torch.get_num_threads() + 0.05  # + clock granularity
+    result = json.loads((res.run_dir / "result.json").read_text())
+    assert result[M.CPU_S] == pytest.approx(cpu[-1])
+    assert all(r[M.CPU_S] == pytest.approx(cpu[r[M.STEP] - 1]) for r in read_metrics(res.run_dir, "eval"))
+    env = json.loads((res.run_dir / "env.json").read_text())
+    assert len(env["load_avg_at_start"]) == 3 and env["load_avg_during_run"][0]["until_step"] == 6
+
+
+def test_progress_line_follows_a_binding_flops_budget(tiny_data, tmp_path, capsys):
+    cfg = build_config(overrides=tiny_overrides(tiny_data, tmp_path, **{
+        "method.name": "clm", "train.max_steps": 50, "train.max_flops": 2.0e9, "log.interval": 2}))
+    res = train(cfg)
+    out = capsys.readouterr().out
+    assert res.stopped_by == "max_flops" and res.step < 50
+    lines = [x for x in out.splitlines() if x.startswith("step ")]
+    assert lines and all(f"/~{res.step} " in x or "of the FLOPs budget" in x for x in lines)
+    assert "/50 " not in out

@@ -23,6 +23,10 @@ STEP_CPU_S = "step_cpu_s"  # process CPU seconds of the last optimizer step
 LOAD_AVG_1M = "load_avg_1m"  # the machine's 1-minute load average when the line was written (os.getloadavg)
 MFU = "mfu"  # model FLOPs utilisation (GPU only)
 
+# Measurements of the machine rather than of the training: they differ between two identical runs (and
+# between a run and its resumed twin), so bit-exact comparisons of metrics leave them out.
+TIMING_KEYS = (TOKENS_PER_S, ELAPSED_S, CPU_S, STEP_TIME_S, STEP_CPU_S, MFU, LOAD_AVG_1M)
+
 FLOPS_PAPER = "flops_paper"  # cumulative, the paper's convention (backward scaled by kept fraction)
 FLOPS_EXECUTED = "flops_executed"  # cumulative, what was actually computed
 FLOPS_DENSE = "flops_dense"  # cumulative, what plain CLM would have spent on the same tokens

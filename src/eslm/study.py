@@ -12,7 +12,8 @@ A study file (configs/studies/NAME.yaml, or any path) holds:
 * ``budget``: ``steps_of: METHOD`` sets the FLOPs budget to what that method's dense training spends in
   ``config.train.max_steps`` steps, measured on ``counter`` (default flops_paper, the paper's convention), and
   every run stops at that budget (so a method whose steps count fewer FLOPs runs more steps);
-* ``report`` (optional): ``{baseline: clm, target: 4.3}`` passed to ``eslm report``.
+* ``report`` (optional): ``{baseline: clm, target: 4.3}`` passed to ``eslm report``;
+* ``jobs`` (optional): how many runs train at once (``--jobs`` overrides it).
 
 Run names are readable: ``<method or label>[-<key><value> ...]-s<seed>``, e.g. ``eslm-loss-alpha0.3-s2``.
 
@@ -61,8 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("preset", help="a study name in configs/studies (e.g. demo) or a path to a study YAML")
     p.add_argument("--out", default="runs/studies", help="parent directory of the study's run directories")
     p.add_argument("--seeds", type=int, nargs="*", help="override the study's seeds")
-    p.add_argument("--jobs", type=int, default=1,
-                   help="runs trained at once, each in its own process (default 1: one after the other, in this process)")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="runs trained at once, each in its own process (default: the study file's 'jobs', else 1: "
+                        "one after the other, in this process)")
     p.add_argument("--dry-run", action="store_true", help="print the planned runs and exit")
     p.add_argument("overrides", nargs="*", default=[], metavar="key=value", help="config overrides for every run")
 
@@ -213,7 +215,9 @@ def run(args: argparse.Namespace) -> int:
     study = load_study(args.preset)
     out = Path(args.out)
     configs = plan(study, out, args.seeds, args.overrides)
-    jobs = max(1, int(getattr(args, "jobs", 1) or 1))
+    jobs = getattr(args, "jobs", None) or study.get("jobs") or 1
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ConfigError(f"study {study['name']}: expected jobs >= 1, got {jobs!r}")
     print(f"study {study['name']}: {len(configs)} runs -> {out / study['name']}"
           + (f" ({jobs} at a time)" if jobs > 1 else ""))
     for c in configs:

@@ -261,6 +261,8 @@ def _shift_run(d, dv: float, cpu_per_step: float | None = None):
                 r[k] += dv
         if cpu_per_step is not None:
             r[M.CPU_S] = cpu_per_step * r[M.STEP]
+        if M.FLOPS_EXECUTED in r:
+            r[M.FLOPS_DENSE] = FLOPS_PER_STEP * r[M.STEP]
     (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n")
     return d
 
@@ -304,6 +306,10 @@ def test_report_with_five_seeds_has_intervals_paired_verdicts_and_controls(tmp_p
     assert {"flops_paper", "flops_executed", "tokens", "time_s"} <= set(tt)
     assert tt["time_s"]["key"] == M.CPU_S
     assert any("paper-FLOPs per token seen" in x for x in s["flops_gaps"])
+    # executed FLOPs per step in CLM steps: the synthetic runs execute exactly their dense FLOPs
+    assert g["clm"]["step_cost_vs_clm"]["mean"] == pytest.approx(1.0)
+    md = (tmp_path / "rep" / "summary.md").read_text()
+    assert md.startswith("| group | n | final val loss") and "reaches the target with" in md
     html = (tmp_path / "rep" / "index.html").read_text()
     assert "Verdicts" in html and "flops_executed to target" in html and "CPU s" in html and "(n=5)" in html
 

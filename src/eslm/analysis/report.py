@@ -372,6 +372,10 @@ def flops_gap(g: dict, base: dict) -> str | None:
     return f"{g['label']} {paper} {joint} {executed} {'as' if 'same' in executed else 'than'} {base['label']}"
 
 
+def _ratio(a, b):
+    return a / b if is_number(a) and is_number(b) and b > 0 else None
+
+
 def run_load(r: Run) -> float | None:
     """Mean 1-minute load average over the run's train lines (None if it logged none)."""
     v = [rec[M.LOAD_AVG_1M] for rec in r.train if is_number(rec.get(M.LOAD_AVG_1M))]
@@ -409,6 +413,10 @@ def summarize(runs: list[Run], groups: list[Group], *, target: float, target_sou
             "to_target": tt, **group_final(g, domains),
             "final_" + M.CPU_S: aggregate([last_value(r.eval, M.CPU_S) for r in g.runs]),
             "load_avg_1m": aggregate([run_load(r) for r in g.runs]),
+            # executed FLOPs per dense (plain CLM) FLOPs on the same tokens: what a step of the method costs in
+            # CLM steps (GREATS' scoring passes and gradient inner products, ESLM's routes, KD teachers, ...)
+            "step_cost_vs_clm": aggregate([_ratio(last_value(r.eval, M.FLOPS_EXECUTED),
+                                                  last_value(r.eval, M.FLOPS_DENSE)) for r in g.runs]),
             "downstream": group_downstream(g),
         })
     base, why = find_baseline(groups, baseline)
@@ -585,10 +593,10 @@ def _summary_table(summary: dict) -> str:
         rows.append([_label(g), str(len(g["runs"])), _agg_cell(g["final_val_loss"], ".4f"),
                      _agg_cell(g["best_val_loss"], ".4f"), _agg_cell(g["final_" + M.STEP], ".4g"),
                      _agg_cell(g["final_" + M.FLOPS_PAPER], ".3g"), _agg_cell(g["final_" + M.FLOPS_EXECUTED], ".3g"),
-                     _agg_cell(g["final_" + summary["time_key"]], ".3g")])
+                     _agg_cell(g["step_cost_vs_clm"], ".3f"), _agg_cell(g["final_" + summary["time_key"]], ".3g")])
     time_head = "CPU s" if summary["time_key"] == M.CPU_S else "wall-clock s"
     return _table(["group", "seeds", "final val loss", "best val loss", "steps", "flops_paper", "flops_executed",
-                   time_head], rows)
+                   "executed per step / CLM step", time_head], rows)
 
 
 def _costs_table(summary: dict) -> str:
@@ -698,7 +706,9 @@ def render_html(summary: dict, written: dict) -> str:
         "\"no difference detectable\" means the interval contains 0. To-target costs are compared relative to "
         "the baseline's (−10% = 10% less).</p>",
         "<h2>Summary</h2>", _summary_table(s),
-        "<p class='note'>Mean over the seeds of a group ± the half-width of its 95% Student-t interval.</p>",
+        "<p class='note'>Mean over the seeds of a group ± the half-width of its 95% Student-t interval. "
+        "<i>Executed per step / CLM step</i>: flops_executed / flops_dense, what one step of the method executes "
+        "in units of a plain CLM step on the same tokens (e.g. GREATS' scoring and gradient inner products).</p>",
         f"<h2>Cost to reach validation loss {s['target_loss']:.4g}</h2>", _costs_table(s),
         f"<p class='note'>To-target values: {html.escape(s['interpolation'])}. A group mean covers only the "
         f"seeds that reached the target. Time: {html.escape(s['time_words'])}.</p>",
@@ -764,8 +774,8 @@ def render_markdown(summary: dict) -> str:
     t_words = "CPU s" if s["time_key"] == M.CPU_S else "wall-clock s"
     base = s["baseline"] or "baseline"
     head = (f"| group | n | final val loss | Δ final loss vs {base} | Δ vs random (same alpha) | "
-            f"to target, Δ flops_paper vs {base} | Δ flops_executed | Δ {t_words} | reached |")
-    lines = [head, "|" + "---|" * 9]
+            f"to target, Δ flops_paper vs {base} | Δ flops_executed | Δ {t_words} | reached | step cost / CLM |")
+    lines = [head, "|" + "---|" * 10]
     for g in s["groups"]:
         c, r = comp.get(g["label"]), ctrl.get(g["label"])
         tt = g["to_target"]["flops_paper"]
@@ -776,7 +786,7 @@ def render_markdown(summary: dict) -> str:
             _md_paired(c["to_target"]["flops_paper"] if c else None, True),
             _md_paired(c["to_target"]["flops_executed"] if c else None, True),
             _md_paired(c["to_target"]["time_s"] if c else None, True),
-            f"{tt['reached']}/{tt['n']}"]) + " |")
+            f"{tt['reached']}/{tt['n']}", _md_ci(g["step_cost_vs_clm"], ".3f")]) + " |")
     notes = [f"Target validation loss {s['target_loss']:.4f} ({s['target_source']}). Mean ± 95% Student-t "
              f"half-width over seeds; Δ: mean paired (by seed) difference [95% interval], relative for costs; "
              f"**↓**/**↑**: the interval excludes 0. Time: {s['time_words']}."]

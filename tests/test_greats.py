@@ -1,7 +1,9 @@
-"""GREATS: ghost / materialised inner products vs torch.func per-sample gradients; greedy vs brute force;
-.grad untouched; pool sizes; FLOPs formula; time ratio against a CLM step (printed with -s); through the real
-trainer in floor and pool mode: rows scored / trained, tokens and FLOPs counters, exact resume."""
+"""GREATS: ghost / materialised inner products vs torch.func per-sample gradients; the route per layer (FLOPs,
+memory rule, memory cap) and the same selection on every route; greedy vs brute force; .grad untouched; pool
+sizes; FLOPs formula and cost in CLM micro-batches; through the real trainer in floor and pool mode and on two
+routes: rows scored / trained, layer routes, tokens and FLOPs counters, exact resume."""
 
+import dataclasses
 import itertools
 import math
 
@@ -71,7 +73,7 @@ def test_layer_inner_products_equal_func_per_sample_grads(bias, mode):
                                                      reduction="none").mean(1).detach())
 
 
-def test_ghost_equals_materialised_and_auto_rule():
+def test_ghost_equals_materialised_and_memory_rule():
     model = _model()
     x, y = _batch(5, seed=2)
     layers, _ = G.capture_linear_io(model, x, y, impl="naive")
@@ -80,11 +82,12 @@ def test_ghost_equals_materialised_and_auto_rule():
         b, _ = G.layer_inner_products(io, 5, "materialised")
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-9)
         torch.testing.assert_close(a, a.t(), rtol=1e-4, atol=1e-9)  # symmetric Gram
-    assert G.layer_mode(1024, 768, 2304) == "materialised"  # 2 T^2 = 2.10M > 1.77M
-    assert G.layer_mode(1024, 768, 3072) == "ghost"  # 2.36M > 2.10M
-    assert G.layer_mode(1024, 768, 3072, mode="flops", n_x=12, n_rows=18) == "materialised"
-    assert G.layer_mode(16, 768, 3072, mode="flops", n_x=12, n_rows=18) == "ghost"
-    assert G.layer_mode(8, 64, 64) == "ghost" and G.layer_mode(64, 8, 8) == "materialised"  # 128 < 4096; 8192 > 64
+    mem = dict(route="memory")
+    assert G.layer_route(1024, 768, 2304, **mem) == "materialised"  # 2 T^2 = 2.10M > 1.77M
+    assert G.layer_route(1024, 768, 3072, **mem) == "ghost"  # 2.36M > 2.10M
+    assert G.layer_route(1024, 768, 3072, route="flops", n_x=12, n_rows=18) == "materialised"
+    assert G.layer_route(16, 768, 3072, route="flops", n_x=12, n_rows=18) == "ghost"
+    assert G.layer_route(8, 64, 64, **mem) == "ghost" and G.layer_route(64, 8, 8, **mem) == "materialised"  # 128 < 4096; 8192 > 64
 
 
 def test_scored_shapes_from_config_match_model():
@@ -116,6 +119,35 @@ def test_select_scores_match_func_reference_and_grad_untouched():
     model.zero_grad(set_to_none=True)
     G.greats_select(model, tx, ty, vx, vy, lr=0.5, k=2, impl="naive")
     assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.filterwarnings("ignore:There is a performance drop")
+def test_every_route_selects_the_same_rows():
+    """The route changes the cost, not the selection: same kept rows, Gram equal to fp tolerance. Tiny model,
+    T = 8, 6 candidates against 9 rows: short rows, so "flops" takes the ghost form everywhere (c_attn (64, 192):
+    ghost 54 * (2 * 64 * 256 + 128) = 1.78e6 < materialised 9 * 2 * 8 * 64 * 192 + 54 * 2 * 12288 = 3.10e6),
+    as does "memory" (2 T^2 = 128 < in out); "materialised" forces the other form, and with a cap of 0.2 MiB
+    keeps only the (64, 64) layers (9 rows x 4096 fp32 = 0.14 MiB) materialised."""
+    model = _model()
+    tx, ty = _batch(6, seed=3)
+    vx, vy = _batch(3, seed=4)
+    runs = {}
+    for route, cap in [("flops", 1024.0), ("memory", 1024.0), ("ghost", 1024.0), ("materialised", 1024.0),
+                       ("materialised", 0.2)]:
+        idx, info = G.greats_select(model, tx, ty, vx, vy, lr=0.5, k=4, impl="naive", route=route,
+                                    memory_cap_mb=cap)
+        runs[route, cap] = idx, info
+        shapes = G.scored_layer_shapes(model.config)
+        assert list(info["layer_modes"].values()) == G.layer_routes(shapes, 6, 3, T, route, cap)
+    modes = {key: list(info["layer_modes"].values()) for key, (_, info) in runs.items()}
+    assert set(modes["ghost", 1024.0]) == {GHO} and set(modes["materialised", 1024.0]) == {MAT}
+    assert modes["materialised", 0.2] == [GHO, MAT, GHO, GHO] * model.config.n_layer
+    ref_idx, ref = runs["ghost", 1024.0]
+    for key, (idx, info) in runs.items():
+        assert idx.tolist() == ref_idx.tolist(), key
+        assert info["pick_order"].tolist() == ref["pick_order"].tolist(), key
+        torch.testing.assert_close(info["gram"], ref["gram"], rtol=1e-4, atol=1e-7)
+        torch.testing.assert_close(info["val_scores"], ref["val_scores"], rtol=1e-4, atol=1e-7)
 
 
 def _brute_force(u, K, k, eta):
@@ -197,21 +229,98 @@ def test_pool_sizes():
         G.greats_pool_size(12, 0.9, "ceil")
 
 
-def test_extra_flops_formula():
-    cfg = preset("gpt2-124m")
-    shapes = G.scored_layer_shapes(cfg)
-    fwd, bwd, B, Bv, Tm = 1e6, 2e6, 12, 6, 1024
+# 124M at T = 1024, B = 12 candidates against B + Bv = 18 rows (216 pairs), per block (in, out):
+# c_attn (768, 2304), attn.c_proj (768, 768), mlp.c_fc (768, 3072), mlp.c_proj (3072, 768), no biases.
+#   ghost  = 216 * (2 T^2 (in + out) + 2 T^2)       materialised = 18 * 2 T in out + 216 * 2 in out
+#   c_attn:      ghost 216 * 6.447e9 = 1.393e12      materialised 6.52e10 + 7.6e8  = 6.60e10  -> materialised
+#   attn.c_proj: ghost 216 * 3.223e9 = 6.96e11       materialised 2.17e10 + 2.5e8  = 2.20e10  -> materialised
+#   mlp.c_fc / mlp.c_proj: ghost 216 * 8.055e9 = 1.740e12, materialised 8.70e10 + 1.02e9 = 8.80e10 (19.8x less)
+# The memory rule (ghost iff 2 T^2 = 2,097,152 < in out) sends only the two MLP layers (2,359,296) to ghost.
+# Per-sample gradients of 18 rows in fp32: c_attn 127.4 MB = 121.5 MiB, attn.c_proj 40.5 MiB, each MLP layer
+# 169.9 MB = 162 MiB exactly (4 * 18 * 768 * 3072 = 162 * 2^20 bytes).
+T124, B124, BV124 = 1024, 12, 6
+MAT, GHO = "materialised", "ghost"
+
+
+def _hand_ip_flops(routes_per_block, Tm=T124, B=B124, Bv=BV124, n_layer=12):
     n, pairs = B + Bv, B * (B + Bv)
-    # per block under "auto": c_attn and attn.c_proj materialised, the MLP's two layers ghost
     mat = lambda i, o: n * 2 * Tm * i * o + pairs * 2 * i * o
     ghost = lambda i, o: pairs * (2 * Tm**2 * (i + o) + 2 * Tm**2)
-    block = mat(768, 2304) + mat(768, 768) + ghost(768, 3072) + ghost(3072, 768)
-    want = n * Tm * (fwd + bwd / 2) + 12 * block
-    assert G.greats_extra_flops(fwd, bwd, shapes, B, Bv, Tm) == pytest.approx(want, rel=1e-12)
-    block_flops = mat(768, 2304) + mat(768, 768) + mat(768, 3072) + mat(3072, 768)
-    got = G.greats_extra_flops(fwd, bwd, shapes, B, Bv, Tm, mode="flops")
-    assert got == pytest.approx(n * Tm * (fwd + bwd / 2) + 12 * block_flops, rel=1e-12)
-    assert G.greats_extra_flops(fwd, bwd, [], B, Bv, Tm) == pytest.approx(n * Tm * (fwd + bwd / 2))
+    shapes = [(768, 2304), (768, 768), (768, 3072), (3072, 768)]
+    return n_layer * sum((mat if r == MAT else ghost)(i, o) for (i, o), r in zip(shapes, routes_per_block))
+
+
+def test_routes_at_124m_by_flops_memory_and_cap():
+    shapes = G.scored_layer_shapes(preset("gpt2-124m"))
+    routes = lambda **kw: G.layer_routes(shapes, B124, BV124, T124, **kw)[:4]  # 12 identical blocks: the first
+    assert routes() == [MAT] * 4  # default route "flops", cap 1024 MiB
+    assert routes(route="memory") == [MAT, MAT, GHO, GHO]
+    assert routes(route="ghost") == [GHO] * 4 and routes(route="materialised") == [MAT] * 4
+    assert G.layer_routes(shapes, B124, BV124, T124) == [MAT] * 48
+    # the cap: 150 MiB keeps the MLP (162.0 MiB) ghost, 100 MiB also c_attn (121.5 MiB); 40 MiB everything
+    assert routes(memory_cap_mb=150) == [MAT, MAT, GHO, GHO] == routes(route="materialised", memory_cap_mb=150)
+    assert routes(memory_cap_mb=100) == [GHO, MAT, GHO, GHO] == routes(route="memory", memory_cap_mb=100)
+    assert routes(memory_cap_mb=40) == [GHO] * 4
+    assert G.layer_memory_bytes(768, 3072, False, 18) == 4 * 18 * 768 * 3072 == 162 * 2**20  # exactly 162 MiB
+    assert routes(memory_cap_mb=161.99) == [MAT, MAT, GHO, GHO] and routes(memory_cap_mb=162) == [MAT] * 4
+    # the scored head (V x C = 38.6M numbers per row, 2652.75 MiB for 18 rows) stays ghost under the default cap
+    head = G.layer_routes(G.scored_layer_shapes(preset("gpt2-124m", vocab_size=50304), exclude_head=False),
+                          B124, BV124, T124)
+    assert head[-1] == GHO and head[:-1] == [MAT] * 48
+    # short rows: the ghost form is cheaper for every layer (T = 16: c_proj ghost 1.70e8 < materialised 5.95e8)
+    assert G.layer_routes(shapes, B124, BV124, 16)[:4] == [GHO] * 4
+    with pytest.raises(ConfigError, match="greats_route"):
+        G.layer_route(16, 8, 8, route="auto")
+    with pytest.raises(ConfigError, match="greats_memory_cap_mb"):
+        G.layer_route(16, 8, 8, memory_cap_mb=0)
+
+
+def test_extra_flops_formula():
+    shapes = G.scored_layer_shapes(preset("gpt2-124m"))
+    fwd, bwd = 1e6, 2e6
+    base = (B124 + BV124) * T124 * (fwd + bwd / 2)  # scoring forward + activation backward
+    for route, block in [("memory", [MAT, MAT, GHO, GHO]), ("flops", [MAT] * 4), ("ghost", [GHO] * 4)]:
+        got = G.greats_extra_flops(fwd, bwd, shapes, B124, BV124, T124, route=route)
+        assert got == pytest.approx(base + _hand_ip_flops(block), rel=1e-12), route
+        # the routes actually taken override the route rule
+        taken = G.greats_extra_flops(fwd, bwd, shapes, B124, BV124, T124, routes=block * 12)
+        assert taken == pytest.approx(got, rel=1e-12)
+    assert G.greats_extra_flops(fwd, bwd, shapes, B124, BV124, T124) == pytest.approx(
+        base + _hand_ip_flops([MAT] * 4), rel=1e-12)  # default: flops
+    assert G.greats_extra_flops(fwd, bwd, [], B124, BV124, T124) == pytest.approx(base)
+    mlp_ghost, mlp_mat = G.layer_flops(T124, 768, 3072, False, B124, B124 + BV124)
+    assert 19 < mlp_ghost / mlp_mat < 20  # the issue's "about 20x fewer FLOPs"
+
+
+def test_cost_in_clm_micro_batches_at_the_papers_124m_shape():
+    """The figure of docs/flops.md: 124M, T = 1024, B = 12, Bv = 6, keep 10 (floor). Per micro-batch GREATS
+    runs the update pass on 10 rows (10 T train_per_token) plus the extra FLOPs; CLM 12 T train_per_token."""
+    from eslm.flops import FlopsModel
+
+    cfg = build_config(overrides=["method.name=greats", "model.preset=gpt2-124m", "data.seq_len=1024",
+                                  "train.micro_batch_size_seqs=12"])
+    fm = FlopsModel.from_config(preset("gpt2-124m", vocab_size=50304), 1024)
+    for route, block in [("flops", [MAT] * 4), ("memory", [MAT, MAT, GHO, GHO])]:
+        extra = 18 * T124 * (fm.forward_per_token + fm.backward_per_token / 2) + _hand_ip_flops(block)
+        want = (10 * T124 * fm.train_per_token + extra) / (12 * T124 * fm.train_per_token)
+        got = G.greats_cost_ratio(dataclasses.replace(cfg, method=dataclasses.replace(cfg.method,
+                                                                                      greats_route=route)))
+        assert got["paper"] == pytest.approx(want, rel=1e-12) and got["executed"] == pytest.approx(want, rel=1e-12)
+        assert got["routes"][:4] == block
+    assert round(G.greats_cost_ratio(cfg)["paper"], 2) == 2.13  # the figures quoted in docs/flops.md
+    old = dataclasses.replace(cfg, method=dataclasses.replace(cfg.method, greats_route="memory"))
+    assert round(G.greats_cost_ratio(old)["paper"], 2) == 5.91
+
+
+def test_config_route_and_cap():
+    cfg = build_config(overrides=["method.name=greats"])
+    assert (cfg.method.greats_route, cfg.method.greats_memory_cap_mb) == ("flops", 1024.0)
+    cfg = build_config(overrides=["method.name=greats", "method.greats_route=memory", "method.greats_memory_cap_mb=64"])
+    assert (cfg.method.greats_route, cfg.method.greats_memory_cap_mb) == ("memory", 64.0)
+    with pytest.raises(ConfigError, match="method.greats_route"):
+        build_config(overrides=["method.name=greats", "method.greats_route=auto"])
+    with pytest.raises(ConfigError, match="method.greats_memory_cap_mb"):
+        build_config(overrides=["method.name=greats", "method.greats_memory_cap_mb=0"])
 
 
 def test_errors():
@@ -247,8 +356,9 @@ def _greats_overrides(data, out, pool, **extra):
                                         "train.lr_decay_steps": 6, **extra})
 
 
-def _spy_rows(trainer):
-    """Record (loader rows, candidate rows scored, rows returned for the update) of every selection."""
+def _spy_rows(trainer, infos=None):
+    """Record (loader rows, candidate rows scored, rows returned for the update) of every selection, and
+    every selection's info in ``infos`` if given."""
     calls, select = [], trainer.method.rows.select
 
     def spy(model, batch, step, lr):
@@ -256,6 +366,8 @@ def _spy_rows(trainer):
         cand = info["gram"].shape[0]
         assert info["val_scores"].shape == (cand,) and info["val_loss"].shape == (2,)
         calls.append((batch.x.shape[0], cand, kept.x.shape[0]))
+        if infos is not None:
+            infos.append(info)
         return kept, info
 
     trainer.method.rows.select = spy
@@ -267,10 +379,13 @@ def test_trainer_rows_tokens_and_flops(pool, tiny_data, tmp_path):
     trainer = Trainer(build_config(overrides=_greats_overrides(tiny_data, tmp_path, pool, **{"train.max_steps": 3})))
     rows = trainer.method.rows
     assert isinstance(rows, GreatsRows) and (rows.candidate_rows(4), rows.num_rows(4)) == POOL_ROWS[pool]
-    calls = _spy_rows(trainer)
+    infos = []
+    calls = _spy_rows(trainer, infos)
     trainer.train()
     n_cand, n_keep = POOL_ROWS[pool]
     assert calls == [(4, n_cand, n_keep)] * 6  # 3 steps x 2 micro-batches
+    # default route "flops" at T = 32, C = 64 materialises every layer (see test_trainer_routes_...)
+    assert all(set(i["layer_modes"].values()) == {G.MATERIALISED} for i in infos)
     lines = read_metrics(trainer.run_dir, "train")
     assert [r[M.STEP] for r in lines] == [1, 2, 3]
     T, fm = 32, trainer.fm
@@ -279,7 +394,8 @@ def test_trainer_rows_tokens_and_flops(pool, tiny_data, tmp_path):
         assert r[M.TOKENS_SEEN] == r[M.STEP] * 2 * n_cand * T
         assert r[M.KEPT_FRAC] == 1.0  # every token of a kept row trains
     # per micro-batch: scoring n_cand candidates + 2 validation rows, then the update pass on the n_keep rows
-    extra = G.greats_extra_flops(fm.forward_per_token, fm.backward_per_token, rows.layer_shapes, n_cand, 2, T)
+    extra = G.greats_extra_flops(fm.forward_per_token, fm.backward_per_token, rows.layer_shapes, n_cand, 2, T,
+                                 routes=[G.MATERIALISED] * len(rows.layer_shapes))
     sf = step_flops(fm, tokens_seen=n_keep * T, tokens_kept=n_keep * T, head_backward_tokens=n_keep * T,
                     extra_flops_paper=extra, extra_flops_executed=extra)
     last = lines[-1]
@@ -287,6 +403,43 @@ def test_trainer_rows_tokens_and_flops(pool, tiny_data, tmp_path):
     assert last[M.FLOPS_PAPER] == pytest.approx(3 * 2 * sf.paper, rel=1e-12)
     assert last[M.FLOPS_EXECUTED] == pytest.approx(3 * 2 * sf.executed, rel=1e-12)
     assert last[M.FLOPS_PAPER] > last[M.FLOPS_DENSE]  # GREATS' scoring costs more than it saves
+    # the helper the report quotes: FLOPs per micro-batch / a CLM micro-batch of the loader's 4 rows
+    ratio = G.greats_cost_ratio(trainer.cfg, trainer.model_config)
+    clm = fm.train_per_token * 4 * T
+    assert ratio["paper"] == pytest.approx(last[M.FLOPS_PAPER] / 6 / clm, rel=1e-12)
+    assert ratio["executed"] == pytest.approx(last[M.FLOPS_EXECUTED] / 6 / clm, rel=1e-12)
+    assert G.greats_cost_ratio(trainer.cfg)["paper"] == ratio["paper"]  # model config rebuilt from the config
+
+
+def test_trainer_routes_change_flops_not_selection(tiny_data, tmp_path):
+    """Floor mode, 4 candidates against 6 rows at T = 32, tiny model (C = 64): per layer (in, out)
+      c_attn (64, 192):  ghost 24 * (2 * 1024 * 256 + 2048) = 12.6e6;  materialised 6 * 2 * 32 * 64 * 192
+                         + 24 * 2 * 12288 = 5.3e6                     -> "flops": materialised
+      c_proj (64, 64):   ghost 6.3e6, materialised 1.8e6; c_fc / mlp c_proj: ghost 15.8e6, materialised 7.1e6
+    and the memory rule (2 T^2 = 2048 < in out for every layer) takes the ghost form everywhere. The two runs
+    keep the same rows at every micro-batch, so their losses are bitwise equal; their declared FLOPs differ by
+    exactly the inner products' difference."""
+    runs = {}
+    for route in ("flops", "memory"):
+        trainer = Trainer(build_config(overrides=_greats_overrides(tiny_data, tmp_path / route, "floor", **{
+            "train.max_steps": 3, "eval.interval": 0, "method.greats_route": route})))
+        infos = []
+        _spy_rows(trainer, infos)
+        trainer.train()
+        runs[route] = trainer, infos, read_metrics(trainer.run_dir, "train")
+    (tf, inf_f, lf), (tm, inf_m, lm) = runs["flops"], runs["memory"]
+    assert all(set(i["layer_modes"].values()) == {G.MATERIALISED} for i in inf_f)
+    assert all(set(i["layer_modes"].values()) == {G.GHOST} for i in inf_m)
+    assert [i["pick_order"].tolist() for i in inf_f] == [i["pick_order"].tolist() for i in inf_m]
+    assert [r[M.TRAIN_LOSS] for r in lf] == [r[M.TRAIN_LOSS] for r in lm]
+    shapes, diff = tf.method.rows.layer_shapes, 0.0
+    for n_in, n_out, bias in shapes:
+        ghost, mat = G.layer_flops(32, n_in, n_out, bias, 4, 6)
+        assert mat < ghost
+        diff += ghost - mat
+    for key in (M.FLOPS_PAPER, M.FLOPS_EXECUTED):
+        assert lm[-1][key] - lf[-1][key] == pytest.approx(3 * 2 * diff, rel=1e-9), key
+    assert lm[-1][M.FLOPS_DENSE] == lf[-1][M.FLOPS_DENSE]
 
 
 def test_pool_costs_more_flops_than_floor(tiny_data, tmp_path):

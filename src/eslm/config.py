@@ -100,6 +100,8 @@ class MethodSection:
     greats_val_fraction: float = _f(0.5, "GREATS validation batch size as a fraction of the micro-batch")
     greats_pool: str = _f("floor", "GREATS budget 1-alpha of a micro-batch of B rows: floor (score the B rows, keep floor((1-alpha)B); default: GREATS' budget is the kept fraction of each batch and every method then consumes the same B rows per micro-batch) | pool (score ceil(B/(1-alpha)) rows, the B loader rows + extra training rows drawn by GREATS, keep B). The paper (0.9 of 12) does not say which; see eslm/baselines/greats.py")
     greats_exclude_head: bool = _f(True, "GREATS: leave the tied LM head out of the gradient inner products")
+    greats_route: str = _f("flops", "GREATS per-layer inner products: flops (default: ghost or materialised per-sample gradients, whichever needs fewer FLOPs) | memory (ghost iff 2T^2 < the layer's weights, the old rule) | ghost | materialised; every route but ghost stays ghost where materialising exceeds greats_memory_cap_mb; see eslm/baselines/greats.py")
+    greats_memory_cap_mb: float = _f(1024.0, "GREATS: most MiB of one layer's materialised fp32 per-sample gradients (candidate + validation rows x weights); above it the layer takes the ghost form")
 
 
 @dataclass(frozen=True)
@@ -304,6 +306,7 @@ _CHOICES = {
     "method.standardize": ("none", "batch", "sequence", "domain"),
     "method.scope": ("micro", "step"),
     "method.greats_pool": ("floor", "pool"),
+    "method.greats_route": ("flops", "memory", "ghost", "materialised"),
     "flops.count_per": ("global", "micro"),
     "flops.budget_counter": ("flops_paper", "flops_executed", "flops_dense"),
     "distributed.backend": ("auto", "nccl", "gloo"),
@@ -352,6 +355,8 @@ def validate(cfg: Config) -> list[str]:
         problems.append(f"method.kd_temperature: expected > 0, got {cfg.method.kd_temperature}")
     if not (0.0 < cfg.method.greats_val_fraction <= 4.0):
         problems.append(f"method.greats_val_fraction: expected in (0, 4], got {cfg.method.greats_val_fraction}")
+    if not cfg.method.greats_memory_cap_mb > 0:
+        problems.append(f"method.greats_memory_cap_mb: expected > 0 MiB, got {cfg.method.greats_memory_cap_mb}")
     if cfg.train.min_lr > cfg.train.lr:
         problems.append(f"train.min_lr ({cfg.train.min_lr}) must not exceed train.lr ({cfg.train.lr})")
     dev = cfg.train.device

@@ -172,18 +172,19 @@ def _rho1(ctx: BuildContext) -> Method:
 
 
 def _greats(ctx: BuildContext) -> Method:
-    from eslm.baselines.greats import greats_pool_size
+    from eslm.baselines.greats import greats_pool_size, greats_val_rows
     from eslm.baselines.plugins import GreatsRows
     from eslm.flops import FlopsModel
 
     m, t = ctx.cfg.method, ctx.cfg.train
     B = t.micro_batch_size_seqs
-    bv = max(1, round(m.greats_val_fraction * B))
+    bv = greats_val_rows(B, m.greats_val_fraction)
     val = ctx.val_loader_factory(bv)
     extra = greats_pool_size(B, 1.0 - m.alpha, m.greats_pool)[0] - B
     rows = GreatsRows(val, alpha=m.alpha, exclude_head=m.greats_exclude_head,
                       fm=FlopsModel.from_config(ctx.model_config, ctx.cfg.data.seq_len),
                       model_config=ctx.model_config, device=ctx.device, pool=m.greats_pool,
+                      route=m.greats_route, memory_cap_mb=m.greats_memory_cap_mb,
                       candidate_loader=_candidate_loader(val, extra, ctx.cfg.run.seed) if extra else None)
     return Method(name="greats", rows=rows, objective=_ce(ctx))
 

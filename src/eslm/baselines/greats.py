@@ -27,19 +27,31 @@ gradient is G_i = d_i^T a_i (out, in) and
 
 (+1 inside the first factor for a bias: the bias gradient is sum_t d_i,t). Per layer we either form the two
 T x T Gram matrices per pair (ghost) or materialise G_i per sample and take dot products. Cost model, for
-Nx rows scored against N rows (Nx N pairs), p = out * (in + bias) numbers per per-sample gradient:
+Nx rows scored against N rows (Nx N pairs), p = out * (in + bias) numbers per per-sample gradient
+(``layer_flops`` and ``layer_memory_bytes``, the one place these formulas live):
 
-    ghost         memory 2 T^2 per pair, computed one row against all: 2 N T^2 at a time
+    ghost         memory 2 T^2 per pair, computed one row against all: 2 N T^2 fp32 at a time
                   FLOPs  Nx N (2 T^2 (in + out) + 2 T^2 [+ T^2 for a bias])
-    materialised  memory p per sample: N p
+    materialised  memory p per sample: N p fp32 (4 N p bytes)
                   FLOPs  N (2 T in out [+ T out]) + Nx N 2 p
 
-``mode="auto"`` (default, the issue's rule and the ghost-clipping literature's): ghost iff 2 T^2 < p, i.e.
-whichever holds fewer numbers. ``mode="flops"`` picks whichever needs fewer FLOPs instead. For GPT-2 124M at
-T = 1024 (2 T^2 = 2.10M): the attention's c_attn (p = 1.77M) and c_proj (0.59M) are materialised, the
-MLP's c_fc and c_proj (2.36M) use the ghost form under "auto" -- although materialising them needs ~20x
-fewer FLOPs (the ghost form pays 2 T^2 (in + out) per pair); under "flops" every layer is materialised.
-The ghost form wins on both counts only for short rows (T^2 << in out), GREATS' fine-tuning setting.
+The route per layer (``method.greats_route``, ``layer_route``):
+
+    flops (default)  the cheaper by FLOPs, materialised only if its 4 N p bytes fit ``method.greats_memory_cap_mb``
+    memory           the old rule (and the ghost-clipping literature's): ghost iff 2 T^2 < p, whichever holds
+                     fewer numbers per pair / per sample
+    ghost            every layer ghost
+    materialised     every layer materialised that fits the memory cap (the others ghost)
+
+Both routes give the same inner products up to floating-point reassociation, so the route changes the cost,
+not the selection. Materialising is cheaper roughly when T < in out / (Nx (in + out)): the ghost form pays
+2 T^2 (in + out) per pair, materialising 2 T in out per row. For GPT-2 124M at T = 1024, Nx = 12, N = 18
+(2 T^2 = 2.10M): under "memory" the attention's c_attn (p = 1.77M) and c_proj (0.59M) are materialised and
+the MLP's c_fc and c_proj (p = 2.36M) take the ghost form, which costs ~20x the FLOPs of materialising them
+(1.74e12 against 8.8e10 per layer); under "flops" every layer is materialised (at most 170 MB per layer).
+The ghost form wins on FLOPs only for short rows (T below ~30-50 at this width), GREATS' fine-tuning setting.
+Per micro-batch of 12 x 1024 tokens this is GREATS costing 5.9 CLM micro-batches ("memory") against 2.1
+("flops"): ``greats_cost_ratio`` and docs/flops.md.
 
 The tied LM head / token embedding (``exclude_head``, default True): the head is a (V, C) Linear on the final
 hidden states, so scoring it means output gradients of shape (B, T, V) (the full logits gradient, 50304 wide)
@@ -202,6 +214,12 @@ def capture_linear_io(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, exc
 # ---------------------------------------------------------------------------------------------------------
 
 
+ROUTES = ("flops", "memory", "ghost", "materialised")  # method.greats_route; module doc
+GHOST, MATERIALISED = "ghost", "materialised"  # the form a layer takes (info["layer_modes"])
+DEFAULT_MEMORY_CAP_MB = 1024.0  # method.greats_memory_cap_mb: 124M at T = 1024 needs at most 170 MB per layer
+_MB = 2.0 ** 20
+
+
 def layer_flops(T: int, n_in: int, n_out: int, has_bias: bool, n_x: int, n_rows: int) -> tuple[float, float]:
     """(ghost, materialised) FLOPs of one layer's (n_x, n_rows) inner products (module doc's cost model)."""
     pairs = n_x * n_rows
@@ -210,21 +228,38 @@ def layer_flops(T: int, n_in: int, n_out: int, has_bias: bool, n_x: int, n_rows:
     return ghost, mat
 
 
-def layer_mode(T: int, n_in: int, n_out: int, has_bias: bool = False, mode: str = "auto",
-               n_x: int = 1, n_rows: int = 1) -> str:
-    """'ghost' or 'materialised' for one layer.
+def layer_memory_bytes(n_in: int, n_out: int, has_bias: bool, n_rows: int) -> float:
+    """Bytes of the materialised route's per-sample gradients: n_rows x out (in + bias) fp32 numbers."""
+    return 4.0 * n_rows * n_out * (n_in + int(has_bias))
 
-    mode "auto": ghost iff 2 T^2 < out * (in + bias) (memory); "flops": the cheaper by ``layer_flops`` for
-    n_x rows against n_rows rows; "ghost" / "materialised": forced.
+
+def check_route(route: str, memory_cap_mb: float) -> None:
+    """One ConfigError line for an unknown route or a non-positive cap."""
+    if route not in ROUTES:
+        raise ConfigError(f"GREATS route: expected one of {' | '.join(ROUTES)}, found {route!r}; "
+                          f"fix: set method.greats_route=flops")
+    if not memory_cap_mb > 0:
+        raise ConfigError(f"GREATS memory cap: expected > 0 MB, found {memory_cap_mb}; "
+                          f"fix: set method.greats_memory_cap_mb={DEFAULT_MEMORY_CAP_MB:g}")
+
+
+def layer_route(T: int, n_in: int, n_out: int, has_bias: bool = False, route: str = "flops", n_x: int = 1,
+                n_rows: int = 1, memory_cap_mb: float = DEFAULT_MEMORY_CAP_MB) -> str:
+    """'ghost' or 'materialised' for one layer scoring n_x rows against n_rows rows (module doc).
+
+    route "flops": the cheaper by ``layer_flops``; "memory": ghost iff 2 T^2 < out * (in + bias);
+    "ghost": ghost; "materialised": materialised. Every route but "ghost" falls back to the ghost form when
+    the per-sample gradients (``layer_memory_bytes``) would exceed ``memory_cap_mb`` MiB.
     """
-    if mode in ("ghost", "materialised"):
-        return mode
-    if mode == "auto":
-        return "ghost" if 2 * T * T < n_out * (n_in + int(has_bias)) else "materialised"
-    if mode == "flops":
+    check_route(route, memory_cap_mb)
+    if route == "ghost" or layer_memory_bytes(n_in, n_out, has_bias, n_rows) > memory_cap_mb * _MB:
+        return GHOST
+    if route == "memory":
+        return GHOST if 2 * T * T < n_out * (n_in + int(has_bias)) else MATERIALISED
+    if route == "flops":
         ghost, mat = layer_flops(T, n_in, n_out, has_bias, n_x, n_rows)
-        return "ghost" if ghost < mat else "materialised"
-    raise ConfigError(f"GREATS layer mode: expected auto | flops | ghost | materialised, found {mode!r}")
+        return GHOST if ghost < mat else MATERIALISED
+    return MATERIALISED
 
 
 def ghost_inner_products(a_x, d_x, a_y, d_y, has_bias: bool = False) -> torch.Tensor:
@@ -253,11 +288,13 @@ def materialised_inner_products(a_x, d_x, a_y, d_y, has_bias: bool = False) -> t
     return per_sample_grads(a_x, d_x, has_bias) @ per_sample_grads(a_y, d_y, has_bias).t()
 
 
-def layer_inner_products(io: LayerIO, n_x: int, mode: str = "auto") -> tuple[torch.Tensor, str]:
-    """(n_x, N) inner products between the first n_x rows of ``io`` and all its N rows; and the mode used."""
+def layer_inner_products(io: LayerIO, n_x: int, route: str = "flops",
+                         memory_cap_mb: float = DEFAULT_MEMORY_CAP_MB) -> tuple[torch.Tensor, str]:
+    """(n_x, N) inner products between the first n_x rows of ``io`` and all its N rows; and the route taken
+    (``layer_route``)."""
     T, n_in, n_out = io.a.shape[1], io.a.shape[2], io.d.shape[2]
-    m = layer_mode(T, n_in, n_out, io.has_bias, mode, n_x, io.a.shape[0])
-    if m == "ghost":
+    m = layer_route(T, n_in, n_out, io.has_bias, route, n_x, io.a.shape[0], memory_cap_mb)
+    if m == GHOST:
         return ghost_inner_products(io.a[:n_x], io.d[:n_x], io.a, io.d, io.has_bias), m
     G = per_sample_grads(io.a, io.d, io.has_bias)  # form every row's gradient once
     return G[:n_x] @ G.t(), m
@@ -305,11 +342,13 @@ def greedy_select(u: torch.Tensor, K: torch.Tensor, k: int, eta: float) -> tuple
 
 
 def greats_gram(model: nn.Module, train_x, train_y, val_x, val_y, *, exclude_head: bool = True,
-                mode: str = "auto", impl: str | None = None) -> tuple[torch.Tensor, dict]:
+                route: str = "flops", memory_cap_mb: float = DEFAULT_MEMORY_CAP_MB,
+                impl: str | None = None) -> tuple[torch.Tensor, dict]:
     """(B, B + Bv) fp32 summed-over-layers inner products of the train rows with [train; val] rows.
 
     One forward and one activation-gradient backward on the concatenated (B + Bv, T) batch.
-    Returns the matrix and {"layer_modes": {name: mode}, "train_loss": (B,), "val_loss": (Bv,)}.
+    Returns the matrix and {"layer_modes": {name: ghost|materialised}, "train_loss": (B,), "val_loss": (Bv,)};
+    route / memory_cap_mb choose each layer's form (``layer_route``).
     """
     B = train_x.shape[0]
     if val_x.shape[1] != train_x.shape[1]:
@@ -323,7 +362,7 @@ def greats_gram(model: nn.Module, train_x, train_y, val_x, val_y, *, exclude_hea
         if a is None:
             modes[name] = "unused"
             return
-        ip, modes[name] = layer_inner_products(LayerIO(name, a.float(), d.float(), bias), B, mode)
+        ip, modes[name] = layer_inner_products(LayerIO(name, a.float(), d.float(), bias), B, route, memory_cap_mb)
         total.add_(ip)
 
     loss = stream_linear_io(model, x, y, accumulate, exclude_head=exclude_head, impl=impl)
@@ -332,11 +371,12 @@ def greats_gram(model: nn.Module, train_x, train_y, val_x, val_y, *, exclude_hea
 
 
 def greats_select(model: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor, val_x: torch.Tensor,
-                  val_y: torch.Tensor, *, lr: float, k: int, exclude_head: bool = True,
-                  mode: str = "auto", impl: str | None = None) -> tuple[torch.Tensor, dict]:
+                  val_y: torch.Tensor, *, lr: float, k: int, exclude_head: bool = True, route: str = "flops",
+                  memory_cap_mb: float = DEFAULT_MEMORY_CAP_MB, impl: str | None = None) -> tuple[torch.Tensor, dict]:
     """Choose k of the B rows of (train_x, train_y) (B, T) int64 by GREATS' greedy (module doc).
 
-    val_x, val_y (Bv, T): the validation batch; lr: the current learning rate eta.
+    val_x, val_y (Bv, T): the validation batch; lr: the current learning rate eta; route, memory_cap_mb: each
+    layer's form (``layer_route``: the selection is the same for every route up to floating-point reassociation).
     Returns (kept row indices (k,) int64, ascending; info) with info =
       "val_scores" (B,) fp32 u_i = <g_i, gbar_val>; "gram" (B, B) fp32 K; "pick_order" (k,);
       "gains" (k,) marginal gains at pick time; "objective" F(S); "layer_modes" {name: ghost|materialised};
@@ -344,8 +384,8 @@ def greats_select(model: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor
     Parameter ``.grad`` is left exactly as it was.
     """
     B = train_x.shape[0]
-    ip, info = greats_gram(model, train_x, train_y, val_x, val_y, exclude_head=exclude_head, mode=mode,
-                           impl=impl)
+    ip, info = greats_gram(model, train_x, train_y, val_x, val_y, exclude_head=exclude_head, route=route,
+                           memory_cap_mb=memory_cap_mb, impl=impl)
     K, u = ip[:, :B], ip[:, B:].mean(1)  # <g_i, mean_v g_v> = mean_v <g_i, g_v>
     order, gains = greedy_select(u, K, k, lr)
     modes = info["layer_modes"].values()
@@ -379,30 +419,98 @@ def greats_pool_size(B: int, budget: float, mode: str = "floor") -> tuple[int, i
     raise ConfigError(f"GREATS pool mode: expected floor | pool, found {mode!r}")
 
 
-def ghost_product_flops(layer_shapes: Sequence[tuple[int, int, bool]], B: int, Bv: int, T: int,
-                        mode: str = "auto") -> float:
-    """FLOPs of the inner products: B train rows against B + Bv rows, per layer, by ``layer_flops``."""
+def greats_val_rows(B: int, val_fraction: float) -> int:
+    """Validation rows per micro-batch of B rows: round(method.greats_val_fraction * B), at least 1."""
+    return max(1, round(val_fraction * B))
+
+
+def layer_routes(layer_shapes: Sequence[tuple[int, int, bool]], B: int, Bv: int, T: int, route: str = "flops",
+                 memory_cap_mb: float = DEFAULT_MEMORY_CAP_MB) -> list[str]:
+    """The form ``greats_gram`` takes per layer (``layer_route``): B candidate rows against B + Bv rows."""
+    return [layer_route(T, i, o, bias, route, B, B + Bv, memory_cap_mb) for i, o, bias in layer_shapes]
+
+
+def inner_product_flops(layer_shapes: Sequence[tuple[int, int, bool]], routes: Sequence[str], B: int, Bv: int,
+                        T: int) -> float:
+    """FLOPs of the inner products: B candidate rows against B + Bv rows, each layer by its route ("ghost",
+    "materialised", or "unused": a layer the loss does not reach costs nothing), by ``layer_flops``."""
+    if len(routes) != len(layer_shapes):
+        raise ValueError(f"expected one route per scored layer ({len(layer_shapes)}), found {len(routes)}")
     total = 0.0
-    for n_in, n_out, bias in layer_shapes:
+    for (n_in, n_out, bias), r in zip(layer_shapes, routes):
         ghost, mat = layer_flops(T, n_in, n_out, bias, B, B + Bv)
-        total += ghost if layer_mode(T, n_in, n_out, bias, mode, B, B + Bv) == "ghost" else mat
+        total += {GHOST: ghost, MATERIALISED: mat, "unused": 0.0}[r]
     return total
 
 
 def greats_extra_flops(forward_per_token: float, backward_per_token: float,
                        layer_shapes: Sequence[tuple[int, int, bool]], B: int, Bv: int, T: int, *,
-                       act_backward_fraction: float = 0.5, mode: str = "auto") -> float:
+                       act_backward_fraction: float = 0.5, route: str = "flops",
+                       memory_cap_mb: float = DEFAULT_MEMORY_CAP_MB, routes: Sequence[str] | None = None) -> float:
     """FLOPs GREATS spends per micro-batch beyond the update pass on the kept rows:
 
         (B + Bv) T forward_per_token                               scoring forward, train + validation rows
       + (B + Bv) T backward_per_token * act_backward_fraction      activation-gradient backward (no weight
                                                                    gradients: about half of a backward)
-      + ghost_product_flops(layer_shapes, B, Bv, T)                the inner products
+      + inner_product_flops(layer_shapes, routes, B, Bv, T)        the inner products
 
     forward_per_token / backward_per_token: the trained model's per-token FLOPs (eslm.flops.FlopsModel's
-    forward_per_token / backward_per_token); layer_shapes from ``scored_layer_shapes``. The greedy itself
-    (O(k B)) is negligible and not counted.
+    forward_per_token / backward_per_token); layer_shapes from ``scored_layer_shapes``; routes: the form each
+    layer took (``greats_select``'s info["layer_modes"]), or None for ``layer_routes(..., route, memory_cap_mb)``.
+    The greedy itself (O(k B)) is negligible and not counted.
     """
+    if routes is None:
+        routes = layer_routes(layer_shapes, B, Bv, T, route, memory_cap_mb)
     tokens = (B + Bv) * T
     return (tokens * forward_per_token + tokens * backward_per_token * act_backward_fraction
-            + ghost_product_flops(layer_shapes, B, Bv, T, mode))
+            + inner_product_flops(layer_shapes, routes, B, Bv, T))
+
+
+def greats_micro_batch_cost(fm, layer_shapes: Sequence[tuple[int, int, bool]], B: int, Bv: int, *,
+                            budget: float = 0.9, pool: str = "floor", route: str = "flops",
+                            memory_cap_mb: float = DEFAULT_MEMORY_CAP_MB) -> dict:
+    """GREATS' FLOPs per micro-batch in CLM micro-batches: {"paper": r, "executed": r, "routes": [...]}.
+
+    fm: eslm.flops.FlopsModel of the trained model at T = fm.seq_len; B: the loader's rows per micro-batch
+    (a CLM micro-batch is B T tokens), Bv validation rows; budget, pool: ``greats_pool_size`` (n candidates
+    scored, k kept). GREATS' FLOPs are ``step_flops`` of the update pass on the k T kept tokens (every token
+    of a kept row trains; the CE's head backward runs on those rows, nothing recomputed, as
+    ``CrossEntropy.head_work`` books fully kept rows) plus ``greats_extra_flops`` on n + Bv rows, the same
+    in both conventions. CLM's micro-batch is ``fm.train_per_token * B T`` (its paper = executed = dense).
+    The ratio per optimizer step is the same: both take the same number of micro-batches.
+    """
+    from eslm.flops import step_flops
+
+    T = fm.seq_len
+    n, k = greats_pool_size(B, budget, pool)
+    routes = layer_routes(layer_shapes, n, Bv, T, route, memory_cap_mb)
+    extra = greats_extra_flops(fm.forward_per_token, fm.backward_per_token, layer_shapes, n, Bv, T, routes=routes)
+    sf = step_flops(fm, tokens_seen=k * T, tokens_kept=k * T, head_backward_tokens=k * T,
+                    extra_flops_paper=extra, extra_flops_executed=extra)
+    clm = fm.train_per_token * B * T
+    return {"paper": sf.paper / clm, "executed": sf.executed / clm, "routes": routes}
+
+
+def greats_cost_ratio(cfg, model_config=None) -> dict:
+    """GREATS' cost per micro-batch (= per optimizer step) in CLM micro-batches for an eslm Config:
+    {"paper": r, "executed": r, "routes": [ghost|materialised per scored layer]} ("GREATS costs r CLM
+    micro-batches per step"), by ``greats_micro_batch_cost`` with the config's micro-batch, seq_len, alpha,
+    greats_* keys. model_config: the run's ``ModelConfig``; None builds it from model.preset, model.vocab_size
+    (0: the tokenizer's vocabulary padded to a multiple of 64, as the trainer does) and model.block_size.
+    """
+    from eslm.flops import FlopsModel
+    from eslm.model.gpt import preset
+
+    m, T = cfg.method, cfg.data.seq_len
+    if model_config is None:
+        from eslm.data.tokenizers import ByteTokenizer, GPT2Tokenizer
+
+        vocab = cfg.model.vocab_size or -(-{"byte": ByteTokenizer, "gpt2": GPT2Tokenizer}[cfg.data.tokenizer].vocab_size
+                                          // 64) * 64
+        extra = {"block_size": cfg.model.block_size} if cfg.model.block_size else {}
+        model_config = preset(cfg.model.preset, vocab_size=vocab, **extra)
+    B = cfg.train.micro_batch_size_seqs
+    return greats_micro_batch_cost(FlopsModel.from_config(model_config, T),
+                                   scored_layer_shapes(model_config, m.greats_exclude_head), B,
+                                   greats_val_rows(B, m.greats_val_fraction), budget=1.0 - m.alpha,
+                                   pool=m.greats_pool, route=m.greats_route, memory_cap_mb=m.greats_memory_cap_mb)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from eslm.baselines.greats import greats_extra_flops, greats_pool_size, greats_select, scored_layer_shapes
+from eslm.baselines.greats import (DEFAULT_MEMORY_CAP_MB, check_route, greats_extra_flops, greats_pool_size,
+                                   greats_select, scored_layer_shapes)
 from eslm.baselines.rho1 import ReferenceModel, excess_loss
 from eslm.data.batch import Batch
 from eslm.errors import CheckpointError, ConfigError
@@ -36,6 +37,9 @@ class GreatsRows:
     """GREATS: per micro-batch, score every candidate row by its gradient's alignment with a fresh validation
     batch (ghost inner products) and keep the greedy best rows for the update pass.
 
+    ``route``, ``memory_cap_mb`` (``method.greats_route``, ``greats_memory_cap_mb``): each layer's form of the
+    inner products (``greats.layer_route``); the FLOPs declared follow the forms actually taken.
+
     ``pool`` (``method.greats_pool``, see ``greats.greats_pool_size``) for a loader micro-batch of B rows:
       "floor" (default): the B loader rows are the candidates; keep floor(budget B).
       "pool":  the B loader rows plus ceil(B / budget) - B extra rows drawn from ``candidate_loader`` (an
@@ -47,13 +51,17 @@ class GreatsRows:
     """
 
     def __init__(self, val_loader, *, alpha: float, exclude_head: bool, fm, model_config, device,
-                 pool: str = "floor", candidate_loader=None):
+                 pool: str = "floor", candidate_loader=None, route: str = "flops",
+                 memory_cap_mb: float = DEFAULT_MEMORY_CAP_MB):
         self.val_loader, self.budget, self.pool = val_loader, 1.0 - alpha, pool
         self.candidate_loader = candidate_loader
         self.exclude_head, self.fm, self.device = exclude_head, fm, device
         self.layer_shapes = scored_layer_shapes(model_config, exclude_head)
+        self.route, self.memory_cap_mb = route, memory_cap_mb
         self._last_shape = (0, 0, 0)  # (candidate rows, validation rows, T) of the last selection
-        greats_pool_size(1, self.budget, pool)  # a bad budget or mode fails at construction
+        self._last_routes: list[str] = []  # the form each scored layer took in the last selection
+        greats_pool_size(1, self.budget, pool)  # a bad budget, pool mode, route or cap fails at construction
+        check_route(route, memory_cap_mb)
 
     def candidate_rows(self, batch_rows: int) -> int:
         return greats_pool_size(batch_rows, self.budget, self.pool)[0]
@@ -80,18 +88,21 @@ class GreatsRows:
         val = self.val_loader.next_batch().to(self.device)
         with torch.autocast(device_type=self.device.type, enabled=False):
             index, info = greats_select(model, pool.x, pool.y, val.x, val.y, lr=lr, k=k,
-                                        exclude_head=self.exclude_head)
+                                        exclude_head=self.exclude_head, route=self.route,
+                                        memory_cap_mb=self.memory_cap_mb)
         self._last_shape = (pool.x.shape[0], val.x.shape[0], pool.x.shape[1])
+        self._last_routes = list(info["layer_modes"].values())
         return pool.rows(index.to(pool.x.device)), info
 
     def extra_flops(self, tokens_seen: int) -> tuple[float, float, int]:
         """Scoring the last micro-batch's candidates (``greats_extra_flops``): forward + activation backward on
-        candidates + validation rows, and the inner products. The update pass on the kept rows is the
+        candidates + validation rows, and the inner products in the form each layer took. The update pass on the kept rows is the
         trainer's ``tokens_seen``; the validation rows' forward is inside this figure, hence 0 extra tokens."""
         n, Bv, T = self._last_shape
         if n == 0:
             return 0.0, 0.0, 0
-        f = greats_extra_flops(self.fm.forward_per_token, self.fm.backward_per_token, self.layer_shapes, n, Bv, T)
+        f = greats_extra_flops(self.fm.forward_per_token, self.fm.backward_per_token, self.layer_shapes, n, Bv, T,
+                               routes=self._last_routes)
         return f, f, 0
 
     def state_dict(self) -> dict:

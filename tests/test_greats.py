@@ -87,7 +87,8 @@ def test_ghost_equals_materialised_and_memory_rule():
     assert G.layer_route(1024, 768, 3072, **mem) == "ghost"  # 2.36M > 2.10M
     assert G.layer_route(1024, 768, 3072, route="flops", n_x=12, n_rows=18) == "materialised"
     assert G.layer_route(16, 768, 3072, route="flops", n_x=12, n_rows=18) == "ghost"
-    assert G.layer_route(8, 64, 64, **mem) == "ghost" and G.layer_route(64, 8, 8, **mem) == "materialised"  # 128 < 4096; 8192 > 64
+    # 2 T^2 = 128 < 4096 = in out; 8192 > 64
+    assert G.layer_route(8, 64, 64, **mem) == "ghost" and G.layer_route(64, 8, 8, **mem) == "materialised"
 
 
 def test_scored_shapes_from_config_match_model():
@@ -315,7 +316,8 @@ def test_cost_in_clm_micro_batches_at_the_papers_124m_shape():
 def test_config_route_and_cap():
     cfg = build_config(overrides=["method.name=greats"])
     assert (cfg.method.greats_route, cfg.method.greats_memory_cap_mb) == ("flops", 1024.0)
-    cfg = build_config(overrides=["method.name=greats", "method.greats_route=memory", "method.greats_memory_cap_mb=64"])
+    cfg = build_config(overrides=["method.name=greats", "method.greats_route=memory",
+                                  "method.greats_memory_cap_mb=64"])
     assert (cfg.method.greats_route, cfg.method.greats_memory_cap_mb) == ("memory", 64.0)
     with pytest.raises(ConfigError, match="method.greats_route"):
         build_config(overrides=["method.name=greats", "method.greats_route=auto"])

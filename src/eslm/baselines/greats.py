@@ -239,7 +239,7 @@ def check_route(route: str, memory_cap_mb: float) -> None:
         raise ConfigError(f"GREATS route: expected one of {' | '.join(ROUTES)}, found {route!r}; "
                           f"fix: set method.greats_route=flops")
     if not memory_cap_mb > 0:
-        raise ConfigError(f"GREATS memory cap: expected > 0 MB, found {memory_cap_mb}; "
+        raise ConfigError(f"GREATS memory cap: expected > 0 MiB, found {memory_cap_mb}; "
                           f"fix: set method.greats_memory_cap_mb={DEFAULT_MEMORY_CAP_MB:g}")
 
 
@@ -505,8 +505,8 @@ def greats_cost_ratio(cfg, model_config=None) -> dict:
     if model_config is None:
         from eslm.data.tokenizers import ByteTokenizer, GPT2Tokenizer
 
-        vocab = cfg.model.vocab_size or -(-{"byte": ByteTokenizer, "gpt2": GPT2Tokenizer}[cfg.data.tokenizer].vocab_size
-                                          // 64) * 64
+        tokenizer_vocab = {"byte": ByteTokenizer, "gpt2": GPT2Tokenizer}[cfg.data.tokenizer].vocab_size
+        vocab = cfg.model.vocab_size or -(-tokenizer_vocab // 64) * 64  # padded up to a multiple of 64
         extra = {"block_size": cfg.model.block_size} if cfg.model.block_size else {}
         model_config = preset(cfg.model.preset, vocab_size=vocab, **extra)
     B = cfg.train.micro_batch_size_seqs

@@ -96,8 +96,9 @@ class GreatsRows:
 
     def extra_flops(self, tokens_seen: int) -> tuple[float, float, int]:
         """Scoring the last micro-batch's candidates (``greats_extra_flops``): forward + activation backward on
-        candidates + validation rows, and the inner products in the form each layer took. The update pass on the kept rows is the
-        trainer's ``tokens_seen``; the validation rows' forward is inside this figure, hence 0 extra tokens."""
+        candidates + validation rows, and the inner products in the form each layer took. The update pass on
+        the kept rows is the trainer's ``tokens_seen``; the validation rows' forward is inside this figure,
+        hence 0 extra tokens."""
         n, Bv, T = self._last_shape
         if n == 0:
             return 0.0, 0.0, 0

@@ -130,12 +130,16 @@ def test_existing_run_is_not_overwritten(tiny_data, tmp_path):
 
 
 def test_checkpoint_of_another_model_is_rejected(tiny_data, tmp_path):
-    from eslm.errors import CheckpointError
+    from eslm.errors import CheckpointError, ConfigError
 
     over = tiny_overrides(tiny_data, tmp_path, **{"train.max_steps": 1})
     train(build_config(overrides=over))
-    with pytest.raises(CheckpointError, match="another model"):
+    before = {p: p.read_bytes() for p in (tmp_path / "t").rglob("*") if p.is_file()}
+    with pytest.raises(ConfigError, match="model.preset: 'tiny' -> 'small'"):  # the config check comes first
         train(build_config(overrides=over + ["model.preset=small", "run.resume=true"]))
+    with pytest.raises(CheckpointError, match="another model"):  # and the checkpoint's own model_config
+        train(build_config(overrides=over + ["model.preset=small", "run.resume=true", "run.allow_change=model.preset"]))
+    assert {p: p.read_bytes() for p in (tmp_path / "t").rglob("*") if p.is_file()} == before
 
 
 @pytest.fixture(scope="module")

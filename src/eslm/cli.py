@@ -71,6 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     except ESLMError as e:
         print(f"eslm {name}: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # permissions, full disk, missing paths: one line, never a traceback
+        from eslm.errors import os_error_line
+
+        print(f"eslm {name}: error: {os_error_line(e)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"eslm {name}: interrupted", file=sys.stderr)
         return 130

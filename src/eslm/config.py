@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
@@ -32,6 +33,8 @@ class RunConfig:
     out_dir: str = _f("runs", "parent directory of run directories")
     seed: int = _f(1337, "base random seed (each rank adds its rank)")
     resume: bool = _f(False, "continue from the run directory's latest checkpoint")
+    resume_from: int = _f(0, "with resume: the step of a kept checkpoint to continue from instead of the latest (e.g. before a divergence); later checkpoints are moved to checkpoints/superseded/")
+    allow_change: str = _f("", "with resume: comma-separated keys that may differ from the run's config (e.g. train.lr after a divergence); applied from the resume step, recorded in resumes.jsonl")
 
 
 @dataclass(frozen=True)
@@ -318,7 +321,7 @@ _POSITIVE = ["data.seq_len", "train.micro_batch_size_seqs", "train.grad_accum_st
 _NON_NEGATIVE = ["train.lr", "train.min_lr", "train.warmup_steps", "train.lr_decay_steps", "train.weight_decay",
                  "train.grad_clip", "train.max_flops", "eval.interval", "checkpoint.interval", "checkpoint.keep_last",
                  "method.ada.gamma", "method.salt_kd_steps", "model.vocab_size", "model.block_size",
-                 "train.num_threads"]
+                 "train.num_threads", "run.resume_from"]
 
 
 def get(cfg: Config, dotted: str):
@@ -357,6 +360,11 @@ def validate(cfg: Config) -> list[str]:
         problems.append(f"method.greats_val_fraction: expected in (0, 4], got {cfg.method.greats_val_fraction}")
     if not cfg.method.greats_memory_cap_mb > 0:
         problems.append(f"method.greats_memory_cap_mb: expected > 0 MiB, got {cfg.method.greats_memory_cap_mb}")
+    for key, (default, _) in all_keys().items():  # nan passes every comparison below; inf is no setting
+        if isinstance(default, float) and not math.isfinite(get(cfg, key)):
+            problems.append(f"{key}: expected a finite number, got {get(cfg, key)!r}")
+    if cfg.run.resume_from and not cfg.run.resume:
+        problems.append("run.resume_from: needs run.resume=true (--resume-from STEP sets both)")
     if cfg.train.min_lr > cfg.train.lr:
         problems.append(f"train.min_lr ({cfg.train.min_lr}) must not exceed train.lr ({cfg.train.lr})")
     dev = cfg.train.device

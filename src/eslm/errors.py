@@ -15,3 +15,26 @@ class DataError(ESLMError):
 
 class CheckpointError(ESLMError):
     """A checkpoint that cannot be loaded into this model or run."""
+
+
+def os_error_line(e: OSError) -> str:
+    """One line for an OS error that reached the command line: what failed, on which file, how to fix it."""
+    import errno
+
+    where = f" {e.filename!r}" if e.filename is not None else ""
+    if e.filename2 is not None:
+        where += f" -> {e.filename2!r}"
+    fixes = {
+        errno.EACCES: "make it writable/readable for this user or choose another location",
+        errno.EPERM: "make it writable/readable for this user or choose another location",
+        errno.EROFS: "the file system is read-only: choose another location",
+        errno.ENOSPC: "the disk is full: free space or choose another location",
+        errno.EDQUOT: "the disk quota is exceeded: free space or choose another location",
+        errno.ENOENT: "check the path (a parent directory may be missing)",
+        errno.ENOTDIR: "a component of the path is a regular file, not a directory: choose another location",
+        errno.EISDIR: "expected a file, found a directory: check the path",
+        errno.EEXIST: "remove it or choose another location",
+        errno.ENAMETOOLONG: "use a shorter path",
+    }
+    fix = fixes.get(e.errno, "check the path and its permissions")
+    return f"{e.strerror or type(e).__name__}:{where or ' (no file named)'}; {fix}"

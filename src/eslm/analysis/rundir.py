@@ -20,9 +20,10 @@ from pathlib import Path
 
 from eslm import metrics as M
 from eslm.errors import ESLMError
+from eslm.train.resume import apply_resumes
 
 # Config keys that do not change the experiment, so runs differing only in these are seeds of one group.
-IGNORED_FOR_GROUPING = ("run.name", "run.seed", "run.out_dir", "run.resume")
+IGNORED_FOR_GROUPING = ("run.name", "run.seed", "run.out_dir", "run.resume", "run.resume_from", "run.allow_change")
 
 
 class RunDirError(ESLMError):
@@ -182,6 +183,7 @@ def load_run(path: str | Path) -> Run:
                           "pass runs/<name> directories written by 'eslm train'")
     warnings: list[str] = []
     config = _read_yaml(p / "config.yaml") if (p / "config.yaml").is_file() else {}
+    config = apply_resumes(config, p)  # config.yaml is the run's start; resumes.jsonl its recorded changes
     if not config:
         warnings.append(f"{p}: no config.yaml; the run is grouped on its own")
     env = _read_json(p / "env.json", warnings) if (p / "env.json").is_file() else {}

@@ -106,12 +106,26 @@ class Dataset:
 
 
 def open_dataset(data_dir: str | os.PathLike, *, verify: str = "auto") -> Dataset:
-    """Open and validate a prepared directory (manifest schema, shard presence and sizes, and content
-    hashes when ``verify`` is "hash" or "auto" with small data). Problems raise one-line DataErrors."""
+    """Open and validate a prepared directory (manifest schema, shard presence and sizes, token ids below the
+    vocabulary size unless ``verify`` is "size", and content hashes when ``verify`` is "hash" or "auto" with small
+    data). Problems raise one-line DataErrors."""
     path = Path(data_dir)
     manifest = mf.read_manifest(path)
     mf.verify_shards(path, manifest, verify=verify)
+    if verify != "size":  # "size" asks for sizes only; "auto" range-checks the ids even where it skips the hash
+        _range_checked(path, manifest)
     return Dataset(path, manifest)
+
+
+_RANGE_CHECKED: set = set()
+
+
+def _range_checked(path: Path, manifest: dict) -> None:
+    """Token ids range-checked once per process per shard set (keyed by the files' sizes and mtimes)."""
+    key = (str(path.resolve()),) + tuple((f["path"], os.stat(path / f["path"]).st_mtime_ns) for f in manifest["files"])
+    if key not in _RANGE_CHECKED:
+        mf.check_token_range(path, manifest)
+        _RANGE_CHECKED.add(key)
 
 
 # -------------------------------------------------------------------------------------------- training

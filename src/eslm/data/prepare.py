@@ -99,12 +99,34 @@ def default_workers() -> int:
 
 def prepare(source: str, out_dir: str | os.PathLike, *, tokenizer: str = "gpt2", paths: list[str] | None = None,
             domains: list[str] | None = None, val_fraction: float | None = None, workers: int | None = None,
-            progress: bool = True, overwrite: bool = False, hf_cache_dir: str | None = None) -> dict:
+            progress: bool = True, overwrite: bool = False, hf_cache_dir: str | None = None,
+            _lock: bool = True) -> dict:
     """Tokenise ``source`` into ``out_dir``; returns the manifest dict (also written as manifest.json).
 
     val_fraction: share of documents (by stable hash) sent to val, stdlib/text only (default 0.05).
     workers: tokenisation processes (default min(2, cpu count)); the output does not depend on it.
     """
+    if not _lock:  # the caller (ensure_prepared) holds the output lock
+        return _prepare_locked(source, out_dir, tokenizer=tokenizer, paths=paths, domains=domains,
+                               val_fraction=val_fraction, workers=workers, progress=progress, overwrite=overwrite,
+                               hf_cache_dir=hf_cache_dir)
+    with output_lock(Path(out_dir)).acquire():
+        return _prepare_locked(source, out_dir, tokenizer=tokenizer, paths=paths, domains=domains,
+                               val_fraction=val_fraction, workers=workers, progress=progress, overwrite=overwrite,
+                               hf_cache_dir=hf_cache_dir)
+
+
+def output_lock(out_dir: Path):
+    """The lock of a prepare output directory: a file beside it (the directory itself appears only at the end,
+    renamed from a temporary one). A second ``eslm prepare`` into the same place gets a one-line error."""
+    from eslm.lock import DirLock
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    return DirLock(out_dir, "prepare output directory", path=out_dir.parent / f".{out_dir.name}.eslm.lock")
+
+
+def _prepare_locked(source: str, out_dir, *, tokenizer, paths, domains, val_fraction, workers, progress, overwrite,
+                    hf_cache_dir) -> dict:
     t0 = time.perf_counter()
     out_dir = Path(out_dir)
     _check_out_dir(out_dir, overwrite)
@@ -195,11 +217,9 @@ def ensure_prepared(source: str = "stdlib", tokenizer: str = "gpt2", root: str |
     out = Path(root) if root is not None else default_data_root()
     out = out / f"{source}-{tokenizer}"
     if not (out / mf.MANIFEST_NAME).is_file():
-        try:
-            prepare(source, out, tokenizer=tokenizer, progress=progress, **kwargs)
-        except OSError:
-            if not (out / mf.MANIFEST_NAME).is_file():  # lost a race: fine if the winner finished
-                raise
+        with output_lock(out).acquire(wait=True):  # a concurrent caller prepares; we then use its result
+            if not (out / mf.MANIFEST_NAME).is_file():
+                prepare(source, out, tokenizer=tokenizer, progress=progress, _lock=False, **kwargs)
     manifest = mf.read_manifest(out)
     mf.verify_shards(out, manifest, verify="size")
     return out

@@ -103,6 +103,8 @@ def read_checkpoint(path: str | Path) -> dict:
         ckpt = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:  # pickle errors, zip errors, unsafe globals: all mean "not our checkpoint"
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "weights_only" in str(e) or "Weights only" in str(e):  # never relay torch's "retry unsafely" advice
+            first = "it holds objects other than tensors and plain values, which eslm never loads"
         raise CheckpointError(
             f"expected an eslm checkpoint (torch.save'd dict) at {p}, but it could not be read ({first}); "
             "point at a step_XXXXXXX.pt written by 'eslm train'"

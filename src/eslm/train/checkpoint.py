@@ -29,11 +29,15 @@ def checkpoint_name(step: int) -> str:
 def _atomic_write(path: Path, write) -> None:
     """Write via a temporary file in the same directory, fsync, then rename: a kill never leaves a torn file."""
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, a permission error: leave no partial file behind (it may be GBs)
+        tmp.unlink(missing_ok=True)
+        raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
@@ -45,10 +49,74 @@ def save_checkpoint(ckpt_dir: Path, state: dict, *, keep_last: int, milestones: 
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     state = {"format": CHECKPOINT_FORMAT, **state}
     path = ckpt_dir / checkpoint_name(state["step"])
-    _atomic_write(path, lambda f: torch.save(state, f))
-    _atomic_write(ckpt_dir / "latest", lambda f: f.write(path.name.encode()))
+    try:
+        _atomic_write(path, lambda f: torch.save(state, f))
+        _atomic_write(ckpt_dir / "latest", lambda f: f.write(path.name.encode()))
+    except OSError as e:
+        prev = latest_checkpoint(ckpt_dir.parent)
+        intact = f"the previous checkpoint {prev.name} and `latest` are intact" if prev else "no earlier checkpoint"
+        raise CheckpointError(f"could not write checkpoint {path} ({e.strerror or e}); {intact}; "
+                              f"{_os_fix(e)}, then resume with --resume") from None
     _prune(ckpt_dir, keep_last, set(milestones))
     return path
+
+
+def _os_fix(e: OSError) -> str:
+    import errno
+
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free disk space (or set run.out_dir to a larger disk)"
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "make the run directory writable (or set run.out_dir elsewhere)"
+    return "check the run directory"
+
+
+def remove_stale_temporaries(ckpt_dir: Path) -> list[Path]:
+    """Delete ``.step_*.pt.tmp.PID`` / ``.latest.tmp.PID`` files that a killed or failed save left behind.
+
+    Call only while holding the run directory's lock: then no live process is writing them."""
+    if not ckpt_dir.is_dir():
+        return []
+    stale = [p for p in ckpt_dir.iterdir() if p.name.startswith(".") and ".tmp." in p.name]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
+
+
+def state_is_finite(model_state: dict) -> bool:
+    """True when every floating-point tensor of a state dict is finite (one host sync)."""
+    flags = [torch.isfinite(t).all() for t in model_state.values() if torch.is_tensor(t) and t.is_floating_point()]
+    return bool(torch.stack(flags).all()) if flags else True
+
+
+def checkpoint_at(run_dir: Path, step: int) -> Path:
+    """The kept checkpoint of ``step``, or a one-line error listing the steps that are kept."""
+    ckpt_dir = Path(run_dir) / "checkpoints"
+    path = ckpt_dir / checkpoint_name(step)
+    if not path.is_file():
+        kept = kept_steps(ckpt_dir)
+        raise CheckpointError(f"no checkpoint of step {step} in {ckpt_dir}; kept steps: "
+                              f"{', '.join(map(str, kept)) or 'none'}")
+    return path
+
+
+def kept_steps(ckpt_dir: Path) -> list[int]:
+    if not ckpt_dir.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in ckpt_dir.iterdir() if (m := _NAME.match(p.name)))
+
+
+def supersede_after(run_dir: Path, step: int) -> list[str]:
+    """Move the checkpoints after ``step`` to checkpoints/superseded/ (a resume from an earlier step makes
+    them another branch of the run; kept, not deleted) and point ``latest`` at ``step``."""
+    ckpt_dir = Path(run_dir) / "checkpoints"
+    later = [s for s in kept_steps(ckpt_dir) if s > step]
+    if later:
+        (ckpt_dir / "superseded").mkdir(exist_ok=True)
+    for s in later:
+        os.replace(ckpt_dir / checkpoint_name(s), ckpt_dir / "superseded" / checkpoint_name(s))
+    _atomic_write(ckpt_dir / "latest", lambda f: f.write(checkpoint_name(step).encode()))
+    return [checkpoint_name(s) for s in later]
 
 
 def _prune(ckpt_dir: Path, keep_last: int, milestones: set) -> None:
@@ -83,14 +151,14 @@ def load_checkpoint(path: Path, map_location="cpu", mmap: bool = False) -> dict:
     return state
 
 
-def check_model_matches(state: dict, model_config: dict, path) -> None:
+def check_model_matches(state: dict, model_config: dict, path,
+                        fix: str = "resume with the config it was written with, or start a new run.name") -> None:
     """Clear error for a checkpoint of another model shape (before load_state_dict's wall of text)."""
     theirs = state.get("model_config", {})
     diffs = [f"{k}={theirs.get(k)!r} (run: {v!r})" for k, v in model_config.items()
              if k not in ("dropout",) and theirs.get(k) != v]
     if diffs:
-        raise CheckpointError(f"checkpoint {str(path)!r} is of another model: {', '.join(diffs)}; "
-                              "resume with the config it was written with, or start a new run.name")
+        raise CheckpointError(f"checkpoint {str(path)!r} is of another model: {', '.join(diffs)}; {fix}")
 
 
 # ------------------------------------------------------------------ RNG state as plain types / tensors

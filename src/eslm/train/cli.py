@@ -11,7 +11,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("items", nargs="*", metavar="CONFIG.yaml|key=value",
                    help="YAML files of config deltas (applied in order), then dotted overrides like method.alpha=0.2")
-    p.add_argument("--resume", action="store_true", help="continue the run from its latest checkpoint (run.resume=true)")
+    p.add_argument("--resume", nargs="?", const=True, default=None, metavar="RUN_DIR",
+                   help="continue the run from its latest checkpoint (run.resume=true); with RUN_DIR and no other "
+                        "arguments, with the run's own config. Only the keys listed in docs/training.md may differ "
+                        "from the run's config (others: run.allow_change=KEY,...)")
+    p.add_argument("--resume-from", type=int, metavar="STEP", default=None,
+                   help="like --resume, from the kept checkpoint of STEP (e.g. before a divergence)")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.epilog = ("With no arguments: the `small` model on the built-in stdlib corpus (prepared on first use).\n\n"
                 "methods (method.name):\n" + describe_methods() + "\n\nconfig keys (default, meaning):\n" + describe_keys())
@@ -21,11 +26,33 @@ def run(args: argparse.Namespace) -> int:
     from eslm.config import build_config, to_yaml
     from eslm.train.trainer import train
 
-    files = [i for i in args.items if "=" not in i]
-    overrides = [i for i in args.items if "=" in i] + (["run.resume=true"] if args.resume else [])
-    cfg = build_config(files, overrides)
+    base, items, resume = _resume_args(args)
+    files = [i for i in items if "=" not in i]
+    overrides = [i for i in items if "=" in i] + (["run.resume=true"] if resume else [])
+    cfg = build_config(files, overrides, base=base)
     if args.print_config:
         print(to_yaml(cfg), end="")
         return 0
     result = train(cfg)
     return 0 if result.stopped_by in ("max_steps", "max_flops", "preempted") else 1
+
+
+def _resume_args(args):
+    """(base config, items, resume): ``--resume RUN_DIR`` starts from the run's own config; ``--resume`` followed
+    by a YAML file or key=value (argparse took it as RUN_DIR) gives it back to the items."""
+    from pathlib import Path
+
+    items, base = list(args.items), None
+    r = args.resume
+    looks_like_item = "=" in str(r) or str(r).endswith((".yaml", ".yml"))
+    if isinstance(r, str) and looks_like_item and not (Path(r) / "config.yaml").is_file():
+        items.insert(0, r)
+        r = True
+    if isinstance(r, str):
+        from eslm.train.resume import resume_base
+
+        base, where = resume_base(r)
+        items = where + items
+    if args.resume_from is not None:
+        items.append(f"run.resume_from={args.resume_from}")
+    return base, items, bool(r) or args.resume_from is not None

@@ -40,6 +40,31 @@ def env_info(device: torch.device, world_size: int, seed: int) -> dict:
     return info
 
 
+def cut_torn_tail(path: Path) -> None:
+    """Truncate a JSON-lines file after its last newline: drops a last line torn by a kill mid-write (that
+    step is past the last checkpoint, so a resume writes it again)."""
+    if not path.is_file():
+        return
+    with open(path, "rb+") as f:
+        size = f.seek(0, 2)
+        if size == 0:
+            return
+        pos = size
+        while pos > 0:  # scan back in blocks for the last newline
+            start = max(0, pos - 65536)
+            f.seek(start)
+            block = f.read(pos - start)
+            i = block.rfind(b"\n")
+            if i >= 0:
+                end = start + i + 1
+                break
+            pos = start
+        else:
+            end = 0
+        if end != size:
+            f.truncate(end)
+
+
 class MetricsWriter:
     """Appends one JSON object per line to metrics.jsonl (flushed each line) and mirrors scalars to TensorBoard.
 
@@ -49,6 +74,7 @@ class MetricsWriter:
 
     def __init__(self, run_dir: Path, tensorboard: bool):
         self.path = run_dir / "metrics.jsonl"
+        cut_torn_tail(self.path)  # else the next line would be glued to a line a kill left half-written
         self.file = open(self.path, "a", buffering=1)
         self.tb = None
         if tensorboard:

@@ -28,6 +28,7 @@ from eslm.train import checkpoint as ckpt
 from eslm.train.distributed import (DistInfo, FSDPModel, full_state_dicts, init_distributed,
                                     load_full_state_dicts, shard_fsdp, shutdown)
 from eslm.train.optim import build_optimizer, lr_at
+from eslm.train.resume import check_resume, lock_run_dir, record_resume
 from eslm.train.run_dir import MetricsWriter, env_info
 from eslm.train.step import StepOptions, forward_backward
 
@@ -122,6 +123,7 @@ class Trainer:
     def _model_config(self):
         m = self.cfg.model
         vocab = m.vocab_size or pad_vocab(self.dataset.vocab_size)
+        check_data_tokenizer(self.dataset, self.cfg.data.tokenizer)
         self.dataset.check_vocab(vocab)
         overrides = {"vocab_size": vocab, "dropout": m.dropout}
         if m.block_size:
@@ -137,11 +139,30 @@ class Trainer:
             return
         from eslm.model.loading import load_model
 
-        src, _ = load_model(self.cfg.model.init_from, device=self.device)
+        src, info = load_model(self.cfg.model.init_from, device=self.device)
+        self._adopt_init_vocab(src.config.vocab_size, info.get("tokenizer"))
         sd = src.state_dict()
         ckpt.check_model_matches({"model_config": src.config.to_dict()}, self.model_config.to_dict(),
-                                 self.cfg.model.init_from)
+                                 self.cfg.model.init_from, fix="set model.preset / model.block_size / "
+                                 "model.vocab_size to the source model's, or point model.init_from elsewhere")
         self.raw_model.load_state_dict(sd)
+
+    def _adopt_init_vocab(self, src_vocab: int, src_tokenizer: str | None) -> None:
+        """model.init_from: the source's tokenizer must be the data's; with model.vocab_size=0 (auto) the
+        source's vocabulary is used when it covers the data's (an export-hf or HF GPT-2 directory holds 50257
+        rows, not the padded 50304: padding a tied head with rows would put mass on ids that do not exist)."""
+        if src_tokenizer is not None and src_tokenizer != self.dataset.tokenizer_name:
+            raise ConfigError(f"model.init_from {self.cfg.model.init_from!r} was trained with the {src_tokenizer!r} "
+                              f"tokenizer, the data ({self.dataset.path}) with {self.dataset.tokenizer_name!r}; "
+                              "use data prepared with the same tokenizer, or another model.init_from")
+        if (self.cfg.model.vocab_size == 0 and src_vocab != self.model_config.vocab_size
+                and src_vocab >= self.dataset.vocab_size):
+            from dataclasses import replace
+
+            self._log(f"model.init_from: vocabulary of {src_vocab} rows taken from the source "
+                      f"(model.vocab_size=0 would pad to {self.model_config.vocab_size})")
+            self.model_config = replace(self.model_config, vocab_size=src_vocab)
+            self.raw_model = GPT(self.model_config).to(self.device)
 
     def _wrap(self, model):
         if self.fsdp:
@@ -185,23 +206,28 @@ class Trainer:
         rd = self.run_dir
         has_metrics = (rd / "metrics.jsonl").is_file() and (rd / "metrics.jsonl").stat().st_size > 0
         if self.dist.is_main:
+            # a resume must be the same run: compared (reading only) before anything is written
+            self._resume_changes = check_resume(rd, self.cfg) if self.cfg.run.resume else None
             if has_metrics and not self.cfg.run.resume:
                 raise ConfigError(f"run directory {str(rd)!r} already holds a run; pass run.resume=true "
                                   "(--resume) to continue it, or choose another run.name")
-            rd.mkdir(parents=True, exist_ok=True)
-            (rd / "config.yaml").write_text(to_yaml(self.cfg))
-            env = env_info(self.device, self.dist.world_size, self.cfg.run.seed)
-            env["model_params_non_embedding"] = self.raw_model.num_params()
-            env["load_avg_at_start"] = _load_avg()
-            (rd / "env.json").write_text(json.dumps(env, indent=2) + "\n")
+            self._lock = lock_run_dir(rd, self.cfg.run.resume, self._log)
+            if not self.cfg.run.resume:  # config.yaml and env.json describe the run's start, written once
+                (rd / "config.yaml").write_text(to_yaml(self.cfg))
+                env = env_info(self.device, self.dist.world_size, self.cfg.run.seed)
+                env["model_params_non_embedding"] = self.raw_model.num_params()
+                env["load_avg_at_start"] = _load_avg()
+                (rd / "env.json").write_text(json.dumps(env, indent=2) + "\n")
             self.writer = MetricsWriter(rd, self.cfg.log.tensorboard)
 
     def _maybe_resume(self) -> None:
         if not self.cfg.run.resume:
             return
-        path = ckpt.latest_checkpoint(self.run_dir)
+        rf = self.cfg.run.resume_from
+        path = ckpt.checkpoint_at(self.run_dir, rf) if rf else ckpt.latest_checkpoint(self.run_dir)
         if path is None:
             self._log(f"no checkpoint in {self.run_dir}; starting from step 0")
+            self._record_resume(step=0)
             return
         # FSDP: every rank reads the full file memory-mapped on CPU (one page cache) and keeps its shard
         state = ckpt.load_checkpoint(path, map_location="cpu" if self.fsdp else self.device, mmap=self.fsdp)
@@ -218,9 +244,28 @@ class Trainer:
         self.step, self.elapsed_s = state["step"], state["elapsed_s"]
         self.cpu_s = float(state.get("cpu_s", 0.0))  # checkpoints written before cpu_s existed: 0
         self._log(f"resumed from {path} at step {self.step}")
+        self._record_resume(step=self.step)
+
+    def _record_resume(self, step: int) -> None:
+        """Rank 0: supersede checkpoints after a --resume-from step; append the resumes.jsonl record."""
+        if not self.dist.is_main:
+            return
+        extra = {}
+        if self.cfg.run.resume_from:
+            extra["resume_from"] = step
+            extra["superseded"] = ckpt.supersede_after(self.run_dir, step)
+            if extra["superseded"]:
+                self._log(f"later checkpoints moved to {self.run_dir / 'checkpoints' / 'superseded'}: "
+                          f"{', '.join(extra['superseded'])}")
+        for key, (old, new) in (self._resume_changes or {}).items():
+            self._log(f"resume changes {key}: {old!r} -> {new!r} (recorded in resumes.jsonl)")
+        record_resume(self.run_dir, self._resume_changes or {}, step, **extra)
 
     def save(self) -> Path | None:
         """Rank 0 writes the checkpoint; under FSDP every rank must call this (the full state dicts are gathered)."""
+        if not self._weights_finite():
+            raise TrainingDiverged(f"the weights at step {self.step} are not finite; no checkpoint was written. "
+                                   + self._last_good_hint())
         if self.fsdp:
             model_sd, optim_sd = full_state_dicts(self.raw_model, self.optimizer)
         if not self.dist.is_main:
@@ -238,8 +283,35 @@ class Trainer:
         return ckpt.save_checkpoint(self.run_dir / "checkpoints", state, keep_last=c.keep_last,
                                     milestones=tuple(c.milestones))
 
+    def _weights_finite(self) -> bool:
+        """Every parameter finite, on every rank (a collective when distributed: save() is one already)."""
+        local = [p.to_local() if hasattr(p, "to_local") else p for p in self.raw_model.parameters()]
+        ok = torch.stack([torch.isfinite(p.detach()).all() for p in local]).all().float().reshape(1)
+        if self.dist.enabled:
+            import torch.distributed as dist
+
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        return bool(ok.item())
+
+    def _last_good_hint(self) -> str:
+        path = ckpt.latest_checkpoint(self.run_dir)
+        kept = ckpt.kept_steps(self.run_dir / "checkpoints")
+        if path is None:
+            return "There is no checkpoint of this run; start again with a lower train.lr or check the data."
+        return (f"The last good checkpoint is {path} (kept steps: {', '.join(map(str, kept))}); resume with "
+                "--resume (add run.allow_change=train.lr train.lr=LOWER to lower the learning rate) or from an "
+                "earlier step with --resume-from STEP, or check the data")
+
     # ------------------------------------------------------------------ loop
     def train(self) -> RunResult:
+        """Runs under the run directory's lock (rank 0), released however the run ends."""
+        try:
+            return self._train_locked()
+        finally:
+            if getattr(self, "_lock", None) is not None:
+                self._lock.release()
+
+    def _train_locked(self) -> RunResult:
         self._prepare_run_dir()
         self._maybe_resume()
         old_handler = signal.signal(signal.SIGTERM, self._on_sigterm) if _in_main_thread() else None
@@ -356,8 +428,7 @@ class Trainer:
         if not math.isfinite(loss) or not math.isfinite(float(grad_norm)):
             self.optimizer.zero_grad(set_to_none=True)
             raise TrainingDiverged(f"non-finite loss ({loss}) or gradient norm ({float(grad_norm)}) at step "
-                                   f"{self.step + 1}; the optimizer step was not taken and the last checkpoint "
-                                   f"in {self.run_dir / 'checkpoints'} is intact — lower train.lr or check the data")
+                                   f"{self.step + 1}; the optimizer step was not taken. " + self._last_good_hint())
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
@@ -485,6 +556,14 @@ class Trainer:
             parts.append(f"MFU {100 * rec[M.MFU]:.1f}%")
         parts.append(f"ETA {_fmt_time(remaining)}")
         print(" | ".join(parts), flush=True)
+
+
+def check_data_tokenizer(dataset, tokenizer: str) -> None:
+    """data.tokenizer must name the tokenizer the data was prepared with (it decides e.g. init_from checks)."""
+    if dataset.tokenizer_name != tokenizer:
+        raise ConfigError(f"data.tokenizer={tokenizer!r}, but {dataset.path} was prepared with the "
+                          f"{dataset.tokenizer_name!r} tokenizer; set data.tokenizer={dataset.tokenizer_name} "
+                          f"(or prepare the data with {tokenizer!r})")
 
 
 def _parse_weights(spec: str):

@@ -1,0 +1,85 @@
+"""``python tests/faulty_eslm.py ARGS...``: the ``eslm`` command with a SIGKILL injected (fault-injection tests).
+
+ESLM_TEST_KILL="POINT:N" kills this process at the N-th (1-based) occurrence of POINT:
+- ``step``: at the start of a training step (before any of its work);
+- ``save``: inside an atomic checkpoint write (the .pt file or ``latest``), after half of its bytes;
+- ``metrics``: inside a metrics.jsonl write, after half of the line.
+Nothing is patched without the variable, so the same runner also gives the uninterrupted reference.
+"""
+
+import io
+import os
+import signal
+import sys
+
+
+def _kill():
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def install(point: str, n: int) -> None:
+    import eslm.train.checkpoint as ckpt
+    from eslm.train.run_dir import MetricsWriter
+    from eslm.train.trainer import Trainer
+
+    calls = {"n": 0}
+
+    def hit() -> bool:
+        calls["n"] += 1
+        return calls["n"] == n
+
+    if point == "step":
+        real_step = Trainer._train_one_step
+
+        def step(self):
+            if hit():
+                _kill()
+            return real_step(self)
+
+        Trainer._train_one_step = step
+    elif point == "save":
+        real_write = ckpt._atomic_write
+
+        def atomic_write(path, write):
+            if not hit():
+                return real_write(path, write)
+
+            def half(f):
+                buf = io.BytesIO()
+                write(buf)
+                data = buf.getvalue()
+                f.write(data[: max(1, len(data) // 2)])
+                f.flush()
+                os.fsync(f.fileno())
+                _kill()
+
+            return real_write(path, half)
+
+        ckpt._atomic_write = atomic_write
+    elif point == "metrics":
+        real_write = MetricsWriter.write
+
+        def write(self, record):
+            if not hit():
+                return real_write(self, record)
+            import json
+
+            line = json.dumps(record, default=str) + "\n"
+            self.file.write(line[: len(line) // 2])
+            self.file.flush()
+            _kill()
+
+        MetricsWriter.write = write
+    else:
+        raise SystemExit(f"unknown kill point {point!r}")
+
+
+if __name__ == "__main__":
+    spec = os.environ.get("ESLM_TEST_KILL")
+    if spec:
+        point, n = spec.split(":")
+        install(point, int(n))
+    from eslm.cli import main
+
+    sys.exit(main(sys.argv[1:]))

@@ -43,6 +43,29 @@ def _top_parser() -> argparse.ArgumentParser:
     return p
 
 
+def command_parser(name: str):
+    """(module, argparse parser) of the command ``name``."""
+    module_name, help_text = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"eslm {name}", description=help_text,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    module.add_arguments(parser)
+    return module, parser
+
+
+def parse_command(name: str, rest: list[str]):
+    """(module, parsed arguments) of ``eslm NAME REST...``; exits 2 with a usage line on a bad argument.
+
+    Options may sit anywhere among the positional arguments (``eslm study demo --out X key=value``):
+    ``parse_intermixed_args``. A module with ``PASSTHROUGH = True`` gets REST unparsed (``eslm lm-eval``
+    hands it to lm-eval's own command line).
+    """
+    module, parser = command_parser(name)
+    if getattr(module, "PASSTHROUGH", False):
+        return module, rest
+    return module, parser.parse_intermixed_args(rest)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in COMMANDS:
@@ -58,12 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         top.error(f"unknown command {ns.command!r}; expected one of: {', '.join(COMMANDS)}")
     name, rest = argv[0], argv[1:]
-    module_name, help_text = COMMANDS[name]
-    module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(prog=f"eslm {name}", description=help_text,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    module.add_arguments(parser)
-    args = parser.parse_args(rest)
+    module, args = parse_command(name, rest)
     from eslm.errors import ESLMError
 
     try:

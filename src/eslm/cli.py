@@ -24,9 +24,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prepare": ("eslm.data.prepare", "tokenize a text source into shards + manifest.json"),
     "export-hf": ("eslm.model.hf", "export a checkpoint to a transformers GPT2LMHeadModel directory"),
     "eval": ("eslm.eval.harness", "run lm-evaluation-harness tasks on a run or checkpoint"),
+    "lm-eval": ("eslm.eval.lm_eval_cli", "lm-eval's own command line with our model: --model eslm --model_args run_dir=PATH"),
     "report": ("eslm.analysis.report", "HTML report with figures from run directories"),
     "tokens": ("eslm.analysis.tokens", "token-selection view: which tokens ESLM keeps"),
     "study": ("eslm.study", "run a grid of methods x seeds at equal FLOPs, then the report"),
+    "sample": ("eslm.sample", "generate text from a run, checkpoint or snapshot (KV cache)"),
 }
 
 

@@ -118,6 +118,9 @@ class EvalSection:
 class LogSection:
     interval: int = _f(10, "optimizer steps between progress lines / metrics lines")
     tensorboard: bool = _f(True, "write TensorBoard event files to <run>/tb (if tensorboard is installed)")
+    wandb: bool = _f(False, "log to Weights & Biases (pip install 'eslm[wandb]'; WANDB_MODE=offline works)")
+    wandb_project: str = _f("eslm", "W&B project")
+    wandb_run_name: str = _f("", "W&B run name; empty = the run directory's name")
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,9 @@ class CheckpointSection:
     interval: int = _f(100, "optimizer steps between checkpoints (0 = only at the end)")
     keep_last: int = _f(2, "keep the last K regular checkpoints")
     milestones: tuple = _f((), "steps whose checkpoints are always kept (e.g. Rho-1 references, KD teachers)")
+    snapshot_interval: int = _f(0, "model-only safetensors snapshots in <run>/snapshots: 0 = at every evaluation, "
+                                   "N = every N steps, -1 = none")
+    snapshot_keep: int = _f(0, "snapshots kept (the newest K); 0 = all")
 
 
 @dataclass(frozen=True)
@@ -265,6 +271,8 @@ def load_yaml(path: str | Path) -> dict:
     import yaml
 
     p = Path(path)
+    if not p.is_file() and p.parts[:1] == ("configs",):  # the copy inside the package (a pip install)
+        p = Path(__file__).resolve().parent / p if (Path(__file__).parent / p).is_file() else p
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} not found; expected a YAML file of config deltas")
     try:
@@ -320,6 +328,7 @@ _POSITIVE = ["data.seq_len", "train.micro_batch_size_seqs", "train.grad_accum_st
              "method.ada.interval"]
 _NON_NEGATIVE = ["train.lr", "train.min_lr", "train.warmup_steps", "train.lr_decay_steps", "train.weight_decay",
                  "train.grad_clip", "train.max_flops", "eval.interval", "checkpoint.interval", "checkpoint.keep_last",
+                 "checkpoint.snapshot_keep",
                  "method.ada.gamma", "method.salt_kd_steps", "model.vocab_size", "model.block_size",
                  "train.num_threads", "run.resume_from"]
 
@@ -345,6 +354,9 @@ def validate(cfg: Config) -> list[str]:
     for key in _NON_NEGATIVE:
         if get(cfg, key) < 0:
             problems.append(f"{key}: expected >= 0, got {get(cfg, key)!r}")
+    if cfg.checkpoint.snapshot_interval < -1:
+        problems.append(f"checkpoint.snapshot_interval: expected -1 (none), 0 (at every evaluation) or a step "
+                        f"count, got {cfg.checkpoint.snapshot_interval!r}")
     if cfg.model.preset not in PRESETS:
         problems.append(f"model.preset: expected one of {', '.join(PRESETS)}, got {cfg.model.preset!r}")
     if not (0.0 <= cfg.method.alpha < 1.0):

@@ -41,10 +41,10 @@ from pathlib import Path
 
 from eslm.errors import ConfigError
 
-# Study files live in the repository (configs/studies), not in the installed package. A name is looked up
-# in the source tree this module was imported from (an editable install or a checkout on sys.path), then in
-# ./configs/studies (a non-editable install run from the repository root).
-STUDIES_DIR = Path(__file__).resolve().parents[2] / "configs" / "studies"
+# Study files ship inside the package: src/eslm/configs is a link to the repository's configs/, so a
+# checkout, an editable install and a wheel all find them next to this module (the wheel holds a copy).
+# ./configs/studies is searched next, for a user's own studies kept in the working directory.
+STUDIES_DIR = Path(__file__).resolve().parent / "configs" / "studies"
 
 _ENTRY_KEYS = ("name", "label")
 

@@ -50,7 +50,7 @@ class TokensViewError(ESLMError):
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("checkpoint", help="run directory, checkpoint .pt or local HF GPT-2 directory")
+    parser.add_argument("checkpoint", help="run directory, checkpoint .pt, snapshot .safetensors or local HF GPT-2 directory")
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--data", help="prepared data directory: passages from each domain's validation split")
     src.add_argument("--text", help="a UTF-8 text file: passages are its paragraphs (blank-line separated)")

@@ -161,16 +161,22 @@ def lm_class():
     class ESLMLM(LM):
         """lm-eval adapter around an eslm ``GPT`` and tokenizer (``.encode``, ``.decode``, ``.eot_id``)."""
 
-        def __init__(self, model=None, tokenizer=None, batch_size: int = 16, progress: bool = False,
-                     pretrained: str | None = None, device: str = "cpu", **_):
+        def __init__(self, model=None, tokenizer=None, batch_size: int | str = 16, progress: bool = False,
+                     pretrained: str | None = None, run_dir: str | None = None, checkpoint: str | None = None,
+                     device: str | None = None, **_):
             super().__init__()
-            if model is None:  # created by name from lm_eval's own CLI: --model eslm --model_args pretrained=PATH
+            if model is None:  # by name from lm-eval's CLI: --model eslm --model_args run_dir=PATH (eslm lm-eval)
                 from eslm.model.loading import load_model
 
-                model, info = load_model(pretrained, device=device)
-                tokenizer = tokenizer or resolve_tokenizer(info.get("tokenizer"))
+                path = run_dir or checkpoint or pretrained
+                if not path:
+                    raise ConfigError("expected --model_args run_dir=PATH (a run directory, checkpoint, snapshot "
+                                      "or HF GPT-2 directory), found no path")
+                model, info = load_model(path, device=device or ("cuda" if torch.cuda.is_available() else "cpu"))
+                tokenizer = resolve_tokenizer(tokenizer if isinstance(tokenizer, str) else info.get("tokenizer"))
             self.model, self.tok = model.eval(), tokenizer
-            self.batch_size_, self.progress = int(batch_size or 16), progress
+            self.batch_size_ = int(batch_size) if str(batch_size).isdigit() else 16  # lm-eval may pass "auto"
+            self.progress = progress
 
         def loglikelihood(self, requests, disable_tqdm: bool = False):
             pairs = [encode_pair(self.tok, *r.args) for r in requests]
@@ -308,6 +314,8 @@ def evaluate(model, tokenizer, tasks: dict[str, int], *, limit: int | float | No
         for name, metrics in res["results"].items():
             metric, value, se = headline_metric(metrics)
             out[name] = {"num_fewshot": int(res.get("n-shot", {}).get(name, shots)), "metric": metric,
+                         "version": _plain(res.get("versions", {}).get(name)),
+                         "task_config": _plain(res.get("configs", {}).get(name)),
                          "value": value, "stderr": se,
                          "n_samples": _plain(res.get("n-samples", {}).get(name, {}).get("effective")),
                          "metrics": _plain({k: v for k, v in metrics.items() if k != "alias"})}
@@ -463,9 +471,10 @@ def write_summary(eval_dir: Path) -> Path | None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("paths", nargs="+", metavar="RUN_DIR|CHECKPOINT",
-                        help="run directory (its latest checkpoint), checkpoint .pt, or HF GPT-2 directory")
+                        help="run directory (its latest checkpoint), checkpoint .pt, snapshot .safetensors, or HF GPT-2 directory")
     parser.add_argument("--all-checkpoints", action="store_true",
-                        help="evaluate every step_XXXXXXX.pt of each run directory (accuracy against FLOPs)")
+                        help="evaluate every saved step of each run directory: its snapshot "
+                        "(snapshots/*.safetensors) or else its checkpoint (accuracy against FLOPs)")
     parser.add_argument("--tasks", nargs="*", default=None,
                         help="TASK or TASK:SHOTS, comma or space separated; default: the paper's suite "
                         + ", ".join(f"{t}:{k}" for t, k in PAPER_TASKS.items()))
@@ -485,11 +494,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _checkpoints(paths: list[str], all_checkpoints: bool) -> list[str]:
-    from eslm.model.loading import list_checkpoints
+    from eslm.model.loading import list_evaluable
 
     out: list[str] = []
     for p in paths:
-        found = list_checkpoints(p) if all_checkpoints and Path(p).is_dir() else []
+        found = list_evaluable(p) if all_checkpoints and Path(p).is_dir() else []
         out += [str(f) for f in found] or [p]
     return out
 

@@ -6,6 +6,10 @@ onto transformers' ``GPT2LMHeadModel`` (see ``eslm.model.hf``).
 The forward returns the final hidden states (after ``ln_f``), shape (B, T, n_embd). It never computes a
 loss: every loss is computed from (hidden, head weight, targets) in ``eslm.objectives`` / ``eslm.ops``,
 which is what lets the selective loss skip work for dropped tokens. ``logits()`` gives full logits on request.
+
+``forward(idx, cache=KVCache(...))`` is the incremental path for generation (``eslm.sample``): each layer's
+keys and values are appended to the cache and ``idx`` holds only the new tokens. Without a cache the forward
+runs exactly the training code (the cache branch is separate), so training numerics do not depend on it.
 """
 
 from __future__ import annotations
@@ -52,6 +56,25 @@ def preset(name: str, **overrides) -> ModelConfig:
     return ModelConfig(**{**PRESETS[name], **overrides})
 
 
+class KVCache:
+    """Keys and values of the tokens processed so far, per layer: (B, n_head, T_cached, head_dim) each."""
+
+    def __init__(self, n_layer: int):
+        self.k: list[torch.Tensor | None] = [None] * n_layer
+        self.v: list[torch.Tensor | None] = [None] * n_layer
+
+    @property
+    def length(self) -> int:
+        """Tokens cached (the position of the next token)."""
+        return 0 if self.k[0] is None else self.k[0].shape[2]
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.k[layer] is not None:
+            k, v = torch.cat([self.k[layer], k], dim=2), torch.cat([self.v[layer], v], dim=2)
+        self.k[layer], self.v[layer] = k, v
+        return k, v
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -62,12 +85,18 @@ class CausalSelfAttention(nn.Module):
         self.dropout = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        p = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        if cache is None:
+            p = self.dropout if self.training else 0.0
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        else:  # new token i (absolute position P + i) sees the P cached tokens and new tokens 0..i
+            P = 0 if cache.k[layer] is None else cache.k[layer].shape[2]
+            k, v = cache.append(layer, k, v)
+            mask = torch.ones(T, P + T, dtype=torch.bool, device=x.device).tril(diagonal=P)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -92,8 +121,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        x = x + (self.attn(self.ln_1(x)) if cache is None else self.attn(self.ln_1(x), cache, layer))
         return x + self.mlp(self.ln_2(x))
 
 
@@ -140,15 +169,19 @@ class GPT(nn.Module):
             n -= self.transformer.wpe.weight.numel()
         return n
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """idx (B, T) int64 token ids -> final hidden states (B, T, n_embd) after ln_f."""
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """idx (B, T) int64 token ids -> final hidden states (B, T, n_embd) after ln_f.
+
+        With ``cache``: idx holds the tokens after the cached ones (positions cache.length ...), whose keys and
+        values are appended to the cache; the total may not exceed block_size."""
         B, T = idx.shape
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds the model's block_size {self.config.block_size}")
-        pos = torch.arange(T, device=idx.device)
+        start = 0 if cache is None else cache.length
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence length {start + T} exceeds the model's block_size {self.config.block_size}")
+        pos = torch.arange(start, start + T, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
-        for block in self.transformer.h:
-            x = block(x)
+        for i, block in enumerate(self.transformer.h):
+            x = block(x) if cache is None else block(x, cache, i)
         return self.transformer.ln_f(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

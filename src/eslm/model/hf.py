@@ -251,7 +251,7 @@ def export(source: str | Path, out_dir: str | Path, keep_padded_vocab: bool = Fa
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("source", help="run directory (uses checkpoints/latest) or a checkpoint .pt file")
+    parser.add_argument("source", help="run directory (uses checkpoints/latest), a checkpoint .pt or a snapshot .safetensors")
     parser.add_argument("--out", required=True, help="output directory (transformers save_pretrained layout)")
     parser.add_argument("--keep-padded-vocab", action="store_true",
                         help="keep the padded vocabulary (e.g. 50304) instead of trimming to the tokenizer's")

@@ -12,6 +12,8 @@ Checkpoint format (written by the trainer with ``torch.save``, read here with ``
 
 Run directory layout: ``runs/<name>/checkpoints/step_0000100.pt`` (7-digit step) and
 ``runs/<name>/checkpoints/latest``, a text file holding the file name of the newest checkpoint.
+Model-only snapshots (``eslm.train.snapshots``): ``runs/<name>/snapshots/step_0000100.safetensors``, the
+weights and the same metadata in the safetensors header, read through a memory map.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 
 from eslm.errors import CheckpointError
 from eslm.model.gpt import GPT, ModelConfig
+from eslm.train.snapshots import SNAPSHOT_DIR, SNAPSHOT_FORMAT, list_snapshots, read_snapshot
 
 CHECKPOINT_FORMAT = "eslm-checkpoint-v1"
 _STEP_FILE = re.compile(r"^step_(\d{7,})\.pt$")
@@ -34,8 +37,9 @@ _WRAPPER_PREFIXES = ("_orig_mod.", "module.")
 def load_model(path: str | Path, device: str = "cpu") -> tuple[GPT, dict]:
     """Load one of our models from ``path`` (eval mode, fp32, on ``device``).
 
-    ``path`` may be a run directory (its ``checkpoints/latest`` is used), a ``checkpoints/`` directory,
-    a checkpoint ``.pt`` file, or a local HF GPT-2 directory (one holding ``config.json``).
+    ``path`` may be a run directory (its ``checkpoints/latest`` is used; its newest snapshot when it has no
+    checkpoint), a ``checkpoints/`` directory, a checkpoint ``.pt`` file, a snapshot ``.safetensors`` file,
+    or a local HF GPT-2 directory (one holding ``config.json``).
     Returns ``(model, info)``; ``info`` holds ``tokenizer`` (name or None), ``step`` (int or None),
     ``source`` (str path of the file or directory read), ``run_dir`` (str or None), ``model_config``
     (dict) and ``flops_paper`` / ``flops_executed`` when the checkpoint carries them.
@@ -49,6 +53,8 @@ def load_model(path: str | Path, device: str = "cpu") -> tuple[GPT, dict]:
     if p.is_dir() and (p / "config.json").is_file():
         return _load_hf_dir(p, device)
     ckpt_file = resolve_checkpoint(p)
+    if ckpt_file.suffix == ".safetensors":
+        return _load_snapshot_file(ckpt_file, device)
     model, info = _load_checkpoint_file(ckpt_file, device)
     return model, info
 
@@ -69,11 +75,12 @@ def resolve_checkpoint(path: str | Path) -> Path:
                 "point at a specific step_XXXXXXX.pt instead"
             )
         return target
-    found = list_checkpoints(p)
+    found = list_checkpoints(p) or list_snapshots(p)
     if found:
         return found[-1]
     raise CheckpointError(
-        f"expected a run directory with checkpoints/latest or step_XXXXXXX.pt files, found none in {p}; "
+        f"expected a run directory with checkpoints/latest, step_XXXXXXX.pt or snapshots/*.safetensors files, "
+        f"found none in {p}; "
         "train first or point at a checkpoint file"
     )
 
@@ -88,10 +95,22 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     return sorted(files, key=lambda f: int(_STEP_FILE.match(f.name).group(1)))
 
 
+def list_evaluable(run_dir: str | Path) -> list[Path]:
+    """One weights file per saved step of a run, by step: its snapshot where there is one (small, memory-mapped),
+    else its full checkpoint. What ``eslm eval --all-checkpoints`` evaluates."""
+    by_step = {_step_of(f): f for f in list_checkpoints(run_dir)}
+    by_step.update({_step_of(f): f for f in list_snapshots(run_dir)})
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def _step_of(f: Path) -> int:
+    return int(re.match(r"^step_(\d+)", f.name).group(1))
+
+
 def run_dir_of(checkpoint: str | Path) -> Path | None:
     """The run directory that holds a checkpoint file (``<run>/checkpoints/step_X.pt``), else None."""
     p = Path(checkpoint).resolve()
-    if p.parent.name == "checkpoints":
+    if p.parent.name in ("checkpoints", SNAPSHOT_DIR):
         return p.parent.parent
     return None
 
@@ -194,6 +213,29 @@ def _load_checkpoint_file(path: Path, device: str) -> tuple[GPT, dict]:
     for key in ("flops_paper", "flops_executed", "tokens_seen"):
         if key in ckpt:
             info[key] = ckpt[key]
+    return model.to(device).eval(), info
+
+
+def _load_snapshot_file(path: Path, device: str) -> tuple[GPT, dict]:
+    try:
+        state, meta = read_snapshot(path)
+    except Exception as e:  # header or file errors: not our snapshot
+        raise CheckpointError(f"expected an eslm snapshot (safetensors) at {path}, but it could not be read "
+                              f"({type(e).__name__}); point at a snapshots/step_XXXXXXX.safetensors "
+                              "written by 'eslm train'") from None
+    if meta.get("format") != SNAPSHOT_FORMAT or not isinstance(meta.get("model_config"), dict):
+        raise CheckpointError(f"expected a safetensors file with format {SNAPSHOT_FORMAT!r} and a model_config in "
+                              f"its metadata at {path}, found format {meta.get('format')!r}; point at a "
+                              "snapshot written by 'eslm train'")
+    cfg = config_from_dict(dict(meta["model_config"]), source=str(path))
+    model = GPT(cfg)
+    load_state_checked(model, state, source=str(path))
+    run_dir = run_dir_of(path)
+    info = {"tokenizer": meta.get("tokenizer"), "step": meta.get("step"), "source": str(path),
+            "run_dir": str(run_dir) if run_dir else None, "model_config": cfg.to_dict()}
+    for key in ("flops_paper", "flops_executed", "tokens_seen"):
+        if key in meta:
+            info[key] = meta[key]
     return model.to(device).eval(), info
 
 

@@ -30,11 +30,12 @@ def git_info() -> dict:
 
 def env_info(device: torch.device, world_size: int, seed: int) -> dict:
     from eslm import __version__
+    from eslm.versions import dependency_versions
 
     info = {"eslm_version": __version__, **git_info(), "torch_version": torch.__version__,
             "python_version": sys.version.split()[0], "platform": platform.platform(),
             "device": str(device), "world_size": world_size, "seed": seed,
-            "num_threads": torch.get_num_threads()}
+            "num_threads": torch.get_num_threads(), "versions": dependency_versions()}
     if device.type == "cuda":
         info["device_name"] = torch.cuda.get_device_name(device)
     return info
@@ -77,17 +78,22 @@ class MetricsWriter:
         cut_torn_tail(self.path)  # else the next line would be glued to a line a kill left half-written
         self.file = open(self.path, "a", buffering=1)
         self.tb = None
+        self.sinks: list = []  # trackers (eslm.tracking): .log(record), .close()
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
                 self.tb = SummaryWriter(str(run_dir / "tb"))
             except ImportError:
-                self.tb = None
+                from eslm.tracking import warn_missing
+
+                warn_missing("log.tensorboard", "tensorboard", "tb")
 
     def write(self, record: dict) -> None:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         self.file.write(json.dumps(clean) + "\n")
+        for sink in self.sinks:
+            sink.log(clean)
         if self.tb is not None:
             prefix = record.get(M.KIND, "train")
             for k, v in record.items():
@@ -96,6 +102,8 @@ class MetricsWriter:
 
     def close(self) -> None:
         self.file.close()
+        for sink in self.sinks:
+            sink.close()
         if self.tb is not None:
             self.tb.close()
 

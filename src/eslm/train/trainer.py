@@ -29,6 +29,8 @@ from eslm.train.distributed import (DistInfo, FSDPModel, full_state_dicts, init_
                                     load_full_state_dicts, shard_fsdp, shutdown)
 from eslm.train.optim import build_optimizer, lr_at
 from eslm.train.resume import check_resume, lock_run_dir, record_resume
+from eslm.tracking import open_trackers
+from eslm.train import snapshots
 from eslm.train.run_dir import MetricsWriter, env_info
 from eslm.train.step import StepOptions, forward_backward
 
@@ -219,6 +221,7 @@ class Trainer:
                 env["load_avg_at_start"] = _load_avg()
                 (rd / "env.json").write_text(json.dumps(env, indent=2) + "\n")
             self.writer = MetricsWriter(rd, self.cfg.log.tensorboard)
+            self.writer.sinks += open_trackers(self.cfg, rd, env)
 
     def _maybe_resume(self) -> None:
         if not self.cfg.run.resume:
@@ -342,6 +345,7 @@ class Trainer:
                     self._emit_train(rec, dt)
                 if self.cfg.eval.interval and self.step % self.cfg.eval.interval == 0:
                     last_val = self._evaluate()
+                snapshots.maybe_snapshot(self, at_eval=False)
                 if self._preempted_any_rank():
                     stopped_by = "preempted"
                     break
@@ -518,6 +522,7 @@ class Trainer:
             doms = " ".join(f"{k.split('/', 1)[1]}={v:.3f}" for k, v in res.items() if "/" in k)
             self._log(f"eval step {self.step}: val_loss {res[M.VAL_LOSS]:.4f} ({doms}) "
                       f"[{time.perf_counter() - t0:.1f}s]")
+        snapshots.maybe_snapshot(self, at_eval=True)
         return res[M.VAL_LOSS]
 
     def _budget_reached(self) -> bool:

@@ -1,0 +1,95 @@
+"""Model-only snapshots for evaluation: ``<run>/snapshots/step_0000100.safetensors``.
+
+A full checkpoint holds the optimizer (about 3x the weights) and is pruned to ``checkpoint.keep_last``; the
+paper's "best downstream accuracy during training" needs the weights of every evaluated step. A snapshot is
+the model's state dict in the training (parameter) dtype, no optimizer, written at every evaluation
+(``checkpoint.snapshot_interval=0``, the default) or every N steps, kept by its own retention
+(``checkpoint.snapshot_keep``, 0 = all). The tied ``lm_head.weight`` is stored once (as the embedding).
+
+The safetensors header's metadata (strings) carries what ``eslm.model.loading`` needs: ``format``,
+``model_config`` (JSON), ``tokenizer``, ``step``, and the FLOPs / token counters (JSON numbers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+
+SNAPSHOT_FORMAT = "eslm-snapshot-v1"
+SNAPSHOT_DIR = "snapshots"
+SNAPSHOT_FILE = re.compile(r"^step_(\d{7,})\.safetensors$")
+
+
+def snapshot_name(step: int) -> str:
+    return f"step_{step:07d}.safetensors"
+
+
+def save_snapshot(snap_dir: Path, state: dict[str, torch.Tensor], meta: dict, keep: int = 0) -> Path:
+    """Write ``state`` (CPU tensors) with ``meta`` (JSON-able values) atomically; prune to the newest ``keep``."""
+    from safetensors.torch import save_file
+
+    snap_dir.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in state.items() if k != "lm_head.weight"}
+    header = {"format": SNAPSHOT_FORMAT, **{k: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()}}
+    path = snap_dir / snapshot_name(int(meta["step"]))
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    save_file(state, str(tmp), metadata=header)
+    os.replace(tmp, path)
+    if keep > 0:
+        for old in list_snapshots(snap_dir)[:-keep]:
+            old.unlink(missing_ok=True)
+    return path
+
+
+def list_snapshots(path: str | Path) -> list[Path]:
+    """The ``step_XXXXXXX.safetensors`` files of a run directory (or of its snapshots/ folder), by step."""
+    p = Path(path)
+    d = p / SNAPSHOT_DIR if (p / SNAPSHOT_DIR).is_dir() else p
+    if not d.is_dir():
+        return []
+    files = [f for f in d.iterdir() if SNAPSHOT_FILE.match(f.name)]
+    return sorted(files, key=lambda f: int(SNAPSHOT_FILE.match(f.name).group(1)))
+
+
+def read_snapshot(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """(state dict, metadata) of a snapshot, read through safetensors' memory map (no pickle, no full read)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        raw = f.metadata() or {}
+        state = {k: f.get_tensor(k) for k in f.keys()}
+    meta = {}
+    for k, v in raw.items():
+        try:
+            meta[k] = json.loads(v) if k not in ("format", "tokenizer") else v
+        except json.JSONDecodeError:
+            meta[k] = v
+    return state, meta
+
+
+def maybe_snapshot(trainer, at_eval: bool) -> Path | None:
+    """Called by the trainer after each evaluation (``at_eval``) and after each step; writes a snapshot when
+    ``checkpoint.snapshot_interval`` says so. Under FSDP every rank must call it (the weights are gathered)."""
+    c = trainer.cfg.checkpoint
+    interval = c.snapshot_interval
+    due = (interval == 0 and at_eval) or (interval > 0 and not at_eval and trainer.step % interval == 0)
+    if not due:
+        return None
+    if trainer.fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(trainer.raw_model,
+                                     options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    else:
+        state = trainer.raw_model.state_dict()
+    if not trainer.dist.is_main:
+        return None
+    from eslm.model.loading import clean_state_dict
+
+    meta = {"model_config": trainer.model_config.to_dict(), "tokenizer": trainer.dataset.tokenizer_name,
+            "step": trainer.step, "tokens_seen": trainer.loader_tokens_seen(), **trainer.flops.totals()}
+    return save_snapshot(trainer.run_dir / SNAPSHOT_DIR, clean_state_dict(state), meta, keep=c.snapshot_keep)

@@ -1,0 +1,81 @@
+"""A non-editable install (a wheel built from this tree) runs `eslm study demo` from any directory.
+
+The package is installed with `pip install --no-deps --no-build-isolation .` into a temporary venv created
+with `--system-site-packages --without-pip` (torch and the other dependencies come from this interpreter's
+site-packages; the venv's own site-packages, where eslm lands, comes first on its path). It is run from an
+empty directory with PYTHONPATH unset, so neither the checkout nor configs/ in the working directory can help.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import tiny_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("install")
+    src = base / "src-copy"  # build from a copy: the build leaves build/ and *.egg-info behind
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "src", "configs"):
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name, symlinks=True,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy2(ROOT / name, src / name)
+    env_dir = base / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(env_dir)],
+                   check=True)
+    py = env_dir / "bin" / "python"
+    out = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "."],
+                         cwd=src, capture_output=True, text=True, env=_env())
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return env_dir
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return {**env, "OMP_NUM_THREADS": "1"}
+
+
+def _eslm(venv: Path, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(venv / "bin" / "eslm"), *args], cwd=cwd, capture_output=True, text=True,
+                          env=_env(), timeout=1800)
+
+
+@pytest.mark.slow
+def test_wheel_carries_configs_and_py_typed(venv, tmp_path):
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", "import eslm, pathlib; print(eslm.__file__)"],
+                         cwd=tmp_path, capture_output=True, text=True, env=_env())
+    pkg = Path(out.stdout.strip()).parent
+    assert pkg.is_relative_to(venv), f"eslm imported from {pkg}, not from the venv"
+    assert (pkg / "py.typed").is_file()
+    assert not (pkg / "configs").is_symlink()  # a real copy in the wheel
+    shipped = {p.relative_to(pkg / "configs") for p in (pkg / "configs").rglob("*.yaml")}
+    in_repo = {p.relative_to(ROOT / "configs") for p in (ROOT / "configs").rglob("*.yaml")}
+    assert shipped == in_repo and len(shipped) > 10
+
+
+@pytest.mark.slow
+def test_study_demo_runs_from_any_directory(venv, tiny_data, tmp_path):
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    dry = _eslm(venv, ["study", "demo", "--dry-run"], work)
+    assert dry.returncode == 0 and "3 runs" in dry.stdout, dry.stderr[-2000:]
+    tiny = [o for o in tiny_overrides(tiny_data, work / "runs") if not o.startswith(("run.", "train.max_steps"))]
+    res = _eslm(venv, ["study", "demo", "--out", str(work / "runs"), *tiny, "train.max_steps=1", "eval.interval=1",
+                       "eval.tokens_per_domain=128", "log.interval=1"], work)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    runs = sorted(p.name for p in (work / "runs" / "demo").iterdir() if (p / "result.json").is_file())
+    assert runs == ["clm-s1337", "eslm-entropy-s1337", "eslm-loss-s1337"]
+    cfg = _eslm(venv, ["train", "configs/paper/base.yaml", "configs/paper/124m.yaml", "--print-config"], work)
+    assert cfg.returncode == 0 and "preset: gpt2-124m" in cfg.stdout, cfg.stderr[-2000:]

@@ -46,9 +46,18 @@ def open_trackers(cfg, run_dir: Path, env: dict) -> list:
     except ImportError:
         warn_missing("log.wandb", "wandb", "wandb")
         return []
+    import secrets
+
+    from eslm.errors import ConfigError
+
     id_file = Path(run_dir) / "wandb_run_id"
-    run_id = id_file.read_text().strip() if id_file.is_file() else wandb.util.generate_id()
+    run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(8)
     id_file.write_text(run_id + "\n")
-    run = wandb.init(project=cfg.log.wandb_project, name=cfg.log.wandb_run_name or Path(run_dir).name,
-                     id=run_id, resume="allow", dir=str(run_dir), config={**cfg.to_dict(), "env": env})
+    try:
+        run = wandb.init(project=cfg.log.wandb_project, name=cfg.log.wandb_run_name or Path(run_dir).name,
+                         id=run_id, resume="allow", dir=str(run_dir), config={**cfg.to_dict(), "env": env})
+    except Exception as e:  # not logged in, no network, bad project name: one line, not W&B's traceback
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ConfigError(f"expected W&B to start a run (log.wandb=true), found {type(e).__name__}: {first}; "
+                          "run 'wandb login', set WANDB_MODE=offline, or set log.wandb=false") from None
     return [WandbSink(wandb, run)]

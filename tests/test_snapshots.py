@@ -36,6 +36,8 @@ def test_a_snapshot_at_every_evaluation_all_kept(run_dir):
     assert meta["format"] == "eslm-snapshot-v1" and meta["step"] == 6 and meta["tokenizer"] == "byte"
     assert meta["flops_paper"] > 0 and "lm_head.weight" not in state  # tied to the embedding, stored once
     assert all(t.dtype == torch.float32 for t in state.values())  # the parameters' dtype
+    ckpt = run_dir / "checkpoints" / "step_0000006.pt"
+    assert snaps[-1].stat().st_mode & 0o777 == ckpt.stat().st_mode & 0o777  # not safetensors' 0600
 
 
 def test_snapshot_equals_the_checkpoint_of_the_same_step(run_dir):

@@ -38,6 +38,9 @@ def save_snapshot(snap_dir: Path, state: dict[str, torch.Tensor], meta: dict, ke
     path = snap_dir / snapshot_name(int(meta["step"]))
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
     save_file(state, str(tmp), metadata=header)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # safetensors creates 0600 files; give them the mode of the checkpoints
     os.replace(tmp, path)
     if keep > 0:
         for old in list_snapshots(snap_dir)[:-keep]:

@@ -69,13 +69,15 @@ def test_wheel_carries_configs_and_py_typed(venv, tmp_path):
 def test_study_demo_runs_from_any_directory(venv, tiny_data, tmp_path):
     work = tmp_path / "elsewhere"
     work.mkdir()
-    dry = _eslm(venv, ["study", "demo", "--dry-run"], work)
-    assert dry.returncode == 0 and "3 runs" in dry.stdout, dry.stderr[-2000:]
+    dry = _eslm(venv, ["study", "demo", "--dry-run", "--seeds", "1"], work)
+    assert dry.returncode == 0 and " runs -> " in dry.stdout, dry.stderr[-2000:]
+    planned = sorted(line.split(":")[0].strip() for line in dry.stdout.splitlines() if line.startswith("  "))
+    assert len(planned) == 3, dry.stdout  # the demo's three methods, one seed
     tiny = [o for o in tiny_overrides(tiny_data, work / "runs") if not o.startswith(("run.", "train.max_steps"))]
-    res = _eslm(venv, ["study", "demo", "--out", str(work / "runs"), *tiny, "train.max_steps=1", "eval.interval=1",
-                       "eval.tokens_per_domain=128", "log.interval=1"], work)
+    res = _eslm(venv, ["study", "demo", "--seeds", "1", "--out", str(work / "runs"), *tiny, "train.max_steps=1",
+                       "eval.interval=1", "eval.tokens_per_domain=128", "log.interval=1"], work)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     runs = sorted(p.name for p in (work / "runs" / "demo").iterdir() if (p / "result.json").is_file())
-    assert runs == ["clm-s1337", "eslm-entropy-s1337", "eslm-loss-s1337"]
+    assert runs == planned
     cfg = _eslm(venv, ["train", "configs/paper/base.yaml", "configs/paper/124m.yaml", "--print-config"], work)
     assert cfg.returncode == 0 and "preset: gpt2-124m" in cfg.stdout, cfg.stderr[-2000:]

@@ -221,7 +221,7 @@ class Trainer:
                 env["load_avg_at_start"] = _load_avg()
                 (rd / "env.json").write_text(json.dumps(env, indent=2) + "\n")
             self.writer = MetricsWriter(rd, self.cfg.log.tensorboard)
-            self.writer.sinks += open_trackers(self.cfg, rd, env)
+            self.writer.sinks += open_trackers(self.cfg, rd, _read_env(rd))
 
     def _maybe_resume(self) -> None:
         if not self.cfg.run.resume:
@@ -569,6 +569,14 @@ def check_data_tokenizer(dataset, tokenizer: str) -> None:
         raise ConfigError(f"data.tokenizer={tokenizer!r}, but {dataset.path} was prepared with the "
                           f"{dataset.tokenizer_name!r} tokenizer; set data.tokenizer={dataset.tokenizer_name} "
                           f"(or prepare the data with {tokenizer!r})")
+
+
+def _read_env(run_dir: Path) -> dict:
+    """The run's env.json (written at its start), {} when unreadable: the trackers' run config."""
+    try:
+        return json.loads((run_dir / "env.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
 
 
 def _parse_weights(spec: str):

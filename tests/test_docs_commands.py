@@ -109,7 +109,7 @@ def test_doc_command_parses(where, kind, line, tmp_path, capsys, monkeypatch):
 
 @pytest.mark.parametrize("argv,key,value", [
     (["study", "demo", "--out", "X", "a.b=1"], "overrides", ["a.b=1"]),
-    (["train", "cfg.yaml", "--resume", "method.name=x"], "items", ["cfg.yaml", "method.name=x"]),
+    (["train", "cfg.yaml", "--print-config", "method.name=x"], "items", ["cfg.yaml", "method.name=x"]),
     (["prepare", "text", "--out", "d", "code=src/", "--force", "notes=docs/*.md"], "paths", ["code=src/", "notes=docs/*.md"]),
     (["eval", "r1", "--all-checkpoints", "r2"], "paths", ["r1", "r2"]),
     (["report", "r1", "--out", "o", "r2"], "run_dirs", ["r1", "r2"]),

@@ -29,7 +29,9 @@ class AdaController:
         self.gamma, self.interval, self.eps = gamma, interval, eps
         self.alpha_min, self.alpha_max = alpha_min, alpha_max
         self.prev_cvar: float | None = None
-        self._sum = torch.zeros(())
+        # a Python number until the interval's first CVaR arrives, then a tensor on that CVaR's device: a CPU
+        # tensor moved to CUDA would be a host sync in every step that starts an interval
+        self._sum: torch.Tensor | float = 0.0
         self._count = 0
         self.last_delta: float = 0.0
 
@@ -37,7 +39,7 @@ class AdaController:
         """Accumulate one micro-batch's CVaR (a tensor: no host sync here)."""
         c = selection.stats.get("cvar")
         if c is not None:
-            self._sum = self._sum.to(c.device) + c.detach().float()
+            self._sum = c.detach().float() + self._sum
             self._count += 1
 
     def on_step_end(self, step: int) -> None:
@@ -45,7 +47,7 @@ class AdaController:
         if step % self.interval != 0 or self._count == 0:
             return
         current = float(self._sum) / self._count  # one sync per interval
-        self._sum, self._count = torch.zeros(()), 0
+        self._sum, self._count = 0.0, 0
         if self.prev_cvar is not None:
             delta = (current - self.prev_cvar) / (abs(self.prev_cvar) + self.eps)
             alpha = self.selector.alpha * math.exp(-self.gamma * delta)
@@ -59,6 +61,6 @@ class AdaController:
 
     def load_state_dict(self, sd: dict) -> None:
         self.prev_cvar = sd["prev_cvar"]
-        self._sum, self._count = torch.tensor(float(sd["sum"])), int(sd["count"])
+        self._sum, self._count = float(sd["sum"]), int(sd["count"])
         self.last_delta = float(sd["last_delta"])
         self.selector.alpha = float(sd["alpha"])

@@ -98,7 +98,7 @@ class VaRSelector(TokenSelector):
         return risk.num_kept(n_tokens, self.alpha)
 
     def select(self, scores, batch, threshold=None) -> Selection:
-        ranked = standardize(scores, self.standardize, batch.domain)
+        ranked = standardize(scores, self.standardize, batch.domain, self.n_domains)
         if threshold is None:
             k = risk.num_kept(ranked.numel(), self.alpha)
             index = risk.topk_index(ranked, k)

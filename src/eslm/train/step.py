@@ -47,7 +47,8 @@ class StepOptions:
 def forward_backward(model, raw_model, method, batches, opts: StepOptions, step: int, lr: float) -> StepResult:
     threshold, step_kept = _step_threshold(raw_model, method, batches, opts) if opts.scope == "step" else (None, 0)
     denom = _global_denominator(method, batches, opts, threshold, step_kept)
-    loss_sum, ce_sum, seen, kept, sels = torch.zeros(()), torch.zeros(()), 0, 0, []
+    dev = batches[0].x.device  # accumulators on the batches' device: a CPU zero moved to CUDA is a host sync
+    loss_sum, ce_sum, seen, kept, sels = torch.zeros((), device=dev), torch.zeros((), device=dev), 0, 0, []
     for i, batch in enumerate(batches):
         with _no_sync(model, i < len(batches) - 1), (opts.autocast or contextlib.nullcontext()):
             batch, _ = method.rows.select(raw_model, batch, step, lr)

@@ -5,6 +5,11 @@ through the real shared step (``eslm.train.step.forward_backward``) plus gradien
 update, on one model. Variants are interleaved step by step (round-robin), so a slow spell of the machine hits
 every variant alike; the figure per variant is the median step time after warm-up.
 
+Step time: on CUDA, CUDA events recorded around the step on the current stream after a synchronize (the
+time the GPU spent on the step's work, without the Python-side timer's launch jitter); on CPU, perf_counter.
+MFU = tokens/s x the PaLM FLOPs per token (``eslm.flops``, what the trainer's progress line uses) / the peak
+dense FLOP/s: the trainer's table by GPU name, or one the caller gives (e.g. a measured matmul peak).
+
 Peak memory of a step = the highest resident memory during the step minus the resident memory just before it
 (model, optimizer state and the data are resident before; activations, logits and gradients come and go).
 On CUDA: torch.cuda.max_memory_allocated after reset_peak_memory_stats, in the timing run. On Linux CPU:
@@ -105,6 +110,47 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class StepTimer:
+    """Seconds between ``start`` and ``stop``: CUDA events on a GPU (read after a synchronize), else perf_counter."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cuda = device.type == "cuda"
+
+    def start(self) -> None:
+        sync(self.device)
+        if self.cuda:
+            self._t0 = torch.cuda.Event(enable_timing=True)
+            self._t0.record()
+        else:
+            self._t0 = time.perf_counter()
+
+    def stop(self) -> float:
+        if self.cuda:
+            t1 = torch.cuda.Event(enable_timing=True)
+            t1.record()
+            t1.synchronize()
+            return self._t0.elapsed_time(t1) / 1000.0
+        return time.perf_counter() - self._t0
+
+
+def peak_flops(device: torch.device, given: float | None = None) -> tuple[float | None, str]:
+    """(peak dense bf16 FLOP/s for MFU, where it came from): ``given`` if set, else the trainer's table by GPU
+    name (``eslm.train.trainer._PEAK_FLOPS``: one source for the benchmark's and the progress line's MFU), else
+    None (CPU, or a GPU the table lacks)."""
+    if given:
+        return float(given), "given (--peak-flops)"
+    if device.type != "cuda":
+        return None, "none on CPU (pass --peak-flops)"
+    from eslm.train.trainer import _PEAK_FLOPS
+
+    name = torch.cuda.get_device_name(device)
+    for key, value in _PEAK_FLOPS.items():
+        if key in name:
+            return value, f"spec table: {key}"
+    return None, f"{name} not in the trainer's table (pass --peak-flops)"
+
+
 # ----------------------------------------------------------------------------------------------- variants
 
 
@@ -123,6 +169,7 @@ class Bench:
 
     def __init__(self, *, preset: str, seq_len: int, micro_batch: int, accum: int = 1, device: str = "cpu",
                  dtype: str = "fp32", compile: bool = False, seed: int = 0, context=None):
+        from eslm.flops import FlopsModel
         from eslm.model.gpt import GPT, preset as model_preset
         from eslm.train.optim import build_optimizer
 
@@ -146,6 +193,8 @@ class Bench:
         self.batches = [batch() for _ in range(accum)]
         self.context = context or {}
         self.probe = MemoryProbe(self.device)
+        self.timer = StepTimer(self.device)
+        self.flops_per_token = FlopsModel.from_config(self.model_config, seq_len).train_per_token
         self.measure_memory = self.device.type == "cuda" or os.environ.get(_MALLOC_ENV) is not None
         self._methods: dict[str, object] = {}
 
@@ -173,16 +222,14 @@ class Bench:
         t = cfg.train
         opts = StepOptions(accum_steps=self.accum, normalize=t.normalize, loss_impl=t.loss_impl,
                            chunk_size=t.loss_chunk_size, autocast=self.autocast())
-        sync(self.device)
         if self.measure_memory:
             self.probe.start()
-        t0 = time.perf_counter()
+        self.timer.start()
         res = forward_backward(self.model, self.raw, method, self.batches, opts, step=1, lr=6e-4)
         torch.nn.utils.clip_grad_norm_(self.raw.parameters(), 1.0)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        sync(self.device)
-        v.times.append(time.perf_counter() - t0)
+        v.times.append(self.timer.stop())
         peak = self.probe.stop() if self.measure_memory else None
         if peak is not None:
             v.peaks.append(peak)
@@ -210,6 +257,8 @@ def environment(bench: Bench) -> dict:
            "cpu_count": os.cpu_count()}
     if bench.device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(bench.device)
+        env["cuda"] = torch.version.cuda
+        env["capability"] = ".".join(map(str, torch.cuda.get_device_capability(bench.device)))
     try:
         env["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                     cwd=ROOT).stdout.strip()

@@ -6,18 +6,22 @@ keeps its softmax), ESLM-entropy fused "nocache" (train.loss_cache_probs=false: 
 ESLM-loss fused.
 Prints and writes ratios against CLM naive and CLM fused, peak step memory, and the cost of computing the
 scores, the VaR threshold and the mask (the entropy's extra work in the head pass + the top-k selection and its
-statistics) as a fraction of the CLM fused step.
+statistics) as a fraction of the CLM fused step. Each row also has tokens/s and MFU (``harness.peak_flops``: the
+trainer's table by GPU name, or --peak-flops; none on CPU unless given).
 
     python benchmarks/loss_path.py --preset small --seq-len 128 --micro-batch 16
     python benchmarks/loss_path.py --preset gpt2-124m --seq-len 1024 --micro-batch 1 --steps 3
     python benchmarks/loss_path.py --preset gpt2-124m --seq-len 1024 --micro-batch 12 --device cuda --dtype bf16
+    python benchmarks/loss_path.py --preset gpt2-124m --seq-len 1024 --micro-batch 12 --device cuda --dtype bf16 \
+        --compile
 
-Results: benchmarks/results/loss_path-<preset>-<device>-<dtype>-T<seq>-B<mb>.{json,md}.
+Results: benchmarks/results/loss_path-<preset>-<device>-<dtype>-T<seq>-B<mb>[-compile].{json,md}.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -26,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from harness import (Bench, Variant, environment, fmt_mb, fmt_ratio, median, run_and_measure, sync,  # noqa: E402
-                     write_results)
+from harness import (Bench, Variant, environment, fmt_mb, fmt_ratio, median, peak_flops,  # noqa: E402
+                     run_and_measure, sync, write_results)
 
 
 def variants(alphas: list[float], chunk: int) -> list[Variant]:
@@ -53,10 +57,12 @@ def selection_overhead(bench: Bench, alphas: list[float], chunk: int, reps: int)
     from eslm.ops.fused_head import _compute_dtype, _rowdot, head_pass
 
     batch = bench.batches[0]
-    with torch.no_grad(), (bench.autocast() or torch.autocast("cpu", enabled=False)):
+    autocast = bench.autocast() or contextlib.nullcontext()  # the pass runs in the step's precision (bf16 on GPU)
+    with torch.no_grad(), autocast:
         hidden = bench.raw(batch.x).flatten(0, 1)
-    w, y = bench.raw.head_weight.detach(), batch.y.reshape(-1)
-    stats = head_pass(hidden, w, y, need_entropy=True, keep_probs=True, chunk_size=chunk)
+        w, y = bench.raw.head_weight.detach(), batch.y.reshape(-1)
+        stats = head_pass(hidden, w, y, need_entropy=True, keep_probs=True, chunk_size=chunk)
+        cdt = _compute_dtype(hidden)
     if stats.softmax_w is not None:
         route = "fp32: lse - h . (P W)"
         h_c = hidden.float()
@@ -64,8 +70,7 @@ def selection_overhead(bench: Bench, alphas: list[float], chunk: int, reps: int)
         def entropy():
             return stats.lse - _rowdot(h_c, stats.softmax_w)
     else:
-        route = "batched dot with the logits, per chunk"
-        cdt = _compute_dtype(hidden)
+        route = f"batched dot with the logits, per chunk ({str(cdt).replace('torch.', '')} matmul)"
         z = (hidden.to(cdt) @ w.to(cdt).t()).float()
 
         def entropy():
@@ -106,7 +111,9 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
-    p.add_argument("--compile", action="store_true")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (warm-up rounds compile it)")
+    p.add_argument("--peak-flops", type=float, default=0.0,
+                   help="peak FLOP/s for MFU (default: the trainer's table by GPU name; none on CPU)")
     p.add_argument("--chunk", type=int, default=1024, help="train.loss_chunk_size for the fused path")
     p.add_argument("--name", default="", help="results file name (default from the settings)")
     p.add_argument("--memory-only", default="", help=argparse.SUPPRESS)  # internal: the CPU memory child
@@ -117,8 +124,8 @@ def main(argv=None) -> int:
     vs = variants(a.alphas, a.chunk)
     tokens = a.seq_len * a.micro_batch
     print(f"loss-path benchmark: {a.preset}, {a.micro_batch}x{a.seq_len} = {tokens} tokens/step, {a.device} "
-          f"{a.dtype}, {torch.get_num_threads()} threads, {len(vs)} variants x ({a.warmup} warm-up + {a.steps}) "
-          f"rounds", flush=True)
+          f"{a.dtype}{' compiled' if a.compile else ''}, {torch.get_num_threads()} threads, {len(vs)} variants x "
+          f"({a.warmup} warm-up + {a.steps}) rounds", flush=True)
     if not run_and_measure(bench, vs, a, argv):
         return 0  # the memory child's work is done
     overhead = selection_overhead(bench, a.alphas, a.chunk, reps=max(10, a.steps))
@@ -126,12 +133,15 @@ def main(argv=None) -> int:
     by = {v.label: v for v in vs}
     t_naive, t_fused = median(by["clm-naive"].times), median(by["clm-fused"].times)
     m_naive, m_fused = median(by["clm-naive"].peaks), median(by["clm-fused"].peaks)
+    peak, peak_source = peak_flops(bench.device, a.peak_flops)
     rows = []
     for v in vs:
         t, m = median(v.times), median(v.peaks)
+        tok_s = tokens / t
         naive_twin = by.get(v.label.replace("-nocache", "").replace("-fused", "-naive")
                             .replace("eslm-loss", "eslm-entropy"))
         rows.append({"variant": v.label, "step_s": t, "peak_bytes": m, "kept_frac": median(v.kept),
+                     "tokens_per_s": tok_s, "mfu": tok_s * bench.flops_per_token / peak if peak else None,
                      "time_vs_clm_naive": t / t_naive, "time_vs_clm_fused": t / t_fused,
                      "mem_vs_clm_naive": (m / m_naive) if m and m_naive else None,
                      "mem_vs_clm_fused": (m / m_fused) if m and m_fused else None,
@@ -140,20 +150,26 @@ def main(argv=None) -> int:
     for alpha, o in overhead.items():
         o["fraction_of_clm_fused_step"] = (o["entropy_s"] + o["select_s"]) / t_fused
 
-    name = a.name or f"loss_path-{a.preset}-{a.device.split(':')[0]}-{a.dtype}-T{a.seq_len}-B{a.micro_batch}"
+    name = a.name or (f"loss_path-{a.preset}-{a.device.split(':')[0]}-{a.dtype}-T{a.seq_len}-B{a.micro_batch}"
+                      + ("-compile" if a.compile else ""))
     cmd = "python benchmarks/loss_path.py " + " ".join(argv if argv is not None else sys.argv[1:])
     payload = {"command": cmd.strip(), "settings": vars(a), "tokens_per_step": tokens,
-               "environment": environment(bench), "rows": rows,
+               "environment": environment(bench), "flops_per_token": bench.flops_per_token,
+               "peak_flops": peak, "peak_source": peak_source, "rows": rows,
                "selection_overhead": {str(k): v for k, v in overhead.items()}}
-    md = [f"# Loss-path benchmark: {a.preset}, {a.micro_batch}x{a.seq_len} tokens, {a.device} {a.dtype}", "",
+    md = [f"# Loss-path benchmark: {a.preset}, {a.micro_batch}x{a.seq_len} tokens, {a.device} {a.dtype}"
+          f"{', torch.compile' if a.compile else ''}", "",
           f"Command: `{payload['command']}`  ",
           f"Environment: {payload['environment']}  ",
           f"Median of {a.steps} round-robin rounds after {a.warmup} warm-up; peak = step's peak memory above "
-          "what was resident before it (MB).", "",
-          "| variant | kept | step s | vs CLM naive | vs CLM fused | vs naive twin | peak MB | mem vs CLM naive "
-          "| mem vs naive twin |", "|---|---|---|---|---|---|---|---|---|"]
+          "what was resident before it (MB). MFU: tokens/s x "
+          f"{bench.flops_per_token:.4g} FLOPs/token / peak ({peak_source}).", "",
+          "| variant | kept | step s | tokens/s | MFU | vs CLM naive | vs CLM fused | vs naive twin | peak MB "
+          "| mem vs CLM naive | mem vs naive twin |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        md.append(f"| {r['variant']} | {r['kept_frac']:.3f} | {r['step_s']:.3f} | {fmt_ratio(r['time_vs_clm_naive'])}"
+        mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+        md.append(f"| {r['variant']} | {r['kept_frac']:.3f} | {r['step_s']:.4f} | {r['tokens_per_s']:,.0f} | {mfu} | "
+                  f"{fmt_ratio(r['time_vs_clm_naive'])}"
                   f" | {fmt_ratio(r['time_vs_clm_fused'])} | {fmt_ratio(r['time_vs_naive_twin'])} | "
                   f"{fmt_mb(r['peak_bytes'])} | {fmt_ratio(r['mem_vs_clm_naive'])} | "
                   f"{fmt_ratio(r['mem_vs_naive_twin'])} |")

@@ -23,15 +23,17 @@ def _run(script: str, args: list[str], out: Path) -> dict:
 
 def test_loss_path_benchmark_measures_every_variant(tmp_path):
     res = _run("loss_path.py", ["--preset", "tiny", "--seq-len", "16", "--micro-batch", "2", "--steps", "1",
-                                "--alphas", "0.1", "0.5"], tmp_path)
+                                "--alphas", "0.1", "0.5", "--peak-flops", "1e12"], tmp_path)
     rows = {r["variant"]: r for r in res["rows"]}
     for a in (0.1, 0.5):
         for v in ("eslm-entropy-naive", "eslm-entropy-fused", "eslm-loss-fused"):
             assert f"{v}@{a}" in rows
         assert rows[f"eslm-entropy-fused@{a}"]["kept_frac"] == pytest.approx(1 - a, abs=1 / 32)
     assert rows["clm-naive"]["time_vs_clm_naive"] == 1.0 and rows["clm-fused"]["time_vs_clm_fused"] == 1.0
+    assert res["peak_flops"] == 1e12 and res["flops_per_token"] > 0
     for r in rows.values():
-        assert r["step_s"] > 0
+        assert r["step_s"] > 0 and r["tokens_per_s"] == pytest.approx(32 / r["step_s"])
+        assert r["mfu"] == pytest.approx(r["tokens_per_s"] * res["flops_per_token"] / 1e12)
         if sys.platform == "linux":
             assert r["peak_bytes"] and r["peak_bytes"] > 0 and r["mem_vs_naive_twin"] > 0
     for o in res["selection_overhead"].values():

@@ -1,0 +1,257 @@
+"""The CUDA path (issue 13): the fused head against the naive oracle in fp32 and under bf16 autocast, one training
+step of every registered method, and no host synchronisation in the micro-scope selection step.
+
+Tests marked ``gpu`` run on CUDA (skipped without it, see conftest.py; ``pytest -m gpu`` selects them). Each also
+runs on the CPU where that means something: bf16 autocast on the CPU takes the same dtype route through the fused
+head as on a GPU, and the host-sync check has a CPU stand-in that catches every device-to-host read (``.item()``,
+``int()``/``float()``/``bool()`` of a tensor, ``nonzero`` ...) at the dispatcher. What it cannot see on a CPU is a
+CPU tensor copied to the device: only ``torch.cuda.set_sync_debug_mode("error")`` on a GPU sees that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from eslm.config import build_config
+from eslm.methods import METHODS, BuildContext, build_method
+from eslm.model.gpt import GPT, preset
+from eslm.objectives.cross_entropy import naive_selected_ce, naive_token_stats
+from eslm.ops.fused_head import fused_ce_sum, head_pass
+from eslm.train.optim import build_optimizer
+from eslm.train.step import StepOptions, forward_backward
+
+CUDA = pytest.param("cuda", marks=pytest.mark.gpu, id="cuda")
+DEVICES = [pytest.param("cpu", id="cpu"), CUDA]
+# max |got - oracle| <= REL * max |oracle|: fp32 (TF32 off) and bf16 matmuls (8 mantissa bits) against fp64
+REL = {"fp32": 1e-4, "bf16": 3e-2}
+
+
+@pytest.fixture(autouse=True)
+def _no_tf32(monkeypatch):
+    """fp32 means fp32 here: the trainer turns TF32 on for CUDA, these tests compare against an fp64 oracle."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+
+
+def _autocast(device: str, precision: str):
+    if precision == "bf16":
+        return torch.autocast(device_type=device, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _close(got: torch.Tensor, ref: torch.Tensor, rel: float, what: str) -> None:
+    err = (got.double().cpu() - ref.double().cpu()).abs().max().item()
+    scale = ref.abs().max().item()
+    assert err <= rel * scale + 1e-12, f"{what}: max error {err:.3g} > {rel} x max |oracle| {scale:.3g}"
+
+
+# ----------------------------------------------------------------------------- the fused head against the oracle
+
+SHAPES = [pytest.param((45, 24, 131, 16), id="n45-v131"), pytest.param((7, 8, 1031, 3), id="n7-v1031"),
+          pytest.param((2048, 768, 50304, 1024), marks=pytest.mark.gpu, id="124m-head")]  # the 124M head, 2k tokens
+
+
+def _head_inputs(n, c, v, device, seed=0):
+    """LayerNorm-like hidden states and a GPT-2-initialised head (std 0.02): logits of the training scale."""
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(n, c, generator=g)
+    w = torch.randn(v, c, generator=g) * 0.02 * (768 / c) ** 0.5
+    y = torch.randint(0, v, (n,), generator=g)
+    index = torch.randperm(n, generator=g)[: max(1, (9 * n) // 10)]
+    return h.to(device), w.to(device), y.to(device), index.to(device)
+
+
+_ORACLES: dict = {}
+
+
+def _oracle(h, w, y, index):
+    """fp64 on the inputs' device (cached: every precision and route shares it): per-token stats, and the kept
+    rows' summed CE with its gradients."""
+    key = (tuple(h.shape), tuple(w.shape), h.device.type)
+    if key not in _ORACLES:
+        h64, w64 = h.double().requires_grad_(), w.double().requires_grad_()
+        stats = naive_token_stats(h64.detach(), w64.detach(), y)
+        naive_selected_ce(h64, w64, y, index).sum().backward()
+        _ORACLES[key] = stats, h64.grad, w64.grad
+    return _ORACLES[key]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("route", ["grads_in_pass", "cached_probs", "scores_only", "no_pass"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_fused_head_matches_the_oracle(device, precision, route, shape):
+    """Scores and the kept rows' loss + gradients of every route, in training's precision (bf16: autocast over
+    fp32 parameters, as the trainer runs it), against the fp64 oracle; dropped rows get exactly zero gradient."""
+    n, c, v, chunk = shape
+    h0, w0, y, index = _head_inputs(n, c, v, device)
+    ref_stats, ref_gh, ref_gw = _oracle(h0, w0, y, index)
+    h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+    with _autocast(device, precision):
+        pre = None if route == "no_pass" else head_pass(
+            h.detach(), w.detach(), y, need_entropy=True, chunk_size=chunk,
+            with_grads=route == "grads_in_pass", keep_probs=route == "cached_probs")
+        if pre is not None:
+            for name in ("loss", "entropy", "lse"):
+                _close(getattr(pre, name), getattr(ref_stats, name), REL[precision], name)
+        total, per_token = fused_ce_sum(h, w, y, index, pre=pre, chunk_size=chunk)
+    total.backward()
+    assert total.dtype == torch.float32 and h.grad.dtype == torch.float32 and w.grad.dtype == torch.float32
+    _close(per_token, ref_stats.loss[index], REL[precision], "kept loss")
+    _close(h.grad, ref_gh, REL[precision], "grad_hidden")
+    _close(w.grad, ref_gw, REL[precision], "grad_weight")
+    dropped = torch.ones(n, dtype=torch.bool, device=device)
+    dropped[index] = False
+    assert torch.all(h.grad[dropped] == 0)
+
+
+# ----------------------------------------------------------------------------- one step of every method
+
+SEQ, ROWS = 32, 4
+
+
+@pytest.fixture(scope="module")
+def frozen_ckpt(tmp_path_factory, tiny_data):
+    """A checkpoint of another tiny model on the tiny corpus: the Rho-1 reference and the KD teacher."""
+    from eslm.data.loader import open_dataset
+    from eslm.train.checkpoint import save_checkpoint
+    from eslm.train.trainer import pad_vocab
+
+    torch.manual_seed(123)
+    mc = preset("tiny", vocab_size=pad_vocab(open_dataset(tiny_data).vocab_size))
+    state = {"model": GPT(mc).state_dict(), "model_config": mc.to_dict(), "tokenizer": "byte", "step": 0}
+    return save_checkpoint(tmp_path_factory.mktemp("frozen") / "checkpoints", state, keep_last=1)
+
+
+def _setup(name: str, device: str, data, ckpt, **overrides):
+    """(model, method, optimizer, two micro-batches on ``device``), identical for every device and precision."""
+    from eslm.data.loader import TrainLoader, open_dataset
+    from eslm.train.trainer import pad_vocab
+
+    ds = open_dataset(data)
+    dev = torch.device(device)
+    over = {"method.name": name, "data.seq_len": SEQ, "train.micro_batch_size_seqs": ROWS, "run.seed": 0,
+            "method.reference": ckpt, "method.teacher": ckpt, "method.salt_kd_steps": 1, **overrides}
+    cfg = build_config(overrides=[f"{k}={v}" for k, v in over.items()])
+    torch.manual_seed(0)
+    mc = preset("tiny", vocab_size=pad_vocab(ds.vocab_size))
+    model = GPT(mc).to(dev)
+
+    def loader(split: str, rows: int, seed: int):
+        return TrainLoader(ds, seq_len=SEQ, micro_batch_size_seqs=rows, weights="unif", seed=seed, split=split)
+
+    method = build_method(BuildContext(cfg=cfg, device=dev, n_domains=len(ds.domains), model_config=mc,
+                                       val_loader_factory=lambda rows: loader("val", rows, 7)))
+    train = loader("train", ROWS, 0)
+    batches = [train.next_batch().to(dev) for _ in range(2)]
+    opt = build_optimizer(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), device_type=dev.type)
+    return model, method, opt, batches, cfg
+
+
+def _one_step(name, device, precision, data, ckpt) -> dict:
+    model, method, opt, batches, cfg = _setup(name, device, data, ckpt)
+    head_before = model.head_weight.detach().clone()
+    opts = StepOptions(accum_steps=2, normalize=cfg.train.normalize, loss_impl=cfg.train.loss_impl,
+                       chunk_size=cfg.train.loss_chunk_size,
+                       autocast=torch.autocast(device, dtype=torch.bfloat16) if precision == "bf16" else None)
+    res = forward_backward(model, model, method, batches, opts, step=1, lr=1e-3)
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+    opt.step()
+    method.on_step_end(1)
+    params_finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    moved = float((model.head_weight.detach() - head_before).abs().max())
+    return {"loss": float(res.loss), "loss_all": float(res.loss_all), "seen": res.tokens_seen,
+            "kept": res.tokens_kept, "finite": params_finite, "moved": moved, "grad_norm": grad_norm}
+
+
+_REFERENCE: dict[str, dict] = {}
+
+
+@pytest.mark.parametrize("device,precision", [pytest.param("cpu", "bf16", id="cpu-bf16"),
+                                              pytest.param("cuda", "fp32", marks=pytest.mark.gpu, id="cuda-fp32"),
+                                              pytest.param("cuda", "bf16", marks=pytest.mark.gpu, id="cuda-bf16")])
+@pytest.mark.parametrize("name", list(METHODS))
+def test_every_method_takes_a_step(name, device, precision, tiny_data, frozen_ckpt):
+    """One optimizer step (two micro-batches) of every registered method: finite, the head updated, the tokens
+    kept as on the CPU in fp32, and the losses and the gradient norm equal to the CPU fp32 step's within the
+    precision's tolerance."""
+    if name not in _REFERENCE:
+        _REFERENCE[name] = _one_step(name, "cpu", "fp32", tiny_data, frozen_ckpt)
+    ref = _REFERENCE[name]
+    got = _one_step(name, device, precision, tiny_data, frozen_ckpt)
+    assert got["finite"] and got["moved"] > 0
+    assert (got["seen"], got["kept"]) == (ref["seen"], ref["kept"])
+    tol, tol_grad = (1e-4, 1e-3) if precision == "fp32" else (2e-2, 5e-2)
+    assert got["loss"] == pytest.approx(ref["loss"], rel=tol)
+    assert got["loss_all"] == pytest.approx(ref["loss_all"], rel=tol)
+    assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=tol_grad)
+
+
+# ----------------------------------------------------------------------------- no host sync in the step
+
+# aten ops that read the device from the host (or wait for it to size their output)
+_SYNC_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
+             "equal", "is_nonzero", "bincount", "repeat_interleave", "histc", "allclose", "_assert_async"}
+
+
+class HostReads(TorchDispatchMode):
+    """Raises on every op of ``_SYNC_OPS`` (item(), int/float/bool of a tensor, nonzero, boolean indexing ...)
+    dispatched inside it, on any device: the CPU stand-in for torch.cuda.set_sync_debug_mode("error")."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in _SYNC_OPS:
+            raise RuntimeError(f"host sync in the step: aten.{func.overloadpacket.__name__}")
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def no_host_sync(device: str):
+    if device == "cuda":
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    else:
+        with HostReads():
+            yield
+
+
+SYNC_FREE = [("clm", {}), ("eslm-entropy", {}), ("eslm-loss", {}), ("ada-eslm-entropy", {}),
+             ("ada-eslm-loss", {}),
+             ("eslm-entropy", {"train.loss_cache_probs": "false"}),  # all-row grads, dropped rows recomputed
+             ("eslm-entropy", {"method.alpha": 0.5, "train.loss_cache_probs": "false"}),  # kept rows only
+             ("eslm-entropy", {"train.loss_impl": "naive"}), ("eslm-loss", {"train.loss_impl": "naive"})]
+SYNC_FREE += [("eslm-entropy", {"method.standardize": m}) for m in ("batch", "sequence", "domain")]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("name,overrides", SYNC_FREE, ids=lambda x: x if isinstance(x, str) else
+                         ",".join(f"{k.split('.')[-1]}={v}" for k, v in x.items()) or "default")
+def test_micro_scope_step_never_waits_for_the_device(name, overrides, device, precision, tiny_data, frozen_ckpt):
+    """forward_backward of a micro-scope method (scores, VaR threshold, top-k mask, the selected loss, backward)
+    with no host synchronisation: after one warm-up step (lazy one-time initialisation), the second step runs
+    under torch.cuda.set_sync_debug_mode("error") on CUDA, under ``HostReads`` on the CPU."""
+    model, method, opt, batches, cfg = _setup(name, device, tiny_data, frozen_ckpt, **overrides)
+    opts = StepOptions(accum_steps=2, normalize=cfg.train.normalize, loss_impl=cfg.train.loss_impl,
+                       chunk_size=cfg.train.loss_chunk_size,
+                       autocast=torch.autocast(device, dtype=torch.bfloat16) if precision == "bf16" else None)
+    forward_backward(model, model, method, batches, opts, step=1, lr=1e-3)
+    model.zero_grad(set_to_none=True)
+    with no_host_sync(device):
+        res = forward_backward(model, model, method, batches, opts, step=2, lr=1e-3)
+    assert torch.isfinite(res.loss) and res.tokens_kept == sum(method.tokens.num_kept(b.x.numel()) for b in batches)
+
+
+def test_the_cpu_stand_in_catches_host_reads():
+    """HostReads must see what a CUDA sync would be: .item(), int() of a tensor, boolean-mask indexing."""
+    x = torch.arange(6.0)
+    for read in (lambda: x.sum().item(), lambda: int(x.max()), lambda: x[x > 2], lambda: bool(x.any())):
+        with pytest.raises(RuntimeError, match="host sync"), HostReads():
+            read()
+    with HostReads():
+        torch.topk(x, 3, sorted=False), x.sum() / 2, x[torch.tensor([1, 2])]  # static shapes: no sync

@@ -1,0 +1,84 @@
+"""benchmarks/gpu_suite.py: its CPU smoke mode runs every step and writes each step's files and figures (so the
+script cannot rot between GPU sessions); user mistakes end at once with one line and status 2."""
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _suite(args: list[str], timeout: int = 900) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_suite.py"), *args], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _json(path: Path) -> dict:
+    assert path.is_file(), f"missing {path.name}"
+    return json.loads(path.read_text())
+
+
+def test_smoke_mode_runs_every_step(tiny_data, tmp_path):
+    out, bundle = tmp_path / "suite", tmp_path / "suite.tar.gz"
+    gpu_tests = "tests/test_gpu.py::test_fused_head_matches_the_oracle"  # collected by -m gpu, skipped on a CPU
+    proc = _suite(["--out", str(out), "--device", "cpu", "--preset", "tiny", "--data", str(tiny_data),
+                   "--tests", gpu_tests, "--bundle", str(bundle)])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    env = _json(out / "1-env.json")
+    assert env["status"] == "ok" and env["environment"]["torch"] == torch.__version__
+    assert env["environment"]["matmul_tflops"] > 0 and env["environment"]["matmul"] == "256^3 fp32"
+
+    pt = _json(out / "2-pytest.json")
+    assert pt["status"] == "ok" and pt["counts"].get("skipped", 0) > 0 and "-m gpu" in pt["command"]
+    assert "skipped" in (out / "2-pytest.log").read_text()
+
+    lp = _json(out / "3-loss_path.json")
+    assert lp["status"] == "ok", lp
+    assert set(lp["targets"]) == {"clm_fused_mfu", "eslm_entropy_vs_clm_fused_time@0.1",
+                                  "eslm_entropy_vs_clm_fused_time@0.5", "fused_vs_naive_peak_memory",
+                                  "selection_fraction_of_step"}
+    assert lp["targets"]["clm_fused_mfu"]["value"] > 0  # against the matmul rate measured in step 1
+    assert all(t["met"] in (True, False) for t in lp["targets"].values() if t["value"] is not None)
+    for v in ("clm-naive", "clm-fused", "eslm-entropy-fused@0.1", "eslm-loss-fused@0.5"):
+        assert lp["rows"][v]["step_s"] > 0 and lp["rows"][v]["tokens_per_s"] > 0
+    bench = _json(out / "3-loss_path-bench.json")
+    assert bench["settings"]["dtype"] == "fp32" and bench["settings"]["preset"] == "tiny"
+    assert (out / "3-loss_path-bench.md").is_file()
+
+    assert _json(out / "4-loss_path_compile.json")["status"] == "skipped"  # no compile on a CPU unless asked
+
+    for n, step, kept in ((5, "train_clm", 1.0), (6, "train_eslm_entropy", 0.9)):
+        rec = _json(out / f"{n}-{step}.json")
+        assert rec["status"] == "ok", rec
+        assert rec["steps_logged"] >= 2 and rec["first_loss"] > 0 and rec["last_loss"] > 0
+        assert isinstance(rec["loss_fell"], bool) and rec["mfu_median"] is None  # MFU: GPU only
+        metrics = [json.loads(line) for line in (out / f"{n}-{step}-metrics.jsonl").read_text().splitlines()]
+        assert [r["kept_frac"] for r in metrics if r["kind"] == "train"][-1] == pytest.approx(kept, abs=0.05)
+        assert _json(out / f"{n}-{step}-result.json")["step"] == 8
+        assert "train:" in (out / f"{n}-{step}.yaml").read_text()
+
+    summary = _json(out / "summary.json")
+    assert [s["step"] for s in summary["steps"]] == ["env", "pytest", "loss_path", "loss_path_compile",
+                                                     "train_clm", "train_eslm_entropy"]
+    assert "clm_fused_mfu" in summary["targets"] and (out / "summary.md").is_file()
+    with tarfile.open(bundle) as tar:
+        assert "suite/summary.md" in tar.getnames() and "suite/6-train_eslm_entropy.json" in tar.getnames()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_cuda_without_a_gpu_and_missing_data_are_one_line_errors(tmp_path):
+    proc = _suite(["--out", str(tmp_path / "a")])
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("gpu_suite: error: --device cuda: no CUDA device here")
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "a").exists()
+    proc = _suite(["--out", str(tmp_path / "b"), "--device", "cpu", "--data", str(tmp_path / "none")])
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert "expected a prepared corpus" in proc.stderr and not (tmp_path / "b").exists()

@@ -59,16 +59,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))  # this tree's eslm, as the subprocesses get it (PYTHONPATH below)
 STEPS = ("env", "pytest", "loss_path", "loss_path_compile", "train_clm", "train_eslm_entropy")
-ALPHAS = ("0.1", "0.2", "0.5")
 
 # per preset: shapes, rounds, training length, each step's own time limit and the total (s; the total wins).
 # The tiny smoke's limits only guard against a hang: a loaded 2-core CI box can be 20x slower than an idle one.
 PRESETS = {
     "gpt2-124m": dict(seq_len=1024, micro_batch=12, matmul_n=8192, bench_steps=10, bench_warmup=3, train_steps=300,
-                      log_interval=25, eval_tokens=4096, budget_s=530,
+                      log_interval=25, eval_tokens=4096, budget_s=530, alphas=("0.1", "0.2", "0.5"), memory=True,
                       limits=dict(pytest=180, loss_path=150, loss_path_compile=220, train=120)),
     "tiny": dict(seq_len=16, micro_batch=2, matmul_n=256, bench_steps=1, bench_warmup=1, train_steps=8,
-                 log_interval=2, eval_tokens=256, budget_s=3600,
+                 log_interval=2, eval_tokens=256, budget_s=3600, alphas=("0.1", "0.5"), memory=False,
                  limits=dict(pytest=600, loss_path=600, loss_path_compile=900, train=600)),
 }
 
@@ -246,7 +245,9 @@ def step_loss_path(ctx, compile: bool) -> tuple[dict, list[str]]:
     cmd = [sys.executable, "benchmarks/loss_path.py", "--preset", ctx.preset, "--seq-len", str(c["seq_len"]),
            "--micro-batch", str(c["micro_batch"]), "--device", ctx.device, "--dtype", ctx.dtype,
            "--steps", str(c["bench_steps"]), "--warmup", str(c["bench_warmup"] + (1 if compile else 0)),
-           "--alphas", *ALPHAS, "--name", f"{ctx.n}-{name}"]
+           "--alphas", *c["alphas"], "--name", f"{ctx.n}-{name}"]
+    if not c["memory"]:
+        cmd.append("--no-cpu-memory")
     if compile:
         cmd.append("--compile")
     if ctx.peak_flops_arg():
@@ -283,8 +284,9 @@ def loss_path_targets(bench: dict) -> dict:
         "eslm_entropy_vs_clm_fused_time@0.5": rows["eslm-entropy-fused@0.5"]["time_vs_clm_fused"],
         # the worst of the fused methods against their naive twins (CLM, ESLM-entropy at every alpha)
         "fused_vs_naive_peak_memory": _max([rows["clm-fused"]["mem_vs_clm_naive"]] +
-                                           [rows[f"eslm-entropy-fused@{a}"]["mem_vs_naive_twin"] for a in ALPHAS]),
-        "selection_fraction_of_step": _max([over[a]["fraction_of_clm_fused_step"] for a in ALPHAS if a in over]),
+                                           [r["mem_vs_naive_twin"] for v, r in rows.items()
+                                            if v.startswith("eslm-entropy-fused@")]),
+        "selection_fraction_of_step": _max([o["fraction_of_clm_fused_step"] for o in over.values()]),
     }
     return {k: check(k, v) for k, v in values.items()}
 

@@ -60,7 +60,7 @@ def run_and_measure(bench: "Bench", variants: list, args, argv) -> bool:
     if args.memory_only:
         Path(args.memory_only).write_text(json.dumps({v.label: max(v.peaks) for v in variants if v.peaks}))
         return False
-    if bench.device.type == "cpu":
+    if bench.device.type == "cpu" and not getattr(args, "no_cpu_memory", False):
         print("measuring peak step memory in a child process ...", flush=True)
         peaks = cpu_peaks_in_child(list(argv if argv is not None else sys.argv[1:]))
         for v in variants:

@@ -116,6 +116,8 @@ def main(argv=None) -> int:
                    help="peak FLOP/s for MFU (default: the trainer's table by GPU name; none on CPU)")
     p.add_argument("--chunk", type=int, default=1024, help="train.loss_chunk_size for the fused path")
     p.add_argument("--name", default="", help="results file name (default from the settings)")
+    p.add_argument("--no-cpu-memory", action="store_true",
+                   help="on CPU, skip the peak-memory child process (peaks n/a; the GPU suite's smoke mode)")
     p.add_argument("--memory-only", default="", help=argparse.SUPPRESS)  # internal: the CPU memory child
     a = p.parse_args(argv)
 

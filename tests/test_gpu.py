@@ -195,6 +195,7 @@ def test_every_method_takes_a_step(name, device, precision, tiny_data, frozen_ck
 # aten ops that read the device from the host (or wait for it to size their output)
 _SYNC_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
              "equal", "is_nonzero", "bincount", "repeat_interleave", "histc", "allclose", "_assert_async"}
+_INDEX_OPS = {"index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index", "_unsafe_index_put"}
 
 
 class HostReads(TorchDispatchMode):
@@ -202,8 +203,12 @@ class HostReads(TorchDispatchMode):
     dispatched inside it, on any device: the CPU stand-in for torch.cuda.set_sync_debug_mode("error")."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket.__name__ in _SYNC_OPS:
-            raise RuntimeError(f"host sync in the step: aten.{func.overloadpacket.__name__}")
+        name = func.overloadpacket.__name__
+        if name in _SYNC_OPS:
+            raise RuntimeError(f"host sync in the step: aten.{name}")
+        if name in _INDEX_OPS and any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
+                                      for i in args[1]):  # a mask's nonzero runs inside the kernel, unseen here
+            raise RuntimeError(f"host sync in the step: aten.{name} with a boolean mask")
         return func(*args, **(kwargs or {}))
 
 
@@ -250,7 +255,9 @@ def test_micro_scope_step_never_waits_for_the_device(name, overrides, device, pr
 def test_the_cpu_stand_in_catches_host_reads():
     """HostReads must see what a CUDA sync would be: .item(), int() of a tensor, boolean-mask indexing."""
     x = torch.arange(6.0)
-    for read in (lambda: x.sum().item(), lambda: int(x.max()), lambda: x[x > 2], lambda: bool(x.any())):
+    reads = (lambda: x.sum().item(), lambda: int(x.max()), lambda: x[x > 2], lambda: bool(x.any()),
+             lambda: x.clone().__setitem__(x > 2, 0.0), lambda: torch.nonzero(x))
+    for read in reads:
         with pytest.raises(RuntimeError, match="host sync"), HostReads():
             read()
     with HostReads():

@@ -29,7 +29,6 @@ from eslm.selection import risk
 
 SCORES = ("entropy", "loss")
 IMPLS = ("auto", "naive", "fused")
-_FLOOR_EPS = 1e-9  # as eslm.selection.risk: 0.29 * 100 must floor to 29
 
 
 @dataclass
@@ -127,27 +126,6 @@ def _scores_from_logits(logits: torch.Tensor, targets: torch.Tensor, score: str,
     return torch.cat(out)
 
 
-def _kept_count(n_valid: torch.Tensor, alpha: float) -> torch.Tensor:
-    """K = N - floor(alpha * N), at least 1 when N >= 1: ``risk.num_kept`` on a 0-dim tensor (no sync)."""
-    dropped = torch.floor(n_valid.double() * alpha + _FLOOR_EPS).long()
-    return torch.clamp(n_valid - dropped, min=1) * (n_valid > 0)
-
-
-def _select(scores: torch.Tensor, valid: torch.Tensor, alpha: float):
-    """Top-K of the valid scores: (index (K_max,), sorted values (K_max,), keep (K_max,) bool, K, N).
-
-    Ignored rows get score -inf so they sort last. K_max = num_kept(rows, alpha) >= K because num_kept is
-    non-decreasing in N; the first K of the descending top-K_max are the kept tokens, the rest get weight 0.
-    """
-    ranked = scores.masked_fill(~valid, float("-inf"))
-    k_max = risk.num_kept(ranked.numel(), alpha)
-    vals, index = torch.topk(ranked, k_max, sorted=True)
-    n_valid = valid.sum()
-    k = _kept_count(n_valid, alpha)
-    keep = torch.arange(k_max, device=scores.device) < k
-    return index, vals, keep, k, n_valid
-
-
 def _stats(scores, valid, index, vals, keep, k, n_valid) -> SelectionStats:
     kf, nf = k.float(), n_valid.float()
     kept_mean = vals.masked_fill(~keep, 0.0).sum() / kf.clamp(min=1)
@@ -193,7 +171,7 @@ def selective_loss(targets: torch.Tensor, *, logits: torch.Tensor | None = None,
         ts = token_stats(hidden2d, weight, safe_t, need_entropy=score == "entropy", impl=impl,
                          chunk_size=chunk_size)
         scores, lse = (ts.entropy if score == "entropy" else ts.loss), ts.lse
-    index, vals, keep, k, n_valid = _select(scores.float(), valid, alpha)
+    index, vals, keep, k, n_valid = risk.select_valid(scores.float(), valid, alpha)
 
     if logits2d is not None:
         ce = F.cross_entropy(logits2d[index].float(), safe_t[index], reduction="none")

@@ -27,7 +27,7 @@ import torch
 
 from eslm.errors import DataError, ESLMError
 from eslm.objectives.cross_entropy import token_stats
-from eslm.selection.risk import check_alpha, var_threshold
+from eslm.selection.risk import at_or_above, check_alpha, var_threshold
 
 # (score key, title, RGB of the highlight) — the paper's colours: electric blue for entropy, salmon for loss.
 VARIANTS = (("entropy", "ESLM-VaR-entropy", (44, 117, 255)), ("loss", "ESLM-CVaR-loss", (250, 128, 114)))
@@ -162,7 +162,7 @@ def analyse(model, passages: list[Passage], alpha: float, scope: str, device: st
     for key, *_ in VARIANTS:
         per = [s[key] for s in scored]
         for rec, s, t in zip(out, per, thresholds(per, alpha, scope)):
-            kept = s >= t
+            kept = at_or_above(s, t)
             rec["variants"][key] = {"threshold": t, "kept": kept.tolist(),
                                     "cvar": float(s[kept].mean()), "kept_frac": float(kept.float().mean())}
     return out

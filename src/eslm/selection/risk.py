@@ -20,8 +20,12 @@ is minimised at eta = VaR and, on an empirical distribution where (1 - alpha) * 
 no ties at the threshold, equals the tail mean exactly (``cvar_rockafellar_uryasev`` evaluates it; the tests
 check the agreement).
 
-Everything here avoids host synchronisation: K is a Python int computed from shapes, torch.topk has a static
-output shape, and nothing calls .item().
+Everything here avoids host synchronisation (except where a docstring says so): K is a Python int computed from
+shapes, torch.topk has a static output shape, and nothing calls .item().
+
+This module is the ONE place where scores become kept tokens: the token selectors, the step's scope "step",
+the drop-in ``eslm.api.selective_loss`` and the token view (``eslm.analysis.tokens``) all call it. alpha is
+validated once (``check_alpha``) where a selector or a call is set up, not inside the per-batch functions.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import torch
 from eslm.errors import ConfigError
 
 # alpha * N is computed in floating point; 0.29 * 100 = 28.999999999999996 must count as 29.
-_FLOOR_EPS = 1e-9
+FLOOR_EPS = 1e-9
 
 
 def check_alpha(alpha: float) -> float:
@@ -43,11 +47,17 @@ def check_alpha(alpha: float) -> float:
 
 
 def num_kept(n: int, alpha: float) -> int:
-    """K = N - floor(alpha * N): how many of N tokens the VaR rule keeps (always >= 1 for N >= 1)."""
-    check_alpha(alpha)
+    """K = N - floor(alpha * N): how many of N tokens the VaR rule keeps (always >= 1 for N >= 1).
+    alpha must already be valid (``check_alpha``)."""
     if n <= 0:
         return 0
-    return max(1, n - math.floor(alpha * n + _FLOOR_EPS))
+    return max(1, n - math.floor(alpha * n + FLOOR_EPS))
+
+
+def num_kept_tensor(n: torch.Tensor, alpha: float) -> torch.Tensor:
+    """``num_kept`` of a 0-dim int64 tensor N (computed in float64 on its device, no sync); 0 when N = 0."""
+    dropped = torch.floor(n.double() * alpha + FLOOR_EPS).long()
+    return torch.clamp(n - dropped, min=1) * (n > 0)
 
 
 def check_finite(scores: torch.Tensor, what: str = "risk scores") -> None:
@@ -66,6 +76,40 @@ def topk_index(scores: torch.Tensor, k: int) -> torch.Tensor:
     return torch.topk(flat, k, sorted=False).indices
 
 
+def at_or_above(scores: torch.Tensor, threshold) -> torch.Tensor:
+    """Boolean mask (same shape as scores): the tokens a shared threshold keeps (score >= threshold, ties kept)."""
+    return scores >= threshold
+
+
+def select(ranked: torch.Tensor, alpha: float, threshold: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
+    """The VaR rule on one micro-batch's (standardised) scores: (flat indices (K,) of the kept tokens, K).
+
+    Without ``threshold``: the top K = num_kept(N, alpha) (static K, no sync). With ``threshold`` (selection
+    scope "step": the VaR of the whole optimizer step): every token at or above it (variable K; this syncs).
+    """
+    if threshold is None:
+        k = num_kept(ranked.numel(), alpha)
+        return topk_index(ranked, k), k
+    index = torch.nonzero(at_or_above(ranked.reshape(-1), threshold)).squeeze(1)
+    return index, int(index.numel())
+
+
+def select_valid(scores: torch.Tensor, valid: torch.Tensor, alpha: float):
+    """The VaR rule over the valid entries of scores (N,) (ignored tokens are neither kept nor counted), on
+    the device with no sync: (index (K_max,), sorted values (K_max,), keep (K_max,) bool, K (), N_valid ()).
+
+    Invalid rows get score -inf so they sort last. K_max = num_kept(rows, alpha) >= K because num_kept is
+    non-decreasing in N; the first K of the descending top-K_max are the kept tokens (``keep``).
+    """
+    ranked = scores.masked_fill(~valid, float("-inf"))
+    k_max = num_kept(ranked.numel(), alpha)
+    vals, index = torch.topk(ranked, k_max, sorted=True)
+    n_valid = valid.sum()
+    k = num_kept_tensor(n_valid, alpha)
+    keep = torch.arange(k_max, device=scores.device) < k
+    return index, vals, keep, k, n_valid
+
+
 def var_threshold(scores: torch.Tensor, alpha: float) -> torch.Tensor:
     """VaR_alpha of the flattened scores: the K-th largest score (0-dim fp32 tensor), K = num_kept(N, alpha).
 
@@ -80,7 +124,7 @@ def var_threshold(scores: torch.Tensor, alpha: float) -> torch.Tensor:
 
 def var_mask(scores: torch.Tensor, alpha: float) -> torch.Tensor:
     """Multiplicative fp32 mask (same shape as scores): 1 where score >= VaR_alpha (ties all kept)."""
-    return (scores.float() >= var_threshold(scores, alpha)).float()
+    return at_or_above(scores.float(), var_threshold(scores, alpha)).float()
 
 
 def cvar(scores: torch.Tensor, alpha: float) -> torch.Tensor:

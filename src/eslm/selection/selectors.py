@@ -99,12 +99,7 @@ class VaRSelector(TokenSelector):
 
     def select(self, scores, batch, threshold=None) -> Selection:
         ranked = standardize(scores, self.standardize, batch.domain, self.n_domains)
-        if threshold is None:
-            k = risk.num_kept(ranked.numel(), self.alpha)
-            index = risk.topk_index(ranked, k)
-        else:  # step scope: a threshold shared by all micro-batches (variable K; this path syncs)
-            index = torch.nonzero(ranked.reshape(-1) >= threshold).squeeze(1)
-            k = int(index.numel())
+        index, k = risk.select(ranked, self.alpha, threshold)
         return Selection(index, k, ranked.numel(), _stats(scores, ranked, index, batch, self.n_domains))
 
 

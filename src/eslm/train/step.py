@@ -118,4 +118,4 @@ def _step_threshold(raw_model, method, batches, opts: StepOptions) -> tuple[torc
         dist.all_gather(gathered, scores)
         scores = torch.cat(gathered)
     threshold = risk.var_threshold(scores, method.tokens.alpha)
-    return threshold, int((scores >= threshold).sum())
+    return threshold, int(risk.at_or_above(scores, threshold).sum())

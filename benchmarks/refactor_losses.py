@@ -120,7 +120,7 @@ def _api_cases() -> dict:
                 kw = {"logits": h @ weight.t()} if route == "logits" else {"hidden": h, "weight": weight}
                 loss, st = selective_loss(targets, score=score, alpha=alpha, chunk_size=32, **kw)
                 loss.backward()
-                rec = {"loss": float(loss), "grad_sum": float(h.grad.double().sum()),
+                rec = {"loss": float(loss.detach()), "grad_sum": float(h.grad.double().sum()),
                        "grad_abs_sum": float(h.grad.double().abs().sum())}
                 rec.update({k: float(v) for k, v in vars(st).items()})
                 out[f"api/{route}/{score}/alpha={alpha}"] = {"train": [rec], "eval": []}

@@ -94,7 +94,10 @@ def test_from_path_uses_loading_module(monkeypatch):
     assert all(not p.requires_grad for p in ref.model.parameters()) and not ref.model.training
 
 
-def test_forward_flops_per_token_is_a_third_of_palm():
+def test_reference_forward_is_declared_and_priced_as_a_third_of_palm():
+    from eslm.baselines.plugins import Rho1Selector
+    from eslm.flops import extra_flops
+
     for name, kw in [("tiny", {}), ("small", {"bias": True})]:
         model = GPT(preset(name, vocab_size=V, **kw))
         cfg = model.config
@@ -104,7 +107,10 @@ def test_forward_flops_per_token_is_a_third_of_palm():
         N = Vs * C + L * per_block + C + (C if cfg.bias else 0)
         H, Q = cfg.n_head, C // cfg.n_head
         ref = ReferenceModel(model, impl="naive")
+        assert model.num_params(non_embedding=True) == N
         for Tm in (cfg.block_size, 32):
             want = (6 * N + 12 * L * H * Q * Tm) / 3
-            assert ref.forward_flops_per_token_at(Tm) == pytest.approx(want, rel=1e-12)
-        assert ref.forward_flops_per_token == pytest.approx((6 * N + 12 * L * H * Q * cfg.block_size) / 3)
+            # Rho-1 declares the reference's forward over the micro-batch's tokens; eslm.flops prices it
+            work = Rho1Selector(ref, 0.1, Tm).extra_work(tokens_seen=10)
+            assert work.frozen_forwards[0].tokens == 10
+            assert extra_flops([work]) == pytest.approx((10 * want, 10 * want, 0), rel=1e-12)

@@ -22,7 +22,7 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("eslm.train.cli", "train a model (CLM, ESLM or a baseline) from a config"),
     "prepare": ("eslm.data.prepare", "tokenize a text source into shards + manifest.json"),
-    "export-hf": ("eslm.model.hf", "export a checkpoint to a transformers GPT2LMHeadModel directory"),
+    "export-hf": ("eslm.model.export_hf", "export a checkpoint to a transformers GPT2LMHeadModel directory"),
     "eval": ("eslm.eval.harness", "run lm-evaluation-harness tasks on a run or checkpoint"),
     "lm-eval": ("eslm.eval.lm_eval_cli", "lm-eval's own command line with our model: --model eslm --model_args run_dir=PATH"),
     "report": ("eslm.analysis.report", "HTML report with figures from run directories"),

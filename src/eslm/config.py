@@ -1,5 +1,8 @@
 """The typed, frozen config tree.
 
+It sits above the method registry (``eslm.methods``) and the model presets, which validation checks names
+against; nothing below imports it (components receive the built ``Config``).
+
 Defaults live here in code. YAML files hold only deltas (nested mappings); later files and then dotted
 command-line overrides (``method.alpha=0.2``) win. Unknown keys are errors that suggest the nearest valid key,
 and the whole config is validated before anything runs, reporting every problem at once.
@@ -18,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from eslm.errors import ConfigError
+from eslm.methods import METHODS
+from eslm.model.gpt import PRESETS
 
 
 def _f(default, help: str, **kw):
@@ -342,8 +347,6 @@ def get(cfg: Config, dotted: str):
 
 def validate(cfg: Config) -> list[str]:
     """Every problem of a built config (empty list when valid)."""
-    from eslm.model.gpt import PRESETS
-
     problems = []
     for key, choices in _CHOICES.items():
         if choices and get(cfg, key) not in choices:
@@ -382,8 +385,6 @@ def validate(cfg: Config) -> list[str]:
     dev = cfg.train.device
     if not (dev in ("auto", "cpu", "cuda") or dev.startswith("cuda:")):
         problems.append(f"train.device: expected auto, cpu, cuda or cuda:N, got {dev!r}")
-    from eslm.methods import METHODS
-
     if cfg.method.name not in METHODS:
         close = difflib.get_close_matches(cfg.method.name, list(METHODS), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""

@@ -40,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eslm.errors import ConfigError
-from eslm.model.gpt import ModelConfig, preset
+from eslm.model.gpt import ModelConfig, pad_vocab, preset
 
 COUNT_PER = ("global", "micro")
 COUNTER_KEYS = ("flops_paper", "flops_executed", "flops_dense")
@@ -161,6 +161,39 @@ def step_flops(fm: FlopsModel, *, tokens_seen: int, tokens_kept: int, head_backw
     return StepFlops(paper=paper, executed=executed, dense=dense)
 
 
+def frozen_forward_flops(config, seq_len: int, tokens: int) -> float:
+    """FLOPs of a forward pass of a frozen model (``ModelConfig`` ``config``) over ``tokens`` tokens of
+    sequences of ``seq_len`` tokens: Rho-1's reference, a KD teacher."""
+    return forward_flops(FlopsModel.from_config(config, seq_len), tokens)
+
+
+def extra_flops(work) -> tuple[float, float, int]:
+    """(paper FLOPs, executed FLOPs, extra forward tokens of the trained model) of components' declared extra
+    work (an iterable of ``eslm.contracts.ExtraWork``) on one micro-batch."""
+    paper = executed = 0.0
+    tokens = 0
+    for w in work:
+        f = w.flops
+        for p in w.frozen_forwards:
+            f = frozen_forward_flops(p.config, p.seq_len, p.tokens) + f
+        paper, executed, tokens = paper + f, executed + f, tokens + w.trained_forward_tokens
+    return paper, executed, tokens
+
+
+def micro_batch_flops(fm: FlopsModel, method, *, tokens_seen: int, tokens_kept: int,
+                      prepass_tokens: int = 0) -> StepFlops:
+    """The three FLOPs counts of one micro-batch of ``method`` (an ``eslm.methods.Method``) on one rank: the
+    trained model's pass from the token counts, the head's work as the objective reports it
+    (``head_work``), every component's declared ``extra_work``, and ``prepass_tokens`` of the step's scoring
+    pre-pass (selection scope "step")."""
+    head_bwd, head_recompute = method.objective.head_work(tokens_seen, tokens_kept,
+                                                          scored=bool(method.tokens.score))
+    paper, executed, forward_tokens = extra_flops(method.extra_work(tokens_seen))
+    return step_flops(fm, tokens_seen=tokens_seen, tokens_kept=tokens_kept, head_backward_tokens=head_bwd,
+                      head_recompute_tokens=head_recompute, extra_forward_tokens=prepass_tokens + forward_tokens,
+                      extra_flops_paper=paper, extra_flops_executed=executed)
+
+
 class FlopsCounter:
     """Cumulative ``flops_paper``, ``flops_executed``, ``flops_dense`` over a run.
 
@@ -184,6 +217,13 @@ class FlopsCounter:
         self._totals["flops_paper"] += factor * float(step_flops.paper)
         self._totals["flops_executed"] += factor * float(step_flops.executed)
         self._totals["flops_dense"] += factor * float(step_flops.dense)
+
+    def add_step(self, fm: FlopsModel, method, res, *, world_size: int) -> None:
+        """Count one optimizer step of ``method`` from its ``eslm.train.step.StepResult`` (this rank's totals
+        over the step's micro-batches; the micro-batch mean is what ``add`` takes)."""
+        n = len(res.selections)
+        self.add(micro_batch_flops(fm, method, tokens_seen=res.tokens_seen // n, tokens_kept=res.tokens_kept // n,
+                                   prepass_tokens=res.prepass_tokens // n), micro_steps=n, world_size=world_size)
 
     def totals(self) -> dict:
         """{"flops_paper", "flops_executed", "flops_dense"}: cumulative FLOPs (Python floats)."""
@@ -209,6 +249,29 @@ def executed_savings(fm: FlopsModel, keep: float, *, recompute: bool = False) ->
     s = step_flops(fm, tokens_seen=1, tokens_kept=keep, head_backward_tokens=keep,
                    head_recompute_tokens=keep if recompute else 0)
     return 1.0 - s.executed / s.dense
+
+
+def training_flops_model(cfg) -> FlopsModel:
+    """The ``FlopsModel`` of the model an ``eslm.config.Config`` trains, from the config alone (the vocabulary
+    as the trainer sizes it: ``model.vocab_size``, else the tokenizer's padded to a multiple of 64)."""
+    from eslm.data.tokenizers import tokenizer_vocab_size
+
+    m = cfg.model
+    overrides = {"vocab_size": m.vocab_size or pad_vocab(tokenizer_vocab_size(cfg.data.tokenizer))}
+    if m.block_size:
+        overrides["block_size"] = m.block_size
+    return FlopsModel.from_config(preset(m.preset, **overrides), cfg.data.seq_len)
+
+
+def equal_flops_budget(cfg) -> tuple[float, int]:
+    """(train.max_flops, train.max_steps) of an equal-FLOPs run of ``cfg`` (one process): the budget is what
+    ``cfg.train.max_steps`` dense steps cost as ``flops.count_per`` counts them, and the step cap one the budget
+    always reaches first. Every step spends at least the forward over its tokens, a third of a dense step
+    (``forward_per_token = train_per_token / 3``), so no run needs more than 3 x max_steps steps."""
+    fm, t = training_flops_model(cfg), cfg.train
+    micro_batches = t.grad_accum_steps if cfg.flops.count_per == "global" else 1
+    tokens_per_step = t.micro_batch_size_seqs * cfg.data.seq_len * micro_batches
+    return fm.train_per_token * tokens_per_step * t.max_steps, 3 * t.max_steps + 1
 
 
 def micro_steps_for_budget(fm: FlopsModel, budget_flops: float, micro_batch_tokens: int) -> float:

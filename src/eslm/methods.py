@@ -1,8 +1,8 @@
 """The method registry: the ONLY place that maps method names to components.
 
 A method = row selector (which rows train) + token selector (which tokens count) + objective (per-token
-loss) + optional controllers (e.g. Ada-ESLM's alpha controller). The training step only ever sees these
-components; it never branches on a name.
+loss) + optional controllers (e.g. Ada-ESLM's alpha controller); their contracts are ``eslm.contracts``. The
+training step only ever sees these components; it never branches on a name.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Callable
 
 import torch
 
+from eslm import contracts
 from eslm.objectives.base import CrossEntropy
 from eslm.objectives.cross_entropy import TokenStats
 from eslm.selection.ada import AdaController
@@ -36,38 +37,28 @@ class BuildContext:
 @dataclass
 class Method:
     name: str
-    rows: object = field(default_factory=AllRows)
-    tokens: TokenSelector = field(default_factory=TokenSelector)
-    objective: object = field(default_factory=CrossEntropy)
-    controllers: list = field(default_factory=list)
+    rows: contracts.RowSelector = field(default_factory=AllRows)
+    tokens: contracts.TokenSelector = field(default_factory=TokenSelector)
+    objective: contracts.Objective = field(default_factory=CrossEntropy)
+    controllers: list[contracts.Controller] = field(default_factory=list)
 
     def scores(self, stats: TokenStats | None, batch) -> torch.Tensor | None:
         """Risk scores (B, T) fp32 for the token selector (None when it needs none)."""
-        kind = self.tokens.score
-        if kind is None:
-            return None
-        if hasattr(self.tokens, "scores"):
-            return self.tokens.scores(stats, batch)
-        return getattr(stats, kind).view(batch.x.shape)
+        return self.tokens.scores(stats, batch)
 
     @property
     def needs_entropy(self) -> bool:
         return self.tokens.score == "entropy"
 
-    def extra_flops(self, tokens_seen: int) -> tuple[float, float]:
-        """(paper, executed) FLOPs per micro-batch beyond the trained model (reference / teacher forwards)."""
-        total_p, total_e = 0.0, 0.0
-        for part in (self.tokens, self.objective):
-            if hasattr(part, "extra_flops"):
-                p, e = part.extra_flops(tokens_seen)
-                total_p, total_e = total_p + p, total_e + e
-        return total_p, total_e
+    def extra_work(self, tokens_seen: int) -> list[contracts.ExtraWork]:
+        """What each component adds to one micro-batch of ``tokens_seen`` tokens (``eslm.flops`` counts it)."""
+        return [self.tokens.extra_work(tokens_seen), self.objective.extra_work(tokens_seen),
+                self.rows.extra_work(tokens_seen)]
 
     def on_step_end(self, step: int) -> None:
         for c in self.controllers:
             c.on_step_end(step)
-        if hasattr(self.objective, "on_step_end"):
-            self.objective.on_step_end(step)
+        self.objective.on_step_end(step)
 
     def observe(self, selection) -> None:
         for c in self.controllers:
@@ -157,7 +148,7 @@ def describe_methods() -> str:
 
 
 def _frozen(path: str, ctx: BuildContext):
-    from eslm.baselines.rho1 import ReferenceModel
+    from eslm.objectives.frozen import ReferenceModel
 
     return ReferenceModel.from_path(path, ctx.device, impl=ctx.cfg.train.loss_impl,
                                     chunk_size=ctx.cfg.train.loss_chunk_size)

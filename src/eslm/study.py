@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import math
 import os
 import signal
 import subprocess
@@ -191,22 +190,15 @@ def plan(study: dict, out: Path, seeds=None, overrides=()) -> list:
 
 
 def _with_budget(cfg, budget: dict):
-    """Equal FLOPs: max_flops = dense FLOPs of max_steps steps; max_steps raised so the budget binds."""
+    """Equal FLOPs: max_flops = dense FLOPs of max_steps steps; max_steps raised so the budget binds
+    (``eslm.flops.equal_flops_budget``); the learning-rate schedule keeps the original length."""
     from dataclasses import replace
 
-    from eslm.flops import FlopsModel
-    from eslm.model.gpt import preset
+    from eslm.flops import equal_flops_budget
 
-    vocab = cfg.model.vocab_size or (50304 if cfg.data.tokenizer == "gpt2" else 320)
-    fm = FlopsModel.from_config(preset(cfg.model.preset, vocab_size=vocab), cfg.data.seq_len)
     t = cfg.train
-    tokens_per_step = t.micro_batch_size_seqs * cfg.data.seq_len * t.grad_accum_steps
-    if cfg.flops.count_per == "micro":
-        tokens_per_step = t.micro_batch_size_seqs * cfg.data.seq_len
-    flops = fm.train_per_token * tokens_per_step * t.max_steps
+    flops, max_steps = equal_flops_budget(cfg)
     counter = budget.get("counter", "flops_paper")
-    # a selective step costs at least (1 + 2 * keep) / 3 of a dense one in the paper's convention
-    max_steps = int(math.ceil(t.max_steps * 3.0 / (1.0 + 2.0 * 0.05))) + 1
     return replace(cfg, train=replace(t, max_flops=flops, max_steps=max_steps, lr_decay_steps=t.lr_decay_steps or t.max_steps),
                    flops=replace(cfg.flops, budget_counter=counter))
 

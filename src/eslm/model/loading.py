@@ -27,6 +27,7 @@ import torch
 from eslm.errors import CheckpointError
 from eslm.model.gpt import GPT, ModelConfig
 from eslm.train.snapshots import SNAPSHOT_DIR, SNAPSHOT_FORMAT, list_snapshots, read_snapshot
+from eslm.model.state import load_state_checked
 
 CHECKPOINT_FORMAT = "eslm-checkpoint-v1"
 _STEP_FILE = re.compile(r"^step_(\d{7,})\.pt$")
@@ -169,32 +170,6 @@ def clean_state_dict(state: dict) -> dict:
                     k, changed = k[len(pre):], True
         out[k] = v
     return out
-
-
-def load_state_checked(model: GPT, state: dict, source: str) -> None:
-    """Load ``state`` into ``model``, naming the first missing, unexpected or mis-shaped tensor on failure."""
-    expected = model.state_dict()
-    # lm_head.weight is tied to wte; checkpoints may or may not carry it.
-    state = dict(state)
-    state.setdefault("lm_head.weight", state.get("transformer.wte.weight"))
-    for name, t in expected.items():
-        if name not in state or state[name] is None:
-            raise CheckpointError(
-                f"expected tensor {name} {tuple(t.shape)} in {source}, found it missing; "
-                "the checkpoint does not match its model_config"
-            )
-        if tuple(state[name].shape) != tuple(t.shape):
-            raise CheckpointError(
-                f"expected tensor {name} of shape {tuple(t.shape)} (from model_config) in {source}, "
-                f"found {tuple(state[name].shape)}; the checkpoint does not match its model_config"
-            )
-    extra = sorted(set(state) - set(expected))
-    if extra:
-        raise CheckpointError(
-            f"expected only the tensors of model_config in {source}, found unexpected {extra[0]} "
-            f"({len(extra)} in all); the checkpoint does not match its model_config"
-        )
-    model.load_state_dict({k: state[k].float() for k in expected})
 
 
 def _load_checkpoint_file(path: Path, device: str) -> tuple[GPT, dict]:

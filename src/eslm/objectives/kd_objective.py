@@ -1,13 +1,14 @@
 """Distillation objectives as plug-ins of the shared step: KD on the kept tokens, and SALT's KD -> CE switch.
 
 The loss maths is ``eslm.objectives.distill.kd_per_token``; the teacher is a frozen model
-(``eslm.baselines.rho1.ReferenceModel``) with the student's tokenizer and vocabulary.
+(``eslm.objectives.frozen.ReferenceModel``, shared with Rho-1's reference) with the student's tokenizer and vocabulary.
 """
 
 from __future__ import annotations
 
 import torch
 
+from eslm.contracts import ExtraWork, ModelPass
 from eslm.objectives.base import CrossEntropy, Objective
 from eslm.objectives.distill import kd_per_token
 
@@ -21,7 +22,7 @@ class Distill(Objective):
         super().__init__(impl, chunk_size)
         self.teacher, self.lam, self.rho, self.seq_len = teacher, lam, rho, seq_len
 
-    def per_token(self, hidden, weight, batch, index, stats, step) -> torch.Tensor:
+    def per_token(self, hidden, weight, batch, index, stats) -> torch.Tensor:
         t_hidden = self.teacher.hidden(batch.x).flatten(0, 1)
         targets = batch.y.reshape(-1)
         if index is not None:
@@ -29,35 +30,38 @@ class Distill(Objective):
         return kd_per_token(hidden, weight, t_hidden, self.teacher.head_weight, targets, lam=self.lam,
                             rho=self.rho, chunk_size=self.chunk_size)
 
-    def extra_flops(self, tokens_seen: int) -> tuple[float, float]:
-        f = self.teacher.forward_flops_per_token_at(self.seq_len) * tokens_seen
-        return f, f
+    def extra_work(self, tokens_seen: int) -> ExtraWork:
+        """The teacher's forward over every token of the micro-batch."""
+        return ExtraWork(frozen_forwards=(ModelPass(self.teacher.config, self.seq_len, tokens_seen),))
 
 
-class Salt:
-    """SALT: dense KD for the first ``kd_steps`` optimizer steps, then plain cross-entropy."""
+class Salt(Objective):
+    """SALT: dense KD for the first ``kd_steps`` optimizer steps, then plain cross-entropy. Every hook goes to
+    the objective in force (``active``)."""
 
     def __init__(self, kd: Distill, ce: CrossEntropy, kd_steps: int):
+        super().__init__(ce.impl, ce.chunk_size)
         self.kd, self.ce, self.kd_steps = kd, ce, kd_steps
         self.step = 0
 
-    def _active(self):
+    @property
+    def active(self) -> Objective:
         return self.kd if self.step < self.kd_steps else self.ce
 
     def score(self, hidden, weight, targets, **kw):
-        return self._active().score(hidden, weight, targets, **kw)
+        return self.active.score(hidden, weight, targets, **kw)
 
-    def loss_sum(self, hidden, weight, batch, index, stats, step):
-        return self._active().loss_sum(hidden, weight, batch, index, stats, step)
+    def loss_sum(self, hidden, weight, batch, index, stats):
+        return self.active.loss_sum(hidden, weight, batch, index, stats)
 
     def head_work(self, n, k, *, scored):
-        return self._active().head_work(n, k, scored=scored)
+        return self.active.head_work(n, k, scored=scored)
 
     def on_step_end(self, step: int) -> None:
         self.step = step  # optimizer steps done
 
-    def extra_flops(self, tokens_seen: int) -> tuple[float, float]:
-        return self._active().extra_flops(tokens_seen)
+    def extra_work(self, tokens_seen: int) -> ExtraWork:
+        return self.active.extra_work(tokens_seen)
 
     def state_dict(self) -> dict:
         return {"step": self.step}

@@ -45,7 +45,7 @@ import contextlib
 
 import torch
 
-from eslm.objectives.cross_entropy import TokenStats
+from eslm.ops.token_stats import TokenStats
 
 GRADS_IN_PASS_MIN_KEEP = 0.8  # 3 + 2(1-k) <= 1 + 3k  <=>  k >= 0.8
 

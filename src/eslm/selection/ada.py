@@ -24,6 +24,8 @@ import torch
 
 
 class AdaController:
+    """An ``eslm.contracts.Controller``: observes each selection's CVaR, steers ``selector.alpha``."""
+
     def __init__(self, selector, *, gamma: float, interval: int, eps: float, alpha_min: float, alpha_max: float):
         self.selector = selector  # owns the alpha in force
         self.gamma, self.interval, self.eps = gamma, interval, eps

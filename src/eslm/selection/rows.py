@@ -1,13 +1,14 @@
 """Row selectors: which sequences of a micro-batch train. Default: all rows.
 
-A row selector (the ``RowSelector`` protocol; ``AllRows`` is its reference implementation) has ``select``,
-``candidate_rows``, ``num_rows``, ``extra_flops``, ``state_dict`` and ``load_state_dict``. GREATS
+``AllRows`` is the base class of the ``eslm.contracts.RowSelector`` protocol (every hook declared there) and
+its do-nothing default. GREATS
 (``eslm.baselines.greats``, adapter ``eslm.baselines.plugins.GreatsRows``) is the one non-trivial row selector
 in the paper's comparison.
 """
 
 from __future__ import annotations
 
+from eslm.contracts import NO_EXTRA_WORK, ExtraWork
 from eslm.data.batch import Batch
 
 
@@ -31,9 +32,9 @@ class AllRows:
         global normalisation); at most ``candidate_rows(batch_rows)``."""
         return batch_rows
 
-    def extra_flops(self, tokens_seen: int) -> tuple[float, float, int]:
-        """(extra paper FLOPs, extra executed FLOPs, extra forward tokens of the trained model) per micro-batch."""
-        return 0.0, 0.0, 0
+    def extra_work(self, tokens_seen: int) -> ExtraWork:
+        """Work of the last selection beyond the trained model's pass over the kept rows: none."""
+        return NO_EXTRA_WORK
 
     def state_dict(self) -> dict:
         return {}

@@ -14,29 +14,15 @@ step's scoring pre-pass), a selector keeps every token whose score is >= thresho
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
+from eslm.contracts import NO_EXTRA_WORK, ExtraWork, Selection
 from eslm.data.batch import Batch
 from eslm.selection import risk
 from eslm.selection.scores import standardize
 
 
-@dataclass
-class Selection:
-    """The kept tokens of one micro-batch.
-
-    index:     (K,) int64 flat indices into the (B*T,) token axis, or None for "all tokens"
-    num_kept:  K (Python int)
-    num_tokens: N = B*T (Python int)
-    stats:     0-dim / small tensors for the metrics (threshold, cvar, score means, per-domain counts)
-    """
-
-    index: torch.Tensor | None
-    num_kept: int
-    num_tokens: int
-    stats: dict = field(default_factory=dict)
+__all__ = ["Selection", "TokenSelector", "AllTokens", "VaRSelector", "RandomSelector"]
 
 
 def _stats(raw: torch.Tensor, ranked: torch.Tensor, index: torch.Tensor, batch: Batch, n_domains: int) -> dict:
@@ -60,9 +46,10 @@ def _stats(raw: torch.Tensor, ranked: torch.Tensor, index: torch.Tensor, batch: 
 
 
 class TokenSelector:
-    """Base class and the do-nothing default: keep all tokens."""
+    """Base class of the ``eslm.contracts.TokenSelector`` protocol and the do-nothing default: keep all tokens."""
 
     score: str | None = None  # which score the selector needs: None | "loss" | "entropy" | "excess_loss"
+    standardize: str = "none"  # score standardisation before ranking (eslm.selection.scores)
 
     def __init__(self, alpha: float = 0.0, n_domains: int = 1):
         self.alpha = risk.check_alpha(alpha)
@@ -72,9 +59,19 @@ class TokenSelector:
         """K for a micro-batch of n_tokens (known before the forward pass, for global normalisation)."""
         return n_tokens
 
+    def scores(self, stats, batch: Batch) -> torch.Tensor | None:
+        """Risk scores (B, T) fp32: the scoring pass's statistic named by ``score`` (None when no score)."""
+        if self.score is None:
+            return None
+        return getattr(stats, self.score).view(batch.x.shape)
+
     def select(self, scores: torch.Tensor | None, batch: Batch, threshold: torch.Tensor | None = None) -> Selection:
         n = batch.num_tokens
         return Selection(index=None, num_kept=n, num_tokens=n)
+
+    def extra_work(self, tokens_seen: int) -> ExtraWork:
+        """Work of scoring beyond the objective's scoring pass: none."""
+        return NO_EXTRA_WORK
 
     def state_dict(self) -> dict:
         return {"alpha": self.alpha}

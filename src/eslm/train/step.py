@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eslm.objectives.cross_entropy import token_stats
 from eslm.selection import risk
 from eslm.selection.scores import standardize
 
@@ -31,6 +30,7 @@ class StepResult:
     tokens_seen: int  # this rank
     tokens_kept: int  # this rank
     selections: list = field(default_factory=list)
+    prepass_tokens: int = 0  # this rank: tokens through the selection scope "step"'s scoring forward
 
 
 @dataclass
@@ -39,13 +39,16 @@ class StepOptions:
     normalize: str = "paper"
     scope: str = "micro"
     world_size: int = 1
+    # unused by the step since its scoring goes through the method's objective (which has its own impl and chunk
+    # size); kept so that existing callers' keywords stay valid until they are updated (issue 16)
     loss_impl: str = "fused"
     chunk_size: int = 1024
     autocast: contextlib.AbstractContextManager | None = None
 
 
 def forward_backward(model, raw_model, method, batches, opts: StepOptions, step: int, lr: float) -> StepResult:
-    threshold, step_kept = _step_threshold(raw_model, method, batches, opts) if opts.scope == "step" else (None, 0)
+    threshold, step_kept, prepass = _step_threshold(raw_model, method, batches, opts) if opts.scope == "step" \
+        else (None, 0, 0)
     denom = _global_denominator(method, batches, opts, threshold, step_kept)
     dev = batches[0].x.device  # accumulators on the batches' device: a CPU zero moved to CUDA is a host sync
     loss_sum, ce_sum, seen, kept, sels = torch.zeros((), device=dev), torch.zeros((), device=dev), 0, 0, []
@@ -58,8 +61,8 @@ def forward_backward(model, raw_model, method, batches, opts: StepOptions, step:
                                            need_scores=method.tokens.score is not None,
                                            need_entropy=method.needs_entropy,
                                            keep_fraction=method.tokens.num_kept(n) / n)
-            sel = method.tokens.select(method.scores(stats, batch), batch, threshold)
-            kept_sum, kept_loss = method.objective.loss_sum(hidden, weight, batch, sel.index, stats, step)
+            sel = method.tokens.select(method.tokens.scores(stats, batch), batch, threshold)
+            kept_sum, kept_loss = method.objective.loss_sum(hidden, weight, batch, sel.index, stats)
             loss = kept_sum / (sel.num_kept * opts.accum_steps if denom is None else denom)
         loss.backward()
         method.observe(sel)
@@ -68,15 +71,7 @@ def forward_backward(model, raw_model, method, batches, opts: StepOptions, step:
         ce_sum = ce_sum.to(loss.device) + all_ce.float().mean() / len(batches)
         seen, kept = seen + sel.num_tokens, kept + sel.num_kept
         sels.append(sel)
-    return StepResult(loss_sum, ce_sum, seen, kept, sels)
-
-
-def _score_pass(hidden, weight, targets, method, opts: StepOptions):
-    """Detached fp32 per-token loss / entropy / lse, only when the token selector needs scores."""
-    if method.tokens.score is None:
-        return None
-    return token_stats(hidden, weight, targets, need_entropy=method.needs_entropy,
-                       impl=opts.loss_impl, chunk_size=opts.chunk_size)
+    return StepResult(loss_sum, ce_sum, seen, kept, sels, prepass)
 
 
 def _no_sync(model, skip_sync: bool):
@@ -97,19 +92,24 @@ def _global_denominator(method, batches, opts: StepOptions, threshold, step_kept
 
 
 @torch.no_grad()
-def _step_threshold(raw_model, method, batches, opts: StepOptions) -> tuple[torch.Tensor | None, int]:
-    """Selection scope "step": one extra forward over every micro-batch, then the VaR of all scores of the
-    optimizer step on all ranks (declared to the FLOPs accounting as extra forward tokens). Also returns
-    how many tokens of the step (all ranks) are at or above it, for global normalisation."""
+def _step_threshold(raw_model, method, batches, opts: StepOptions) -> tuple[torch.Tensor | None, int, int]:
+    """Selection scope "step": one extra forward over every micro-batch, scored by the objective's scoring pass
+    (scores only), then the VaR of all scores of the optimizer step on all ranks. Returns (threshold, how many
+    tokens of the step (all ranks) are at or above it, for global normalisation, the tokens of this rank's
+    extra forward, for the FLOPs accounting)."""
     if method.tokens.score is None:
-        return None, 0
-    ranked = []
+        return None, 0, 0
+    ranked, tokens = [], 0
     for batch in batches:
         with opts.autocast or contextlib.nullcontext():
             hidden = raw_model(batch.x).flatten(0, 1)
-            stats = _score_pass(hidden, raw_model.head_weight, batch.y.reshape(-1), method, opts)
-        ranked.append(standardize(method.scores(stats, batch), getattr(method.tokens, "standardize", "none"),
+            n = hidden.shape[0]
+            stats = method.objective.score(hidden, raw_model.head_weight, batch.y.reshape(-1), need_scores=True,
+                                           need_entropy=method.needs_entropy,
+                                           keep_fraction=method.tokens.num_kept(n) / n, for_loss=False)
+        ranked.append(standardize(method.tokens.scores(stats, batch), method.tokens.standardize,
                                   batch.domain).reshape(-1))
+        tokens += n
     scores = torch.cat(ranked)
     if opts.world_size > 1:
         import torch.distributed as dist
@@ -118,4 +118,4 @@ def _step_threshold(raw_model, method, batches, opts: StepOptions) -> tuple[torc
         dist.all_gather(gathered, scores)
         scores = torch.cat(gathered)
     threshold = risk.var_threshold(scores, method.tokens.alpha)
-    return threshold, int(risk.at_or_above(scores, threshold).sum())
+    return threshold, int(risk.at_or_above(scores, threshold).sum()), tokens

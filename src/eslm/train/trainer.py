@@ -21,9 +21,9 @@ import torch
 from eslm import metrics as M
 from eslm.config import Config, to_yaml
 from eslm.errors import ConfigError, ESLMError
-from eslm.flops import FlopsCounter, FlopsModel, step_flops
+from eslm.flops import FlopsCounter, FlopsModel
 from eslm.methods import BuildContext, build_method
-from eslm.model.gpt import GPT, preset
+from eslm.model.gpt import GPT, pad_vocab, preset
 from eslm.train import checkpoint as ckpt
 from eslm.train.distributed import (DistInfo, FSDPModel, full_state_dicts, init_distributed,
                                     load_full_state_dicts, shard_fsdp, shutdown)
@@ -52,10 +52,6 @@ class RunResult:
 
 def default_run_name(cfg: Config) -> str:
     return f"{cfg.method.name}-{cfg.model.preset}-s{cfg.run.seed}"
-
-
-def pad_vocab(n: int, multiple: int = 64) -> int:
-    return ((n + multiple - 1) // multiple) * multiple
 
 
 class Trainer:
@@ -437,21 +433,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.method.on_step_end(self.step)
-        self._count_flops(res)
+        self.flops.add_step(self.fm, self.method, res, world_size=self.dist.world_size)
         return self._train_record(res, loss, lr, float(grad_norm))
-
-    def _count_flops(self, res) -> None:
-        n_micro = len(res.selections)
-        seen, kept = res.tokens_seen // n_micro, res.tokens_kept // n_micro
-        head_bwd, head_recompute = self.method.objective.head_work(seen, kept, scored=bool(self.method.tokens.score))
-        extra_p, extra_e = self.method.extra_flops(seen)
-        rows_p, rows_e, rows_fwd = self.method.rows.extra_flops(seen)
-        scoring_prepass = seen if self.cfg.method.scope == "step" and self.method.tokens.score else 0
-        sf = step_flops(self.fm, tokens_seen=seen, tokens_kept=kept,
-                        head_backward_tokens=head_bwd, head_recompute_tokens=head_recompute,
-                        extra_forward_tokens=scoring_prepass + rows_fwd,
-                        extra_flops_paper=extra_p + rows_p, extra_flops_executed=extra_e + rows_e)
-        self.flops.add(sf, micro_steps=n_micro, world_size=self.dist.world_size)
 
     def _train_record(self, res, loss: float, lr: float, grad_norm: float) -> dict:
         W = self.dist.world_size
@@ -488,7 +471,7 @@ class Trainer:
     def _selection_metrics(self, res) -> dict:
         sels = [s for s in res.selections if s.stats]
         out = {}
-        if hasattr(self.method.tokens, "alpha") and self.method.tokens.score is not None:
+        if self.method.tokens.score is not None:
             out[M.ALPHA] = self.method.tokens.alpha
         if not sels:
             return out

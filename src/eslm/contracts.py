@@ -1,0 +1,160 @@
+"""The plug-in points of the shared training step, in one file: what a row selector, a token selector, an
+objective and a controller must do, and how each declares the extra work it adds.
+
+A method (``eslm.methods.Method``) is one ``RowSelector``, one ``TokenSelector``, one ``Objective`` and any number
+of ``Controller``s. The step (``eslm.train.step``) and the trainer call exactly the hooks declared here and
+nothing else: no ``hasattr`` probing. Base classes give the no-op defaults (``eslm.selection.rows.AllRows``,
+``eslm.selection.selectors.TokenSelector``, ``eslm.objectives.base.Objective``), so a new component overrides
+only what it changes.
+
+Cost is part of the contract: every component returns an ``ExtraWork`` per micro-batch (``extra_work``), and
+``eslm.flops`` turns the declarations into the paper's and the executed FLOPs. A component names the passes it
+ran (tokens through which model); it never multiplies per-token costs itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import torch
+
+if TYPE_CHECKING:  # annotations only
+    from eslm.data.batch import Batch
+    from eslm.ops.token_stats import TokenStats
+
+
+@dataclass
+class Selection:
+    """The kept tokens of one micro-batch.
+
+    index:     (K,) int64 flat indices into the (B*T,) token axis, or None for "all tokens"
+    num_kept:  K (Python int)
+    num_tokens: N = B*T (Python int)
+    stats:     0-dim / small tensors for the metrics (threshold, cvar, score means, per-domain counts)
+    """
+
+    index: torch.Tensor | None
+    num_kept: int
+    num_tokens: int
+    stats: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelPass:
+    """``tokens`` tokens through the forward of a model other than the trained one (a frozen reference or
+    teacher): ``config`` its ``ModelConfig``, ``seq_len`` the sequence length it ran at (attention span)."""
+
+    config: object
+    seq_len: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class ExtraWork:
+    """The work one component adds to one micro-batch on one rank, beyond the trained model's forward of the
+    micro-batch's tokens and their backward (``eslm.flops`` counts those from the step's token counts).
+
+    frozen_forwards: forwards of frozen models (Rho-1's reference, a KD teacher); both conventions count them
+    trained_forward_tokens: further tokens through the trained model's forward (a scoring pre-pass); only the
+                     executed count includes them (the paper counts one forward per training token)
+    flops:           FLOPs no model pass describes (GREATS' scoring: per-sample gradient inner products with
+                     their forward and backward), counted by both conventions
+    """
+
+    frozen_forwards: tuple[ModelPass, ...] = ()
+    trained_forward_tokens: int = 0
+    flops: float = 0.0
+
+
+NO_EXTRA_WORK = ExtraWork()
+
+
+@runtime_checkable
+class RowSelector(Protocol):
+    """Which sequences of a micro-batch train (default ``AllRows``: every row; GREATS: a greedy subset)."""
+
+    def select(self, model, batch: Batch, step: int, lr: float) -> tuple[Batch, dict]:
+        """(the rows that train, info for the logs). ``step`` is 1-based, ``lr`` the step's learning rate."""
+
+    def candidate_rows(self, batch_rows: int) -> int:
+        """Rows scored per loader micro-batch of ``batch_rows`` rows (counted as tokens seen)."""
+
+    def num_rows(self, batch_rows: int) -> int:
+        """Rows that train per loader micro-batch (known before the forward, for global normalisation)."""
+
+    def extra_work(self, tokens_seen: int) -> ExtraWork:
+        """Work of the last micro-batch's selection beyond the trained model's pass over the kept rows."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, sd: dict) -> None: ...
+
+
+@runtime_checkable
+class TokenSelector(Protocol):
+    """Which tokens of a micro-batch count in the loss (default: all; ESLM: the top 1-alpha by risk)."""
+
+    score: str | None  # the per-token score it ranks by: None (no scoring pass) | "loss" | "entropy" | "excess_loss"
+    alpha: float  # fraction of tokens dropped, validated once at construction (a controller may change it)
+    standardize: str  # how scores are standardised before ranking (``eslm.selection.scores``)
+
+    def num_kept(self, n_tokens: int) -> int:
+        """K for a micro-batch of n_tokens (known before the forward pass, for global normalisation)."""
+
+    def scores(self, stats: TokenStats | None, batch: Batch) -> torch.Tensor | None:
+        """Risk scores (B, T) fp32 from the scoring pass's statistics (None when ``score`` is None)."""
+
+    def select(self, scores: torch.Tensor | None, batch: Batch,
+               threshold: torch.Tensor | None = None) -> Selection:
+        """The kept tokens; ``threshold`` (selection scope "step") replaces the per-micro-batch top-K."""
+
+    def extra_work(self, tokens_seen: int) -> ExtraWork:
+        """Work of scoring one micro-batch beyond the objective's scoring pass (e.g. a reference forward)."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, sd: dict) -> None: ...
+
+
+@runtime_checkable
+class Objective(Protocol):
+    """The per-token loss: a scoring pass over all N tokens and the summed loss of the kept ones."""
+
+    def score(self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, need_scores: bool,
+              need_entropy: bool, keep_fraction: float, for_loss: bool = True) -> TokenStats | None:
+        """Detached fp32 per-token statistics of all N tokens (hidden (N, C) detached), or None when nothing
+        is needed. ``keep_fraction`` K/N lets the objective pick its cheapest route; ``for_loss`` False: only the
+        scores are wanted (the step scope's pre-pass), nothing for a later ``loss_sum``."""
+
+    def loss_sum(self, hidden: torch.Tensor, weight: torch.Tensor, batch: Batch, index: torch.Tensor | None,
+                 stats: TokenStats | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sum of the kept tokens' losses, 0-dim with gradient; their per-token losses (K,) detached)."""
+
+    def head_work(self, n: int, k: int, *, scored: bool) -> tuple[float, float]:
+        """(rows whose head backward ran, rows whose logits were formed again) of n tokens with k kept."""
+
+    def extra_work(self, tokens_seen: int) -> ExtraWork:
+        """Work beyond the trained model per micro-batch (e.g. a teacher forward)."""
+
+    def on_step_end(self, step: int) -> None:
+        """After optimizer step ``step`` (1-based)."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, sd: dict) -> None: ...
+
+
+@runtime_checkable
+class Controller(Protocol):
+    """Adapts a component during training (Ada-ESLM's alpha) from what the selections show."""
+
+    def observe(self, selection: Selection) -> None:
+        """One micro-batch's selection (tensors: no host sync here)."""
+
+    def on_step_end(self, step: int) -> None:
+        """After optimizer step ``step`` (1-based)."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, sd: dict) -> None: ...

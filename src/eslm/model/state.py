@@ -1,0 +1,33 @@
+"""Loading a state dict into a ``GPT`` with an error that names the first tensor that does not fit (shared by
+``eslm.model.loading`` for checkpoints and ``eslm.model.hf`` for transformers models)."""
+
+from __future__ import annotations
+
+from eslm.errors import CheckpointError
+from eslm.model.gpt import GPT
+
+
+def load_state_checked(model: GPT, state: dict, source: str) -> None:
+    """Load ``state`` into ``model``, naming the first missing, unexpected or mis-shaped tensor on failure."""
+    expected = model.state_dict()
+    # lm_head.weight is tied to wte; checkpoints may or may not carry it.
+    state = dict(state)
+    state.setdefault("lm_head.weight", state.get("transformer.wte.weight"))
+    for name, t in expected.items():
+        if name not in state or state[name] is None:
+            raise CheckpointError(
+                f"expected tensor {name} {tuple(t.shape)} in {source}, found it missing; "
+                "the checkpoint does not match its model_config"
+            )
+        if tuple(state[name].shape) != tuple(t.shape):
+            raise CheckpointError(
+                f"expected tensor {name} of shape {tuple(t.shape)} (from model_config) in {source}, "
+                f"found {tuple(state[name].shape)}; the checkpoint does not match its model_config"
+            )
+    extra = sorted(set(state) - set(expected))
+    if extra:
+        raise CheckpointError(
+            f"expected only the tensors of model_config in {source}, found unexpected {extra[0]} "
+            f"({len(extra)} in all); the checkpoint does not match its model_config"
+        )
+    model.load_state_dict({k: state[k].float() for k in expected})

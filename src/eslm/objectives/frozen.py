@@ -1,0 +1,77 @@
+"""A frozen GPT for scoring only: Rho-1's reference model and the KD teacher (``eslm.baselines.rho1``,
+``eslm.objectives.kd_objective``). Eval mode, every parameter ``requires_grad=False``, always run under
+``torch.no_grad``; deliberately not an ``nn.Module``, so it can never become a submodule of the trained model (never
+wrapped in DDP, never in the optimizer or the trained model's ``state_dict``). A resumed run reloads it from its
+path (``.source``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from eslm.objectives.cross_entropy import token_stats
+
+
+def _default_impl() -> str:
+    """'fused' when eslm.ops.fused_head is importable, else the naive oracle."""
+    try:
+        import eslm.ops.fused_head  # noqa: F401
+    except ImportError:
+        return "naive"
+    return "fused"
+
+
+
+class ReferenceModel:
+    """A frozen GPT used for scoring only (Rho-1's reference; also usable as a KD teacher).
+
+    model: an ``eslm.model.gpt.GPT``; it is put in eval mode and its parameters frozen in place.
+    impl / chunk_size: how per-token losses are computed (``eslm.objectives.cross_entropy.token_stats``).
+    """
+
+    def __init__(self, model, *, source: str = "", meta: dict | None = None, impl: str | None = None,
+                 chunk_size: int = 1024):
+        self.model = model.eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.source, self.meta = source, dict(meta or {})
+        self.impl, self.chunk_size = impl or _default_impl(), chunk_size
+
+    @classmethod
+    def from_path(cls, path: str, device: torch.device | str = "cpu", **kw) -> "ReferenceModel":
+        """Load a run dir, an eslm checkpoint .pt or a local HF GPT-2 dir (via ``eslm.model.loading``)."""
+        from eslm.model.loading import load_model
+
+        model, meta = load_model(path, device)
+        return cls(model, source=str(path), meta=meta, **kw)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.vocab_size
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """(V, C) frozen head weight (e.g. the teacher side of ``kd_per_token``)."""
+        return self.model.head_weight
+
+    def to(self, device) -> "ReferenceModel":
+        self.model.to(device)
+        return self
+
+    @torch.no_grad()
+    def hidden(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, T) int64 -> final hidden states (B, T, C), no gradient."""
+        return self.model(x)
+
+    @torch.no_grad()
+    def token_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """x, y (B, T) int64 -> per-token CE -log p_ref(y | x) (B, T) fp32 nats, no gradient, not reduced."""
+        h = self.model(x)
+        B, T, C = h.shape
+        stats = token_stats(h.reshape(B * T, C), self.model.head_weight, y.reshape(-1), need_entropy=False,
+                            impl=self.impl, chunk_size=self.chunk_size)
+        return stats.loss.view(B, T)

@@ -1,0 +1,82 @@
+"""The plug-in contracts (``eslm.contracts``): every component implements its protocol's every hook, the step
+and the registry never probe components with hasattr, and extra work is declared in one dataclass."""
+
+import ast
+from pathlib import Path
+
+import torch
+
+from eslm import contracts as C
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "eslm"
+
+
+class _Loader:
+    micro_batch_size_seqs = 2
+
+    def next_batch(self):
+        raise AssertionError("not called")
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, sd):
+        pass
+
+
+def _components():
+    from eslm.baselines.plugins import GreatsRows, Rho1Selector
+    from eslm.baselines.rho1 import ReferenceModel
+    from eslm.flops import FlopsModel
+    from eslm.model.gpt import GPT, preset
+    from eslm.objectives.base import CrossEntropy
+    from eslm.objectives.kd_objective import Distill, Salt
+    from eslm.selection.ada import AdaController
+    from eslm.selection.rows import AllRows
+    from eslm.selection.selectors import RandomSelector, TokenSelector, VaRSelector
+
+    cfg = preset("tiny", vocab_size=64)
+    ref = ReferenceModel(GPT(cfg), impl="naive")
+    var = VaRSelector("entropy", 0.1)
+    kd = Distill(ref, lam=0.5, rho=1.0, seq_len=16)
+    rows = GreatsRows(_Loader(), alpha=0.1, exclude_head=True, fm=FlopsModel.from_config(cfg, 16), model_config=cfg,
+                      device=torch.device("cpu"))
+    return {C.RowSelector: [AllRows(), rows],
+            C.TokenSelector: [TokenSelector(), var, RandomSelector(0.1, seed=0), Rho1Selector(ref, 0.1, 16)],
+            C.Objective: [CrossEntropy(), kd, Salt(kd, CrossEntropy(), 2)],
+            C.Controller: [AdaController(var, gamma=0.5, interval=2, eps=1e-8, alpha_min=0.0, alpha_max=0.9)]}
+
+
+def test_every_component_implements_every_hook_of_its_protocol():
+    for protocol, parts in _components().items():
+        for part in parts:
+            assert isinstance(part, protocol), f"{type(part).__name__} is not a {protocol.__name__}"
+            if hasattr(protocol, "extra_work"):
+                assert isinstance(part.extra_work(64), C.ExtraWork), type(part).__name__
+
+
+def test_salt_is_an_objective_that_follows_its_switch():
+    from eslm.objectives.base import Objective
+
+    comps = _components()
+    salt = comps[C.Objective][2]
+    assert isinstance(salt, Objective)
+    assert salt.active is salt.kd and salt.extra_work(8).frozen_forwards[0].tokens == 8
+    salt.on_step_end(2)
+    assert salt.active is salt.ce and salt.extra_work(8) == C.ExtraWork()
+
+
+def test_no_hasattr_probing_of_components():
+    """The registry, the step, the FLOPs accounting and every component: no hasattr / 3-argument getattr."""
+    files = [SRC / "methods.py", SRC / "flops.py", SRC / "train" / "step.py", SRC / "baselines" / "plugins.py",
+             *(SRC / "selection").glob("*.py"), *(SRC / "objectives").glob("*.py")]
+    found = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and (
+                    node.func.id == "hasattr" or (node.func.id == "getattr" and len(node.args) == 3)):
+                first = ast.unparse(node.args[0])
+                if path.name == "step.py" and first == "model":  # DDP's no_sync: the wrapped model, not a component
+                    continue
+                found.append(f"{path.relative_to(SRC)}:{node.lineno} {ast.unparse(node)}")
+    assert found == []

@@ -26,13 +26,12 @@ import torch
 
 from eslm.errors import CheckpointError
 from eslm.model.gpt import GPT, ModelConfig
+from eslm.model.state import clean_state_dict, load_state_checked
 from eslm.train.snapshots import SNAPSHOT_DIR, SNAPSHOT_FORMAT, list_snapshots, read_snapshot
-from eslm.model.state import load_state_checked
 
 CHECKPOINT_FORMAT = "eslm-checkpoint-v1"
 _STEP_FILE = re.compile(r"^step_(\d{7,})\.pt$")
 # Prefixes that torch.compile ("_orig_mod.") and DDP ("module.") add to parameter names.
-_WRAPPER_PREFIXES = ("_orig_mod.", "module.")
 
 
 def load_model(path: str | Path, device: str = "cpu") -> tuple[GPT, dict]:
@@ -156,20 +155,6 @@ def config_from_dict(d: dict, source: str = "checkpoint") -> ModelConfig:
             "the checkpoint was written by a different model version"
         )
     return ModelConfig(**d)
-
-
-def clean_state_dict(state: dict) -> dict:
-    """Strip ``_orig_mod.`` / ``module.`` prefixes (torch.compile, DDP) from parameter names."""
-    out = {}
-    for k, v in state.items():
-        changed = True
-        while changed:
-            changed = False
-            for pre in _WRAPPER_PREFIXES:
-                if k.startswith(pre):
-                    k, changed = k[len(pre):], True
-        out[k] = v
-    return out
 
 
 def _load_checkpoint_file(path: Path, device: str) -> tuple[GPT, dict]:

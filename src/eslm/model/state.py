@@ -31,3 +31,20 @@ def load_state_checked(model: GPT, state: dict, source: str) -> None:
             f"({len(extra)} in all); the checkpoint does not match its model_config"
         )
     model.load_state_dict({k: state[k].float() for k in expected})
+
+
+_WRAPPER_PREFIXES = ("_orig_mod.", "module.")
+
+
+def clean_state_dict(state: dict) -> dict:
+    """Strip ``_orig_mod.`` / ``module.`` prefixes (torch.compile, DDP) from parameter names."""
+    out = {}
+    for k, v in state.items():
+        changed = True
+        while changed:
+            changed = False
+            for pre in _WRAPPER_PREFIXES:
+                if k.startswith(pre):
+                    k, changed = k[len(pre):], True
+        out[k] = v
+    return out

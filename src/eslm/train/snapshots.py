@@ -91,7 +91,7 @@ def maybe_snapshot(trainer, at_eval: bool) -> Path | None:
         state = trainer.raw_model.state_dict()
     if not trainer.dist.is_main:
         return None
-    from eslm.model.loading import clean_state_dict
+    from eslm.model.state import clean_state_dict
 
     meta = {"model_config": trainer.model_config.to_dict(), "tokenizer": trainer.dataset.tokenizer_name,
             "step": trainer.step, "tokens_seen": trainer.loader_tokens_seen(), **trainer.flops.totals()}

@@ -66,7 +66,7 @@ def test_adapter_and_hflm_agree_on_the_export(setup):
 
     from eslm.data.tokenizers import get_tokenizer
     from eslm.eval.harness import lm_class
-    from eslm.model.hf import export
+    from eslm.model.export_hf import export
     from eslm.model.loading import load_model
 
     d, snap = setup

@@ -55,7 +55,7 @@ def _snapshot(model, tmp_path):
 
 def test_hf_generate_agrees_on_the_export(model, tmp_path):
     transformers = pytest.importorskip("transformers")
-    from eslm.model.hf import export
+    from eslm.model.export_hf import export
 
     export(_snapshot(model, tmp_path), tmp_path / "hf", with_tokenizer=False)
     hf = transformers.GPT2LMHeadModel.from_pretrained(str(tmp_path / "hf")).eval()

@@ -74,7 +74,7 @@ def test_snapshots_do_not_change_training(tiny_data, tmp_path, run_dir):
 
 def test_export_hf_and_init_from_read_snapshots(run_dir, tiny_data, tmp_path):
     pytest.importorskip("transformers")
-    from eslm.model.hf import export
+    from eslm.model.export_hf import export
 
     snap = run_dir / "snapshots" / "step_0000003.safetensors"
     meta = export(snap, tmp_path / "hf", with_tokenizer=False)

@@ -136,36 +136,43 @@ def _pct(v: float) -> str:
     return f"{100.0 * v:.1f}%"
 
 
-def cost_verdict(ci: dict, cost: str, baseline: str) -> str:
-    """Words for a relative paired difference of a to-target cost (negative = cheaper than the baseline)."""
-    n = ci["n"]
+def _verdict(ci: dict, fmt, none: str, below: str, above: str, what: str, baseline: str, unit: str) -> str:
+    """The shared skeleton of the verdicts: no pair, one pair, an interval below / above / around zero.
+    ``below`` and ``above`` are templates with {m} {lo} {hi} (magnitudes, formatted by ``fmt``)."""
+    n, m = ci["n"], ci["mean"]
     if n == 0:
-        return f"{cost}: no seed pair where both reach the target"
+        return f"{what}: {none}"
     if n == 1:
-        return f"{cost}: {ci['mean']:+.1%} vs {baseline} (n=1, no interval)"
-    lo, hi, m = ci["lo"], ci["hi"], ci["mean"]
+        return f"{what}: {fmt(m, True)}{unit} vs {baseline} (n=1, no interval)"
+    lo, hi = ci["lo"], ci["hi"]
     sign = significant(ci)
     if sign < 0:
-        return f"reaches the target with {_pct(-m)} [{_pct(-hi)}, {_pct(-lo)}] less {cost} than {baseline}"
+        return below.format(m=fmt(-m), lo=fmt(-hi), hi=fmt(-lo))
     if sign > 0:
-        return f"needs {_pct(m)} [{_pct(lo)}, {_pct(hi)}] more {cost} than {baseline} to reach the target"
-    return f"{cost}: no difference detectable with {n} seeds ({m:+.1%} [{lo:+.1%}, {hi:+.1%}] vs {baseline})"
+        return above.format(m=fmt(m), lo=fmt(lo), hi=fmt(hi))
+    return (f"{what}: no difference detectable with {n} seeds ({fmt(m, True)} [{fmt(lo, True)}, "
+            f"{fmt(hi, True)}]{unit} vs {baseline})")
+
+
+def cost_verdict(ci: dict, cost: str, baseline: str) -> str:
+    """Words for a relative paired difference of a to-target cost (negative = cheaper than the baseline)."""
+    def fmt(v, signed=False):
+        return f"{v:+.1%}" if signed else _pct(v)
+
+    return _verdict(ci, fmt, "no seed pair where both reach the target",
+                    f"reaches the target with {{m}} [{{lo}}, {{hi}}] less {cost} than {baseline}",
+                    f"needs {{m}} [{{lo}}, {{hi}}] more {cost} than {baseline} to reach the target",
+                    cost, baseline, "")
 
 
 def loss_verdict(ci: dict, what: str, baseline: str) -> str:
     """Words for an absolute paired difference of a loss (negative = lower loss than the baseline)."""
-    n = ci["n"]
-    if n == 0:
-        return f"{what}: no seed pair to compare"
-    if n == 1:
-        return f"{what}: {ci['mean']:+.4f} nats vs {baseline} (n=1, no interval)"
-    lo, hi, m = ci["lo"], ci["hi"], ci["mean"]
-    sign = significant(ci)
-    if sign < 0:
-        return f"{what} lower than {baseline} by {-m:.4f} [{-hi:.4f}, {-lo:.4f}] nats"
-    if sign > 0:
-        return f"{what} higher than {baseline} by {m:.4f} [{lo:.4f}, {hi:.4f}] nats"
-    return f"{what}: no difference detectable with {n} seeds ({m:+.4f} [{lo:+.4f}, {hi:+.4f}] nats vs {baseline})"
+    def fmt(v, signed=False):
+        return f"{v:+.4f}" if signed else f"{v:.4f}"
+
+    return _verdict(ci, fmt, "no seed pair to compare",
+                    f"{what} lower than {baseline} by {{m}} [{{lo}}, {{hi}}] nats",
+                    f"{what} higher than {baseline} by {{m}} [{{lo}}, {{hi}}] nats", what, baseline, " nats")
 
 
 def fmt_ci(ci: dict, spec: str = ".4f") -> str:

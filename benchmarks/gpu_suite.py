@@ -391,9 +391,9 @@ class Context:
         if self.device.startswith("cuda"):
             import torch
 
-            from eslm.train.trainer import _PEAK_FLOPS
+            from eslm.train.timing import PEAK_FLOPS
 
-            if any(k in torch.cuda.get_device_name(self.device) for k in _PEAK_FLOPS):
+            if any(k in torch.cuda.get_device_name(self.device) for k in PEAK_FLOPS):
                 return None
         return self.matmul_peak
 

@@ -136,16 +136,16 @@ class StepTimer:
 
 def peak_flops(device: torch.device, given: float | None = None) -> tuple[float | None, str]:
     """(peak dense bf16 FLOP/s for MFU, where it came from): ``given`` if set, else the trainer's table by GPU
-    name (``eslm.train.trainer._PEAK_FLOPS``: one source for the benchmark's and the progress line's MFU), else
+    name (``eslm.train.timing.PEAK_FLOPS``: one source for the benchmark's and the progress line's MFU), else
     None (CPU, or a GPU the table lacks)."""
     if given:
         return float(given), "given (--peak-flops)"
     if device.type != "cuda":
         return None, "none on CPU (pass --peak-flops)"
-    from eslm.train.trainer import _PEAK_FLOPS
+    from eslm.train.timing import PEAK_FLOPS
 
     name = torch.cuda.get_device_name(device)
-    for key, value in _PEAK_FLOPS.items():
+    for key, value in PEAK_FLOPS.items():
         if key in name:
             return value, f"spec table: {key}"
     return None, f"{name} not in the trainer's table (pass --peak-flops)"

@@ -118,7 +118,7 @@ def frozen_ckpt(tmp_path_factory, tiny_data):
     """A checkpoint of another tiny model on the tiny corpus: the Rho-1 reference and the KD teacher."""
     from eslm.data.loader import open_dataset
     from eslm.train.checkpoint import save_checkpoint
-    from eslm.train.trainer import pad_vocab
+    from eslm.model.gpt import pad_vocab
 
     torch.manual_seed(123)
     mc = preset("tiny", vocab_size=pad_vocab(open_dataset(tiny_data).vocab_size))
@@ -129,7 +129,7 @@ def frozen_ckpt(tmp_path_factory, tiny_data):
 def _setup(name: str, device: str, data, ckpt, **overrides):
     """(model, method, optimizer, two micro-batches on ``device``), identical for every device and precision."""
     from eslm.data.loader import TrainLoader, open_dataset
-    from eslm.train.trainer import pad_vocab
+    from eslm.model.gpt import pad_vocab
 
     ds = open_dataset(data)
     dev = torch.device(device)

@@ -1,4 +1,4 @@
-"""Resume is the same run or it is refused.
+"""Opening a run directory: a new run, or a resume that is the same run (or it is refused).
 
 A run directory's ``config.yaml`` is written once, when the run is created. ``--resume`` compares the requested
 config with the run's (``config.yaml`` plus the changes recorded in ``resumes.jsonl``):
@@ -19,7 +19,7 @@ import json
 import time
 from pathlib import Path
 
-from eslm.config import Config, all_keys, from_dict
+from eslm.config import Config, all_keys, from_dict, to_yaml
 from eslm.errors import ConfigError
 
 RESUMES_FILE = "resumes.jsonl"
@@ -170,3 +170,46 @@ def lock_run_dir(run_dir: Path, resume: bool, log):
         lock.release()
         raise
     return lock
+
+
+def open_run_dir(run_dir: Path, cfg: Config, *, device, world_size: int, num_params: int, log):
+    """Rank 0, before the first step: (the held lock, the resume's changes or None, the metrics writer).
+
+    A resume is compared with the run (reading only) before anything is written; a new run writes config.yaml
+    and env.json once, describing its start."""
+    from eslm.tracking import open_trackers
+    from eslm.train.run_dir import MetricsWriter, env_info, read_env
+    from eslm.train.timing import load_avg
+
+    has_metrics = (run_dir / "metrics.jsonl").is_file() and (run_dir / "metrics.jsonl").stat().st_size > 0
+    changes = check_resume(run_dir, cfg) if cfg.run.resume else None
+    if has_metrics and not cfg.run.resume:
+        raise ConfigError(f"run directory {str(run_dir)!r} already holds a run; pass run.resume=true "
+                          "(--resume) to continue it, or choose another run.name")
+    lock = lock_run_dir(run_dir, cfg.run.resume, log)
+    if not cfg.run.resume:
+        (run_dir / "config.yaml").write_text(to_yaml(cfg))
+        env = env_info(device, world_size, cfg.run.seed)
+        env["model_params_non_embedding"] = num_params
+        env["load_avg_at_start"] = load_avg()
+        (run_dir / "env.json").write_text(json.dumps(env, indent=2) + "\n")
+    writer = MetricsWriter(run_dir, cfg.log.tensorboard)
+    writer.sinks += open_trackers(cfg, run_dir, read_env(run_dir))
+    return lock, changes, writer
+
+
+def record_resumed_at(run_dir: Path, cfg: Config, changes: dict | None, step: int, log) -> None:
+    """Rank 0, once the checkpoint is loaded: checkpoints after a --resume-from step are moved aside
+    (superseded), the applied changes are logged, and resumes.jsonl gains its record."""
+    from eslm.train import checkpoint as ckpt
+
+    extra = {}
+    if cfg.run.resume_from:
+        extra["resume_from"] = step
+        extra["superseded"] = ckpt.supersede_after(run_dir, step)
+        if extra["superseded"]:
+            log(f"later checkpoints moved to {run_dir / 'checkpoints' / 'superseded'}: "
+                f"{', '.join(extra['superseded'])}")
+    for key, (old, new) in (changes or {}).items():
+        log(f"resume changes {key}: {old!r} -> {new!r} (recorded in resumes.jsonl)")
+    record_resume(run_dir, changes or {}, step, **extra)

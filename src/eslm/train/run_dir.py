@@ -108,6 +108,14 @@ class MetricsWriter:
             self.tb.close()
 
 
+def read_env(run_dir: Path) -> dict:
+    """The run's env.json (written at its start), {} when unreadable: the trackers' run config."""
+    try:
+        return json.loads((Path(run_dir) / "env.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
 def read_metrics(run_dir: Path, kind: str | None = None) -> list[dict]:
     """metrics.jsonl as a list, keeping the last line of each (kind, step), in step order."""
     path = Path(run_dir) / "metrics.jsonl"

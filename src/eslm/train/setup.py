@@ -1,0 +1,152 @@
+"""Building what a run trains: torch settings, the data, the model (and its init_from weights), its wrapping
+(compile, DDP, FSDP2) and the data streams. Called in this order by the Trainer; the order fixes the random
+draws, so a run and its resumed twin start identically."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from eslm.config import Config
+from eslm.errors import ConfigError
+from eslm.model.gpt import GPT, pad_vocab, preset
+from eslm.train import checkpoint as ckpt
+from eslm.train.distributed import FSDPModel, shard_fsdp
+
+# the validation stream of a row selector (GREATS) draws its batches with this offset from run.seed
+VAL_STREAM_SEED_OFFSET = 104729
+
+
+def setup_torch(cfg: Config, rank: int, device: torch.device) -> None:
+    if cfg.train.num_threads > 0:
+        torch.set_num_threads(cfg.train.num_threads)
+    seed = cfg.run.seed + rank
+    random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def autocast_for(dtype: str, device: torch.device):
+    """bf16 autocast for train.dtype=bf16, or auto on CUDA; None (fp32) otherwise."""
+    if dtype == "bf16" or (dtype == "auto" and device.type == "cuda"):
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return None
+
+
+def open_data(cfg: Config, dist):
+    """The prepared dataset: data.dir, or data.source prepared once (rank 0 prepares, the others wait)."""
+    from eslm.data.loader import open_dataset
+
+    d = cfg.data
+    if d.dir:
+        return open_dataset(d.dir)
+    from eslm.data.prepare import ensure_prepared
+
+    if dist.enabled:
+        import torch.distributed as tdist
+
+        if dist.is_main:
+            ensure_prepared(d.source, d.tokenizer)
+        tdist.barrier()
+    return open_dataset(ensure_prepared(d.source, d.tokenizer))
+
+
+def check_data_tokenizer(dataset, tokenizer: str) -> None:
+    """data.tokenizer must name the tokenizer the data was prepared with (it decides e.g. init_from checks)."""
+    if dataset.tokenizer_name != tokenizer:
+        raise ConfigError(f"data.tokenizer={tokenizer!r}, but {dataset.path} was prepared with the "
+                          f"{dataset.tokenizer_name!r} tokenizer; set data.tokenizer={dataset.tokenizer_name} "
+                          f"(or prepare the data with {tokenizer!r})")
+
+
+def model_config_for(cfg: Config, dataset):
+    """The model preset with the data's (padded) vocabulary, dropout and block size."""
+    m = cfg.model
+    vocab = m.vocab_size or pad_vocab(dataset.vocab_size)
+    check_data_tokenizer(dataset, cfg.data.tokenizer)
+    dataset.check_vocab(vocab)
+    overrides = {"vocab_size": vocab, "dropout": m.dropout}
+    if m.block_size:
+        overrides["block_size"] = m.block_size
+    mc = preset(m.preset, **overrides)
+    if cfg.data.seq_len > mc.block_size:
+        raise ConfigError(f"data.seq_len={cfg.data.seq_len} exceeds the model's context "
+                          f"{mc.block_size}; lower data.seq_len or set model.block_size")
+    return mc
+
+
+def init_from(cfg: Config, dataset, model_config, raw_model: GPT, device: torch.device, log):
+    """model.init_from: (model config, model) holding the source's weights. The source's tokenizer must be the
+    data's; with model.vocab_size=0 (auto) the source's vocabulary is used when it covers the data's (an
+    export-hf or HF GPT-2 directory holds 50257 rows, not the padded 50304: padding a tied head with rows would
+    put mass on ids that do not exist), and the model is then rebuilt with it."""
+    from eslm.model.loading import load_model
+
+    src, info = load_model(cfg.model.init_from, device=device)
+    src_vocab, src_tokenizer = src.config.vocab_size, info.get("tokenizer")
+    if src_tokenizer is not None and src_tokenizer != dataset.tokenizer_name:
+        raise ConfigError(f"model.init_from {cfg.model.init_from!r} was trained with the {src_tokenizer!r} "
+                          f"tokenizer, the data ({dataset.path}) with {dataset.tokenizer_name!r}; "
+                          "use data prepared with the same tokenizer, or another model.init_from")
+    if cfg.model.vocab_size == 0 and src_vocab != model_config.vocab_size and src_vocab >= dataset.vocab_size:
+        log(f"model.init_from: vocabulary of {src_vocab} rows taken from the source "
+            f"(model.vocab_size=0 would pad to {model_config.vocab_size})")
+        model_config = replace(model_config, vocab_size=src_vocab)
+        raw_model = GPT(model_config).to(device)
+    sd = src.state_dict()
+    ckpt.check_model_matches({"model_config": src.config.to_dict()}, model_config.to_dict(),
+                             cfg.model.init_from, fix="set model.preset / model.block_size / "
+                             "model.vocab_size to the source model's, or point model.init_from elsewhere")
+    raw_model.load_state_dict(sd)
+    return model_config, raw_model
+
+
+def wrap(model: GPT, cfg: Config, dist, device: torch.device, fsdp: bool):
+    """The module the step calls: FSDP2-sharded (blocks compiled), or compiled and/or DDP-wrapped."""
+    if fsdp:
+        if cfg.train.compile:
+            for block in model.transformer.h:
+                block.compile()
+        return FSDPModel(shard_fsdp(model, dist, device))
+    if cfg.train.compile:
+        model = torch.compile(model)
+    if dist.enabled:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [device.index] if device.type == "cuda" else None
+        model = DDP(model, device_ids=ids)
+    return model
+
+
+def data_streams(cfg: Config, dataset, dist, device: torch.device):
+    """(mixture weights, the training loader, the fixed validation batches per domain on the device)."""
+    from eslm.data.loader import TrainLoader, val_batches
+    from eslm.data.mixture import resolve_weights
+
+    d, t, e = cfg.data, cfg.train, cfg.eval
+    counts = {dom: dataset.num_tokens("train", dom) for dom in dataset.domains}
+    weights = resolve_weights(d.weights, dataset.domains, token_counts=counts)
+    loader = TrainLoader(dataset, seq_len=d.seq_len, micro_batch_size_seqs=t.micro_batch_size_seqs,
+                         weights=weights, seed=cfg.run.seed, rank=dist.rank, world_size=dist.world_size)
+    val = {dom: [b.to(device) for b in bs] for dom, bs in val_batches(
+        dataset, seq_len=d.seq_len, batch_size_seqs=e.batch_size_seqs,
+        tokens_per_domain=e.tokens_per_domain, seed=0).items()}
+    return weights, loader, val
+
+
+def val_loader_factory(cfg: Config, dataset, weights: dict, dist):
+    """A function batch_size_seqs -> a loader over the validation split (GREATS' validation gradient)."""
+    from eslm.data.loader import TrainLoader
+
+    def factory(batch_size_seqs: int):
+        return TrainLoader(dataset, seq_len=cfg.data.seq_len, micro_batch_size_seqs=batch_size_seqs,
+                           weights=weights, seed=cfg.run.seed + VAL_STREAM_SEED_OFFSET, rank=dist.rank,
+                           world_size=dist.world_size, split="val")
+
+    return factory
+

@@ -1,0 +1,93 @@
+"""What the machine measured while training: wall-clock and CPU time of a step, throughput, load, MFU.
+
+These numbers differ between two identical runs (``metrics.TIMING_KEYS``); nothing that is trained depends on
+them. CUDA steps are synchronised at their ends so that a step's wall-clock time is its real time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+# peak dense bf16 FLOP/s for MFU (H100 SXM / H200: 989 TFLOP/s; A100: 312)
+PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+
+
+def timed(fn, device: torch.device):
+    """(fn(), wall-clock seconds, process CPU seconds): the device is synchronised before the clocks stop."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return out, time.perf_counter() - t0, time.process_time() - c0
+
+
+class Throughput:
+    """Tokens per second over the steps since the previous reading."""
+
+    def __init__(self) -> None:
+        self.t0, self.tokens = time.perf_counter(), 0
+
+    def add(self, tokens: int) -> None:
+        self.tokens += tokens
+
+    def read(self) -> float:
+        now = time.perf_counter()
+        rate = self.tokens / max(now - self.t0, 1e-9)
+        self.t0, self.tokens = now, 0
+        return rate
+
+
+def mfu(tokens_per_s: float, train_flops_per_token: float, device: torch.device, world_size: int) -> float | None:
+    """Model FLOPs utilisation against the GPU's peak dense bf16 rate; None off CUDA or for an unknown GPU."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    peak = next((v for k, v in PEAK_FLOPS.items() if k in name), None)
+    return None if peak is None else tokens_per_s * train_flops_per_token / (peak * world_size)
+
+
+def load_avg() -> list[float] | None:
+    """The machine's (1, 5, 15)-minute load averages, or None where the OS has none."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (OSError, AttributeError):
+        return None
+
+
+class LoadSampler:
+    """The 1-minute load average sampled at every log line of this process, so that a report can tell runs
+    taken on an idle machine from runs taken on a busy one."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+
+    def sample(self) -> float | None:
+        load = load_avg()
+        if load is None:
+            return None
+        self.samples.append(load[0])
+        return load[0]
+
+    def summary(self) -> dict | None:
+        s = self.samples
+        if not s:
+            return None
+        return {"mean_1m": sum(s) / len(s), "max_1m": max(s), "samples": len(s)}
+
+    def record_in_env(self, run_dir: Path, step: int) -> None:
+        """env.json gains this process's summary (one entry per start or resume)."""
+        path = run_dir / "env.json"
+        summary = self.summary()
+        if summary is None or not path.is_file():
+            return
+        try:
+            env = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return
+        env.setdefault("load_avg_during_run", []).append({"until_step": step, **summary})
+        path.write_text(json.dumps(env, indent=2) + "\n")

@@ -1,0 +1,58 @@
+"""train/records.py: a record holds metrics only (every key a name declared in eslm.metrics), in the file's order."""
+
+import torch
+
+from eslm import metrics as M
+from eslm.flops import FlopsCounter
+from eslm.selection.selectors import Selection
+from eslm.train.records import Update, eval_record, selection_metrics, train_record
+from eslm.train.step import StepResult
+
+DECLARED = {v for k, v in vars(M).items() if k.isupper() and isinstance(v, str)}
+PREFIXES = (M.KEPT_FRAC_DOMAIN_PREFIX, M.VAL_LOSS_DOMAIN_PREFIX)
+
+
+def _declared(key: str) -> bool:
+    return key in DECLARED or key.startswith(PREFIXES)
+
+
+class _Tokens:
+    score, alpha = "entropy", 0.25
+
+
+def _selection(kept, total):
+    stats = {"threshold": torch.tensor(1.0), "cvar": torch.tensor(2.0), "score_kept_mean": torch.tensor(3.0),
+             "score_dropped_mean": torch.tensor(0.5), "kept_per_domain": torch.tensor(kept),
+             "tokens_per_domain": torch.tensor(total)}
+    return Selection(torch.arange(2), 2, 8, stats)
+
+
+def _update():
+    res = StepResult(loss=torch.tensor(2.0), loss_all=torch.tensor(3.0), tokens_seen=16, tokens_kept=4,
+                     selections=[_selection([1.0, 1.0], [4.0, 4.0]), _selection([2.0, 0.0], [8.0, 0.0])])
+    return Update(res, 2.0, 1e-3, 0.5, tokens_seen=32)
+
+
+def test_selection_metrics_average_micro_batches_and_split_by_domain():
+    out = selection_metrics(_update().res, _Tokens(), ["code", "docs"])
+    assert out[M.ALPHA] == 0.25 and out[M.THRESHOLD] == 1.0 and out[M.CVAR] == 2.0
+    assert out[M.kept_frac_key("code")] == 3.0 / 12.0 and out[M.kept_frac_key("docs")] == 1.0 / 4.0
+
+
+def test_a_train_record_holds_only_declared_metrics():
+    u = _update()
+    flops = FlopsCounter("global").totals()
+    rec = train_record(u, 7, tokens_seen_total=1024, step_cpu_s=0.1, step_time_s=0.2, tokens_per_s=5.0,
+                       elapsed_s=9.0, cpu_s=8.0, selection=selection_metrics(u.res, _Tokens(), ["code", "docs"]),
+                       flops_totals=flops, load_avg_1m=1.5, mfu=None)
+    assert [k for k in rec if not _declared(k)] == []
+    assert all(isinstance(v, (int, float, str)) for v in rec.values())  # JSON-ready, no tensors or payloads
+    assert rec[M.KEPT_FRAC] == 4 / 16 and rec[M.TRAIN_LOSS_ALL] == 3.0 and rec[M.STEP] == 7
+    assert M.MFU not in rec and rec[M.LOAD_AVG_1M] == 1.5
+    assert list(rec)[:6] == [M.KIND, M.STEP, M.TRAIN_LOSS, M.LR, M.GRAD_NORM, M.KEPT_FRAC]
+
+
+def test_an_eval_record_holds_only_declared_metrics():
+    rec = eval_record(3, tokens_seen_total=10, elapsed_s=1.0, cpu_s=1.0, flops_totals=FlopsCounter("global").totals(),
+                      val={M.VAL_LOSS: 2.0, M.val_loss_key("code"): 2.5})
+    assert [k for k in rec if not _declared(k)] == [] and rec[M.KIND] == M.KIND_EVAL

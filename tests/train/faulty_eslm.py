@@ -1,4 +1,4 @@
-"""``python tests/faulty_eslm.py ARGS...``: the ``eslm`` command with a SIGKILL injected (fault-injection tests).
+"""``python tests/train/faulty_eslm.py ARGS...``: the ``eslm`` command with a SIGKILL injected (fault-injection tests).
 
 ESLM_TEST_KILL="POINT:N" kills this process at the N-th (1-based) occurrence of POINT:
 - ``step``: at the start of a training step (before any of its work);

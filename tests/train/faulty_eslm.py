@@ -18,6 +18,14 @@ def _kill():
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _write_half_and_kill(f, data) -> None:
+    """Write the first half of ``data`` (at least one unit), flush it to the file, and die."""
+    f.write(data[: max(1, len(data) // 2)])
+    f.flush()
+    os.fsync(f.fileno())
+    _kill()
+
+
 def install(point: str, n: int) -> None:
     import eslm.train.checkpoint as ckpt
     from eslm.train.run_dir import MetricsWriter
@@ -48,11 +56,7 @@ def install(point: str, n: int) -> None:
             def half(f):
                 buf = io.BytesIO()
                 write(buf)
-                data = buf.getvalue()
-                f.write(data[: max(1, len(data) // 2)])
-                f.flush()
-                os.fsync(f.fileno())
-                _kill()
+                _write_half_and_kill(f, buf.getvalue())
 
             return real_write(path, half)
 
@@ -65,10 +69,7 @@ def install(point: str, n: int) -> None:
                 return real_write(self, record)
             import json
 
-            line = json.dumps(record, default=str) + "\n"
-            self.file.write(line[: len(line) // 2])
-            self.file.flush()
-            _kill()
+            _write_half_and_kill(self.file, json.dumps(record, default=str) + "\n")
 
         MetricsWriter.write = write
     else:

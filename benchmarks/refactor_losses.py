@@ -37,7 +37,7 @@ VARIANTS_EXTRA = [
     ("eslm-loss@loss_impl=naive", "eslm-loss", {"train.loss_impl": "naive"}),
     ("eslm-entropy@cache_probs=false", "eslm-entropy", {"train.loss_cache_probs": "false"}),
     ("rho1@standardize=sequence", "rho1", {"method.standardize": "sequence"}),
-    ("greats@pool", "greats", {"method.greats_pool": "pool"}),
+    ("greats@pool", "greats", {"method.greats.pool": "pool"}),
     ("eslm-kd-loss@alpha=0.5", "eslm-kd-loss", {"method.alpha": 0.5}),
 ]
 
@@ -76,11 +76,11 @@ def _overrides(data_dir: Path, out_dir: Path, name: str, method: str, extra: dic
         "method.name": method, "method.ada.interval": 2, "method.ada.gamma": 5.0, "method.alpha": 0.25,
     }
     if method == "rho1":
-        base["method.reference"] = teacher
+        base["method.rho1.reference"] = teacher
     if method in ("dense-kd", "eslm-kd-entropy", "eslm-kd-loss", "salt"):
-        base["method.teacher"] = teacher
+        base["method.kd.teacher"] = teacher
     if method == "salt":
-        base["method.salt_kd_steps"] = 3  # three KD steps, then three CE steps: the switch is inside the run
+        base["method.salt.kd_steps"] = 3  # three KD steps, then three CE steps: the switch is inside the run
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]
 

@@ -134,7 +134,7 @@ def _setup(name: str, device: str, data, ckpt, **overrides):
     ds = open_dataset(data)
     dev = torch.device(device)
     over = {"method.name": name, "data.seq_len": SEQ, "train.micro_batch_size_seqs": ROWS, "run.seed": 0,
-            "method.reference": ckpt, "method.teacher": ckpt, "method.salt_kd_steps": 1, **overrides}
+            "method.rho1.reference": ckpt, "method.kd.teacher": ckpt, "method.salt.kd_steps": 1, **overrides}
     cfg = build_config(overrides=[f"{k}={v}" for k, v in over.items()])
     torch.manual_seed(0)
     mc = preset("tiny", vocab_size=pad_vocab(ds.vocab_size))

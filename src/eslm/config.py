@@ -14,22 +14,38 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from eslm.baselines.plugins import GreatsSection
+from eslm.baselines.rho1 import Rho1Section
 from eslm.errors import ConfigError
 from eslm.methods import METHODS
 from eslm.model.gpt import PRESETS
+from eslm.objectives.kd_objective import KDSection, SaltSection
+from eslm.selection.ada import AdaSection
+from eslm.settings import Section, key_of, section
+from eslm.settings import setting as _f
 
-
-def _f(default, help: str, **kw):
-    """A config field with its help text."""
-    if isinstance(default, (dict, list)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help, **kw})
-    return field(default=default, metadata={"help": help, **kw})
+# Method settings that were flat keys of ``method`` before they were nested by method: old key -> new key.
+# User-written configs and overrides with an old key are refused with the new one suggested; a run directory's
+# stored config.yaml written before the change is read with them moved (``upgrade_stored``).
+RENAMED = {
+    "method.reference": "method.rho1.reference",
+    "method.teacher": "method.kd.teacher",
+    "method.kd_lambda": "method.kd.lambda",
+    "method.kd_temperature": "method.kd.temperature",
+    "method.salt_kd_steps": "method.salt.kd_steps",
+    "method.greats_val_fraction": "method.greats.val_fraction",
+    "method.greats_pool": "method.greats.pool",
+    "method.greats_exclude_head": "method.greats.exclude_head",
+    "method.greats_route": "method.greats.route",
+    "method.greats_memory_cap_mb": "method.greats.memory_cap_mb",
+}
 
 
 @dataclass(frozen=True)
@@ -85,31 +101,19 @@ class TrainSection:
 
 
 @dataclass(frozen=True)
-class AdaSection:
-    gamma: float = _f(0.5, "adaptation rate of alpha_{k+1} = alpha_k exp(-gamma D)")
-    interval: int = _f(1000, "T_eval: optimizer steps between alpha updates (the paper: 1000)")
-    eps: float = _f(1e-8, "epsilon in D = (CVaR_k - CVaR_{k-1}) / (|CVaR_{k-1}| + eps)")
-    alpha_min: float = _f(0.0, "lower clamp for alpha")
-    alpha_max: float = _f(0.9, "upper clamp for alpha")
-
-
-@dataclass(frozen=True)
 class MethodSection:
+    """``method.*``: the settings every method shares, then one section per method family, each declared next to
+    its components."""
+
     name: str = _f("eslm-entropy", "training method; `eslm train --help` lists them")
     alpha: float = _f(0.1, "VaR confidence level: the fraction of tokens dropped (keep the top 1-alpha)")
     standardize: str = _f("none", "score standardisation: none | batch | sequence | domain")
     scope: str = _f("micro", "selection scope: micro (per micro-batch per rank, the paper) | step (whole optimizer step, all ranks; one extra forward)")
-    ada: AdaSection = field(default_factory=AdaSection, metadata={"help": "Ada-ESLM controller"})
-    reference: str = _f("", "Rho-1 reference model: run dir, checkpoint or local HF GPT-2 dir")
-    teacher: str = _f("", "KD teacher: run dir or checkpoint with the same tokenizer")
-    kd_lambda: float = _f(0.5, "KD weight lambda in lambda*KL + (1-lambda)*CE")
-    kd_temperature: float = _f(1.0, "KD temperature rho")
-    salt_kd_steps: int = _f(12000, "SALT: optimizer steps of dense KD before plain CE")
-    greats_val_fraction: float = _f(0.5, "GREATS validation batch size as a fraction of the micro-batch")
-    greats_pool: str = _f("floor", "GREATS budget 1-alpha of a micro-batch of B rows: floor (score the B rows, keep floor((1-alpha)B); default: GREATS' budget is the kept fraction of each batch and every method then consumes the same B rows per micro-batch) | pool (score ceil(B/(1-alpha)) rows, the B loader rows + extra training rows drawn by GREATS, keep B). The paper (0.9 of 12) does not say which; see eslm/baselines/greats.py")
-    greats_exclude_head: bool = _f(True, "GREATS: leave the tied LM head out of the gradient inner products")
-    greats_route: str = _f("flops", "GREATS per-layer inner products: flops (default: ghost or materialised per-sample gradients, whichever needs fewer FLOPs) | memory (ghost iff 2T^2 < the layer's weights, the old rule) | ghost | materialised; every route but ghost stays ghost where materialising exceeds greats_memory_cap_mb; see eslm/baselines/greats.py")
-    greats_memory_cap_mb: float = _f(1024.0, "GREATS: most MiB of one layer's materialised fp32 per-sample gradients (candidate + validation rows x weights); above it the layer takes the ghost form")
+    ada: AdaSection = section(AdaSection, "Ada-ESLM controller")
+    rho1: Rho1Section = section(Rho1Section, "Rho-1")
+    kd: KDSection = section(KDSection, "distillation (dense-kd, eslm-kd-*, salt)")
+    salt: SaltSection = section(SaltSection, "SALT")
+    greats: GreatsSection = section(GreatsSection, "GREATS")
 
 
 @dataclass(frozen=True)
@@ -172,7 +176,7 @@ class Config:
 
 def _to_dict(obj) -> Any:
     if is_dataclass(obj):
-        return {f.name: _to_dict(getattr(obj, f.name)) for f in fields(obj)}
+        return {key_of(f): _to_dict(getattr(obj, f.name)) for f in fields(obj)}
     if isinstance(obj, tuple):
         return list(obj)
     return obj
@@ -189,9 +193,9 @@ def all_keys(cls=Config, prefix: str = "") -> dict[str, tuple[Any, str]]:
     for f in fields(cls):
         val = getattr(inst, f.name)
         if is_dataclass(val):
-            out.update(all_keys(type(val), prefix + f.name + "."))
+            out.update(all_keys(type(val), prefix + key_of(f) + "."))
         else:
-            out[prefix + f.name] = (val, f.metadata.get("help", ""))
+            out[prefix + key_of(f)] = (val, f.metadata.get("help", ""))
     return out
 
 
@@ -232,13 +236,14 @@ def _coerce(value: Any, typ, key: str, problems: list[str]) -> Any:
 def _apply(cfg, delta: dict, prefix: str, problems: list[str]):
     """Return cfg with the nested mapping ``delta`` applied; unknown keys become problems."""
     hints = _hints(type(cfg))
-    names = [f.name for f in fields(cfg)]
+    names = {key_of(f): f.name for f in fields(cfg)}  # config key -> attribute
     changes = {}
     for k, v in delta.items():
         key = prefix + str(k)
         if k not in names:
             problems.append(_unknown_key_message(key))
             continue
+        k = names[k]
         cur = getattr(cfg, k)
         if is_dataclass(cur):
             if not isinstance(v, dict):
@@ -253,6 +258,8 @@ def _apply(cfg, delta: dict, prefix: str, problems: list[str]):
 
 
 def _unknown_key_message(key: str) -> str:
+    if key in RENAMED:
+        return f"{key} was renamed: did you mean {RENAMED[key]}?"  # method settings are nested by method
     close = difflib.get_close_matches(key, list(all_keys()), n=1, cutoff=0.5)
     hint = f"; did you mean {close[0]!r}?" if close else "; see `eslm train --help` for the keys"
     return f"unknown config key {key!r}{hint}"
@@ -302,6 +309,29 @@ def build_config(files: list[str] = (), overrides: list[str] = (), base: Config 
     return cfg
 
 
+def upgrade_stored(d: dict) -> dict:
+    """A stored config mapping (a run directory's config.yaml) with every ``RENAMED`` key moved to its new place.
+
+    Run directories written before the method settings were nested hold the old flat keys; reading them through
+    this keeps such runs resumable and comparable with new ones. Returns a new mapping; ``d`` is not changed.
+    A mapping holding both an old key and its new one keeps both, so that ``from_dict`` reports the old one."""
+    out = json.loads(json.dumps(d))  # a deep copy of plain YAML data
+    for old, new in RENAMED.items():
+        *parents, leaf = old.split(".")
+        node = out
+        for p in parents:
+            node = node.get(p) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or leaf not in node:
+            continue
+        *new_parents, new_leaf = new.split(".")
+        target = out
+        for p in new_parents:
+            target = target.setdefault(p, {}) if isinstance(target, dict) else None
+        if isinstance(target, dict) and new_leaf not in target:
+            target[new_leaf] = node.pop(leaf)
+    return out
+
+
 def from_dict(d: dict) -> Config:
     """A Config from a full or partial nested mapping (e.g. a run directory's config.yaml)."""
     problems: list[str] = []
@@ -321,28 +351,31 @@ _CHOICES = {
     "train.normalize": ("paper", "global"),
     "method.standardize": ("none", "batch", "sequence", "domain"),
     "method.scope": ("micro", "step"),
-    "method.greats_pool": ("floor", "pool"),
-    "method.greats_route": ("flops", "memory", "ghost", "materialised"),
     "flops.count_per": ("global", "micro"),
     "flops.budget_counter": ("flops_paper", "flops_executed", "flops_dense"),
     "distributed.backend": ("auto", "nccl", "gloo"),
 }
 
 _POSITIVE = ["data.seq_len", "train.micro_batch_size_seqs", "train.grad_accum_steps", "train.max_steps",
-             "train.loss_chunk_size", "eval.tokens_per_domain", "eval.batch_size_seqs", "log.interval",
-             "method.ada.interval"]
+             "train.loss_chunk_size", "eval.tokens_per_domain", "eval.batch_size_seqs", "log.interval"]
 _NON_NEGATIVE = ["train.lr", "train.min_lr", "train.warmup_steps", "train.lr_decay_steps", "train.weight_decay",
                  "train.grad_clip", "train.max_flops", "eval.interval", "checkpoint.interval", "checkpoint.keep_last",
-                 "checkpoint.snapshot_keep",
-                 "method.ada.gamma", "method.salt_kd_steps", "model.vocab_size", "model.block_size",
+                 "checkpoint.snapshot_keep", "model.vocab_size", "model.block_size",
                  "train.num_threads", "run.resume_from"]
 
 
 def get(cfg: Config, dotted: str):
+    """The value at a dotted config key (``method.kd.lambda``)."""
     obj = cfg
     for p in dotted.split("."):
-        obj = getattr(obj, p)
+        obj = getattr(obj, {key_of(f): f.name for f in fields(obj)}[p])
     return obj
+
+
+def method_sections(method: MethodSection) -> dict[str, Section]:
+    """{key: section} of the per-method sections of ``method`` (``ada``, ``rho1``, ``kd``, ...)."""
+    return {key_of(f): getattr(method, f.name) for f in fields(method)
+            if isinstance(getattr(method, f.name), Section)}
 
 
 def validate(cfg: Config) -> list[str]:
@@ -364,17 +397,8 @@ def validate(cfg: Config) -> list[str]:
         problems.append(f"model.preset: expected one of {', '.join(PRESETS)}, got {cfg.model.preset!r}")
     if not (0.0 <= cfg.method.alpha < 1.0):
         problems.append(f"method.alpha: expected 0 <= alpha < 1 (fraction of tokens dropped), got {cfg.method.alpha}")
-    a = cfg.method.ada
-    if not (0.0 <= a.alpha_min <= a.alpha_max < 1.0):
-        problems.append(f"method.ada: expected 0 <= alpha_min <= alpha_max < 1, got {a.alpha_min}, {a.alpha_max}")
-    if not (0.0 <= cfg.method.kd_lambda <= 1.0):
-        problems.append(f"method.kd_lambda: expected a value in [0, 1], got {cfg.method.kd_lambda}")
-    if cfg.method.kd_temperature <= 0:
-        problems.append(f"method.kd_temperature: expected > 0, got {cfg.method.kd_temperature}")
-    if not (0.0 < cfg.method.greats_val_fraction <= 4.0):
-        problems.append(f"method.greats_val_fraction: expected in (0, 4], got {cfg.method.greats_val_fraction}")
-    if not cfg.method.greats_memory_cap_mb > 0:
-        problems.append(f"method.greats_memory_cap_mb: expected > 0 MiB, got {cfg.method.greats_memory_cap_mb}")
+    for name, sec in method_sections(cfg.method).items():  # each section's own checks (eslm.settings.Section)
+        problems += [f"method.{name}.{p}" for p in sec.problems()]
     for key, (default, _) in all_keys().items():  # nan passes every comparison below; inf is no setting
         if isinstance(default, float) and not math.isfinite(get(cfg, key)):
             problems.append(f"{key}: expected a finite number, got {get(cfg, key)!r}")
@@ -408,4 +432,5 @@ def describe_keys() -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Config", "build_config", "from_dict", "validate", "to_yaml", "describe_keys", "all_keys", "dataclasses"]
+__all__ = ["Config", "build_config", "from_dict", "upgrade_stored", "validate", "to_yaml", "describe_keys", "all_keys",
+           "RENAMED", "dataclasses"]

@@ -158,7 +158,7 @@ def _rho1(ctx: BuildContext) -> Method:
     from eslm.baselines.plugins import Rho1Selector
 
     m = ctx.cfg.method
-    sel = Rho1Selector(_frozen(m.reference, ctx), m.alpha, ctx.cfg.data.seq_len, m.standardize, ctx.n_domains)
+    sel = Rho1Selector(_frozen(m.rho1.reference, ctx), m.alpha, ctx.cfg.data.seq_len, m.standardize, ctx.n_domains)
     return Method(name="rho1", tokens=sel, objective=_ce(ctx))
 
 
@@ -169,13 +169,14 @@ def _greats(ctx: BuildContext) -> Method:
 
     m, t = ctx.cfg.method, ctx.cfg.train
     B = t.micro_batch_size_seqs
-    bv = greats_val_rows(B, m.greats_val_fraction)
+    g = m.greats
+    bv = greats_val_rows(B, g.val_fraction)
     val = ctx.val_loader_factory(bv)
-    extra = greats_pool_size(B, 1.0 - m.alpha, m.greats_pool)[0] - B
-    rows = GreatsRows(val, alpha=m.alpha, exclude_head=m.greats_exclude_head,
+    extra = greats_pool_size(B, 1.0 - m.alpha, g.pool)[0] - B
+    rows = GreatsRows(val, alpha=m.alpha, exclude_head=g.exclude_head,
                       fm=FlopsModel.from_config(ctx.model_config, ctx.cfg.data.seq_len),
-                      model_config=ctx.model_config, device=ctx.device, pool=m.greats_pool,
-                      route=m.greats_route, memory_cap_mb=m.greats_memory_cap_mb,
+                      model_config=ctx.model_config, device=ctx.device, pool=g.pool,
+                      route=g.route, memory_cap_mb=g.memory_cap_mb,
                       candidate_loader=_candidate_loader(val, extra, ctx.cfg.run.seed) if extra else None)
     return Method(name="greats", rows=rows, objective=_ce(ctx))
 
@@ -196,8 +197,8 @@ def _candidate_loader(val_loader, rows: int, seed: int):
 def _distill(ctx: BuildContext):
     from eslm.objectives.kd_objective import Distill
 
-    m = ctx.cfg.method
-    return Distill(_frozen(m.teacher, ctx), lam=m.kd_lambda, rho=m.kd_temperature, seq_len=ctx.cfg.data.seq_len,
+    kd = ctx.cfg.method.kd
+    return Distill(_frozen(kd.teacher, ctx), lam=kd.lambda_, rho=kd.temperature, seq_len=ctx.cfg.data.seq_len,
                    chunk_size=ctx.cfg.train.loss_chunk_size, impl=ctx.cfg.train.loss_impl)
 
 
@@ -216,13 +217,14 @@ def _eslm_kd(score: str):
 def _salt(ctx: BuildContext) -> Method:
     from eslm.objectives.kd_objective import Salt
 
-    return Method(name="salt", objective=Salt(_distill(ctx), _ce(ctx), ctx.cfg.method.salt_kd_steps))
+    return Method(name="salt", objective=Salt(_distill(ctx), _ce(ctx), ctx.cfg.method.salt.kd_steps))
 
 
-def _needs(key: str, what: str):
+def _needs(section: str, key: str, what: str):
     def validate(cfg) -> list[str]:
-        if not getattr(cfg.method, key):
-            return [f"method.{key}: {cfg.method.name} needs {what}; set method.{key}=RUN_DIR|CHECKPOINT"]
+        if not getattr(getattr(cfg.method, section), key):
+            return [f"method.{section}.{key}: {cfg.method.name} needs {what}; "
+                    f"set method.{section}.{key}=RUN_DIR|CHECKPOINT"]
         return []
     return validate
 
@@ -236,16 +238,16 @@ def _greats_validate(cfg) -> list[str]:
 
 for _spec in [
     MethodSpec("rho1", "Rho-1: keep the top 1-alpha tokens by excess loss against a frozen reference model",
-               _rho1, _needs("reference", "a reference model")),
+               _rho1, _needs("rho1", "reference", "a reference model")),
     MethodSpec("greats", "GREATS: greedy online row selection by ghost gradient inner products with a validation batch",
                _greats, _greats_validate),
     MethodSpec("dense-kd", "dense distillation: lambda*KL(teacher||student) + (1-lambda)*CE on every token",
-               _dense_kd, _needs("teacher", "a teacher model")),
+               _dense_kd, _needs("kd", "teacher", "a teacher model")),
     MethodSpec("eslm-kd-entropy", "ESLM-KD: KD on the top 1-alpha tokens by the student's entropy",
-               _eslm_kd("entropy"), _needs("teacher", "a teacher model")),
+               _eslm_kd("entropy"), _needs("kd", "teacher", "a teacher model")),
     MethodSpec("eslm-kd-loss", "ESLM-KD: KD on the top 1-alpha tokens by the student's loss",
-               _eslm_kd("loss"), _needs("teacher", "a teacher model")),
-    MethodSpec("salt", "SALT: dense KD for method.salt_kd_steps steps, then plain CE",
-               _salt, _needs("teacher", "a teacher model")),
+               _eslm_kd("loss"), _needs("kd", "teacher", "a teacher model")),
+    MethodSpec("salt", "SALT: dense KD for method.salt.kd_steps steps, then plain CE",
+               _salt, _needs("kd", "teacher", "a teacher model")),
 ]:
     register(_spec)

@@ -270,9 +270,9 @@ def test_routes_at_124m_by_flops_memory_and_cap():
     assert head[-1] == GHO and head[:-1] == [MAT] * 48
     # short rows: the ghost form is cheaper for every layer (T = 16: c_proj ghost 1.70e8 < materialised 5.95e8)
     assert G.layer_routes(shapes, B124, BV124, 16)[:4] == [GHO] * 4
-    with pytest.raises(ConfigError, match="greats_route"):
+    with pytest.raises(ConfigError, match="greats.route"):
         G.layer_route(16, 8, 8, route="auto")
-    with pytest.raises(ConfigError, match="greats_memory_cap_mb"):
+    with pytest.raises(ConfigError, match="greats.memory_cap_mb"):
         G.layer_route(16, 8, 8, memory_cap_mb=0)
 
 
@@ -304,25 +304,29 @@ def test_cost_in_clm_micro_batches_at_the_papers_124m_shape():
     for route, block in [("flops", [MAT] * 4), ("memory", [MAT, MAT, GHO, GHO])]:
         extra = 18 * T124 * (fm.forward_per_token + fm.backward_per_token / 2) + _hand_ip_flops(block)
         want = (10 * T124 * fm.train_per_token + extra) / (12 * T124 * fm.train_per_token)
-        got = G.greats_cost_ratio(dataclasses.replace(cfg, method=dataclasses.replace(cfg.method,
-                                                                                      greats_route=route)))
+        got = G.greats_cost_ratio(_with_route(cfg, route))
         assert got["paper"] == pytest.approx(want, rel=1e-12) and got["executed"] == pytest.approx(want, rel=1e-12)
         assert got["routes"][:4] == block
     assert round(G.greats_cost_ratio(cfg)["paper"], 2) == 2.13  # the figures quoted in docs/flops.md
-    old = dataclasses.replace(cfg, method=dataclasses.replace(cfg.method, greats_route="memory"))
+    old = _with_route(cfg, "memory")
     assert round(G.greats_cost_ratio(old)["paper"], 2) == 5.91
+
+
+def _with_route(cfg, route: str):
+    return dataclasses.replace(cfg, method=dataclasses.replace(
+        cfg.method, greats=dataclasses.replace(cfg.method.greats, route=route)))
 
 
 def test_config_route_and_cap():
     cfg = build_config(overrides=["method.name=greats"])
-    assert (cfg.method.greats_route, cfg.method.greats_memory_cap_mb) == ("flops", 1024.0)
-    cfg = build_config(overrides=["method.name=greats", "method.greats_route=memory",
-                                  "method.greats_memory_cap_mb=64"])
-    assert (cfg.method.greats_route, cfg.method.greats_memory_cap_mb) == ("memory", 64.0)
-    with pytest.raises(ConfigError, match="method.greats_route"):
-        build_config(overrides=["method.name=greats", "method.greats_route=auto"])
-    with pytest.raises(ConfigError, match="method.greats_memory_cap_mb"):
-        build_config(overrides=["method.name=greats", "method.greats_memory_cap_mb=0"])
+    assert (cfg.method.greats.route, cfg.method.greats.memory_cap_mb) == ("flops", 1024.0)
+    cfg = build_config(overrides=["method.name=greats", "method.greats.route=memory",
+                                  "method.greats.memory_cap_mb=64"])
+    assert (cfg.method.greats.route, cfg.method.greats.memory_cap_mb) == ("memory", 64.0)
+    with pytest.raises(ConfigError, match="method.greats.route"):
+        build_config(overrides=["method.name=greats", "method.greats.route=auto"])
+    with pytest.raises(ConfigError, match="method.greats.memory_cap_mb"):
+        build_config(overrides=["method.name=greats", "method.greats.memory_cap_mb=0"])
 
 
 def test_errors():
@@ -354,7 +358,7 @@ TIME_KEYS = set(M.TIMING_KEYS)
 
 
 def _greats_overrides(data, out, pool, **extra):
-    return tiny_overrides(data, out, **{"method.name": "greats", "method.alpha": 0.1, "method.greats_pool": pool,
+    return tiny_overrides(data, out, **{"method.name": "greats", "method.alpha": 0.1, "method.greats.pool": pool,
                                         "train.lr_decay_steps": 6, **extra})
 
 
@@ -424,7 +428,7 @@ def test_trainer_routes_change_flops_not_selection(tiny_data, tmp_path):
     runs = {}
     for route in ("flops", "memory"):
         trainer = Trainer(build_config(overrides=_greats_overrides(tiny_data, tmp_path / route, "floor", **{
-            "train.max_steps": 3, "eval.interval": 0, "method.greats_route": route})))
+            "train.max_steps": 3, "eval.interval": 0, "method.greats.route": route})))
         infos = []
         _spy_rows(trainer, infos)
         trainer.train()
@@ -482,13 +486,13 @@ def test_trainer_resumes_exactly(pool, tiny_data, tmp_path):
 def test_pool_and_floor_checkpoints_do_not_mix(tiny_data, tmp_path):
     pool = Trainer(build_config(overrides=_greats_overrides(tiny_data, tmp_path / "p", "pool")))
     floor = Trainer(build_config(overrides=_greats_overrides(tiny_data, tmp_path / "f", "floor")))
-    with pytest.raises(CheckpointError, match="greats_pool=floor"):
+    with pytest.raises(CheckpointError, match="greats.pool=floor"):
         pool.method.rows.load_state_dict(floor.method.rows.state_dict())
-    with pytest.raises(CheckpointError, match="greats_pool=pool"):
+    with pytest.raises(CheckpointError, match="greats.pool=pool"):
         floor.method.rows.load_state_dict(pool.method.rows.state_dict())
 
 
 def test_config_accepts_pool_and_rejects_step_scope():
-    assert build_config(overrides=["method.name=greats", "method.greats_pool=pool"]).method.greats_pool == "pool"
+    assert build_config(overrides=["method.name=greats", "method.greats.pool=pool"]).method.greats.pool == "pool"
     with pytest.raises(ConfigError, match="scope=micro"):
-        build_config(overrides=["method.name=greats", "method.greats_pool=pool", "method.scope=step"])
+        build_config(overrides=["method.name=greats", "method.greats.pool=pool", "method.scope=step"])

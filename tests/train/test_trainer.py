@@ -151,8 +151,8 @@ def teacher_run(tiny_data, tmp_path_factory):
 
 @pytest.mark.parametrize("name", ["rho1", "dense-kd", "eslm-kd-entropy", "eslm-kd-loss", "salt"])
 def test_reference_and_teacher_methods_train_and_resume(name, tiny_data, tmp_path, teacher_run):
-    extra = {"method.name": name, "method.reference": str(teacher_run), "method.teacher": str(teacher_run),
-             "method.salt_kd_steps": 2, "train.max_steps": 2}
+    extra = {"method.name": name, "method.rho1.reference": str(teacher_run), "method.kd.teacher": str(teacher_run),
+             "method.salt.kd_steps": 2, "train.max_steps": 2}
     res = train(build_config(overrides=tiny_overrides(tiny_data, tmp_path, **extra)))
     first = read_metrics(res.run_dir, "train")
     assert first[-1][M.FLOPS_PAPER] > 0
@@ -168,7 +168,7 @@ def test_reference_and_teacher_methods_train_and_resume(name, tiny_data, tmp_pat
 def test_missing_teacher_is_a_config_error():
     from eslm.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="method.teacher"):
+    with pytest.raises(ConfigError, match="method.kd.teacher"):
         build_config(overrides=["method.name=dense-kd"])
 
 

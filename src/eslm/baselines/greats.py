@@ -35,9 +35,9 @@ Nx rows scored against N rows (Nx N pairs), p = out * (in + bias) numbers per pe
     materialised  memory p per sample: N p fp32 (4 N p bytes)
                   FLOPs  N (2 T in out [+ T out]) + Nx N 2 p
 
-The route per layer (``method.greats_route``, ``layer_route``):
+The route per layer (``method.greats.route``, ``layer_route``):
 
-    flops (default)  the cheaper by FLOPs, materialised only if its 4 N p bytes fit ``method.greats_memory_cap_mb``
+    flops (default)  the cheaper by FLOPs, materialised only if its 4 N p bytes fit ``method.greats.memory_cap_mb``
     memory           the old rule (and the ghost-clipping literature's): ghost iff 2 T^2 < p, whichever holds
                      fewer numbers per pair / per sample
     ghost            every layer ghost
@@ -61,7 +61,7 @@ practice of scoring the transformer's Linear layers and keeps memory bounded. Wi
 head is scored as a Linear on the final hidden states (its embedding-side gradient is still left out).
 The position embedding and the LayerNorms are never scored.
 
-The budget (``method.greats_pool``, ``greats_pool_size``). The paper keeps a "batch selection budget" of 0.9
+The budget (``method.greats.pool``, ``greats_pool_size``). The paper keeps a "batch selection budget" of 0.9
 (= 1 - ESLM's alpha 0.1) of a micro-batch of B = 12 rows, and 0.9 x 12 = 10.8 rows is not an integer. Two
 readings are offered:
 
@@ -214,9 +214,9 @@ def capture_linear_io(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, exc
 # ---------------------------------------------------------------------------------------------------------
 
 
-ROUTES = ("flops", "memory", "ghost", "materialised")  # method.greats_route; module doc
+ROUTES = ("flops", "memory", "ghost", "materialised")  # method.greats.route; module doc
 GHOST, MATERIALISED = "ghost", "materialised"  # the form a layer takes (info["layer_modes"])
-DEFAULT_MEMORY_CAP_MB = 1024.0  # method.greats_memory_cap_mb: 124M at T = 1024 needs at most 170 MB per layer
+DEFAULT_MEMORY_CAP_MB = 1024.0  # method.greats.memory_cap_mb: 124M at T = 1024 needs at most 170 MB per layer
 _MB = 2.0 ** 20
 
 
@@ -237,10 +237,10 @@ def check_route(route: str, memory_cap_mb: float) -> None:
     """One ConfigError line for an unknown route or a non-positive cap."""
     if route not in ROUTES:
         raise ConfigError(f"GREATS route: expected one of {' | '.join(ROUTES)}, found {route!r}; "
-                          f"fix: set method.greats_route=flops")
+                          f"fix: set method.greats.route=flops")
     if not memory_cap_mb > 0:
         raise ConfigError(f"GREATS memory cap: expected > 0 MiB, found {memory_cap_mb}; "
-                          f"fix: set method.greats_memory_cap_mb={DEFAULT_MEMORY_CAP_MB:g}")
+                          f"fix: set method.greats.memory_cap_mb={DEFAULT_MEMORY_CAP_MB:g}")
 
 
 def layer_route(T: int, n_in: int, n_out: int, has_bias: bool = False, route: str = "flops", n_x: int = 1,
@@ -420,7 +420,7 @@ def greats_pool_size(B: int, budget: float, mode: str = "floor") -> tuple[int, i
 
 
 def greats_val_rows(B: int, val_fraction: float) -> int:
-    """Validation rows per micro-batch of B rows: round(method.greats_val_fraction * B), at least 1."""
+    """Validation rows per micro-batch of B rows: round(method.greats.val_fraction * B), at least 1."""
     return max(1, round(val_fraction * B))
 
 
@@ -495,13 +495,13 @@ def greats_cost_ratio(cfg, model_config=None) -> dict:
     """GREATS' cost per micro-batch (= per optimizer step) in CLM micro-batches for an eslm Config:
     {"paper": r, "executed": r, "routes": [ghost|materialised per scored layer]} ("GREATS costs r CLM
     micro-batches per step"), by ``greats_micro_batch_cost`` with the config's micro-batch, seq_len, alpha,
-    greats_* keys. model_config: the run's ``ModelConfig``; None builds it from model.preset, model.vocab_size
+    method.greats.* keys. model_config: the run's ``ModelConfig``; None builds it from model.preset, model.vocab_size
     (0: the tokenizer's vocabulary padded to a multiple of 64, as the trainer does) and model.block_size.
     """
     from eslm.flops import FlopsModel
     from eslm.model.gpt import preset
 
-    m, T = cfg.method, cfg.data.seq_len
+    m, g, T = cfg.method, cfg.method.greats, cfg.data.seq_len
     if model_config is None:
         from eslm.data.tokenizers import ByteTokenizer, GPT2Tokenizer
 
@@ -511,6 +511,6 @@ def greats_cost_ratio(cfg, model_config=None) -> dict:
         model_config = preset(cfg.model.preset, vocab_size=vocab, **extra)
     B = cfg.train.micro_batch_size_seqs
     return greats_micro_batch_cost(FlopsModel.from_config(model_config, T),
-                                   scored_layer_shapes(model_config, m.greats_exclude_head), B,
-                                   greats_val_rows(B, m.greats_val_fraction), budget=1.0 - m.alpha,
-                                   pool=m.greats_pool, route=m.greats_route, memory_cap_mb=m.greats_memory_cap_mb)
+                                   scored_layer_shapes(model_config, g.exclude_head), B,
+                                   greats_val_rows(B, g.val_fraction), budget=1.0 - m.alpha,
+                                   pool=g.pool, route=g.route, memory_cap_mb=g.memory_cap_mb)

@@ -6,16 +6,45 @@ greedy selection, FLOPs). These adapters only connect it to the step's interface
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from eslm.baselines.greats import (DEFAULT_MEMORY_CAP_MB, check_route, greats_extra_flops, greats_pool_size,
-                                   greats_select, scored_layer_shapes)
+from eslm.baselines.greats import (DEFAULT_MEMORY_CAP_MB, ROUTES, check_route, greats_extra_flops,
+                                   greats_pool_size, greats_select, scored_layer_shapes)
 from eslm.baselines.rho1 import ReferenceModel, excess_loss
 from eslm.contracts import ExtraWork, ModelPass
 from eslm.data.batch import Batch
 from eslm.errors import CheckpointError, ConfigError
 from eslm.selection.rows import AllRows
 from eslm.selection.selectors import VaRSelector
+from eslm.settings import Section, setting
+
+
+POOLS = ("floor", "pool")  # greats.greats_pool_size's modes
+
+
+@dataclass(frozen=True)
+class GreatsSection(Section):
+    """``method.greats.*``: GREATS' settings (``GreatsRows`` below; the maths in ``greats.py``)."""
+
+    val_fraction: float = setting(0.5, "GREATS validation batch size as a fraction of the micro-batch")
+    pool: str = setting("floor", "GREATS budget 1-alpha of a micro-batch of B rows: floor (score the B rows, keep floor((1-alpha)B); default: GREATS' budget is the kept fraction of each batch and every method then consumes the same B rows per micro-batch) | pool (score ceil(B/(1-alpha)) rows, the B loader rows + extra training rows drawn by GREATS, keep B). The paper (0.9 of 12) does not say which; see eslm/baselines/greats.py")
+    exclude_head: bool = setting(True, "GREATS: leave the tied LM head out of the gradient inner products")
+    route: str = setting("flops", "GREATS per-layer inner products: flops (default: ghost or materialised per-sample gradients, whichever needs fewer FLOPs) | memory (ghost iff 2T^2 < the layer's weights, the old rule) | ghost | materialised; every route but ghost stays ghost where materialising exceeds method.greats.memory_cap_mb; see eslm/baselines/greats.py")
+    memory_cap_mb: float = setting(DEFAULT_MEMORY_CAP_MB, "GREATS: most MiB of one layer's materialised fp32 per-sample gradients (candidate + validation rows x weights); above it the layer takes the ghost form")
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.pool not in POOLS:
+            out.append(f"pool: expected one of {', '.join(POOLS)}, got {self.pool!r}")
+        if self.route not in ROUTES:
+            out.append(f"route: expected one of {', '.join(ROUTES)}, got {self.route!r}")
+        if not (0.0 < self.val_fraction <= 4.0):
+            out.append(f"val_fraction: expected in (0, 4], got {self.val_fraction}")
+        if not self.memory_cap_mb > 0:
+            out.append(f"memory_cap_mb: expected > 0 MiB, got {self.memory_cap_mb}")
+        return out
 
 
 class Rho1Selector(VaRSelector):
@@ -39,10 +68,10 @@ class GreatsRows(AllRows):
     """GREATS: per micro-batch, score every candidate row by its gradient's alignment with a fresh validation
     batch (ghost inner products) and keep the greedy best rows for the update pass.
 
-    ``route``, ``memory_cap_mb`` (``method.greats_route``, ``greats_memory_cap_mb``): each layer's form of the
-    inner products (``greats.layer_route``); the FLOPs declared follow the forms actually taken.
+    ``route``, ``memory_cap_mb`` (``method.greats.route``, ``method.greats.memory_cap_mb``): each layer's form of
+    the inner products (``greats.layer_route``); the FLOPs declared follow the forms actually taken.
 
-    ``pool`` (``method.greats_pool``, see ``greats.greats_pool_size``) for a loader micro-batch of B rows:
+    ``pool`` (``method.greats.pool``, see ``greats.greats_pool_size``) for a loader micro-batch of B rows:
       "floor" (default): the B loader rows are the candidates; keep floor(budget B).
       "pool":  the B loader rows plus ceil(B / budget) - B extra rows drawn from ``candidate_loader`` (an
                independent stream of training windows, same dataset, mixture, seq_len and rank, its own seed)
@@ -117,8 +146,8 @@ class GreatsRows(AllRows):
     def load_state_dict(self, sd: dict) -> None:
         if ("candidate_loader" in sd) != (self.candidate_loader is not None):
             was = "pool" if "candidate_loader" in sd else "floor"
-            raise CheckpointError(f"expected a GREATS checkpoint of method.greats_pool={self.pool}; found one of "
-                                  f"greats_pool={was}; fix: resume with method.greats_pool={was}")
+            raise CheckpointError(f"expected a GREATS checkpoint of method.greats.pool={self.pool}; found one of "
+                                  f"pool={was}; fix: resume with method.greats.pool={was}")
         self.val_loader.load_state_dict(sd["val_loader"])
         if self.candidate_loader is not None:
             self.candidate_loader.load_state_dict(sd["candidate_loader"])

@@ -19,11 +19,21 @@ softmax denominator (training drives their probability to ~0), so the losses are
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from eslm.objectives.frozen import ReferenceModel
+from eslm.settings import Section, setting
 
-__all__ = ["ReferenceModel", "excess_loss"]
+__all__ = ["ReferenceModel", "Rho1Section", "excess_loss"]
+
+
+@dataclass(frozen=True)
+class Rho1Section(Section):
+    """``method.rho1.*``: Rho-1's settings."""
+
+    reference: str = setting("", "Rho-1 reference model: run dir, checkpoint or local HF GPT-2 dir")
 
 
 def excess_loss(current: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:

@@ -45,9 +45,9 @@ def check_kd_args(s_weight: torch.Tensor, t_weight: torch.Tensor, lam: float, rh
             f"head, found {t_weight.shape[0]}; use a teacher trained with the same tokenizer and vocab padding "
             "(an imported OpenAI GPT-2 has 50257, ours 50304)")
     if not (0.0 <= lam <= 1.0):
-        raise ConfigError(f"KD lambda must be in [0, 1], found {lam}; set method.kd_lambda in [0, 1]")
+        raise ConfigError(f"KD lambda must be in [0, 1], found {lam}; set method.kd.lambda in [0, 1]")
     if not rho > 0.0:
-        raise ConfigError(f"KD temperature rho must be > 0, found {rho}; set method.kd_temperature > 0")
+        raise ConfigError(f"KD temperature rho must be > 0, found {rho}; set method.kd.temperature > 0")
     if chunk_size < 1:
         raise ConfigError(f"KD chunk_size must be >= 1, found {chunk_size}")
 

@@ -6,11 +6,42 @@ The loss maths is ``eslm.objectives.distill.kd_per_token``; the teacher is a fro
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from eslm.contracts import ExtraWork, ModelPass
 from eslm.objectives.base import CrossEntropy, Objective
 from eslm.objectives.distill import kd_per_token
+from eslm.settings import Section, setting
+
+
+@dataclass(frozen=True)
+class KDSection(Section):
+    """``method.kd.*``: the distillation settings of dense-kd, eslm-kd-* and salt (``lambda`` is a Python keyword:
+    the attribute is ``lambda_``)."""
+
+    teacher: str = setting("", "KD teacher: run dir or checkpoint with the same tokenizer")
+    lambda_: float = setting(0.5, "KD weight lambda in lambda*KL + (1-lambda)*CE", key="lambda")
+    temperature: float = setting(1.0, "KD temperature rho")
+
+    def problems(self) -> list[str]:
+        out = []
+        if not (0.0 <= self.lambda_ <= 1.0):
+            out.append(f"lambda: expected a value in [0, 1], got {self.lambda_}")
+        if self.temperature <= 0:
+            out.append(f"temperature: expected > 0, got {self.temperature}")
+        return out
+
+
+@dataclass(frozen=True)
+class SaltSection(Section):
+    """``method.salt.*``: SALT's switch (the KD settings are ``KDSection``'s)."""
+
+    kd_steps: int = setting(12000, "SALT: optimizer steps of dense KD before plain CE")
+
+    def problems(self) -> list[str]:
+        return [f"kd_steps: expected >= 0, got {self.kd_steps!r}"] if self.kd_steps < 0 else []
 
 
 class Distill(Objective):

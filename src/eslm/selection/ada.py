@@ -19,8 +19,33 @@ Departures from the paper's algorithm box, each deliberate:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
+
+from eslm.settings import Section, setting
+
+
+@dataclass(frozen=True)
+class AdaSection(Section):
+    """``method.ada.*``: the Ada-ESLM controller's settings."""
+
+    gamma: float = setting(0.5, "adaptation rate of alpha_{k+1} = alpha_k exp(-gamma D)")
+    interval: int = setting(1000, "T_eval: optimizer steps between alpha updates (the paper: 1000)")
+    eps: float = setting(1e-8, "epsilon in D = (CVaR_k - CVaR_{k-1}) / (|CVaR_{k-1}| + eps)")
+    alpha_min: float = setting(0.0, "lower clamp for alpha")
+    alpha_max: float = setting(0.9, "upper clamp for alpha")
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.gamma < 0:
+            out.append(f"gamma: expected >= 0, got {self.gamma!r}")
+        if self.interval <= 0:
+            out.append(f"interval: expected a positive number, got {self.interval!r}")
+        if not (0.0 <= self.alpha_min <= self.alpha_max < 1.0):
+            out.append(f"alpha_min, alpha_max: expected 0 <= alpha_min <= alpha_max < 1, got {self.alpha_min}, "
+                       f"{self.alpha_max}")
+        return out
 
 
 class AdaController:

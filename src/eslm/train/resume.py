@@ -19,7 +19,7 @@ import json
 import time
 from pathlib import Path
 
-from eslm.config import Config, all_keys, from_dict, to_yaml
+from eslm.config import RENAMED, Config, all_keys, from_dict, to_yaml, upgrade_stored
 from eslm.errors import ConfigError
 
 RESUMES_FILE = "resumes.jsonl"
@@ -81,10 +81,15 @@ def effective_config(run_dir: Path) -> Config:
 
 
 def apply_resumes(config: dict, run_dir: Path) -> dict:
-    """A config.yaml mapping with the recorded resume changes applied (plain dicts; for readers like reports)."""
-    out = json.loads(json.dumps(config))
+    """A config.yaml mapping with the recorded resume changes applied (plain dicts; for readers like reports).
+
+    A run written before the method settings were nested stores their old flat keys (in config.yaml and in
+    resumes.jsonl): they are read as the new keys (``eslm.config.RENAMED``), so such a run still resumes and
+    still groups with new runs of the same settings."""
+    out = upgrade_stored(config)
     for rec in read_resumes(run_dir):
         for key, change in (rec.get("changed") or {}).items():
+            key = RENAMED.get(key, key)
             node = out
             *parents, leaf = key.split(".")
             for p in parents:
@@ -96,6 +101,9 @@ def apply_resumes(config: dict, run_dir: Path) -> dict:
 def allowed_changes(cfg: Config) -> set[str]:
     extra = {k.strip() for k in cfg.run.allow_change.split(",") if k.strip()}
     unknown = sorted(extra - set(all_keys()))
+    renamed = [f"{k} was renamed: did you mean {RENAMED[k]}?" for k in unknown if k in RENAMED]
+    if renamed:
+        raise ConfigError("run.allow_change: " + "; ".join(renamed))
     if unknown:
         raise ConfigError(f"run.allow_change: unknown config key(s) {', '.join(unknown)}; "
                           "expected dotted keys such as train.lr")

@@ -1,0 +1,44 @@
+"""Config sections of the methods: ``setting`` (a field with its help text) and ``Section`` (a section's checks).
+
+The lowest layer, so that each method's config section can be declared next to its components
+(``eslm.selection.ada.AdaSection``, ``eslm.baselines.rho1.Rho1Section``, ``eslm.objectives.kd_objective.KDSection``,
+``eslm.baselines.plugins.GreatsSection``) and ``eslm.config`` only assembles the tree from them
+(``MethodSection``: one field per section) and runs each section's ``problems``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import field
+
+
+def setting(default, help: str, *, key: str | None = None, **kw):
+    """A dataclass field with ``help`` metadata; ``key`` names it in YAML and overrides when the attribute name
+    cannot (``lambda_`` is ``method.kd.lambda``)."""
+    meta = {"help": help, **kw}
+    if key is not None:
+        meta["key"] = key
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def section(cls, help: str):
+    """A field holding a whole section (a frozen dataclass built with its defaults)."""
+    return field(default_factory=cls, metadata={"help": help})
+
+
+def key_of(f) -> str:
+    """The config key of a dataclass field (its ``key`` metadata, else its name)."""
+    return f.metadata.get("key", f.name)
+
+
+class Section:
+    """Base of a method's config section (subclasses are frozen dataclasses of ``setting`` fields).
+
+    ``problems`` checks the section's own values: every problem is one string starting with the key relative to
+    the section (``"lambda: expected a value in [0, 1], got 1.5"``); ``eslm.config.validate`` prefixes the
+    section's path (``method.kd.``) and reports them with every other problem at once. Checks that need
+    other sections (a method's required reference model) belong to the method's ``MethodSpec.validate``."""
+
+    def problems(self) -> list[str]:
+        return []

@@ -10,6 +10,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "eslm"
 # module (or package) prefix -> layer; the longest matching prefix wins. Lower numbers are lower layers.
 LAYERS = {
     "eslm": 0, "eslm.errors": 0, "eslm.metrics": 0,
+    "eslm.settings": 0,  # setting() / Section: every method's config section is built from it, at any layer
     "eslm.ops": 1,
     "eslm.model": 2, "eslm.data": 2,
     "eslm.selection": 3, "eslm.objectives": 3, "eslm.contracts": 3,

@@ -1,6 +1,7 @@
 """Import layering (DESIGN.md "Layers and contracts"): every import of ``src/eslm`` — function-local ones
 included — points down the layer table below or stays within a layer, and no set of modules imports itself
-around a loop. Imports under ``if TYPE_CHECKING:`` are annotations only and do not count."""
+around a loop. Imports under ``if TYPE_CHECKING:`` are annotations only and do not count. The commands are the
+top layer, the package ``eslm.cli``, one module per command; nothing below it imports argparse."""
 
 import ast
 from pathlib import Path
@@ -21,7 +22,7 @@ LAYERS = {
     "eslm.train": 7,
     "eslm.eval": 8, "eslm.analysis": 8,
     "eslm.study": 9, "eslm.sample": 9,
-    "eslm.cli": 10, "eslm.train.cli": 10,
+    "eslm.cli": 10,  # the commands: eslm/cli/<command>.py, each calling one library function
 }
 
 # (importer, imported): upward imports still to be removed, each with its reason
@@ -74,13 +75,29 @@ def _imports(tree: ast.AST, package: str) -> set[str]:
     return out
 
 
-def _graph() -> dict[str, set[str]]:
-    graph = {}
+def _trees() -> dict[str, tuple[ast.AST, str]]:
+    """module name -> (syntax tree, package of its relative imports)"""
+    out = {}
     for path in SRC.rglob("*.py"):
         name = _module_name(path)
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        graph[name] = {m for m in _imports(ast.parse(path.read_text()), package) if m != name}
-    return graph
+        out[name] = (ast.parse(path.read_text()), name if path.name == "__init__.py" else name.rpartition(".")[0])
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    return {name: {m for m in _imports(tree, package) if m != name} for name, (tree, package) in _trees().items()}
+
+
+def argparse_importers(trees: dict[str, ast.AST]) -> list[str]:
+    """Modules outside the commands package ``eslm.cli`` that import argparse anywhere (the command line's
+    arguments belong to the commands; a library function takes plain typed parameters)."""
+    def imports_argparse(tree):
+        return any(isinstance(n, ast.Import) and any(a.name.split(".")[0] == "argparse" for a in n.names)
+                   or isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "argparse"
+                   for n in ast.walk(tree))
+
+    return sorted(name for name, tree in trees.items()
+                  if not (name == "eslm.cli" or name.startswith("eslm.cli.")) and imports_argparse(tree))
 
 
 def layer_of(name: str) -> int:
@@ -151,3 +168,21 @@ def test_function_local_and_package_imports_are_seen():
     tree = ast.parse("def f():\n    from eslm.selection import risk\n    import eslm.flops\n"
                      "if TYPE_CHECKING:\n    from eslm.train import trainer\n")
     assert _imports(tree, "eslm.x") == {"eslm.selection.risk", "eslm.flops"}
+
+
+def test_only_the_commands_import_argparse():
+    assert argparse_importers({name: tree for name, (tree, _) in _trees().items()}) == []
+
+
+def test_the_argparse_check_catches_an_import():
+    trees = {"eslm.study": ast.parse("def f():\n    from argparse import Namespace\n"),
+             "eslm.cli.study": ast.parse("import argparse\n"), "eslm.cli": ast.parse("import argparse\n"),
+             "eslm.eval.harness": ast.parse("import argparse as ap\n"), "eslm.sample": ast.parse("import torch\n")}
+    assert argparse_importers(trees) == ["eslm.eval.harness", "eslm.study"]
+
+
+def test_every_command_is_its_own_module_of_the_commands_package():
+    from eslm.cli import COMMANDS
+
+    for name, (module, _) in COMMANDS.items():
+        assert module == "eslm.cli." + name.replace("-", "_") and _exists(module), (name, module)

@@ -53,9 +53,7 @@ def test_a_path_always_works(tmp_path, monkeypatch):
 
 def test_sigterm_stops_the_study_without_a_report(tmp_path, monkeypatch):
     # a run stopped by SIGTERM (preempted) must not be followed by the next run or by a report of unfinished runs
-    import argparse
-
-    import eslm.cli
+    import eslm.analysis.report as report
     import eslm.train.trainer as trainer
 
     f = tmp_path / "grid.yaml"
@@ -67,9 +65,8 @@ def test_sigterm_stops_the_study_without_a_report(tmp_path, monkeypatch):
         return trainer.RunResult(tmp_path, 3, None, "preempted")
 
     monkeypatch.setattr(trainer, "train", fake_train)
-    monkeypatch.setattr(eslm.cli, "main", lambda argv: reported.append(argv) or 0)
-    args = argparse.Namespace(preset=str(f), out=str(tmp_path / "out"), seeds=None, dry_run=False, overrides=[])
-    assert study.run(args) == 143
+    monkeypatch.setattr(report, "build_report", lambda *a, **k: reported.append(a) or {})
+    assert study.run_study(str(f), tmp_path / "out") == 143
     assert started == ["clm-s1"] and reported == []
 
 

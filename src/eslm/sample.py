@@ -9,7 +9,7 @@ Only ids the tokenizer can decode are sampled (the vocabulary rows added by padd
 
 from __future__ import annotations
 
-import argparse
+from typing import Iterator
 
 import torch
 
@@ -65,36 +65,23 @@ def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, gen: torc
     return int(torch.multinomial(probs, 1, generator=gen))
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", metavar="CHECKPOINT|RUN_DIR",
-                        help="run directory, checkpoint .pt, snapshot .safetensors or HF GPT-2 directory")
-    parser.add_argument("--prompt", default=None, help="the text to continue (default: start from end-of-text)")
-    parser.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate per sample")
-    parser.add_argument("--temperature", type=float, default=0.8, help="softmax temperature; 0 = greedy")
-    parser.add_argument("--top-k", type=int, default=200, help="sample among the k most likely tokens (0 = all)")
-    parser.add_argument("--num-samples", type=int, default=1, help="samples to draw")
-    parser.add_argument("--seed", type=int, default=1337, help="random seed (sample i uses seed + i)")
-    parser.add_argument("--device", default="cpu", help="cpu | cuda")
-    parser.add_argument("--tokenizer", default=None, help="override the checkpoint's tokenizer (gpt2 | byte)")
-    parser.add_argument("--no-kv-cache", action="store_true", help="recompute the whole context every token")
-
-
-def run(args: argparse.Namespace) -> int:
+def sample_texts(checkpoint: str, prompt: str | None = None, *, num_samples: int = 1, max_new_tokens: int = 200,
+                 temperature: float = 0.8, top_k: int = 200, seed: int = 1337, device: str = "cpu",
+                 tokenizer: str | None = None, use_cache: bool = True) -> Iterator[str]:
+    """Each sample as text (``prompt`` + what the model wrote, end-of-text removed), one at a time, from a run
+    directory, checkpoint, snapshot or HF GPT-2 directory. ``top_k=0``: all tokens; sample i uses ``seed + i``;
+    no prompt: start from end-of-text."""
     from eslm.eval.harness import resolve_tokenizer
     from eslm.model.loading import load_model
 
-    if args.max_new_tokens < 1 or args.num_samples < 1 or args.temperature < 0 or args.top_k < 0:
+    if max_new_tokens < 1 or num_samples < 1 or temperature < 0 or top_k < 0:
         raise ConfigError("expected --max-new-tokens >= 1, --num-samples >= 1, --temperature >= 0 and --top-k >= 0, "
-                          f"found {args.max_new_tokens}, {args.num_samples}, {args.temperature}, {args.top_k}")
-    model, info = load_model(args.checkpoint, device=args.device)
-    tok = resolve_tokenizer(args.tokenizer or info.get("tokenizer"))
-    prompt = tok.encode(args.prompt) if args.prompt else [tok.eot_id]
-    for i in range(args.num_samples):
-        new = generate(model, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k or None,
+                          f"found {max_new_tokens}, {num_samples}, {temperature}, {top_k}")
+    model, info = load_model(checkpoint, device=device)
+    tok = resolve_tokenizer(tokenizer or info.get("tokenizer"))
+    ids = tok.encode(prompt) if prompt else [tok.eot_id]
+    for i in range(num_samples):
+        new = generate(model, ids, max_new_tokens, temperature=temperature, top_k=top_k or None,
                        vocab_limit=min(tok.vocab_size, model.config.vocab_size), stop_ids={tok.eot_id},
-                       seed=args.seed + i, use_cache=not args.no_kv_cache)
-        text = tok.decode([t for t in new if t != tok.eot_id])
-        print((args.prompt or "") + text)
-        if i + 1 < args.num_samples:
-            print("-" * 40)
-    return 0
+                       seed=seed + i, use_cache=use_cache)
+        yield (prompt or "") + tok.decode([t for t in new if t != tok.eot_id])

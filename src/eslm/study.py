@@ -29,7 +29,6 @@ train.num_threads is set), their output in ``<study>/logs/<run>.log``.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 import signal
@@ -55,17 +54,6 @@ def study_dirs() -> list[Path]:
         if d.resolve() not in [o.resolve() for o in out]:
             out.append(d)
     return out
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("preset", help="a study name in configs/studies (e.g. demo) or a path to a study YAML")
-    p.add_argument("--out", default="runs/studies", help="parent directory of the study's run directories")
-    p.add_argument("--seeds", type=int, nargs="*", help="override the study's seeds")
-    p.add_argument("--jobs", type=int, default=None,
-                   help="runs trained at once, each in its own process (default: the study file's 'jobs', else 1: "
-                        "one after the other, in this process)")
-    p.add_argument("--dry-run", action="store_true", help="print the planned runs and exit")
-    p.add_argument("overrides", nargs="*", default=[], metavar="key=value", help="config overrides for every run")
 
 
 def _read_study_yaml(path: Path) -> dict:
@@ -203,11 +191,15 @@ def _with_budget(cfg, budget: dict):
                    flops=replace(cfg.flops, budget_counter=counter))
 
 
-def run(args: argparse.Namespace) -> int:
-    study = load_study(args.preset)
-    out = Path(args.out)
-    configs = plan(study, out, args.seeds, args.overrides)
-    jobs = getattr(args, "jobs", None) or study.get("jobs") or 1
+def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int] | None = None,
+              jobs: int | None = None, dry_run: bool = False, overrides: list[str] | tuple = ()) -> int:
+    """``eslm study``: plan the study ``preset`` (a name in configs/studies or a path) under ``out``/NAME, print
+    the plan, train the unfinished runs (``jobs`` at once; default: the study file's, else 1), then the
+    report. Returns the exit code: 0, 143 when stopped by SIGTERM, else that of the failed run."""
+    study = load_study(preset)
+    out = Path(out)
+    configs = plan(study, out, seeds, overrides)
+    jobs = jobs or study.get("jobs") or 1
     if not isinstance(jobs, int) or jobs < 1:
         raise ConfigError(f"study {study['name']}: expected jobs >= 1, got {jobs!r}")
     print(f"study {study['name']}: {len(configs)} runs -> {out / study['name']}"
@@ -215,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
     for c in configs:
         print(f"  {c.run.name}: method={c.method.name} seed={c.run.seed} budget {c.train.max_flops:.3g} "
               f"{c.flops.budget_counter}")
-    if args.dry_run:
+    if dry_run:
         return 0
     t0 = time.perf_counter()
     run_dirs = [Path(c.run.out_dir) / c.run.name for c in configs]

@@ -25,7 +25,6 @@ Reads only run directories (``eslm.analysis.rundir``). What it computes:
 
 from __future__ import annotations
 
-import argparse
 import html
 import json
 import math
@@ -52,38 +51,6 @@ INTERPOLATION_NOTE = ("first eval point with val_loss <= target; the crossing be
 
 class ReportError(ESLMError):
     """Nothing to report on, or report options that cannot be honoured."""
-
-
-# ---------------------------------------------------------------- CLI
-
-
-def add_arguments(parser) -> None:
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (runs/<name>)")
-    parser.add_argument("--out", required=True, help="output directory for index.html, PNGs and summary.json")
-    parser.add_argument("--target", "--target-loss", dest="target_loss", type=_target_arg, default=None,
-                        metavar="LOSS|baseline",
-                        help="validation loss target of the to-target costs: a number, or 'baseline' (the loss "
-                             "every seed of the baseline group reaches); default: the best loss every run reaches")
-    parser.add_argument("--baseline", default=None, metavar="NAME",
-                        help="group (label or method name) every other group is compared with (default: clm)")
-    parser.add_argument("--flops", choices=sorted(FLOPS_KEYS), default="paper",
-                        help="FLOPs convention: paper (backward scaled by kept fraction) or executed")
-
-
-def run(args) -> int:
-    summary = build_report(args.run_dirs, args.out, target_loss=args.target_loss, flops=args.flops,
-                           baseline=args.baseline)
-    print_summary(summary, Path(args.out))
-    return 0
-
-
-def _target_arg(text: str):
-    if text == "baseline":
-        return text
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a loss (e.g. 4.3) or 'baseline', got {text!r}") from None
 
 
 def print_summary(summary: dict, out: Path) -> None:

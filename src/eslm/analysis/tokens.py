@@ -46,33 +46,6 @@ class TokensViewError(ESLMError):
     """Inputs the token view cannot use (empty text, too few tokens, tokenizer mismatch)."""
 
 
-# ---------------------------------------------------------------- CLI
-
-
-def add_arguments(parser) -> None:
-    parser.add_argument("checkpoint", help="run directory, checkpoint .pt, snapshot .safetensors or local HF GPT-2 directory")
-    src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument("--data", help="prepared data directory: passages from each domain's validation split")
-    src.add_argument("--text", help="a UTF-8 text file: passages are its paragraphs (blank-line separated)")
-    parser.add_argument("--out", required=True, help="output directory (index.html, PNGs, tokens.json)")
-    parser.add_argument("--alpha", type=float, default=0.1, help="VaR confidence level: drop the lowest alpha")
-    parser.add_argument("--num-passages", type=int, default=4,
-                        help="passages per domain with --data; passages in all with --text")
-    parser.add_argument("--max-tokens", type=int, default=256, help="scored tokens per passage at most")
-    parser.add_argument("--scope", choices=("batch", "passage"), default="batch",
-                        help="one VaR threshold over all passages (batch, as in training) or one per passage")
-    parser.add_argument("--tokenizer", default=None, help="override the checkpoint's tokenizer (gpt2 | byte)")
-    parser.add_argument("--device", default="cpu", help="cpu | cuda")
-
-
-def run(args) -> int:
-    view = build_token_view(args.checkpoint, args.out, data=args.data, text=args.text, alpha=args.alpha,
-                            num_passages=args.num_passages, max_tokens=args.max_tokens, scope=args.scope,
-                            tokenizer=args.tokenizer, device=args.device)
-    print(f"wrote {Path(args.out) / 'index.html'} ({len(view['passages'])} passages, alpha={args.alpha})")
-    return 0
-
-
 # ---------------------------------------------------------------- inputs
 
 
@@ -333,4 +306,3 @@ def build_token_view(checkpoint: str, out_dir: str | Path, *, data: str | None =
     result = {**meta, "passages": records, "top_tokens": {k: top_tokens(records, tok, k) for k, *_ in VARIANTS}}
     (out / "tokens.json").write_text(json.dumps(result))
     return result
-

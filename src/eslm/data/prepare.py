@@ -9,7 +9,6 @@ interrupted run never leaves a directory that looks prepared.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import shutil
@@ -20,8 +19,8 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from eslm.data import manifest as mf
-from eslm.data.sources import Document, document_text, get_source, SOURCE_NAMES
-from eslm.data.tokenizers import get_tokenizer, TOKENIZER_NAMES
+from eslm.data.sources import Document, document_text, get_source
+from eslm.data.tokenizers import get_tokenizer
 from eslm.errors import ConfigError
 
 CHUNK_DOCS = 64  # documents per worker task: big enough to amortise IPC, small enough for a smooth bar
@@ -223,34 +222,6 @@ def ensure_prepared(source: str = "stdlib", tokenizer: str = "gpt2", root: str |
     manifest = mf.read_manifest(out)
     mf.verify_shards(out, manifest, verify="size")
     return out
-
-
-# ------------------------------------------------------------------------------------------------- CLI
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("source", help=f"one of: {', '.join(SOURCE_NAMES)}")
-    parser.add_argument("paths", nargs="*", metavar="[NAME=]PATH",
-                        help="text: files, directories or globs, NAME = domain (default 'text'); "
-                             "openwebtext / slimpajama-6b: local data files, NAME = split (instead of the Hub)")
-    parser.add_argument("--out", default=None,
-                        help="output directory (default: $ESLM_DATA_DIR or ./data, then SOURCE-TOKENIZER)")
-    parser.add_argument("--tokenizer", default="gpt2", help=f"one of: {', '.join(TOKENIZER_NAMES)} (default gpt2)")
-    parser.add_argument("--val-fraction", type=float, default=None,
-                        help="share of documents in val for stdlib/text (default 0.05); hub sources have fixed splits")
-    parser.add_argument("--domains", default=None, help="comma-separated subset of the source's domains")
-    parser.add_argument("--workers", type=int, default=None, help="tokenisation processes (default min(2, CPUs))")
-    parser.add_argument("--force", action="store_true", help="overwrite an existing prepared directory")
-    parser.add_argument("--hf-cache-dir", default=None, help="HF datasets cache directory (hub sources)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-
-def run(args: argparse.Namespace) -> int:
-    out = Path(args.out) if args.out else default_data_root() / f"{args.source}-{args.tokenizer}"
-    domains = [d.strip() for d in args.domains.split(",") if d.strip()] if args.domains else None
-    m = prepare(args.source, out, tokenizer=args.tokenizer, paths=args.paths or None, domains=domains,
-                val_fraction=args.val_fraction, workers=args.workers, progress=not args.no_progress,
-                overwrite=args.force, hf_cache_dir=args.hf_cache_dir)
-    print(format_summary(m, out))
-    return 0
 
 
 def format_summary(m: dict, out: Path) -> str:

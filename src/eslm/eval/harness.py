@@ -1,4 +1,5 @@
-"""lm-evaluation-harness bridge: the ``eslm eval`` command and an lm-eval ``LM`` adapter for our model.
+"""lm-evaluation-harness bridge: the work of ``eslm eval`` (its command: eslm/cli/eval.py) and an lm-eval ``LM``
+adapter for our model.
 
 Why an adapter and not "export to transformers, then the harness's HF model": the adapter evaluates
 exactly the module we trained (no conversion step, no vocabulary trimming, the padded rows stay in the
@@ -21,7 +22,6 @@ Requests, on token ids (our model has no KV cache and absolute positions):
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from pathlib import Path
@@ -466,31 +466,7 @@ def write_summary(eval_dir: Path) -> Path | None:
     return path
 
 
-# ------------------------------------------------------------------------------ the command
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("paths", nargs="+", metavar="RUN_DIR|CHECKPOINT",
-                        help="run directory (its latest checkpoint), checkpoint .pt, snapshot .safetensors, or HF GPT-2 directory")
-    parser.add_argument("--all-checkpoints", action="store_true",
-                        help="evaluate every saved step of each run directory: its snapshot "
-                        "(snapshots/*.safetensors) or else its checkpoint (accuracy against FLOPs)")
-    parser.add_argument("--tasks", nargs="*", default=None,
-                        help="TASK or TASK:SHOTS, comma or space separated; default: the paper's suite "
-                        + ", ".join(f"{t}:{k}" for t, k in PAPER_TASKS.items()))
-    parser.add_argument("--num-fewshot", type=int, default=None,
-                        help="shots for tasks given without :SHOTS (default: the paper's count, else 0)")
-    parser.add_argument("--limit", type=float, default=None,
-                        help="documents per task (an int), or a fraction < 1; for quick checks only")
-    parser.add_argument("--batch-size", type=int, default=16, help="sequences per forward pass")
-    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    parser.add_argument("--include-path", default=None, help="directory of extra lm-eval task YAMLs")
-    parser.add_argument("--tokenizer", default=None, help="override the checkpoint's tokenizer (gpt2|byte)")
-    parser.add_argument("--bootstrap-iters", type=int, default=1000,
-                        help="bootstrap draws for stderr of non-mean metrics (perplexity); 0 disables")
-    parser.add_argument("--seed", type=int, default=0, help="seed of few-shot sampling and the harness")
-    parser.add_argument("--out", default=None,
-                        help="results JSON path (one checkpoint only); default <run>/eval/step_XXXXXXX.json")
+# ------------------------------------------------------------------------------ the eval command's work
 
 
 def _checkpoints(paths: list[str], all_checkpoints: bool) -> list[str]:
@@ -503,39 +479,42 @@ def _checkpoints(paths: list[str], all_checkpoints: bool) -> list[str]:
     return out
 
 
-def run(args: argparse.Namespace) -> int:
+def evaluate_checkpoints(paths: list[str], tasks: dict[str, int], *, all_checkpoints: bool = False,
+                         limit: int | float | None = None, batch_size: int = 16, device: str | None = None,
+                         include_path: str | None = None, tokenizer: str | None = None, bootstrap_iters: int = 1000,
+                         seed: int = 0, out: str | None = None) -> list[Path]:
+    """Evaluate ``tasks`` (task -> shots) on each checkpoint of ``paths`` (``eslm eval``): per checkpoint, print
+    its table and write its results JSON + markdown (``out``, or <run>/eval/step_XXXXXXX.json), then one
+    summary per eval directory. ``limit``: documents per task (int) or a fraction < 1. Returns the JSON paths."""
     from eslm.model.loading import load_model
 
-    tasks = parse_tasks(args.tasks, args.num_fewshot)
-    limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
-    targets = _checkpoints(args.paths, args.all_checkpoints)
-    if args.out and len(targets) > 1:
+    targets = _checkpoints(paths, all_checkpoints)
+    if out and len(targets) > 1:
         raise ConfigError(f"expected one checkpoint with --out, found {len(targets)}; drop --out to write "
                           "one file per checkpoint into <run>/eval/")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    eval_dirs = set()
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    written: list[Path] = []
     for path in targets:
         model, info = load_model(path, device=device)
-        tok = resolve_tokenizer(args.tokenizer or info.get("tokenizer"))
+        tok = resolve_tokenizer(tokenizer or info.get("tokenizer"))
         if tok.vocab_size > model.config.vocab_size:
             raise ConfigError(f"expected a tokenizer with at most {model.config.vocab_size} ids for {path}, "
                               f"found {tok.name} with {tok.vocab_size}; pass the --tokenizer it was trained with")
-        results = evaluate(model, tok, tasks, limit=limit, batch_size=args.batch_size,
-                           include_path=args.include_path, bootstrap_iters=args.bootstrap_iters,
-                           seed=args.seed, progress=True)
+        results = evaluate(model, tok, tasks, limit=limit, batch_size=batch_size, include_path=include_path,
+                           bootstrap_iters=bootstrap_iters, seed=seed, progress=True)
         record = {"format": EVAL_FORMAT, "source": info["source"], "step": info.get("step"),
                   "tokenizer": tok.name, "flops_paper": info.get("flops_paper"),
-                  "flops_executed": info.get("flops_executed"), "limit": limit, "seed": args.seed,
+                  "flops_executed": info.get("flops_executed"), "limit": limit, "seed": seed,
                   "lm_eval_version": _lm_eval_version(), "tasks": results}
-        json_path, md_path = output_paths(info, args.out)
+        json_path, md_path = output_paths(info, out)
         write_results(record, json_path, md_path)
-        eval_dirs.add(json_path.parent)
+        written.append(json_path)
         print(checkpoint_table(record), end="")
         print(f"wrote {json_path} and {md_path}")
-    for d in sorted(eval_dirs):
-        if not args.out and (s := write_summary(d)):
+    for d in sorted({j.parent for j in written}):
+        if not out and (s := write_summary(d)):
             print(f"wrote {s}")
-    return 0
+    return written
 
 
 def _lm_eval_version() -> str | None:

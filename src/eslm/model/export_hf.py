@@ -1,4 +1,4 @@
-"""The ``eslm export-hf`` command: a run directory or checkpoint to a transformers GPT-2 directory.
+"""A run directory or checkpoint to a transformers GPT-2 directory (the command: ``eslm/cli/export_hf.py``).
 
 The conversion itself is ``eslm.model.hf`` (see its docstring for the vocabulary and bias conventions);
 loading the source is ``eslm.model.loading``.
@@ -6,7 +6,6 @@ loading the source is ``eslm.model.loading``.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -74,24 +73,3 @@ def export(source: str | Path, out_dir: str | Path, keep_padded_vocab: bool = Fa
             meta[key] = info[key]
     (out / EXPORT_INFO_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     return meta
-
-
-# ----------------------------------------------------------------------------------------- CLI
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("source", help="run directory (uses checkpoints/latest), a checkpoint .pt or a snapshot .safetensors")
-    parser.add_argument("--out", required=True, help="output directory (transformers save_pretrained layout)")
-    parser.add_argument("--keep-padded-vocab", action="store_true",
-                        help="keep the padded vocabulary (e.g. 50304) instead of trimming to the tokenizer's")
-    parser.add_argument("--no-tokenizer", action="store_true",
-                        help="do not write the GPT-2 tokenizer files next to the weights")
-
-
-def run(args: argparse.Namespace) -> int:
-    meta = export(args.source, args.out, keep_padded_vocab=args.keep_padded_vocab,
-                  with_tokenizer=not args.no_tokenizer)
-    print(f"exported step {meta['step']} ({meta['source']}) to {args.out}: vocab "
-          f"{meta['vocab_size_trained']} -> {meta['vocab_size_exported']}, tokenizer "
-          f"{meta['tokenizer']}{' (files written)' if meta['tokenizer_files'] else ''}")
-    return 0

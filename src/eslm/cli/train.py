@@ -1,4 +1,5 @@
-"""``eslm train [CONFIG.yaml ...] [section.key=value ...] [--resume]``"""
+"""``eslm train [CONFIG.yaml ...] [section.key=value ...] [--resume]``: the config is built by
+``eslm.config.build_config`` and trained by ``eslm.train.trainer.train`` (docs/training.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,11 @@
 """The ``eslm`` command line: a thin dispatcher.
 
-Each command lives in its own module, which defines ``add_arguments(parser)`` and ``run(args) -> int``.
-Modules are imported only when their command runs, so ``eslm --help`` is instant and optional
-dependencies are loaded only where used.
+Every command lives in its own module of this package, named after it (``eslm export-hf`` ->
+``eslm/cli/export_hf.py``), which defines ``add_arguments(parser)`` and ``run(args) -> int``: the argument
+definitions and the glue that calls one library function with plain typed parameters. Nothing outside this
+package imports argparse (tests/test_layers.py checks it). Modules are imported only when their command runs,
+so ``eslm --help`` is instant and optional dependencies are loaded only where used.
+``python -m eslm.cli ...`` runs the same ``main`` (``__main__.py``; the study's parallel runs and torchrun use it).
 """
 
 from __future__ import annotations
@@ -20,15 +23,15 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("eslm.train.cli", "train a model (CLM, ESLM or a baseline) from a config"),
-    "prepare": ("eslm.data.prepare", "tokenize a text source into shards + manifest.json"),
-    "export-hf": ("eslm.model.export_hf", "export a checkpoint to a transformers GPT2LMHeadModel directory"),
-    "eval": ("eslm.eval.harness", "run lm-evaluation-harness tasks on a run or checkpoint"),
-    "lm-eval": ("eslm.eval.lm_eval_cli", "lm-eval's own command line with our model: --model eslm --model_args run_dir=PATH"),
-    "report": ("eslm.analysis.report", "HTML report with figures from run directories"),
-    "tokens": ("eslm.analysis.tokens", "token-selection view: which tokens ESLM keeps"),
-    "study": ("eslm.study", "run a grid of methods x seeds at equal FLOPs, then the report"),
-    "sample": ("eslm.sample", "generate text from a run, checkpoint or snapshot (KV cache)"),
+    "train": ("eslm.cli.train", "train a model (CLM, ESLM or a baseline) from a config"),
+    "prepare": ("eslm.cli.prepare", "tokenize a text source into shards + manifest.json"),
+    "export-hf": ("eslm.cli.export_hf", "export a checkpoint to a transformers GPT2LMHeadModel directory"),
+    "eval": ("eslm.cli.eval", "run lm-evaluation-harness tasks on a run or checkpoint"),
+    "lm-eval": ("eslm.cli.lm_eval", "lm-eval's own command line with our model: --model eslm --model_args run_dir=PATH"),
+    "report": ("eslm.cli.report", "HTML report with figures from run directories"),
+    "tokens": ("eslm.cli.tokens", "token-selection view: which tokens ESLM keeps"),
+    "study": ("eslm.cli.study", "run a grid of methods x seeds at equal FLOPs, then the report"),
+    "sample": ("eslm.cli.sample", "generate text from a run, checkpoint or snapshot (KV cache)"),
 }
 
 
@@ -99,7 +102,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"eslm {name}: interrupted", file=sys.stderr)
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

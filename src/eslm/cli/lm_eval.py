@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-PASSTHROUGH = True  # eslm.cli hands the arguments over unparsed
+PASSTHROUGH = True  # the dispatcher (eslm/cli/__init__.py) hands the arguments over unparsed
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

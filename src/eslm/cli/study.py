@@ -1,0 +1,24 @@
+"""``eslm study NAME|FILE [key=value ...]``: a grid of runs at equal FLOPs, then the report
+(``eslm.study.run_study``; docs/study.md)."""
+
+from __future__ import annotations
+
+import argparse
+
+from eslm.study import run_study
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("preset", help="a study name in configs/studies (e.g. demo) or a path to a study YAML")
+    p.add_argument("--out", default="runs/studies", help="parent directory of the study's run directories")
+    p.add_argument("--seeds", type=int, nargs="*", help="override the study's seeds")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="runs trained at once, each in its own process (default: the study file's 'jobs', else 1: "
+                        "one after the other, in this process)")
+    p.add_argument("--dry-run", action="store_true", help="print the planned runs and exit")
+    p.add_argument("overrides", nargs="*", default=[], metavar="key=value", help="config overrides for every run")
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_study(args.preset, args.out, seeds=args.seeds, jobs=args.jobs, dry_run=args.dry_run,
+                     overrides=args.overrides)

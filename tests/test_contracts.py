@@ -27,7 +27,6 @@ class _Loader:
 def _components():
     from eslm.baselines.plugins import GreatsRows, Rho1Selector
     from eslm.baselines.rho1 import ReferenceModel
-    from eslm.flops import FlopsModel
     from eslm.model.gpt import GPT, preset
     from eslm.objectives.base import CrossEntropy
     from eslm.objectives.kd_objective import Distill, Salt
@@ -39,8 +38,7 @@ def _components():
     ref = ReferenceModel(GPT(cfg), impl="naive")
     var = VaRSelector("entropy", 0.1)
     kd = Distill(ref, lam=0.5, rho=1.0, seq_len=16)
-    rows = GreatsRows(_Loader(), alpha=0.1, exclude_head=True, fm=FlopsModel.from_config(cfg, 16), model_config=cfg,
-                      device=torch.device("cpu"))
+    rows = GreatsRows(_Loader(), alpha=0.1, exclude_head=True, model_config=cfg, device=torch.device("cpu"))
     return {C.RowSelector: [AllRows(), rows],
             C.TokenSelector: [TokenSelector(), var, RandomSelector(0.1, seed=0), Rho1Selector(ref, 0.1, 16)],
             C.Objective: [CrossEntropy(), kd, Salt(kd, CrossEntropy(), 2)],

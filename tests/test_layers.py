@@ -27,9 +27,6 @@ LAYERS = {
 
 # (importer, imported): upward imports still to be removed, each with its reason
 KNOWN_EXCEPTIONS = {
-    # greats_cost_ratio (GREATS' cost in CLM micro-batches, landed with the per-layer route) prices GREATS with
-    # FlopsModel; it belongs in eslm/flops.py, which owns every formula (issue 16 item 2)
-    ("eslm.baselines.greats", "eslm.flops"),
     # the snapshot file format (landed with issue 15) lives in train/snapshots; its reader belongs in model/
     ("eslm.model.loading", "eslm.train.snapshots"),
 }

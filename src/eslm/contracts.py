@@ -51,6 +51,21 @@ class ModelPass:
 
 
 @dataclass(frozen=True)
+class GradientScoring:
+    """Per-sample gradient scoring on the trained model (GREATS): a forward and an activation-gradient backward
+    of ``rows + val_rows`` rows of ``seq_len`` tokens, then the inner products of ``rows`` candidate rows
+    against ``rows + val_rows`` rows in every scored Linear layer, ``layer_shapes`` (in, out, has_bias) each
+    in the form it took, ``routes`` ("ghost" | "materialised" | "unused"). Priced by
+    ``eslm.flops.greats_extra_flops``."""
+
+    rows: int
+    val_rows: int
+    seq_len: int
+    layer_shapes: tuple[tuple[int, int, bool], ...]
+    routes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class ExtraWork:
     """The work one component adds to one micro-batch on one rank, beyond the trained model's forward of the
     micro-batch's tokens and their backward (``eslm.flops`` counts those from the step's token counts).
@@ -58,13 +73,12 @@ class ExtraWork:
     frozen_forwards: forwards of frozen models (Rho-1's reference, a KD teacher); both conventions count them
     trained_forward_tokens: further tokens through the trained model's forward (a scoring pre-pass); only the
                      executed count includes them (the paper counts one forward per training token)
-    flops:           FLOPs no model pass describes (GREATS' scoring: per-sample gradient inner products with
-                     their forward and backward), counted by both conventions
+    gradient_scoring: per-sample gradient scoring passes (GREATS), counted by both conventions
     """
 
     frozen_forwards: tuple[ModelPass, ...] = ()
     trained_forward_tokens: int = 0
-    flops: float = 0.0
+    gradient_scoring: tuple[GradientScoring, ...] = ()
 
 
 NO_EXTRA_WORK = ExtraWork()

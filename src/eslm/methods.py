@@ -165,7 +165,6 @@ def _rho1(ctx: BuildContext) -> Method:
 def _greats(ctx: BuildContext) -> Method:
     from eslm.baselines.greats import greats_pool_size, greats_val_rows
     from eslm.baselines.plugins import GreatsRows
-    from eslm.flops import FlopsModel
 
     m, t = ctx.cfg.method, ctx.cfg.train
     B = t.micro_batch_size_seqs
@@ -174,7 +173,6 @@ def _greats(ctx: BuildContext) -> Method:
     val = ctx.val_loader_factory(bv)
     extra = greats_pool_size(B, 1.0 - m.alpha, g.pool)[0] - B
     rows = GreatsRows(val, alpha=m.alpha, exclude_head=g.exclude_head,
-                      fm=FlopsModel.from_config(ctx.model_config, ctx.cfg.data.seq_len),
                       model_config=ctx.model_config, device=ctx.device, pool=g.pool,
                       route=g.route, memory_cap_mb=g.memory_cap_mb,
                       candidate_loader=_candidate_loader(val, extra, ctx.cfg.run.seed) if extra else None)

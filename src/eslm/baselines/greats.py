@@ -51,7 +51,7 @@ the MLP's c_fc and c_proj (p = 2.36M) take the ghost form, which costs ~20x the 
 (1.74e12 against 8.8e10 per layer); under "flops" every layer is materialised (at most 170 MB per layer).
 The ghost form wins on FLOPs only for short rows (T below ~30-50 at this width), GREATS' fine-tuning setting.
 Per micro-batch of 12 x 1024 tokens this is GREATS costing 5.9 CLM micro-batches ("memory") against 2.1
-("flops"): ``greats_cost_ratio`` and docs/flops.md.
+("flops"): ``eslm.flops.greats_cost_ratio`` and docs/flops.md (eslm/flops.py prices GREATS: ``greats_extra_flops``).
 
 The tied LM head / token embedding (``exclude_head``, default True): the head is a (V, C) Linear on the final
 hidden states, so scoring it means output gradients of shape (B, T, V) (the full logits gradient, 50304 wide)
@@ -428,89 +428,3 @@ def layer_routes(layer_shapes: Sequence[tuple[int, int, bool]], B: int, Bv: int,
                  memory_cap_mb: float = DEFAULT_MEMORY_CAP_MB) -> list[str]:
     """The form ``greats_gram`` takes per layer (``layer_route``): B candidate rows against B + Bv rows."""
     return [layer_route(T, i, o, bias, route, B, B + Bv, memory_cap_mb) for i, o, bias in layer_shapes]
-
-
-def inner_product_flops(layer_shapes: Sequence[tuple[int, int, bool]], routes: Sequence[str], B: int, Bv: int,
-                        T: int) -> float:
-    """FLOPs of the inner products: B candidate rows against B + Bv rows, each layer by its route ("ghost",
-    "materialised", or "unused": a layer the loss does not reach costs nothing), by ``layer_flops``."""
-    if len(routes) != len(layer_shapes):
-        raise ValueError(f"expected one route per scored layer ({len(layer_shapes)}), found {len(routes)}")
-    total = 0.0
-    for (n_in, n_out, bias), r in zip(layer_shapes, routes):
-        ghost, mat = layer_flops(T, n_in, n_out, bias, B, B + Bv)
-        total += {GHOST: ghost, MATERIALISED: mat, "unused": 0.0}[r]
-    return total
-
-
-def greats_extra_flops(forward_per_token: float, backward_per_token: float,
-                       layer_shapes: Sequence[tuple[int, int, bool]], B: int, Bv: int, T: int, *,
-                       act_backward_fraction: float = 0.5, route: str = "flops",
-                       memory_cap_mb: float = DEFAULT_MEMORY_CAP_MB, routes: Sequence[str] | None = None) -> float:
-    """FLOPs GREATS spends per micro-batch beyond the update pass on the kept rows:
-
-        (B + Bv) T forward_per_token                               scoring forward, train + validation rows
-      + (B + Bv) T backward_per_token * act_backward_fraction      activation-gradient backward (no weight
-                                                                   gradients: about half of a backward)
-      + inner_product_flops(layer_shapes, routes, B, Bv, T)        the inner products
-
-    forward_per_token / backward_per_token: the trained model's per-token FLOPs (eslm.flops.FlopsModel's
-    forward_per_token / backward_per_token); layer_shapes from ``scored_layer_shapes``; routes: the form each
-    layer took (``greats_select``'s info["layer_modes"]), or None for ``layer_routes(..., route, memory_cap_mb)``.
-    The greedy itself (O(k B)) is negligible and not counted.
-    """
-    if routes is None:
-        routes = layer_routes(layer_shapes, B, Bv, T, route, memory_cap_mb)
-    tokens = (B + Bv) * T
-    return (tokens * forward_per_token + tokens * backward_per_token * act_backward_fraction
-            + inner_product_flops(layer_shapes, routes, B, Bv, T))
-
-
-def greats_micro_batch_cost(fm, layer_shapes: Sequence[tuple[int, int, bool]], B: int, Bv: int, *,
-                            budget: float = 0.9, pool: str = "floor", route: str = "flops",
-                            memory_cap_mb: float = DEFAULT_MEMORY_CAP_MB) -> dict:
-    """GREATS' FLOPs per micro-batch in CLM micro-batches: {"paper": r, "executed": r, "routes": [...]}.
-
-    fm: eslm.flops.FlopsModel of the trained model at T = fm.seq_len; B: the loader's rows per micro-batch
-    (a CLM micro-batch is B T tokens), Bv validation rows; budget, pool: ``greats_pool_size`` (n candidates
-    scored, k kept). GREATS' FLOPs are ``step_flops`` of the update pass on the k T kept tokens (every token
-    of a kept row trains; the CE's head backward runs on those rows, nothing recomputed, as
-    ``CrossEntropy.head_work`` books fully kept rows) plus ``greats_extra_flops`` on n + Bv rows, the same
-    in both conventions. CLM's micro-batch is ``fm.train_per_token * B T`` (its paper = executed = dense).
-    The ratio per optimizer step is the same: both take the same number of micro-batches.
-    """
-    from eslm.flops import step_flops
-
-    T = fm.seq_len
-    n, k = greats_pool_size(B, budget, pool)
-    routes = layer_routes(layer_shapes, n, Bv, T, route, memory_cap_mb)
-    extra = greats_extra_flops(fm.forward_per_token, fm.backward_per_token, layer_shapes, n, Bv, T, routes=routes)
-    sf = step_flops(fm, tokens_seen=k * T, tokens_kept=k * T, head_backward_tokens=k * T,
-                    extra_flops_paper=extra, extra_flops_executed=extra)
-    clm = fm.train_per_token * B * T
-    return {"paper": sf.paper / clm, "executed": sf.executed / clm, "routes": routes}
-
-
-def greats_cost_ratio(cfg, model_config=None) -> dict:
-    """GREATS' cost per micro-batch (= per optimizer step) in CLM micro-batches for an eslm Config:
-    {"paper": r, "executed": r, "routes": [ghost|materialised per scored layer]} ("GREATS costs r CLM
-    micro-batches per step"), by ``greats_micro_batch_cost`` with the config's micro-batch, seq_len, alpha,
-    method.greats.* keys. model_config: the run's ``ModelConfig``; None builds it from model.preset, model.vocab_size
-    (0: the tokenizer's vocabulary padded to a multiple of 64, as the trainer does) and model.block_size.
-    """
-    from eslm.flops import FlopsModel
-    from eslm.model.gpt import preset
-
-    m, g, T = cfg.method, cfg.method.greats, cfg.data.seq_len
-    if model_config is None:
-        from eslm.data.tokenizers import ByteTokenizer, GPT2Tokenizer
-
-        tokenizer_vocab = {"byte": ByteTokenizer, "gpt2": GPT2Tokenizer}[cfg.data.tokenizer].vocab_size
-        vocab = cfg.model.vocab_size or -(-tokenizer_vocab // 64) * 64  # padded up to a multiple of 64
-        extra = {"block_size": cfg.model.block_size} if cfg.model.block_size else {}
-        model_config = preset(cfg.model.preset, vocab_size=vocab, **extra)
-    B = cfg.train.micro_batch_size_seqs
-    return greats_micro_batch_cost(FlopsModel.from_config(model_config, T),
-                                   scored_layer_shapes(model_config, g.exclude_head), B,
-                                   greats_val_rows(B, g.val_fraction), budget=1.0 - m.alpha,
-                                   pool=g.pool, route=g.route, memory_cap_mb=g.memory_cap_mb)

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
-from eslm.baselines.greats import (DEFAULT_MEMORY_CAP_MB, ROUTES, check_route, greats_extra_flops,
-                                   greats_pool_size, greats_select, scored_layer_shapes)
+from eslm.baselines.greats import (DEFAULT_MEMORY_CAP_MB, ROUTES, check_route, greats_pool_size, greats_select,
+                                   scored_layer_shapes)
 from eslm.baselines.rho1 import ReferenceModel, excess_loss
-from eslm.contracts import ExtraWork, ModelPass
+from eslm.contracts import ExtraWork, GradientScoring, ModelPass
 from eslm.data.batch import Batch
 from eslm.errors import CheckpointError, ConfigError
 from eslm.selection.rows import AllRows
@@ -81,12 +81,12 @@ class GreatsRows(AllRows):
                part of ``state_dict``, so a resumed run draws the same candidates.
     """
 
-    def __init__(self, val_loader, *, alpha: float, exclude_head: bool, fm, model_config, device,
+    def __init__(self, val_loader, *, alpha: float, exclude_head: bool, model_config, device,
                  pool: str = "floor", candidate_loader=None, route: str = "flops",
                  memory_cap_mb: float = DEFAULT_MEMORY_CAP_MB):
         self.val_loader, self.budget, self.pool = val_loader, 1.0 - alpha, pool
         self.candidate_loader = candidate_loader
-        self.exclude_head, self.fm, self.device = exclude_head, fm, device
+        self.exclude_head, self.device = exclude_head, device
         self.layer_shapes = scored_layer_shapes(model_config, exclude_head)
         self.route, self.memory_cap_mb = route, memory_cap_mb
         self._last_shape = (0, 0, 0)  # (candidate rows, validation rows, T) of the last selection
@@ -126,16 +126,15 @@ class GreatsRows(AllRows):
         return pool.rows(index.to(pool.x.device)), info
 
     def extra_work(self, tokens_seen: int) -> ExtraWork:
-        """Scoring the last micro-batch's candidates (``greats_extra_flops``): forward + activation backward on
-        candidates + validation rows, and the inner products in the form each layer took. The update pass on
-        the kept rows is the trainer's ``tokens_seen``; the validation rows' forward is inside this figure,
-        hence no extra tokens."""
+        """Scoring the last micro-batch's candidates (priced by ``eslm.flops.greats_extra_flops``): forward +
+        activation backward on candidates + validation rows, and the inner products in the form each layer
+        took. The update pass on the kept rows is the trainer's ``tokens_seen``; the validation rows' forward
+        is inside this figure, hence no extra tokens."""
         n, Bv, T = self._last_shape
         if n == 0:
             return ExtraWork()
-        f = greats_extra_flops(self.fm.forward_per_token, self.fm.backward_per_token, self.layer_shapes, n, Bv, T,
-                               routes=self._last_routes)
-        return ExtraWork(flops=f)
+        return ExtraWork(gradient_scoring=(GradientScoring(n, Bv, T, tuple(self.layer_shapes),
+                                                           tuple(self._last_routes)),))
 
     def state_dict(self) -> dict:
         sd = {"val_loader": self.val_loader.state_dict()}

@@ -25,11 +25,8 @@ LAYERS = {
     "eslm.cli": 10,  # the commands: eslm/cli/<command>.py, each calling one library function
 }
 
-# (importer, imported): upward imports still to be removed, each with its reason
-KNOWN_EXCEPTIONS = {
-    # the snapshot file format (landed with issue 15) lives in train/snapshots; its reader belongs in model/
-    ("eslm.model.loading", "eslm.train.snapshots"),
-}
+# (importer, imported): upward imports still to be removed, each with its reason (none left)
+KNOWN_EXCEPTIONS: set[tuple[str, str]] = set()
 
 
 def _module_name(path: Path) -> str:

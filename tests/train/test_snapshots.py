@@ -12,7 +12,7 @@ from conftest import tiny_overrides
 from eslm.config import build_config
 from eslm.errors import CheckpointError, ConfigError
 from eslm.model.loading import list_evaluable, load_model
-from eslm.train.snapshots import list_snapshots, read_snapshot
+from eslm.model.snapshot_file import list_snapshots, read_snapshot
 from eslm.train.trainer import train
 
 

@@ -12,7 +12,7 @@ Checkpoint format (written by the trainer with ``torch.save``, read here with ``
 
 Run directory layout: ``runs/<name>/checkpoints/step_0000100.pt`` (7-digit step) and
 ``runs/<name>/checkpoints/latest``, a text file holding the file name of the newest checkpoint.
-Model-only snapshots (``eslm.train.snapshots``): ``runs/<name>/snapshots/step_0000100.safetensors``, the
+Model-only snapshots (``eslm.model.snapshot_file``): ``runs/<name>/snapshots/step_0000100.safetensors``, the
 weights and the same metadata in the safetensors header, read through a memory map.
 """
 
@@ -27,7 +27,7 @@ import torch
 from eslm.errors import CheckpointError
 from eslm.model.gpt import GPT, ModelConfig
 from eslm.model.state import clean_state_dict, load_state_checked
-from eslm.train.snapshots import SNAPSHOT_DIR, SNAPSHOT_FORMAT, list_snapshots, read_snapshot
+from eslm.model.snapshot_file import SNAPSHOT_DIR, SNAPSHOT_FORMAT, list_snapshots, read_snapshot
 
 CHECKPOINT_FORMAT = "eslm-checkpoint-v1"
 _STEP_FILE = re.compile(r"^step_(\d{7,})\.pt$")

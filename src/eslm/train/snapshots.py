@@ -6,26 +6,18 @@ the model's state dict in the training (parameter) dtype, no optimizer, written 
 (``checkpoint.snapshot_interval=0``, the default) or every N steps, kept by its own retention
 (``checkpoint.snapshot_keep``, 0 = all). The tied ``lm_head.weight`` is stored once (as the embedding).
 
-The safetensors header's metadata (strings) carries what ``eslm.model.loading`` needs: ``format``,
-``model_config`` (JSON), ``tokenizer``, ``step``, and the FLOPs / token counters (JSON numbers).
+The file format (names, header metadata) and its reader are ``eslm.model.snapshot_file``; this module writes.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 import torch
 
-SNAPSHOT_FORMAT = "eslm-snapshot-v1"
-SNAPSHOT_DIR = "snapshots"
-SNAPSHOT_FILE = re.compile(r"^step_(\d{7,})\.safetensors$")
-
-
-def snapshot_name(step: int) -> str:
-    return f"step_{step:07d}.safetensors"
+from eslm.model.snapshot_file import SNAPSHOT_DIR, SNAPSHOT_FORMAT, list_snapshots, snapshot_name
 
 
 def save_snapshot(snap_dir: Path, state: dict[str, torch.Tensor], meta: dict, keep: int = 0) -> Path:
@@ -46,32 +38,6 @@ def save_snapshot(snap_dir: Path, state: dict[str, torch.Tensor], meta: dict, ke
         for old in list_snapshots(snap_dir)[:-keep]:
             old.unlink(missing_ok=True)
     return path
-
-
-def list_snapshots(path: str | Path) -> list[Path]:
-    """The ``step_XXXXXXX.safetensors`` files of a run directory (or of its snapshots/ folder), by step."""
-    p = Path(path)
-    d = p / SNAPSHOT_DIR if (p / SNAPSHOT_DIR).is_dir() else p
-    if not d.is_dir():
-        return []
-    files = [f for f in d.iterdir() if SNAPSHOT_FILE.match(f.name)]
-    return sorted(files, key=lambda f: int(SNAPSHOT_FILE.match(f.name).group(1)))
-
-
-def read_snapshot(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
-    """(state dict, metadata) of a snapshot, read through safetensors' memory map (no pickle, no full read)."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt", device="cpu") as f:
-        raw = f.metadata() or {}
-        state = {k: f.get_tensor(k) for k in f.keys()}
-    meta = {}
-    for k, v in raw.items():
-        try:
-            meta[k] = json.loads(v) if k not in ("format", "tokenizer") else v
-        except json.JSONDecodeError:
-            meta[k] = v
-    return state, meta
 
 
 def maybe_snapshot(trainer, at_eval: bool) -> Path | None:

@@ -36,7 +36,7 @@ def test_installed_without_source_tree_falls_back_to_cwd(tmp_path, monkeypatch):
 def test_no_study_files_anywhere_gives_a_fix(tmp_path, monkeypatch):
     monkeypatch.setattr(study, "STUDIES_DIR", tmp_path / "nowhere")
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ConfigError, match=r"looked in: .*fix: run from the eslm repository root"):
+    with pytest.raises(ConfigError, match=r"looked in: .*fix: pass a path .*put demo.yaml in ./configs/studies"):
         study.load_study("demo")
 
 

@@ -17,7 +17,6 @@ size K_max = num_kept(rows, alpha), and nothing calls ``.item()``.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 
 from eslm.errors import ConfigError
 from eslm.objectives.cross_entropy import selected_ce, token_stats
+from eslm.ops import default_impl
 from eslm.selection import risk
 
 SCORES = ("entropy", "loss")
@@ -67,15 +67,6 @@ def shift_for_causal_lm(logits_or_hidden: torch.Tensor, labels: torch.Tensor, ig
     return logits_or_hidden, targets
 
 
-@functools.lru_cache(maxsize=1)
-def _fused_available() -> bool:
-    try:
-        import eslm.ops.fused_head  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def _resolve_impl(impl: str, have_logits: bool) -> str:
     if impl not in IMPLS:
         raise ConfigError(f"impl must be one of {' | '.join(IMPLS)}; found {impl!r}; fix: use impl='auto'")
@@ -85,7 +76,7 @@ def _resolve_impl(impl: str, have_logits: bool) -> str:
                               "fix: pass hidden states and the LM-head weight, or use impl='auto'")
         return "naive"
     if impl == "auto":
-        return "fused" if _fused_available() else "naive"
+        return default_impl()
     return impl
 
 

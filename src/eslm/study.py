@@ -82,9 +82,9 @@ def load_study(name: str) -> dict:
         if known:
             raise ConfigError(f"unknown study {name!r}; expected a study file or one of: {', '.join(known)}")
         raise ConfigError(f"expected the study {name!r} as a file or in configs/studies, found no study files "
-                          f"(looked in: {where}); fix: run from the eslm repository root (the study files are "
-                          "not part of an installed wheel), install it editable (pip install -e .), "
-                          "or pass a path: eslm study path/to/study.yaml")
+                          f"(looked in: {where}); fix: pass a path (eslm study path/to/study.yaml), put "
+                          f"{name}.yaml in ./configs/studies, or reinstall eslm (its wheel ships the studies in "
+                          "eslm/configs/studies)")
     study = _read_study_yaml(path)
     for key in ("methods", "seeds", "config"):
         if key not in study:

@@ -96,8 +96,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from eslm.errors import ConfigError
-
-_FLOOR_EPS = 1e-9  # 0.9 * 10 = 9.000000000000002 must floor to 9, 0.7 * 10 = 6.999999999999999 to 7
+from eslm.ops import default_impl
+from eslm.selection.risk import FLOOR_EPS
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -131,15 +131,6 @@ def scored_layer_shapes(cfg, exclude_head: bool = True) -> list[tuple[int, int, 
     return shapes if exclude_head else shapes + [(C, cfg.vocab_size, False)]
 
 
-def _default_impl() -> str:
-    """'fused' when eslm.ops.fused_head is importable, else the naive oracle."""
-    try:
-        import eslm.ops.fused_head  # noqa: F401
-    except ImportError:
-        return "naive"
-    return "fused"
-
-
 def _per_sample_loss(model, hidden: torch.Tensor, y: torch.Tensor, exclude_head: bool, impl: str) -> torch.Tensor:
     """(N,) mean next-token CE per row, differentiable w.r.t. the hidden states (and the hooked head)."""
     N, T, C = hidden.shape
@@ -165,7 +156,7 @@ def stream_linear_io(model: nn.Module, x: torch.Tensor, y: torch.Tensor, on_laye
     is written and at most one layer's d is alive at a time (a is the input the Linear saves for its own
     backward anyway). The model's parameters must require grad (they do during training).
     """
-    impl = impl or _default_impl()
+    impl = impl or default_impl()
     mods = scored_linears(model, exclude_head)
     outs, fired = [], set()
 
@@ -412,10 +403,11 @@ def greats_pool_size(B: int, budget: float, mode: str = "floor") -> tuple[int, i
     """
     if not (0.0 < budget <= 1.0):
         raise ConfigError(f"GREATS budget must be in (0, 1], found {budget}; set alpha in [0, 1)")
+    # budget * B in floating point: 0.9 * 10 = 9.000000000000002 must floor to 9, 0.7 * 10 = 6.999999999999999 to 7
     if mode == "floor":
-        return B, max(1, math.floor(budget * B + _FLOOR_EPS))
+        return B, max(1, math.floor(budget * B + FLOOR_EPS))
     if mode == "pool":
-        return math.ceil(B / budget - _FLOOR_EPS), B
+        return math.ceil(B / budget - FLOOR_EPS), B
     raise ConfigError(f"GREATS pool mode: expected floor | pool, found {mode!r}")
 
 

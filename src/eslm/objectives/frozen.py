@@ -10,16 +10,7 @@ from __future__ import annotations
 import torch
 
 from eslm.objectives.cross_entropy import token_stats
-
-
-def _default_impl() -> str:
-    """'fused' when eslm.ops.fused_head is importable, else the naive oracle."""
-    try:
-        import eslm.ops.fused_head  # noqa: F401
-    except ImportError:
-        return "naive"
-    return "fused"
-
+from eslm.ops import default_impl
 
 
 class ReferenceModel:
@@ -35,7 +26,7 @@ class ReferenceModel:
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.source, self.meta = source, dict(meta or {})
-        self.impl, self.chunk_size = impl or _default_impl(), chunk_size
+        self.impl, self.chunk_size = impl or default_impl(), chunk_size
 
     @classmethod
     def from_path(cls, path: str, device: torch.device | str = "cpu", **kw) -> "ReferenceModel":

@@ -21,6 +21,7 @@ from pathlib import Path
 from eslm import metrics as M
 from eslm.errors import ESLMError
 from eslm.train.resume import apply_resumes
+from eslm.train.run_dir import last_records
 
 # Config keys that do not change the experiment, so runs differing only in these are seeds of one group.
 IGNORED_FOR_GROUPING = ("run.name", "run.seed", "run.out_dir", "run.resume", "run.resume_from", "run.allow_change")
@@ -127,31 +128,12 @@ def _read_json(path: Path, warnings: list[str]) -> dict:
 
 
 def read_metrics(path: Path, warnings: list[str]) -> tuple[list[dict], list[dict]]:
-    """(train, eval) records of a metrics.jsonl, each keeping the LAST line of every (kind, step).
-
-    A resumed run writes the steps after its checkpoint again; the later lines win. Unparseable lines
-    and lines without kind/step are skipped and counted in ``warnings``.
-    """
-    last: dict[tuple, dict] = {}
-    bad = 0
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                bad += 1
-                continue
-            if not isinstance(rec, dict) or not is_number(rec.get(M.STEP)) or M.KIND not in rec:
-                bad += 1
-                continue
-            last[(rec[M.KIND], rec[M.STEP])] = rec
+    """(train, eval) records of a metrics.jsonl, each keeping the LAST line of every (kind, step)
+    (``eslm.train.run_dir.last_records``); skipped lines are counted in ``warnings``."""
+    recs, bad = last_records(path)
     if bad:
         warnings.append(f"{path}: skipped {bad} malformed line(s)")
-    by_step = sorted(last.values(), key=lambda r: r[M.STEP])
-    return ([r for r in by_step if r[M.KIND] == M.KIND_TRAIN],
-            [r for r in by_step if r[M.KIND] == M.KIND_EVAL])
+    return ([r for r in recs if r[M.KIND] == M.KIND_TRAIN], [r for r in recs if r[M.KIND] == M.KIND_EVAL])
 
 
 def read_downstream(run_path: Path, warnings: list[str]) -> list[dict]:

@@ -116,18 +116,36 @@ def read_env(run_dir: Path) -> dict:
         return {}
 
 
+def last_records(path: Path) -> tuple[list[dict], int]:
+    """(records, skipped) of a metrics.jsonl: the LAST line of every (kind, step) in (step, kind) order — a
+    resumed run writes the steps after its checkpoint again and the later lines win — and the number of lines
+    skipped: torn by a kill mid-write, or not a JSON object with a kind and a numeric step."""
+    last: dict = {}
+    skipped = 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                skipped += 1
+                continue
+            if not isinstance(rec, dict) or M.KIND not in rec or not _is_step(rec.get(M.STEP)):
+                skipped += 1
+                continue
+            last[(rec[M.KIND], rec[M.STEP])] = rec
+    return sorted(last.values(), key=lambda r: (r[M.STEP], r[M.KIND])), skipped
+
+
+def _is_step(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def read_metrics(run_dir: Path, kind: str | None = None) -> list[dict]:
-    """metrics.jsonl as a list, keeping the last line of each (kind, step), in step order."""
+    """metrics.jsonl of a run directory as a list (see ``last_records``), only ``kind`` ("train" / "eval") if given."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         return []
-    last: dict = {}
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:  # a line torn by a kill mid-write
-            continue
-        if isinstance(rec, dict):
-            last[(rec.get(M.KIND), rec.get(M.STEP))] = rec
-    recs = [r for r in last.values() if kind is None or r.get(M.KIND) == kind]
-    return sorted(recs, key=lambda r: (r.get(M.STEP, 0), r.get(M.KIND, "")))
+    recs, _ = last_records(path)
+    return [r for r in recs if kind is None or r[M.KIND] == kind]

@@ -31,9 +31,15 @@ REL = {"fp32": 1e-4, "bf16": 3e-2}
 
 
 @pytest.fixture(autouse=True)
-def _no_tf32(monkeypatch):
-    """fp32 means fp32 here: the trainer turns TF32 on for CUDA, these tests compare against an fp64 oracle."""
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+def _no_tf32():
+    """fp32 means fp32 here: the trainer turns TF32 on for CUDA, these tests compare against an fp64 oracle.
+    (Not monkeypatch: torch.backends.cuda.matmul answers attributes through __getattr__, which pytest 9.2's
+    monkeypatch takes for a missing attribute and then fails to delete on undo.)"""
+    matmul = torch.backends.cuda.matmul
+    before = matmul.allow_tf32
+    matmul.allow_tf32 = False
+    yield
+    matmul.allow_tf32 = before
 
 
 def _autocast(device: str, precision: str):

@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from eslm import contracts
+from eslm import contracts, seeds
 from eslm.objectives.base import CrossEntropy
 from eslm.objectives.cross_entropy import TokenStats
 from eslm.selection.ada import AdaController
@@ -114,7 +114,7 @@ def _clm(ctx: BuildContext) -> Method:
 
 def _random(ctx: BuildContext) -> Method:
     m = ctx.cfg.method
-    sel = RandomSelector(m.alpha, seed=ctx.cfg.run.seed * 7919 + ctx.rank, n_domains=ctx.n_domains)
+    sel = RandomSelector(m.alpha, seed=seeds.random_control(ctx.cfg.run.seed, ctx.rank), n_domains=ctx.n_domains)
     return Method(name="random", tokens=sel, objective=_ce(ctx))
 
 
@@ -179,9 +179,6 @@ def _greats(ctx: BuildContext) -> Method:
     return Method(name="greats", rows=rows, objective=_ce(ctx))
 
 
-_CANDIDATE_SEED_OFFSET = 209459  # the validation stream uses run.seed + 104729, the main stream run.seed
-
-
 def _candidate_loader(val_loader, rows: int, seed: int):
     """GREATS pool mode's extra candidates: an independent stream of TRAINING windows with the validation
     stream's dataset, mixture (the training mixture), seq_len and rank (both are ``TrainLoader``s)."""
@@ -189,7 +186,7 @@ def _candidate_loader(val_loader, rows: int, seed: int):
 
     v = val_loader
     return TrainLoader(v.dataset, seq_len=v.seq_len, micro_batch_size_seqs=rows, weights=v.weights,
-                       seed=seed + _CANDIDATE_SEED_OFFSET, rank=v.rank, world_size=v.world_size, split="train")
+                       seed=seeds.greats_candidates(seed), rank=v.rank, world_size=v.world_size, split="train")
 
 
 def _distill(ctx: BuildContext):

@@ -10,20 +10,17 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from eslm import seeds
 from eslm.config import Config
 from eslm.errors import ConfigError
 from eslm.model.gpt import GPT, pad_vocab, preset
 from eslm.train import checkpoint as ckpt
 from eslm.train.distributed import FSDPModel, shard_fsdp
 
-# the validation stream of a row selector (GREATS) draws its batches with this offset from run.seed
-VAL_STREAM_SEED_OFFSET = 104729
-
-
 def setup_torch(cfg: Config, rank: int, device: torch.device) -> None:
     if cfg.train.num_threads > 0:
         torch.set_num_threads(cfg.train.num_threads)
-    seed = cfg.run.seed + rank
+    seed = seeds.process(cfg.run.seed, rank)
     random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -135,7 +132,7 @@ def data_streams(cfg: Config, dataset, dist, device: torch.device):
                          weights=weights, seed=cfg.run.seed, rank=dist.rank, world_size=dist.world_size)
     val = {dom: [b.to(device) for b in bs] for dom, bs in val_batches(
         dataset, seq_len=d.seq_len, batch_size_seqs=e.batch_size_seqs,
-        tokens_per_domain=e.tokens_per_domain, seed=0).items()}
+        tokens_per_domain=e.tokens_per_domain, seed=seeds.VAL_WINDOWS).items()}
     return weights, loader, val
 
 
@@ -145,7 +142,7 @@ def val_loader_factory(cfg: Config, dataset, weights: dict, dist):
 
     def factory(batch_size_seqs: int):
         return TrainLoader(dataset, seq_len=cfg.data.seq_len, micro_batch_size_seqs=batch_size_seqs,
-                           weights=weights, seed=cfg.run.seed + VAL_STREAM_SEED_OFFSET, rank=dist.rank,
+                           weights=weights, seed=seeds.greats_val(cfg.run.seed), rank=dist.rank,
                            world_size=dist.world_size, split="val")
 
     return factory

@@ -1,0 +1,38 @@
+"""Every random stream of a training run and the seed it draws from, in one place.
+
+With ``run.seed = s`` and rank ``r``:
+
+| stream | seed |
+|---|---|
+| torch / numpy / random at start (model init, dropout) | ``process(s, r)`` = s + r |
+| the training batches (``TrainLoader``; batch i of rank r from (seed, r, i)) | s |
+| the fixed validation windows (the same text for every run, so runs compare) | ``VAL_WINDOWS`` = 0 |
+| GREATS' validation batches | ``greats_val(s)`` = s + 104729 |
+| GREATS' extra candidate rows (``method.greats.pool=pool``) | ``greats_candidates(s)`` = s + 209459 |
+| the random-drop control's generator | ``random_control(s, r)`` = 7919 s + r |
+
+GREATS' two loaders are ``TrainLoader``s like the training one; their offsets keep the three streams of a run
+(and of runs whose seeds differ by less than 104729) apart.
+Changing any of them changes every run's numbers (``benchmarks/refactor_losses.py`` says so).
+"""
+
+VAL_WINDOWS = 0
+_GREATS_VAL_OFFSET = 104729
+_GREATS_CANDIDATE_OFFSET = 209459
+_RANDOM_CONTROL_FACTOR = 7919
+
+
+def process(seed: int, rank: int) -> int:
+    return seed + rank
+
+
+def greats_val(seed: int) -> int:
+    return seed + _GREATS_VAL_OFFSET
+
+
+def greats_candidates(seed: int) -> int:
+    return seed + _GREATS_CANDIDATE_OFFSET
+
+
+def random_control(seed: int, rank: int) -> int:
+    return seed * _RANDOM_CONTROL_FACTOR + rank

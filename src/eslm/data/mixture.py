@@ -93,14 +93,15 @@ def _custom(spec: Mapping[str, float], domains: list[str], normalise: bool) -> d
                           "fix: give some domain a positive weight")
     if not normalise and abs(total - 1.0) > SUM_TOLERANCE:
         raise ConfigError(f"expected weights summing to 1 (within {SUM_TOLERANCE}); found sum {total:.6g} "
-                          f"for {dict(spec)}; fix: correct them or set normalise (data.normalise_weights) to rescale")
+                          f"for {dict(spec)}; fix: make data.weights sum to 1 (or call resolve_weights(..., "
+                          "normalise=True) to rescale)")
     return {d: float(spec.get(d, 0.0)) / total for d in domains}
 
 
 def _natural(domains: list[str], token_counts: Mapping[str, int] | None) -> dict[str, float]:
     if token_counts is None:
         raise ConfigError("expected token counts for weights 'natural'; found none; "
-                          "fix: pass token_counts (Dataset.train_token_counts())")
+                          "fix: pass token_counts={domain: dataset.num_tokens('train', domain)}")
     missing = [d for d in domains if d not in token_counts]
     if missing:
         raise ConfigError(f"expected token counts for every domain; found none for {missing}; "

@@ -220,8 +220,7 @@ class Bench:
 
         cfg, method = self.method(v)
         t = cfg.train
-        opts = StepOptions(accum_steps=self.accum, normalize=t.normalize, loss_impl=t.loss_impl,
-                           chunk_size=t.loss_chunk_size, autocast=self.autocast())
+        opts = StepOptions(accum_steps=self.accum, normalize=t.normalize, autocast=self.autocast())
         if self.measure_memory:
             self.probe.start()
         self.timer.start()

@@ -160,8 +160,7 @@ def _setup(name: str, device: str, data, ckpt, **overrides):
 def _one_step(name, device, precision, data, ckpt) -> dict:
     model, method, opt, batches, cfg = _setup(name, device, data, ckpt)
     head_before = model.head_weight.detach().clone()
-    opts = StepOptions(accum_steps=2, normalize=cfg.train.normalize, loss_impl=cfg.train.loss_impl,
-                       chunk_size=cfg.train.loss_chunk_size,
+    opts = StepOptions(accum_steps=2, normalize=cfg.train.normalize,
                        autocast=torch.autocast(device, dtype=torch.bfloat16) if precision == "bf16" else None)
     res = forward_backward(model, model, method, batches, opts, step=1, lr=1e-3)
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
@@ -248,8 +247,7 @@ def test_micro_scope_step_never_waits_for_the_device(name, overrides, device, pr
     with no host synchronisation: after one warm-up step (lazy one-time initialisation), the second step runs
     under torch.cuda.set_sync_debug_mode("error") on CUDA, under ``HostReads`` on the CPU."""
     model, method, opt, batches, cfg = _setup(name, device, tiny_data, frozen_ckpt, **overrides)
-    opts = StepOptions(accum_steps=2, normalize=cfg.train.normalize, loss_impl=cfg.train.loss_impl,
-                       chunk_size=cfg.train.loss_chunk_size,
+    opts = StepOptions(accum_steps=2, normalize=cfg.train.normalize,
                        autocast=torch.autocast(device, dtype=torch.bfloat16) if precision == "bf16" else None)
     forward_backward(model, model, method, batches, opts, step=1, lr=1e-3)
     model.zero_grad(set_to_none=True)

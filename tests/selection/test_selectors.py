@@ -131,8 +131,7 @@ def test_fused_step_gives_the_naive_steps_gradients(name, alpha, cache):
                                       "train.loss_chunk_size=17", f"train.loss_cache_probs={cache}"])
         method = build_method(BuildContext(cfg=cfg, device=torch.device("cpu"), n_domains=1))
         model.zero_grad(set_to_none=True)
-        res = forward_backward(model, model, method, batches, StepOptions(accum_steps=2, loss_impl=impl,
-                                                                          chunk_size=17), step=1, lr=1e-3)
+        res = forward_backward(model, model, method, batches, StepOptions(accum_steps=2), step=1, lr=1e-3)
         out[impl] = (res, {n: p.grad.clone() for n, p in model.named_parameters()})
     (rn, gn), (rf, gf) = out["naive"], out["fused"]
     torch.testing.assert_close(rf.loss, rn.loss, rtol=1e-5, atol=1e-6)

@@ -39,10 +39,6 @@ class StepOptions:
     normalize: str = "paper"
     scope: str = "micro"
     world_size: int = 1
-    # unused by the step since its scoring goes through the method's objective (which has its own impl and chunk
-    # size); kept so that existing callers' keywords stay valid until they are updated (issue 16)
-    loss_impl: str = "fused"
-    chunk_size: int = 1024
     autocast: contextlib.AbstractContextManager | None = None
 
 

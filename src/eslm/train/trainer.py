@@ -80,8 +80,7 @@ class Trainer:
         self.step, self.elapsed_s, self.cpu_s = 0, 0.0, 0.0
         self.load = LoadSampler()
         self.opts = StepOptions(accum_steps=t.grad_accum_steps, normalize=t.normalize, scope=cfg.method.scope,
-                                world_size=self.dist.world_size, loss_impl=t.loss_impl, chunk_size=t.loss_chunk_size,
-                                autocast=setup.autocast_for(t.dtype, self.device))
+                                world_size=self.dist.world_size, autocast=setup.autocast_for(t.dtype, self.device))
         self._lock = self._resume_changes = self.writer = None
 
     # ------------------------------------------------------------------ the loop

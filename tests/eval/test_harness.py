@@ -12,6 +12,8 @@ from eslm.eval import harness
 from eslm.model.gpt import GPT, preset
 from eslm.model.loading import load_model
 
+from .local_tasks import MC_YAML
+
 for _v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ[_v] = "1"
 
@@ -89,21 +91,6 @@ def test_parse_tasks_and_metric_choice():
 
 # ------------------------------------------------------------------------------ end to end with lm-eval
 
-MC_YAML = """task: t_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-fewshot_split: test
-output_type: multiple_choice
-doc_to_text: "Q: {{{{question}}}}\\nA:"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{label}}}}"
-metric_list:
-  - metric: acc
-  - metric: acc_norm
-"""
 ROLL_YAML = """task: t_ppl
 dataset_path: json
 dataset_kwargs:

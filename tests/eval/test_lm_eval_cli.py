@@ -11,20 +11,7 @@ import torch
 from eslm.model.gpt import GPT, preset
 from eslm.train.snapshots import save_snapshot
 
-MC_YAML = """task: t_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{label}}}}"
-metric_list:
-  - metric: acc
-  - metric: acc_norm
-"""
+from .local_tasks import MC_YAML
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ Nothing is patched without the variable, so the same runner also gives the unint
 """
 
 import io
+import json
 import os
 import signal
 import sys
@@ -37,41 +38,23 @@ def install(point: str, n: int) -> None:
         calls["n"] += 1
         return calls["n"] == n
 
+    def patch(owner, name: str, on_hit) -> None:
+        """owner.name calls on_hit(real, *args) at its N-th call, the real function otherwise."""
+        real = getattr(owner, name)
+        setattr(owner, name, lambda *args: on_hit(real, *args) if hit() else real(*args))
+
+    def half_file(real, path, write):  # the atomic write's payload, cut in half before the rename
+        buf = io.BytesIO()
+        write(buf)
+        return real(path, lambda f: _write_half_and_kill(f, buf.getvalue()))
+
     if point == "step":
-        real_step = Trainer._train_one_step
-
-        def step(self):
-            if hit():
-                _kill()
-            return real_step(self)
-
-        Trainer._train_one_step = step
+        patch(Trainer, "_train_one_step", lambda real, self: _kill())
     elif point == "save":
-        real_write = ckpt._atomic_write
-
-        def atomic_write(path, write):
-            if not hit():
-                return real_write(path, write)
-
-            def half(f):
-                buf = io.BytesIO()
-                write(buf)
-                _write_half_and_kill(f, buf.getvalue())
-
-            return real_write(path, half)
-
-        ckpt._atomic_write = atomic_write
+        patch(ckpt, "_atomic_write", half_file)
     elif point == "metrics":
-        real_write = MetricsWriter.write
-
-        def write(self, record):
-            if not hit():
-                return real_write(self, record)
-            import json
-
-            _write_half_and_kill(self.file, json.dumps(record, default=str) + "\n")
-
-        MetricsWriter.write = write
+        patch(MetricsWriter, "write", lambda real, self, record: _write_half_and_kill(
+            self.file, json.dumps(record, default=str) + "\n"))
     else:
         raise SystemExit(f"unknown kill point {point!r}")
 

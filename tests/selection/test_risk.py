@@ -12,12 +12,16 @@ from eslm.errors import ConfigError
 from eslm.selection import risk
 
 
+def np_kept(n: int, alpha: float) -> int:
+    """ceil((1-alpha)N) tokens kept, at least one (the decimal alpha a user types: rounded to 9 places)."""
+    return max(int(math.ceil(round((1 - alpha) * n, 9))), 1)
+
+
 def np_var(scores: np.ndarray, alpha: float) -> float:
     """The paper's VaR on the empirical distribution, read as the smallest score t with
     #(s >= t)/N <= 1 - alpha ... rounded so that ceil((1-alpha)N) tokens are kept (see risk.py)."""
     s = np.sort(scores.astype(np.float64))[::-1]  # descending
-    k = int(math.ceil(round((1 - alpha) * len(s), 9)))
-    return float(s[max(k, 1) - 1])
+    return float(s[np_kept(len(s), alpha) - 1])
 
 
 scores_st = st.lists(st.floats(-50, 50, allow_nan=False, width=32), min_size=1, max_size=300)
@@ -37,7 +41,7 @@ def test_kept_fraction_is_one_minus_alpha_up_to_rounding_and_ties(values, alpha)
     x = torch.tensor(values, dtype=torch.float32)
     n = x.numel()
     k = risk.num_kept(n, alpha)
-    assert 1 <= k <= n
+    assert k == np_kept(n, alpha)  # the reference's count (in 1..n)
     assert abs(k - (1 - alpha) * n) < 1 + 1e-6
     idx = risk.topk_index(x, k)
     assert idx.numel() == k and len(set(idx.tolist())) == k

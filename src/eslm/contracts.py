@@ -84,8 +84,16 @@ class ExtraWork:
 NO_EXTRA_WORK = ExtraWork()
 
 
+class Stateful(Protocol):
+    """What every component has: the state a checkpoint keeps (a resumed run continues it bit for bit)."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, sd: dict) -> None: ...
+
+
 @runtime_checkable
-class RowSelector(Protocol):
+class RowSelector(Stateful, Protocol):
     """Which sequences of a micro-batch train (default ``AllRows``: every row; GREATS: a greedy subset)."""
 
     def select(self, model, batch: Batch, step: int, lr: float) -> tuple[Batch, dict]:
@@ -100,13 +108,9 @@ class RowSelector(Protocol):
     def extra_work(self, tokens_seen: int) -> ExtraWork:
         """Work of the last micro-batch's selection beyond the trained model's pass over the kept rows."""
 
-    def state_dict(self) -> dict: ...
-
-    def load_state_dict(self, sd: dict) -> None: ...
-
 
 @runtime_checkable
-class TokenSelector(Protocol):
+class TokenSelector(Stateful, Protocol):
     """Which tokens of a micro-batch count in the loss (default: all; ESLM: the top 1-alpha by risk)."""
 
     score: str | None  # the per-token score it ranks by: None (no scoring pass) | "loss" | "entropy" | "excess_loss"
@@ -126,13 +130,9 @@ class TokenSelector(Protocol):
     def extra_work(self, tokens_seen: int) -> ExtraWork:
         """Work of scoring one micro-batch beyond the objective's scoring pass (e.g. a reference forward)."""
 
-    def state_dict(self) -> dict: ...
-
-    def load_state_dict(self, sd: dict) -> None: ...
-
 
 @runtime_checkable
-class Objective(Protocol):
+class Objective(Stateful, Protocol):
     """The per-token loss: a scoring pass over all N tokens and the summed loss of the kept ones."""
 
     def score(self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, need_scores: bool,
@@ -154,13 +154,9 @@ class Objective(Protocol):
     def on_step_end(self, step: int) -> None:
         """After optimizer step ``step`` (1-based)."""
 
-    def state_dict(self) -> dict: ...
-
-    def load_state_dict(self, sd: dict) -> None: ...
-
 
 @runtime_checkable
-class Controller(Protocol):
+class Controller(Stateful, Protocol):
     """Adapts a component during training (Ada-ESLM's alpha) from what the selections show."""
 
     def observe(self, selection: Selection) -> None:
@@ -168,7 +164,3 @@ class Controller(Protocol):
 
     def on_step_end(self, step: int) -> None:
         """After optimizer step ``step`` (1-based)."""
-
-    def state_dict(self) -> dict: ...
-
-    def load_state_dict(self, sd: dict) -> None: ...

@@ -24,6 +24,7 @@ from typing import Any
 from eslm.baselines.plugins import GreatsSection
 from eslm.baselines.rho1 import Rho1Section
 from eslm.errors import ConfigError
+from eslm.files import name_problem
 from eslm.methods import METHODS
 from eslm.model.gpt import PRESETS
 from eslm.objectives.kd_objective import KDSection, SaltSection
@@ -402,6 +403,8 @@ def validate(cfg: Config) -> list[str]:
     for key, (default, _) in all_keys().items():  # nan passes every comparison below; inf is no setting
         if isinstance(default, float) and not math.isfinite(get(cfg, key)):
             problems.append(f"{key}: expected a finite number, got {get(cfg, key)!r}")
+    if cfg.run.name and (problem := name_problem(cfg.run.name, "run.name")):  # <out_dir>/<name>: one component
+        problems.append(problem)
     if cfg.run.resume_from and not cfg.run.resume:
         problems.append("run.resume_from: needs run.resume=true (--resume-from STEP sets both)")
     if cfg.train.min_lr > cfg.train.lr:

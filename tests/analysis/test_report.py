@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import yaml
@@ -143,6 +144,32 @@ def test_report_files_and_flops_to_target(runs, tmp_path):
     arc = g["eslm-entropy"]["downstream"]["arc_easy"]
     assert arc["k"] == 2 and arc["value"] == pytest.approx(0.40)
     assert arc["stderr"] == pytest.approx(math.sqrt(2 * 0.01 ** 2) / 2)
+
+
+def test_one_table_of_figures_drives_drawing_and_the_page(runs, tmp_path, monkeypatch):
+    # a figure is declared once, in FIGURES: a new entry is drawn, listed in summary.json and placed on the
+    # page under its section, with no other edit; one that draws nothing gets the "no data" note
+    pytest.importorskip("matplotlib")
+    from eslm.analysis.report import figure_table as T
+
+    def draw(path, scene):
+        assert [g.label for g in scene.groups] == ["eslm-entropy", "clm"] and set(scene.colors) == {"eslm-entropy", "clm"}
+        path.write_bytes(b"png")
+        return True
+
+    extra = (T.Figure("extra_fig", "Extra section", "an extra figure", draw),
+             T.Figure("empty_fig", "Extra section", "nothing to draw", lambda path, scene: False))
+    monkeypatch.setattr(T, "FIGURES", T.FIGURES + extra)
+    out = tmp_path / "rep"
+    s = report.build_report([str(p) for p in runs], out)
+    assert list(s["figures"]) == [f.id for f in T.FIGURES if f.id != "empty_fig"]
+    assert (out / "extra_fig.png").read_bytes() == b"png" and not (out / "empty_fig.png").exists()
+    page = (out / "index.html").read_text()
+    ids = re.findall(r"<img src='([a-z_]+)\.png'", page)
+    assert ids == list(s["figures"])
+    assert ("<h2>Extra section</h2>\n<p><img src='extra_fig.png' alt='an extra figure'></p>\n"
+            "<p class='note'>(nothing to draw: no data)</p>") in page
+    assert page.count("<h2>Validation loss</h2>") == 1
 
 
 def test_crossing_interpolates_in_log_flops_and_not_reached():

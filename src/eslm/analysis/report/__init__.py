@@ -1,0 +1,91 @@
+"""``eslm report RUN_DIR ... --out DIR``: a static, offline HTML page of figures and tables, plus summary.json.
+
+Reads only run directories (``eslm.analysis.rundir``). What it computes:
+
+* Seed groups: runs whose resolved configs are equal except for run.name / run.seed / run.out_dir /
+  run.resume are one group, drawn as the mean curve with a min..max band over seeds. Curves of a group
+  are aligned on the eval steps that every seed has.
+* Target loss: ``--target-loss`` if given, else the lowest validation loss that every run reaches, i.e.
+  ``max over runs of (min over that run's eval points of val_loss)``.
+* FLOPs / time / tokens to target (per run): the first eval point with ``val_loss <= target``. Between that
+  point (x1, L1) and the eval point before it (x0, L0 > target) the crossing is interpolated linearly in
+  log(x): ``log x* = log x0 + (L0 - target) / (L0 - L1) * (log x1 - log x0)`` (linearly in x when x0 <= 0).
+  If the first eval point is already at or below the target, x* is its x. A run that never reaches the
+  target has no value ("not reached"), never zero. Group values are the mean (and min..max) over the seeds
+  that reached it, with the count "k/n reached".
+* Costs, side by side: ``flops_paper`` (the paper's convention: backward counted on kept tokens only),
+  ``flops_executed`` (what ran), tokens seen, and time. Time is process CPU seconds (``cpu_s``) when every
+  run trained on a CPU, wall-clock (``elapsed_s``, device synchronised at step ends) otherwise; evaluation
+  is excluded from both.
+* Statistics (``eslm.analysis.stats``): every group value has a 95% Student-t interval over seeds ("n=1, no
+  interval" for one seed); every group is compared with the baseline group (CLM by default) by paired
+  differences per seed, and every selective group with the random-drop control at the same alpha, each
+  with a verdict in words.
+
+The package: ``summary`` (loading, comparisons, summary.json) built on ``curves`` (per-group numbers) and
+``downstream``; ``figure_table`` (``FIGURES``: every figure once, drawn by ``make_figures`` and placed by the
+HTML page); ``html`` (index.html) and ``markdown`` (summary.md). ``build_report`` below runs them in order.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from eslm.analysis import figures
+from eslm.analysis.report.curves import crossing, default_target
+from eslm.analysis.report.figure_table import FIGURES, make_figures
+from eslm.analysis.report.html import render_html
+from eslm.analysis.report.markdown import render_markdown
+from eslm.analysis.report.summary import FLOPS_KEYS, ReportError, best_val_loss, find_baseline, load_runs, summarize
+from eslm.analysis.rundir import group_runs, is_number
+
+__all__ = ["FIGURES", "FLOPS_KEYS", "ReportError", "build_report", "crossing", "load_runs", "make_figures",
+           "print_summary", "render_html", "render_markdown", "summarize"]
+
+
+def print_summary(summary: dict, out: Path) -> None:
+    """Warnings to stderr; the verdicts and where the report is to stdout."""
+    for w in summary["warnings"]:
+        print(f"eslm report: warning: {w}", file=sys.stderr)
+    for c in summary["comparisons"]:
+        print(f"{c['group']}: " + "; ".join(c["verdicts"]))
+    print(f"wrote {Path(out) / 'index.html'} ({len(summary['groups'])} groups, {len(summary['runs'])} runs)")
+
+
+def build_report(run_dirs: list[str], out_dir: str | Path, *, target_loss: float | None = None,
+                 flops: str = "paper", baseline: str | None = None) -> dict:
+    """Read the runs, write ``out_dir``/index.html, the PNGs and summary.json; return the summary."""
+    if flops not in FLOPS_KEYS:
+        raise ReportError(f"expected --flops in {sorted(FLOPS_KEYS)}, found {flops!r}; pick one of them")
+    if target_loss is not None and target_loss != "baseline" and not (is_number(target_loss) and target_loss > 0):
+        raise ReportError(f"expected a positive --target or 'baseline', found {target_loss!r}; pass e.g. --target 3.5")
+    runs, skipped, warnings = load_runs(run_dirs)
+    groups = group_runs(runs)
+    if target_loss == "baseline":
+        base, why = find_baseline(groups, baseline)
+        if base is None:
+            raise ReportError(f"expected a baseline group for --target baseline, found none ({why})")
+        target = max(v for r in base.runs if is_number(v := best_val_loss(r)))
+        source = (f"the loss every seed of the baseline group {base.label} reaches: max over its seeds of the "
+                  "best validation loss")
+    elif target_loss is not None:
+        target, source = float(target_loss), "given"
+    else:
+        target, source = default_target(runs), "the lowest loss every run reaches: max over runs of min val_loss"
+    summary = summarize(runs, groups, target=target, target_source=source, flops=flops,
+                        skipped=skipped, warnings=warnings, baseline=baseline)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if figures.available():
+        written = make_figures(out, groups, summary)
+    else:  # the numbers and tables do not need matplotlib: write them, say why the figures are missing
+        written = {}
+        summary["warnings"].append("figures skipped: matplotlib is not installed; fix: pip install 'eslm[plot]' "
+                                   "and run eslm report again")
+    summary["figures"] = written
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    (out / "index.html").write_text(render_html(summary, written), encoding="utf-8")
+    (out / "summary.md").write_text(render_markdown(summary), encoding="utf-8")
+    return summary

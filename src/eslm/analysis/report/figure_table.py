@@ -1,0 +1,155 @@
+"""The figures of ``eslm report``: ``FIGURES``, one table that both drawing (``make_figures``) and the HTML page
+(``eslm.analysis.report.html``) iterate, so a figure is declared once: its id (the PNG's name), the page section
+it sits in, its alt text, and the function that draws it. A new figure is one ``Figure`` line here plus its
+draw function; matplotlib itself is called only in ``eslm.analysis.figures``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from eslm import metrics as M
+from eslm.analysis import figures
+from eslm.analysis.report.curves import group_curve
+from eslm.analysis.rundir import Group, Run
+
+
+@dataclass(frozen=True)
+class Scene:
+    """What every draw function reads: the groups, the summary, one colour per group label."""
+
+    groups: list[Group]
+    summary: dict
+    colors: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Figure:
+    id: str  # file <id>.png, key of summary["figures"]
+    section: str  # the <h2> of the HTML page it appears under (consecutive figures share it)
+    alt: str  # alt text, and the "(...: no data)" note when it was not drawn
+    draw: Callable[[Path, Scene], bool]  # writes the PNG at the path; False when there is nothing to draw
+
+
+def _curve_set(groups, records_of, x_key, y_key) -> list[dict]:
+    return [c for g in groups if (c := group_curve(g, records_of, x_key, y_key)) is not None]
+
+
+def _eval(r: Run) -> list[dict]:
+    return r.eval
+
+
+def _loss_curves(axis: Callable[[dict], tuple[str, str]], logx: bool) -> Callable[[Path, Scene], bool]:
+    """Validation loss of every group against the x axis ``axis(summary) -> (metric, words)``."""
+    def draw(path: Path, sc: Scene) -> bool:
+        x_key, xlabel = axis(sc.summary)
+        s = _curve_set(sc.groups, _eval, x_key, M.VAL_LOSS)
+        if not s:
+            return False
+        figures.curves(path, s, sc.colors, xlabel=xlabel, ylabel="validation loss",
+                       title=f"Validation loss vs {xlabel.split(' (')[0]}", logx=logx, logy=True,
+                       hline=sc.summary["target_loss"])
+        return True
+    return draw
+
+
+def _bars(summary: dict, what: str) -> list[dict]:
+    out = []
+    for g in summary["groups"]:
+        t = g["to_target"][what]
+        ci = t["ci_lo"] is not None  # whisker: the 95% interval over seeds (min..max would hide n)
+        out.append({"label": g["label"], "mean": t["mean"], "lo": t["ci_lo"] if ci else t["min"],
+                    "hi": t["ci_hi"] if ci else t["max"], "reached": t["reached"], "n": t["n"]})
+    return out
+
+
+def _to_target_bars(what: str, ylabel: Callable[[dict], str]) -> Callable[[Path, Scene], bool]:
+    """One bar per group: the cost ``what`` (a key of a group's to_target) to reach the target loss."""
+    def draw(path: Path, sc: Scene) -> bool:
+        label = ylabel(sc.summary)
+        figures.target_bars(path, _bars(sc.summary, what), sc.colors, ylabel=label,
+                            title=f"{label.split(' (')[0]} to reach validation loss {sc.summary['target_loss']:.4g}")
+        return True
+    return draw
+
+
+def _min_max(a: dict):
+    """(min, max) of an aggregate over several seeds, else None (no whisker for a single run)."""
+    return (a["min"], a["max"]) if a["count"] > 1 else None
+
+
+def _domain_final(path: Path, sc: Scene) -> bool:
+    domains, groups = sc.summary["domains"], sc.summary["groups"]
+    if not domains:
+        return False
+    values = {g["label"]: [g["final_val_loss_domain"][d]["mean"] for d in domains] for g in groups}
+    spread = {g["label"]: [_min_max(g["final_val_loss_domain"][d]) for d in domains] for g in groups}
+    figures.category_points(path, domains, values, sc.colors, spread=spread,
+                            ylabel="final validation loss", title="Final validation loss per domain (own y range each)")
+    return True
+
+
+def _domain_curves(path: Path, sc: Scene) -> bool:
+    domains = sc.summary["domains"]
+    if not domains:
+        return False
+    panel = {d: _curve_set(sc.groups, _eval, sc.summary["flops_key"], M.val_loss_key(d)) for d in domains}
+    figures.panels(path, panel, sc.colors, xlabel=f"FLOPs ({sc.summary['flops_convention']})",
+                   ylabel="val loss", title="Validation loss per domain vs FLOPs", logx=True, logy=True)
+    return True
+
+
+def _train_domains(runs: list[Run]) -> list[str]:
+    """Domains with a kept_frac/<domain> metric in any train line, first seen first."""
+    seen: dict[str, None] = {}
+    for r in runs:
+        for rec in r.train:
+            for k in rec:
+                if k.startswith(M.KEPT_FRAC_DOMAIN_PREFIX):
+                    seen.setdefault(k[len(M.KEPT_FRAC_DOMAIN_PREFIX):], None)
+    return list(seen)
+
+
+def _selection(path: Path, sc: Scene) -> bool:
+    tr = lambda r: r.train  # noqa: E731
+    keys = [("kept fraction", M.KEPT_FRAC), ("alpha", M.ALPHA)]
+    keys += [(f"kept fraction: {d}", M.kept_frac_key(d))
+             for d in _train_domains([r for g in sc.groups for r in g.runs])]
+    panel = {name: _curve_set(sc.groups, tr, M.STEP, key) for name, key in keys}
+    panel = {k: v for k, v in panel.items() if v}
+    if not panel:
+        return False
+    figures.panels(path, panel, sc.colors, xlabel="optimizer step", ylabel="value",
+                   title="Token selection over training (selective methods)", logx=False, logy=False,
+                   ylim=(0.0, 1.02))
+    return True
+
+
+_LOSS, _COST = "Validation loss", "Cost to reach the target loss (figures)"
+FIGURES: tuple[Figure, ...] = (
+    Figure("loss_vs_flops", _LOSS, "validation loss vs FLOPs (log-log)",
+           _loss_curves(lambda s: (s["flops_key"], f"training FLOPs ({s['flops_convention']} convention)"), True)),
+    Figure("loss_vs_tokens", _LOSS, "validation loss vs tokens", _loss_curves(lambda s: (M.TOKENS_SEEN, "tokens seen"), True)),
+    Figure("loss_vs_time", _LOSS, "validation loss vs wall-clock",
+           _loss_curves(lambda s: (s["time_key"], s["time_words"]), False)),
+    Figure("flops_to_target", _COST, "paper FLOPs to target",
+           _to_target_bars("flops_paper", lambda s: "FLOPs (paper convention)")),
+    Figure("executed_to_target", _COST, "executed FLOPs to target",
+           _to_target_bars("flops_executed", lambda s: "FLOPs (executed)")),
+    Figure("tokens_to_target", _COST, "tokens to target", _to_target_bars("tokens", lambda s: "tokens seen")),
+    Figure("time_to_target", _COST, "time to target", _to_target_bars("time_s", lambda s: s["time_words"])),
+    Figure("domain_final", "Per-domain validation loss", "final loss per domain", _domain_final),
+    Figure("domain_curves", "Per-domain validation loss", "per-domain curves", _domain_curves),
+    Figure("selection", "Token selection", "kept fraction and alpha over training", _selection),
+)
+
+
+def make_figures(out: Path, groups: list[Group], summary: dict) -> dict[str, str]:
+    """Draw every figure of ``FIGURES`` that has data into ``out``; returns {figure id: file name} of those written."""
+    scene = Scene(groups, summary, figures.color_map([g.label for g in groups]))
+    written = {}
+    for fig in FIGURES:  # read at call time: a figure added to the table is drawn without other edits
+        if fig.draw(out / f"{fig.id}.png", scene):
+            written[fig.id] = f"{fig.id}.png"
+    return written

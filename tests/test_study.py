@@ -139,3 +139,119 @@ def test_one_seed_pairs_methods_same_initial_weights_and_batches(tiny_data, tmp_
     other_w, other_b = first("clm", **{"run.seed": 8})
     assert not torch.equal(other_w["transformer.wte.weight"], ref_w["transformer.wte.weight"])
     assert not torch.equal(other_b[0].x, ref_b[0].x)
+
+
+# ---------------------------------------------------------------- the study file, checked whole before any run
+
+def _cli_study(tmp_path, text: str, *extra: str) -> tuple[int, str]:
+    """``eslm study FILE --out tmp/out ...`` in this process: (exit code, stderr)."""
+    import contextlib
+    import io
+
+    from eslm.cli import main
+
+    f = tmp_path / "s.yaml"
+    f.write_text(text)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(["study", str(f), "--out", str(tmp_path / "out"), *extra])
+    return code, err.getvalue()
+
+
+BROKEN = """methods: clm
+seeds: 1
+config: 5
+budget: {steps_of: bogus, counter: bogus}
+report: {baseline: 3, target: -1, primary: clm, colour: red}
+jobs: 0
+typo: 1
+"""
+
+
+def test_every_structural_problem_is_refused_at_once_one_line_each(tmp_path):
+    code, err = _cli_study(tmp_path, BROKEN)
+    assert code == 2 and "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert "11 problem(s), nothing was run" in lines[0]
+    expected = ["unknown key(s) 'typo'", "methods: expected a list, found the text 'clm'; write methods: [clm]",
+                "seeds: expected a list of integer seeds, found 1; write seeds: [1]",
+                "config: expected a mapping", "budget.steps_of: expected one of the study's methods",
+                "budget.counter: expected one of flops_paper, flops_executed, flops_dense, got 'bogus'",
+                "report: unknown key(s) 'colour'", "report.baseline: expected a group or method name, found 3",
+                "report.target: expected a positive validation loss or 'baseline', found -1",
+                "report.primary: expected two different group names", "jobs: expected an integer >= 1, found 0"]
+    assert len(lines) == 1 + 11  # the headline and one line per problem
+    for text in expected:
+        assert sum(text in line for line in lines[1:]) == 1, text
+    assert not (tmp_path / "out").exists()  # nothing was created
+    assert "--" not in err  # names no command-line flag (eslm study has no --baseline)
+
+
+STUDY_OK = """methods: [clm, eslm-entropy, {name: eslm-loss, label: loss-dom, method.standardize: domain}]
+seeds: [1, 2]
+sweep:
+  method.alpha: {values: [0.1, 0.3], methods: [eslm-entropy]}
+config: {model: {preset: tiny}, data: {seq_len: 64}, train: {max_steps: 10}}
+"""
+
+
+@pytest.mark.parametrize("change, message", [
+    (("seeds: [1, 2]", "seeds: [1, 2, 2]"), "seeds: seed 2 is listed 2 times; list each seed once"),
+    (("seeds: [1, 2]", "seeds: []"), "seeds: expected a non-empty list of integer seeds, found []"),
+    (("methods: [clm, ", "methods: []\nx: [clm, "), "methods: expected a non-empty list"),
+    (("methods: [eslm-entropy]", "methods: [eslm-entrpy]"),
+     "sweep 'method.alpha': methods names 'eslm-entrpy', which is no entry of the study's methods"),
+    (("methods: [eslm-entropy]", "methods: eslm-entropy"),
+     "sweep 'method.alpha': methods: expected a list, found the text 'eslm-entropy'"),
+    (("methods: [eslm-entropy]", "methods: []"), "sweep 'method.alpha': methods: expected a non-empty list"),
+    (("[0.1, 0.3]", "[0.1, 0.1]"), "sweep 'method.alpha': the value 0.1 is listed twice"),
+    (("label: loss-dom", "label: ../elsewhere"), "methods entry 3: label: expected one path-safe name"),
+    (("label: loss-dom", "label: /tmp/x"), "methods entry 3: label: expected one path-safe name"),
+    (("{name: eslm-loss,", "{nam: eslm-loss,"), "methods entry 3: a mapping needs 'name'"),
+    (("[clm, eslm-entropy,", "[clm, clm, eslm-entropy,"), "methods: the entry 'clm' is listed 2 times"),
+    (("[clm, eslm-entropy,", "[clm, eslm-entropi,"), "methods entry 2: unknown method 'eslm-entropi' (did you mean"),
+    (("seeds: [1, 2]", "seeds: [1, 2]\nbudget: {counter: flops_executed}"),
+     "budget.counter applies with budget.steps_of only"),
+    (("seeds: [1, 2]", "seeds: [1, 2]\nbudget: {steps_of: loss-dom, counter: flops_paper}"), None),
+])
+def test_study_file_mistakes_are_refused_before_any_run(tmp_path, change, message):
+    f = tmp_path / "s.yaml"
+    assert change[0] in STUDY_OK
+    f.write_text(STUDY_OK.replace(change[0], change[1], 1))
+    if message is None:
+        study.plan(study.load_study(str(f)), tmp_path / "out")
+        return
+    with pytest.raises(ConfigError, match="nothing was run") as e:
+        study.plan(study.load_study(str(f)), tmp_path / "out")
+    assert message in str(e.value)
+
+
+def test_runs_that_would_train_the_same_thing_are_refused(tmp_path):
+    code, err = _cli_study(tmp_path, STUDY_OK.replace("methods: [clm,", "methods: [clm, {name: clm, label: clm2},"),
+                           "--dry-run")
+    assert code == 2 and "clm and clm2 plan the same runs" in err and err.count("plan the same runs") == 1
+    code, err = _cli_study(tmp_path, STUDY_OK, "--seeds", "3", "3", "--dry-run")
+    assert code == 2 and "--seeds: seed 3 is listed 2 times" in err
+    code, err = _cli_study(tmp_path, STUDY_OK, "--jobs", "0", "--dry-run")
+    assert code == 2 and "--jobs: expected an integer >= 1, found 0" in err
+    code, err = _cli_study(tmp_path, STUDY_OK.replace("max_steps: 10}", "max_steps: 10, lrr: 1}"), "--dry-run")
+    # a config problem every run shares is said once
+    assert code == 2 and err.count("unknown config key 'train.lrr'") == 1 and "every run:" in err
+
+
+def test_report_section_names_groups_of_the_study(tmp_path):
+    def problems(report: str) -> str:
+        code, err = _cli_study(tmp_path, STUDY_OK + f"report: {report}\n", "--dry-run")
+        return "" if code == 0 else err
+
+    # a group is named by its label, its grid point (run names without -s<seed>) or a method with one group
+    assert problems("{baseline: clm, primary: [eslm-entropy-alpha0.3, loss-dom], target: baseline}") == ""
+    assert problems("{baseline: 'eslm-entropy (method.alpha=0.1)', primary: [eslm-loss, clm]}") == ""
+    err = problems("{baseline: eslm-entropy, primary: [loss-dom, nope]}")
+    assert "report.baseline: 'eslm-entropy' is the method of 2 groups; name one of 'eslm-entropy-alpha0.1', " \
+           "'eslm-entropy-alpha0.3'" in err
+    assert "report.primary: no group 'nope' among the runs" in err and "--" not in err
+    err = problems("{target: baseline}").replace("\n", " ")
+    assert "no group 'clm'" not in err  # clm is in this study: the default baseline exists
+    code, err = _cli_study(tmp_path, STUDY_OK.replace("[clm, ", "[") + "report: {target: baseline}\n", "--dry-run")
+    assert code == 2 and "no group 'clm' among the runs" in err and "add report.baseline" in err

@@ -12,7 +12,7 @@ A study file (configs/studies/NAME.yaml, or any path) holds:
 * ``budget``: ``steps_of: METHOD`` sets the FLOPs budget to what that method's dense training spends in
   ``config.train.max_steps`` steps, measured on ``counter`` (default flops_paper, the paper's convention), and
   every run stops at that budget (so a method whose steps count fewer FLOPs runs more steps);
-* ``report`` (optional): ``{baseline: clm, target: 4.3}`` passed to ``eslm report``;
+* ``report`` (optional): ``{baseline: clm, target: 4.3 | baseline, primary: [GROUP, GROUP]}`` for the report;
 * ``jobs`` (optional): how many runs train at once (``--jobs`` overrides it).
 
 Run names are readable: ``<method or label>[-<key><value> ...]-s<seed>``, e.g. ``eslm-loss-alpha0.3-s2``.
@@ -72,6 +72,8 @@ def _read_study_yaml(path: Path) -> dict:
 
 
 def load_study(name: str) -> dict:
+    """The study file ``name`` (a path, or NAME.yaml in ``study_dirs()``), checked whole (``study_problems``):
+    every problem of its structure is refused at once, one line each, before anything runs."""
     path = Path(name)
     dirs = study_dirs()
     if not path.is_file():
@@ -86,11 +88,228 @@ def load_study(name: str) -> dict:
                           f"{name}.yaml in ./configs/studies, or reinstall eslm (its wheel ships the studies in "
                           "eslm/configs/studies)")
     study = _read_study_yaml(path)
-    for key in ("methods", "seeds", "config"):
-        if key not in study:
-            raise ConfigError(f"study {str(path)!r} lacks the key {key!r}")
+    _refuse(f"study {str(path)!r}", study_problems(study))
     study["name"] = path.stem
     return study
+
+
+def _refuse(where: str, problems: list[str]) -> None:
+    """Raise one ConfigError listing every problem, one per line."""
+    if problems:
+        lines = "".join(f"\n  - {p}" for p in problems)
+        raise ConfigError(f"{where}: {len(problems)} problem(s), nothing was run:{lines}")
+
+
+# ---------------------------------------------------------------- checking a study file
+
+STUDY_KEYS = ("description", "methods", "seeds", "sweep", "config", "budget", "report", "jobs")
+AXIS_KEYS = ("values", "methods")
+BUDGET_KEYS = ("steps_of", "counter")
+REPORT_KEYS = ("baseline", "target", "primary")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _name_list(v) -> str:
+    return ", ".join(repr(x) for x in v)
+
+
+def _label_problem(label) -> str | None:
+    """Why ``label`` cannot name run directories (None when it can): one path-safe component."""
+    if not isinstance(label, str) or not label:
+        return f"expected a non-empty text, found {label!r}"
+    if label in (".", "..") or any(c in label for c in "/\\\0") or label.startswith("-"):
+        return (f"expected one path-safe name (letters, digits, '.', '_', '-'; no '/', not '.' or '..'), "
+                f"found {label!r}")
+    return None
+
+
+def _method_problem(name) -> str | None:
+    import difflib
+
+    from eslm.methods import METHODS
+
+    if not isinstance(name, str):
+        return f"expected a method name, found {name!r}"
+    if name not in METHODS:
+        close = difflib.get_close_matches(name, list(METHODS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return f"unknown method {name!r}{hint}; expected one of {', '.join(METHODS)}"
+    return None
+
+
+def _entries_problems(methods) -> tuple[list[str], list[str], list[str]]:
+    """(problems, method names, labels) of the ``methods`` list."""
+    if isinstance(methods, str):
+        return [f"methods: expected a list, found the text {methods!r}; write methods: [{methods}]"], [], []
+    if not isinstance(methods, list) or not methods:
+        return [f"methods: expected a non-empty list of method names or {{name: METHOD, label: TEXT, "
+                f"section.key: value}} mappings, found {methods!r}"], [], []
+    problems, names, labels = [], [], []
+    for i, item in enumerate(methods, 1):
+        where = f"methods entry {i}"
+        if isinstance(item, dict):
+            if "name" not in item:
+                problems.append(f"{where}: a mapping needs 'name' (the method), found keys {_name_list(item)}")
+                continue
+            if (why := _method_problem(item["name"])) is not None:
+                problems.append(f"{where}: {why}")
+                continue
+            if "label" in item and (why := _label_problem(item["label"])) is not None:
+                problems.append(f"{where}: label: {why}")
+                continue
+        elif isinstance(item, str):
+            if (why := _method_problem(item)) is not None:
+                problems.append(f"{where}: {why}")
+                continue
+        else:
+            problems.append(f"{where}: expected a method name or a mapping with 'name', found {item!r}")
+            continue
+        method, label, _ = _entry(item)
+        names.append(method)
+        labels.append(label)
+    twice = sorted({x for x in labels if labels.count(x) > 1})
+    if twice:
+        problems.append(f"methods: the entry {twice[0]!r} is listed {labels.count(twice[0])} times; list it once, "
+                        "or give each variant its own 'label'")
+    return problems, names, labels
+
+
+def _seeds_problems(seeds, where: str) -> list[str]:
+    if _is_int(seeds):
+        return [f"{where}: expected a list of integer seeds, found {seeds!r}; write seeds: [{seeds}]"]
+    if not isinstance(seeds, list) or not seeds:
+        return [f"{where}: expected a non-empty list of integer seeds, found {seeds!r}"]
+    bad = [s for s in seeds if not _is_int(s)]
+    if bad:
+        return [f"{where}: expected integer seeds, found {_name_list(bad)}"]
+    twice = sorted({s for s in seeds if seeds.count(s) > 1})
+    if twice:
+        return [f"{where}: seed {twice[0]} is listed {seeds.count(twice[0])} times; list each seed once "
+                "(a repeated seed would train the same run twice and be counted twice in the report)"]
+    return []
+
+
+def _sweep_problems(sweep, labels: list[str]) -> list[str]:
+    if sweep is None:
+        return []
+    if not isinstance(sweep, dict):
+        return [f"sweep: expected a mapping of axes (section.key: [v1, v2]), found {sweep!r}"]
+    problems = []
+    for key, spec in sweep.items():
+        where = f"sweep {key!r}"
+        if isinstance(spec, dict):
+            extra = [k for k in spec if k not in AXIS_KEYS]
+            if extra:
+                problems.append(f"{where}: unknown key(s) {_name_list(extra)}; expected {_name_list(AXIS_KEYS)}")
+            ms = spec.get("methods")
+            if "methods" in spec:
+                if isinstance(ms, str):
+                    problems.append(f"{where}: methods: expected a list, found the text {ms!r}; write methods: [{ms}]")
+                elif not isinstance(ms, list) or not ms:
+                    problems.append(f"{where}: methods: expected a non-empty list of method entries (leave "
+                                    f"'methods' out to sweep every entry), found {ms!r}")
+                else:
+                    unknown = [m for m in ms if m not in labels]
+                    if unknown and labels:
+                        problems.append(f"{where}: methods names {_name_list(unknown)}, which is no entry of the "
+                                        f"study's methods; expected some of {_name_list(labels)} (a labelled "
+                                        "variant is named by its label)")
+            spec = spec.get("values")
+        if not isinstance(spec, list) or not spec:
+            problems.append(f"{where}: expected a non-empty list of values (or {{values: [...], methods: [...]}}), "
+                            f"found {spec!r}")
+            continue
+        texts = [str(v) for v in spec]
+        twice = sorted({t for t in texts if texts.count(t) > 1})
+        if twice:
+            problems.append(f"{where}: the value {twice[0]} is listed twice; list each value once")
+    return problems
+
+
+def _budget_problems(budget, names: list[str], labels: list[str]) -> list[str]:
+    from eslm.config import build_config
+
+    if budget is None:
+        return []
+    if not isinstance(budget, dict):
+        return [f"budget: expected a mapping {{steps_of: METHOD, counter: COUNTER}}, found {budget!r}"]
+    problems = []
+    extra = [k for k in budget if k not in BUDGET_KEYS]
+    if extra:
+        problems.append(f"budget: unknown key(s) {_name_list(extra)}; expected {_name_list(BUDGET_KEYS)}")
+    steps_of = budget.get("steps_of")
+    if "steps_of" in budget and (not isinstance(steps_of, str) or steps_of not in names + labels):
+        problems.append(f"budget.steps_of: expected one of the study's methods ({_name_list(dict.fromkeys(names + labels))}), "
+                        f"found {steps_of!r}")
+    if "counter" in budget:
+        try:  # the config's own check of flops.budget_counter (its choices live there)
+            build_config(overrides=[f"flops.budget_counter={budget['counter']}"])
+        except ConfigError as e:
+            problems.append(f"budget.counter: {str(e).partition('flops.budget_counter: ')[2] or e}")
+        else:
+            if "steps_of" not in budget:
+                problems.append("budget.counter applies with budget.steps_of only; add steps_of: METHOD, or "
+                                "set flops.budget_counter and train.max_flops under config")
+    return problems
+
+
+def _report_problems(report) -> list[str]:
+    """The report section's form (whether its names are groups of the study is checked by ``plan``)."""
+    if report is None:
+        return []
+    if not isinstance(report, dict):
+        return [f"report: expected a mapping {{baseline: GROUP, target: LOSS|baseline, primary: [GROUP, GROUP]}}, "
+                f"found {report!r}"]
+    problems = []
+    extra = [k for k in report if k not in REPORT_KEYS]
+    if extra:
+        problems.append(f"report: unknown key(s) {_name_list(extra)}; expected {_name_list(REPORT_KEYS)}")
+    if "baseline" in report and (not isinstance(report["baseline"], str) or not report["baseline"]):
+        problems.append(f"report.baseline: expected a group or method name, found {report['baseline']!r}")
+    target = report.get("target")
+    if "target" in report and target != "baseline" and not (
+            isinstance(target, (int, float)) and not isinstance(target, bool) and 0 < target < float("inf")):
+        problems.append(f"report.target: expected a positive validation loss or 'baseline', found {target!r}")
+    primary = report.get("primary")
+    if "primary" in report and not (isinstance(primary, list) and len(primary) == 2
+                                    and all(isinstance(x, str) and x for x in primary) and primary[0] != primary[1]):
+        problems.append(f"report.primary: expected two different group names [GROUP, GROUP], found {primary!r}")
+    return problems
+
+
+def study_problems(study: dict) -> list[str]:
+    """Every problem of a study file's structure (one phrase each; empty when it is well-formed): its keys,
+    ``methods`` (known methods, path-safe labels, no entry twice), ``seeds`` (integers, each once), ``sweep``
+    (non-empty value lists; ``methods`` naming entries of the study), ``config`` (a mapping), ``budget``
+    (``steps_of`` a method of the study, a known ``counter``), ``report`` (its keys and values) and ``jobs``.
+    Config keys and values, and the report's group names, are checked when the runs are planned (``plan``)."""
+    problems = []
+    unknown = [k for k in study if k not in STUDY_KEYS]
+    if unknown:
+        problems.append(f"unknown key(s) {_name_list(unknown)}; expected some of {_name_list(STUDY_KEYS)}")
+    missing = [k for k in ("methods", "seeds", "config") if k not in study]
+    if missing:
+        problems.append(f"missing key(s) {_name_list(missing)}; a study needs methods, seeds and config")
+    names, labels = [], []
+    if "methods" in study:
+        found, names, labels = _entries_problems(study["methods"])
+        problems += found
+    if "seeds" in study:
+        problems += _seeds_problems(study["seeds"], "seeds")
+    if "config" in study and study["config"] is not None and not isinstance(study["config"], dict):
+        problems.append(f"config: expected a mapping of config sections (e.g. {{train: {{max_steps: 90}}}}), "
+                        f"found {study['config']!r}")
+    problems += _sweep_problems(study.get("sweep"), labels)
+    problems += _budget_problems(study.get("budget"), names, labels)
+    problems += _report_problems(study.get("report"))
+    if "jobs" in study and not (_is_int(study["jobs"]) and study["jobs"] >= 1):
+        problems.append(f"jobs: expected an integer >= 1, found {study['jobs']!r}")
+    if "description" in study and not isinstance(study["description"], str):
+        problems.append(f"description: expected a text, found {study['description']!r}")
+    return problems
 
 
 def _flatten(d: dict, prefix: str = "") -> list[str]:
@@ -115,16 +334,13 @@ def _entry(item) -> tuple[str, str, list[str]]:
 
 
 def _axes(study: dict) -> list[tuple[str, list, set | None]]:
-    """``sweep`` -> [(dotted key, values, methods it applies to or None for all)]."""
+    """``sweep`` -> [(dotted key, values, methods it applies to or None for all)] (checked by ``study_problems``)."""
     out = []
     for key, spec in (study.get("sweep") or {}).items():
         methods = None
         if isinstance(spec, dict):
-            methods = set(spec.get("methods") or []) or None
+            methods = set(spec["methods"]) if "methods" in spec else None
             spec = spec.get("values")
-        if not isinstance(spec, list) or not spec:
-            raise ConfigError(f"study sweep {key!r}: expected a non-empty list of values "
-                              f"(or {{values: [...], methods: [...]}}), got {spec!r}")
         out.append((str(key), spec, methods))
     return out
 
@@ -138,7 +354,7 @@ def _slug(override: str) -> str:
 
 def grid(study: dict, seeds=None) -> list[tuple[str, str, list[str], int]]:
     """Every run of the study as (method, run name, overrides, seed): seeds outermost, then methods in file
-    order, then the sweep axes' product. Identical grid points (same overrides) are planned once."""
+    order, then the sweep axes' product. Two grid points with one name are refused."""
     points: list[tuple[str, str, list[str]]] = []
     axes = _axes(study)
     for item in study["methods"]:
@@ -156,25 +372,83 @@ def grid(study: dict, seeds=None) -> list[tuple[str, str, list[str], int]]:
     return [(m, f"{name}-s{seed}", over, seed) for seed in (seeds or study["seeds"]) for m, name, over in points]
 
 
+def _by_message(failures: list[tuple[str, str]], total: int) -> list[str]:
+    """[(run name, problem)] -> one line per distinct problem, naming its runs ("every run" when all have it)."""
+    runs: dict[str, list[str]] = {}
+    for name, text in failures:
+        runs.setdefault(text, []).append(name)
+    out = []
+    for text, names in runs.items():
+        who = "every run" if len(names) == total > 1 else ", ".join(names[:3]) + (
+            f" and {len(names) - 3} more" if len(names) > 3 else "")
+        out.append(f"{who}: {text}")
+    return out
+
+
 def plan(study: dict, out: Path, seeds=None, overrides=()) -> list:
-    """The resolved Config of every run of the study (validated up front, all problems at once)."""
+    """The resolved Config of every run of the study, checked before any run starts, every problem at once:
+    each run's config (keys, values, the method's own checks), ``seeds`` given on the command line, two runs
+    that would train the same thing (the report would count them as one group's seed twice), and the
+    report section's group names against the groups the planned runs form."""
     from eslm.config import build_config
 
-    base = _flatten(study["config"])
+    where = f"study {study['name']}"
+    if seeds:
+        _refuse(where, _seeds_problems(list(seeds), "--seeds"))
+    base = _flatten(study["config"] or {})
     budget = study.get("budget") or {}
-    configs, problems = [], []
-    for method, name, over, seed in grid(study, seeds):
+    points = grid(study, seeds)
+    configs, failures = [], []
+    for method, name, over, seed in points:
         items = base + over + list(overrides) + [f"method.name={method}", f"run.seed={seed}",
                                                  f"run.out_dir={out / study['name']}", f"run.name={name}"]
         try:
             configs.append(build_config(overrides=items))
         except ConfigError as e:
-            problems.append(f"{name}: {e}")
-    if problems:
-        raise ConfigError(f"study {study['name']}: " + " | ".join(problems))
-    if budget.get("steps_of"):
-        configs = [_with_budget(c, budget) for c in configs]
+            failures.append((name, str(e)))
+    problems = _by_message(failures, len(points))
+    if not failures:
+        if budget.get("steps_of"):
+            configs = [_with_budget(c, budget) for c in configs]
+        problems += _same_run_problems(configs) + _report_group_problems(study.get("report") or {}, configs)
+    _refuse(where, problems)
     return configs
+
+
+def _same_run_problems(configs: list) -> list[str]:
+    """Grid points whose runs' resolved configs are equal but for their names: the same training twice."""
+    from eslm.analysis.rundir import experiment_key
+
+    seen: dict[tuple[str, int], str] = {}
+    pairs: dict[tuple[str, str], None] = {}
+    for c in configs:
+        key = (experiment_key(c.to_dict()), c.run.seed)
+        point = c.run.name.removesuffix(f"-s{c.run.seed}")
+        if key in seen:
+            pairs[(seen[key], point)] = None
+        else:
+            seen[key] = point
+    return [f"{a} and {b} plan the same runs (equal configs, the same seeds): the report would count each seed "
+            "twice in one group; remove one entry or make them differ" for a, b in pairs]
+
+
+def _report_group_problems(report: dict, configs: list) -> list[str]:
+    """Names in the report section that would not name one group of the planned runs (``find_group``)."""
+    from eslm.analysis.rundir import find_group, planned_groups
+
+    groups = planned_groups([c.to_dict() for c in configs])
+    out = []
+    names = [("report.baseline", report["baseline"])] if "baseline" in report else []
+    names += [("report.primary", n) for n in report.get("primary") or []]
+    for option, name in names:
+        _, why = find_group(groups, name, option)
+        if why:
+            out.append(why)
+    if report.get("target") == "baseline" and "baseline" not in report:
+        _, why = find_group(groups, "clm", "report.target: baseline uses the default baseline, which")
+        if why:
+            out.append(why + "; add report.baseline")
+    return out
 
 
 def _with_budget(cfg, budget: dict):
@@ -196,12 +470,12 @@ def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int]
     """``eslm study``: plan the study ``preset`` (a name in configs/studies or a path) under ``out``/NAME, print
     the plan, train the unfinished runs (``jobs`` at once; default: the study file's, else 1), then the
     report. Returns the exit code: 0, 143 when stopped by SIGTERM, else that of the failed run."""
+    if jobs is not None and not (_is_int(jobs) and jobs >= 1):
+        raise ConfigError(f"--jobs: expected an integer >= 1, found {jobs!r}")
     study = load_study(preset)
     out = Path(out)
     configs = plan(study, out, seeds, overrides)
     jobs = jobs or study.get("jobs") or 1
-    if not isinstance(jobs, int) or jobs < 1:
-        raise ConfigError(f"study {study['name']}: expected jobs >= 1, got {jobs!r}")
     print(f"study {study['name']}: {len(configs)} runs -> {out / study['name']}"
           + (f" ({jobs} at a time)" if jobs > 1 else ""))
     for c in configs:

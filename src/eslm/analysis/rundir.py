@@ -64,6 +64,13 @@ class Group:
     settings: dict
     runs: list[Run]
 
+    @property
+    def point(self) -> str | None:
+        """The name of its runs without their ``-s<seed>`` suffix when they all share it (a study's grid point,
+        e.g. ``eslm-entropy-alpha0.3``), else None."""
+        names = {r.name.removesuffix(f"-s{r.seed}") for r in self.runs}
+        return names.pop() if len(names) == 1 else None
+
 
 # ---------------------------------------------------------------- small helpers
 
@@ -182,12 +189,17 @@ def load_run(path: str | Path) -> Run:
 # ---------------------------------------------------------------- seed groups
 
 
+def experiment_key(config: dict) -> str:
+    """Canonical JSON of a resolved config without ``IGNORED_FOR_GROUPING``: equal keys, one experiment."""
+    flat = {k: v for k, v in flatten(config).items() if k not in IGNORED_FOR_GROUPING}
+    return json.dumps(flat, sort_keys=True, default=str)
+
+
 def group_key(run: Run) -> str:
-    """Canonical JSON of the config without the seed-like keys; runs without config key on their path."""
+    """``experiment_key`` of the run's config; runs without config key on their path."""
     if not run.config:
         return json.dumps({"__path__": str(run.path.resolve())})
-    flat = {k: v for k, v in flatten(run.config).items() if k not in IGNORED_FOR_GROUPING}
-    return json.dumps(flat, sort_keys=True, default=str)
+    return experiment_key(run.config)
 
 
 def _varying_keys(flat_configs: list[dict]) -> list[str]:
@@ -226,3 +238,26 @@ def _dedupe_labels(groups: list[Group]) -> None:
         seen[g.label] = n
         if n > 1:
             g.label = f"{g.label} #{n}"
+
+
+def planned_groups(configs: list[dict]) -> list[Group]:
+    """The groups that runs with these resolved configs (``Config.to_dict()``) will form in a report."""
+    runs = [Run(path=Path(str(config_get(c, "run.out_dir", "."))) / str(config_get(c, "run.name", "")),
+                name=str(config_get(c, "run.name", "")), config=c, env={}, train=[], eval=[]) for c in configs]
+    return group_runs(runs)
+
+
+def find_group(groups: list[Group], name: str, option: str) -> tuple[Group | None, str | None]:
+    """The group ``name`` names: a group label, else the grid point of a study (its runs' names without the
+    seed suffix), else a method with exactly one group; (None, one line saying why, starting with ``option``,
+    the place the name was given) otherwise."""
+    for match in ([g for g in groups if g.label == name], [g for g in groups if g.point == name]):
+        if len(match) == 1:
+            return match[0], None
+    by_method = [g for g in groups if g.method == name]
+    if len(by_method) == 1:
+        return by_method[0], None
+    names = lambda gs: ", ".join(repr(g.point or g.label) for g in gs)  # noqa: E731
+    if by_method:
+        return None, f"{option}: {name!r} is the method of {len(by_method)} groups; name one of {names(by_method)}"
+    return None, f"{option}: no group {name!r} among the runs; expected one of {names(groups)}"

@@ -1,0 +1,82 @@
+"""LM heads whose logits are not a plain ``hidden @ weight.T``: a bias, a logit scale, a final logit softcap.
+
+    z = hidden @ weight.T + bias            (bias: Falcon/Phi-style heads; usually absent)
+    z = logit_scale * z                     (Cohere: config.logit_scale; Granite: 1 / config.logits_scaling)
+    z = softcap * tanh(z / softcap)         (Gemma 2/3: config.final_logit_softcapping)
+
+applied in this order, as those models do. The full logits are never built: the scoring pass runs chunk by
+chunk without gradients, and the kept rows' cross-entropy is computed in chunks, each under activation
+checkpointing, so the backward recomputes one (chunk, V) block at a time. Cost at the head: 1u for the
+scores plus 4ku for the kept rows (u one N x C x V matmul, k the kept fraction), against 3u for plain
+training with full logits; memory: one (chunk, V) fp32 block, not the (N, V) logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from eslm.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Head:
+    """The LM head's logit transform: bias (V,) or None, logit_scale, softcap (None: no cap)."""
+
+    bias: torch.Tensor | None = None
+    logit_scale: float | None = None
+    softcap: float | None = None
+
+    @property
+    def plain(self) -> bool:
+        return self.bias is None and self.logit_scale in (None, 1.0) and self.softcap is None
+
+    def check(self, vocab: int) -> Head:
+        if self.bias is not None and tuple(self.bias.shape) != (vocab,):
+            raise ConfigError(f"bias must be the LM head's ({vocab},) bias; found {tuple(self.bias.shape)}; "
+                              "fix: pass model.lm_head.bias")
+        if self.softcap is not None and not float(self.softcap) > 0:
+            raise ConfigError(f"softcap must be > 0 (Gemma: config.final_logit_softcapping); found {self.softcap}")
+        if self.logit_scale is not None and not float(self.logit_scale) > 0:
+            raise ConfigError(f"logit_scale must be > 0; found {self.logit_scale}; fix: Cohere's "
+                              "config.logit_scale, or 1 / config.logits_scaling for Granite")
+        return self
+
+    def logits(self, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """(c, C) hidden rows -> (c, V) fp32 transformed logits (the matmul in the inputs' dtype)."""
+        z = (h @ weight.t() if self.bias is None else F.linear(h, weight, self.bias)).float()
+        if self.logit_scale is not None:
+            z = z * self.logit_scale
+        if self.softcap is not None:
+            z = torch.tanh(z / self.softcap) * self.softcap
+        return z
+
+
+@torch.no_grad()
+def token_stats(head: Head, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
+                need_entropy: bool, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Detached fp32 per-token loss and entropy (None unless asked) of hidden (N, C), chunk by chunk."""
+    loss, ent = [], []
+    for s in range(0, hidden.shape[0], chunk_size):
+        logp = torch.log_softmax(head.logits(hidden[s:s + chunk_size], weight), dim=-1)
+        loss.append(-logp.gather(1, targets[s:s + chunk_size, None]).squeeze(1))
+        if need_entropy:
+            ent.append(-(logp.exp() * logp).sum(-1))
+    return torch.cat(loss), (torch.cat(ent) if need_entropy else None)
+
+
+def _chunk_ce(h, weight, bias, targets, head: Head):
+    return F.cross_entropy(Head(bias, head.logit_scale, head.softcap).logits(h, weight), targets, reduction="none")
+
+
+def selected_ce(head: Head, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                index: torch.Tensor, *, chunk_size: int) -> torch.Tensor:
+    """Per-token CE (K,) fp32 of the rows ``index``, with gradient to hidden, weight and bias; each chunk is
+    checkpointed, so its (chunk, V) logits are rebuilt in the backward instead of kept."""
+    h, t = hidden[index], targets[index]
+    out = [checkpoint(_chunk_ce, h[s:s + chunk_size], weight, head.bias, t[s:s + chunk_size], head,
+                      use_reentrant=False) for s in range(0, h.shape[0], chunk_size)]
+    return torch.cat(out) if out else h.new_zeros(0, dtype=torch.float32)

@@ -1,0 +1,336 @@
+"""The drop-in selective loss: ESLM's token selection inside your own training loop.
+
+    loss, stats = selective_loss(targets, logits=logits, score="entropy", alpha=0.1)
+
+The rule is the paper's VaR selection (``eslm.selection.risk``): of the N scored tokens keep the
+K = N - floor(alpha * N) with the highest risk score (predictive entropy, loss, or your own ``scores``,
+detached fp32), and return the cross-entropy of those K tokens: their mean (``reduction="mean"``), their sum
+(``"sum"``), or their sum over ``num_items_in_batch`` (the kept tokens of the whole optimizer step, for an
+exact mean under gradient accumulation and data parallelism). Tokens whose target is ``ignore_index`` are
+neither scored, kept nor counted in N.
+
+No shifting happens inside: ``targets[i]`` must be the token that ``logits[i]`` / ``hidden[i]`` predicts
+(``shift_for_causal_lm`` aligns Hugging Face style labels).
+
+With ``group=None`` everything stays on the device: the top-k has the static size
+K_max = num_kept(rows, alpha), K is a 0-dim tensor, and nothing reads a tensor on the host, so the call traces
+into one ``torch.compile`` graph.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from eslm.api import select
+from eslm.api.head import Head
+from eslm.api.head import selected_ce as head_selected_ce
+from eslm.api.head import token_stats as head_token_stats
+from eslm.errors import ConfigError
+from eslm.objectives.cross_entropy import selected_ce, token_stats
+from eslm.ops import default_impl
+from eslm.selection import risk
+
+SCORES = ("entropy", "loss")
+SCOPES = ("batch", "sequence")
+REDUCTIONS = ("mean", "sum")
+IMPLS = ("auto", "naive", "fused")
+
+
+@dataclass
+class SelectionStats:
+    """What the selection did, as 0-dim tensors on the input's device (no host sync; call .item() yourself).
+    With ``group=`` every field is over the whole group (the same on every rank).
+
+    num_tokens:         () int64, scored tokens N (targets != ignore_index)
+    num_kept:           () int64, K = N - floor(alpha * N) (>= 1 when N >= 1); per sequence, the sum of K_s
+    kept_frac:          () fp32, K / N
+    threshold:          () fp32, VaR_alpha: the smallest kept score (0 when N = 0)
+    cvar:               () fp32, CVaR_alpha: mean score of the kept tokens (the tail at or above VaR)
+    score_kept_mean:    () fp32, the same mean, named as in the trainer's metrics
+    score_dropped_mean: () fp32, mean score of the scored but dropped tokens (0 when none)
+    """
+
+    num_tokens: torch.Tensor
+    num_kept: torch.Tensor
+    kept_frac: torch.Tensor
+    threshold: torch.Tensor
+    cvar: torch.Tensor
+    score_kept_mean: torch.Tensor
+    score_dropped_mean: torch.Tensor
+
+
+@dataclass
+class TokenOutputs:
+    """Per-token outputs (``return_tokens=True``), detached, each of the targets' shape; ignored positions hold
+    kept False, score 0 and loss 0 (mask them with ``targets != ignore_index``).
+
+    kept:  bool, the tokens that count in the loss
+    score: fp32, the risk score the selection ranked
+    loss:  fp32, every scored token's cross-entropy (kept or not)
+    """
+
+    kept: torch.Tensor
+    score: torch.Tensor
+    loss: torch.Tensor
+
+
+@dataclass
+class TokenScores:
+    """What a ``scores=`` callable receives: the model's own per-token loss and entropy, detached fp32, each
+    of the targets' shape (ignored positions hold the loss and entropy of a dummy target 0)."""
+
+    loss: torch.Tensor
+    entropy: torch.Tensor
+
+
+def shift_for_causal_lm(logits_or_hidden: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100):
+    """Align HF-style labels (labels == input_ids) with next-token predictions.
+
+    logits_or_hidden (B, T, X), labels (B, T) -> (logits_or_hidden unchanged, targets (B, T)) with
+    targets[:, t] = labels[:, t + 1] and the last position set to ignore_index. Shifting the labels rather than
+    slicing off the last position of the (large) logits avoids a copy; the last position is simply not scored.
+    """
+    if labels.shape != logits_or_hidden.shape[:-1]:
+        raise ConfigError(f"labels must have shape {tuple(logits_or_hidden.shape[:-1])} (the logits/hidden "
+                          f"without the last dim); found {tuple(labels.shape)}; fix: pass the unshifted labels")
+    targets = F.pad(labels[..., 1:], (0, 1), value=ignore_index)
+    return logits_or_hidden, targets
+
+
+def _resolve_impl(impl: str, have_logits: bool, head: Head) -> str:
+    if impl not in IMPLS:
+        raise ConfigError(f"impl must be one of {' | '.join(IMPLS)}; found {impl!r}; fix: use impl='auto'")
+    if have_logits:
+        if impl == "fused":
+            raise ConfigError("impl='fused' needs hidden= and lm_weight= (it never builds logits); found logits=; "
+                              "fix: pass hidden states and the LM-head weight, or use impl='auto'")
+        if not head.plain:
+            raise ConfigError("bias=, logit_scale= and softcap= apply to hidden= (they transform the logits "
+                              "eslm builds); found logits=; fix: apply them to your logits, or pass hidden=")
+        return "naive"
+    if not head.plain:
+        if impl == "fused":
+            raise ConfigError("impl='fused' has no bias, logit scale or softcap; found one; fix: impl='auto'")
+        return "transformed"
+    return default_impl() if impl == "auto" else impl
+
+
+def _lm_weight(lm_weight, weight):
+    if weight is None:
+        return lm_weight
+    if lm_weight is not None:
+        raise ConfigError("expected lm_weight= only; found both lm_weight= and the deprecated weight=; "
+                          "fix: drop weight=")
+    warnings.warn("selective_loss(weight=...) is deprecated: the name reads like F.cross_entropy's class "
+                  "weight; pass the LM-head weight as lm_weight=", FutureWarning, stacklevel=3)
+    return weight
+
+
+def _flatten_inputs(targets, logits, hidden, weight):
+    """Validate shapes; return (targets (N,), logits (N, V) | None, hidden (N, C) | None)."""
+    if (logits is None) == (hidden is None):
+        raise ConfigError("expected exactly one of logits= or hidden= (with lm_weight=); "
+                          f"found logits={'set' if logits is not None else 'None'}, "
+                          f"hidden={'set' if hidden is not None else 'None'}; fix: pass one of them")
+    x = logits if logits is not None else hidden
+    if hidden is not None and (weight is None or weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]):
+        raise ConfigError(f"lm_weight must be the (V, {hidden.shape[-1]}) LM-head weight for hidden of shape "
+                          f"{tuple(hidden.shape)}; found {None if weight is None else tuple(weight.shape)}; "
+                          "fix: pass model.lm_head.weight")
+    if targets.shape != x.shape[:-1] or targets.dtype not in (torch.int64, torch.int32):
+        raise ConfigError(f"targets must be integer with shape {tuple(x.shape[:-1])}; found {targets.dtype} "
+                          f"{tuple(targets.shape)}; fix: align targets with the logits (see shift_for_causal_lm)")
+    if targets.numel() == 0:
+        raise ConfigError("expected at least one token; found an empty targets tensor")
+    t = targets.reshape(-1).long()
+    return t, (logits.reshape(t.numel(), -1) if logits is not None else None), \
+        (hidden.reshape(t.numel(), -1) if hidden is not None else None)
+
+
+def _check_options(score, scores, scope, reduction, num_items_in_batch, group, position_ids):
+    if scores is None and score not in SCORES:
+        raise ConfigError(f"score must be one of {' | '.join(SCORES)}; found {score!r}; fix: score='entropy'")
+    if scope not in SCOPES:
+        raise ConfigError(f"scope must be one of {' | '.join(SCOPES)}; found {scope!r}; fix: scope='batch'")
+    if reduction not in REDUCTIONS:
+        raise ConfigError(f"reduction must be one of {' | '.join(REDUCTIONS)}; found {reduction!r}; "
+                          "fix: reduction='mean' (or 'sum' and divide by your own count)")
+    if reduction == "sum" and num_items_in_batch is not None:
+        raise ConfigError("num_items_in_batch divides the sum: it needs reduction='mean'; found reduction='sum'; "
+                          "fix: drop one of them")
+    if group is not None and scope != "batch":
+        raise ConfigError("group= shares one threshold over the ranks' whole batches: it needs scope='batch'; "
+                          f"found scope={scope!r}")
+    if position_ids is not None and scope != "sequence":
+        raise ConfigError("position_ids= marks the sequences of a packed batch for scope='sequence'; found "
+                          f"scope={scope!r}; fix: drop position_ids= or set scope='sequence'")
+
+
+def _scores_from_logits(logits: torch.Tensor, targets: torch.Tensor, need_entropy: bool,
+                        chunk_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Detached fp32 per-token loss and entropy (None unless asked) from logits (N, V), chunked so only a
+    (chunk, V) fp32 copy is alive. loss = -log p(target); entropy H = -sum_v p_v log p_v."""
+    loss, ent = [], []
+    with torch.no_grad():
+        for s in range(0, logits.shape[0], chunk_size):
+            logp = torch.log_softmax(logits[s:s + chunk_size].float(), dim=-1)
+            loss.append(-logp.gather(1, targets[s:s + chunk_size, None]).squeeze(1))
+            if need_entropy:
+                ent.append(-(logp.exp() * logp).sum(-1))
+    return torch.cat(loss), (torch.cat(ent) if need_entropy else None)
+
+
+def _token_scores(t, logits2d, hidden2d, weight, head, impl, need_entropy, chunk_size):
+    """(loss (N,), entropy (N,) | None, lse (N,) | None) of every row, detached fp32."""
+    if logits2d is not None:
+        return (*_scores_from_logits(logits2d, t, need_entropy, chunk_size), None)
+    if impl == "transformed":
+        return (*head_token_stats(head, hidden2d, weight, t, need_entropy=need_entropy, chunk_size=chunk_size),
+                None)
+    ts = token_stats(hidden2d, weight, t, need_entropy=need_entropy, impl=impl, chunk_size=chunk_size)
+    return ts.loss, ts.entropy, ts.lse
+
+
+def _risk_scores(score, scores, targets, own_loss, own_entropy):
+    """The (N,) fp32 detached scores the selection ranks."""
+    if scores is None:
+        return own_entropy if score == "entropy" else own_loss
+    if callable(scores):
+        scores = scores(TokenScores(loss=own_loss.view(targets.shape), entropy=own_entropy.view(targets.shape)))
+    if not isinstance(scores, torch.Tensor) or scores.shape != targets.shape:
+        raise ConfigError(f"scores must be a tensor of the targets' shape {tuple(targets.shape)} (or a callable "
+                          f"returning one); found {type(scores).__name__} "
+                          f"{tuple(scores.shape) if isinstance(scores, torch.Tensor) else ''}; "
+                          "fix: one score per target position")
+    return scores.detach().reshape(-1).float()
+
+
+def _select(scores, valid, targets, alpha, scope, position_ids, group) -> select.Kept:
+    if group is not None:
+        return select.across_ranks(scores, valid, alpha, group)
+    if scope == "sequence":
+        seg, rows = select.segments(targets.shape, position_ids, scores.device)
+        bound = targets.shape[0] * risk.num_kept(targets.shape[1], alpha) if rows else scores.numel()
+        return select.by_sequence(scores, valid, alpha, seg, bound)
+    return select.over_batch(scores, valid, alpha)
+
+
+def _stats(kept: select.Kept) -> SelectionStats:
+    scores, valid, index, keep, k, n_valid = (kept.all_scores, kept.all_valid, kept.all_index, kept.all_keep,
+                                              kept.k, kept.n)
+    kf, nf = k.float(), n_valid.float()
+    vals = scores[index]
+    kept_mean = vals.masked_fill(~keep, 0.0).sum() / kf.clamp(min=1)
+    # dropped = valid and not kept; summed directly (all - kept would cancel catastrophically)
+    kept_rows = torch.zeros_like(valid).index_put((index,), keep)
+    dropped_sum = scores.masked_fill(~valid | kept_rows, 0.0).sum()
+    threshold = vals.masked_fill(~keep, float("inf")).min().masked_fill(k == 0, 0.0)
+    return SelectionStats(num_tokens=n_valid, num_kept=k, kept_frac=kf / nf.clamp(min=1), threshold=threshold,
+                          cvar=kept_mean, score_kept_mean=kept_mean,
+                          score_dropped_mean=dropped_sum / (nf - kf).clamp(min=1))
+
+
+def _kept_ce(t, logits2d, hidden2d, weight, head, impl, index, lse, chunk_size):
+    if logits2d is not None:
+        return F.cross_entropy(logits2d[index].float(), t[index], reduction="none")
+    if impl == "transformed":
+        return head_selected_ce(head, hidden2d, weight, t, index, chunk_size=chunk_size)
+    return selected_ce(hidden2d, weight, t, index, impl=impl, chunk_size=chunk_size, lse=lse)
+
+
+def selective_loss(targets: torch.Tensor, *, logits: torch.Tensor | None = None,
+                   hidden: torch.Tensor | None = None, lm_weight: torch.Tensor | None = None,
+                   bias: torch.Tensor | None = None, logit_scale: float | None = None,
+                   softcap: float | None = None, score: str = "entropy",
+                   scores: torch.Tensor | Callable[[TokenScores], torch.Tensor] | None = None,
+                   alpha: float = 0.1, scope: str = "batch", position_ids: torch.Tensor | None = None,
+                   group=None, reduction: str = "mean", num_items_in_batch: torch.Tensor | int | None = None,
+                   return_tokens: bool = False, ignore_index: int = -100, impl: str = "auto",
+                   chunk_size: int = 1024, weight: torch.Tensor | None = None):
+    """ESLM's selective cross-entropy: the CE of the highest-risk 1 - alpha of the tokens.
+
+    targets:   (N,) or (B, T) integers, already aligned with the predictions (no shift inside).
+    logits:    (..., V) with targets.shape == logits.shape[:-1]; or
+    hidden:    (..., C) final hidden states with lm_weight (V, C), the LM-head weight: the full logits are never
+               built (the path for long sequences and large vocabularies); bias (V,), logit_scale and softcap
+               describe heads whose logits are softcap * tanh(scale * (h W^T + b) / softcap) (Gemma, Cohere,
+               Granite). ``weight=`` is the deprecated name of lm_weight.
+    score:     "entropy" (ESLM VaR-entropy) or "loss" (ESLM CVaR-loss); or
+    scores:    your own risk score: a tensor of the targets' shape, or a callable receiving ``TokenScores`` (the
+               model's own per-token loss and entropy) and returning one; e.g. Rho-1's excess loss
+               ``scores=lambda own: own.loss - reference_loss``. Detached, never differentiated.
+    alpha:     fraction of the scored tokens dropped, in [0, 1); alpha = 0 is plain CE.
+    scope:     "batch" (the VaR over this call's tokens) or "sequence" (per sequence: per row of (B, T) targets,
+               or per packed sequence with ``position_ids`` (B, T), a new sequence wherever it is 0).
+    group:     a torch.distributed process group: one VaR threshold over the tokens of all its ranks (each rank
+               keeps its share of the global top K; every rank must pass the same number of tokens). Default
+               None: the VaR is per rank and per call.
+    reduction: "mean": kept CE sum / K (K of the whole group with group=), or / ``num_items_in_batch`` when
+               given (the kept tokens of the whole optimizer step: ``kept_tokens`` counts them before the
+               forward); "sum": the kept CE sum.
+    return_tokens: also return ``TokenOutputs`` (per-token kept mask, score, loss).
+    impl:      "auto" (logits: naive; hidden: fused if eslm.ops.fused_head is available), "naive", "fused".
+
+    Returns (loss () fp32, SelectionStats), or (loss, SelectionStats, TokenOutputs) with return_tokens.
+    Dropped and ignored tokens get exactly zero gradient.
+    """
+    alpha = risk.check_alpha(alpha)
+    _check_options(score, scores, scope, reduction, num_items_in_batch, group, position_ids)
+    weight = _lm_weight(lm_weight, weight)
+    t, logits2d, hidden2d = _flatten_inputs(targets, logits, hidden, weight)
+    head = Head(bias, logit_scale, softcap).check(weight.shape[0] if weight is not None else 0)
+    impl = _resolve_impl(impl, logits is not None, head)
+    valid = t != ignore_index
+    safe_t = torch.where(valid, t, torch.zeros_like(t))  # ignored rows get a dummy in-range target
+
+    need_entropy = callable(scores) or (scores is None and score == "entropy")
+    own_loss, own_entropy, lse = _token_scores(safe_t, logits2d, hidden2d, weight, head, impl, need_entropy,
+                                               chunk_size)
+    risk_scores = _risk_scores(score, scores, targets, own_loss, own_entropy)
+    kept = _select(risk_scores, valid, targets, alpha, scope, position_ids, group)
+    ce = _kept_ce(safe_t, logits2d, hidden2d, weight, head, impl, kept.index, lse, chunk_size)
+    # torch.where, not a product: a -inf/nan in an unkept row must not leak into the sum or its gradient
+    loss = torch.where(kept.keep, ce, torch.zeros_like(ce)).sum()
+    if reduction == "mean":
+        loss = loss / (num_items_in_batch if num_items_in_batch is not None else kept.k.clamp(min=1))
+    stats = _stats(kept)
+    if not return_tokens:
+        return loss, stats
+    zero = torch.zeros_like(risk_scores)
+    tokens = TokenOutputs(kept=kept.mask(t.numel()).view(targets.shape),
+                          score=torch.where(valid, risk_scores, zero).view(targets.shape),
+                          loss=torch.where(valid, own_loss, zero).view(targets.shape))
+    return loss, stats, tokens
+
+
+def token_losses(targets: torch.Tensor, *, logits: torch.Tensor | None = None, hidden: torch.Tensor | None = None,
+                 lm_weight: torch.Tensor | None = None, ignore_index: int = -100,
+                 chunk_size: int = 1024) -> torch.Tensor:
+    """Per-token cross-entropy of the targets' shape, detached fp32, 0 where ignored: e.g. a frozen reference
+    model's losses for Rho-1's excess-loss score (chunked: never more than a (chunk, V) fp32 block)."""
+    t, logits2d, hidden2d = _flatten_inputs(targets, logits, hidden, lm_weight)
+    valid = t != ignore_index
+    safe_t = torch.where(valid, t, torch.zeros_like(t))
+    impl = "naive" if logits2d is not None else default_impl()
+    loss, _, _ = _token_scores(safe_t, logits2d, hidden2d, lm_weight, Head(), impl, False, chunk_size)
+    return torch.where(valid, loss, torch.zeros_like(loss)).view(targets.shape)
+
+
+def kept_tokens(targets: torch.Tensor, *, alpha: float, ignore_index: int = -100, scope: str = "batch",
+                position_ids: torch.Tensor | None = None, group=None) -> torch.Tensor:
+    """K of one call, as a 0-dim int64 tensor, from its targets alone (known before the forward, no sync).
+
+    Sum it over the micro-batches of an optimizer step (and all-reduce it over data-parallel ranks when each
+    rank selects on its own) to get ``num_items_in_batch``: the loss is then exactly the mean CE of the step's
+    kept tokens. With ``group=`` pass the same group as to ``selective_loss`` (the count is then the group's).
+    """
+    alpha = risk.check_alpha(alpha)
+    _check_options("loss", None, scope, "mean", None, group, position_ids)
+    valid = (targets != ignore_index).reshape(-1)
+    seg = select.segments(targets.shape, position_ids, targets.device)[0] if scope == "sequence" else None
+    return select.count_kept(valid, alpha, scope=scope, seg=seg, group=group)

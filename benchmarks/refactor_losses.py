@@ -117,7 +117,7 @@ def _api_cases() -> dict:
         for alpha in (0.0, 0.29, 0.5):
             for route in ("logits", "hidden"):
                 h = hidden.clone().requires_grad_(True)
-                kw = {"logits": h @ weight.t()} if route == "logits" else {"hidden": h, "weight": weight}
+                kw = {"logits": h @ weight.t()} if route == "logits" else {"hidden": h, "lm_weight": weight}
                 loss, st = selective_loss(targets, score=score, alpha=alpha, chunk_size=32, **kw)
                 loss.backward()
                 rec = {"loss": float(loss.detach()), "grad_sum": float(h.grad.double().sum()),

@@ -66,3 +66,13 @@ def test_keys_have_help():
     keys = all_keys()
     assert len(keys) > 40
     assert all(h for _, h in keys.values())
+
+
+def test_a_stored_config_without_lr_schedule_keeps_the_fixed_schedule():
+    # a run directory written before train.lr_schedule existed ran the fixed schedule: read so, it resumes and
+    # groups as what it was; a config that names the key keeps it
+    from eslm.config import upgrade_stored
+
+    assert from_dict(upgrade_stored({"train": {"lr": 1e-3}})).train.lr_schedule == "steps"
+    assert from_dict(upgrade_stored({"train": {"lr_schedule": "budget"}})).train.lr_schedule == "budget"
+    assert build_config().train.lr_schedule == "budget"

@@ -87,6 +87,7 @@ class TrainSection:
     min_lr: float = _f(2e-4, "learning rate at the end of the cosine decay (the paper: 6e-5)")
     warmup_steps: int = _f(30, "linear warmup steps (default sized for the 240-step CPU run; the paper: 2000)")
     lr_decay_steps: int = _f(0, "cosine decay length in steps; 0 = max_steps (the paper: 200k SlimPajama, 600k OWT)")
+    lr_schedule: str = _f("budget", "budget: under a FLOPs budget (train.max_flops > 0) warmup_steps and the decay length are stretched by (a dense step's FLOPs / this method's planned step FLOPs, Ada at its starting alpha), so each run's schedule ends at its own step count where a dense run's ends | steps: as given for every method (the rule before; the paper)")
     weight_decay: float = _f(0.1, "AdamW weight decay on tensors with 2+ dimensions only")
     beta1: float = _f(0.9, "AdamW beta1")
     beta2: float = _f(0.95, "AdamW beta2")
@@ -311,7 +312,8 @@ def build_config(files: list[str] = (), overrides: list[str] = (), base: Config 
 
 
 def upgrade_stored(d: dict) -> dict:
-    """A stored config mapping (a run directory's config.yaml) with every ``RENAMED`` key moved to its new place.
+    """A stored config mapping (a run directory's config.yaml) with every ``RENAMED`` key moved to its new place,
+    and ``train.lr_schedule: steps`` where it is missing (a run written before the key existed ran that rule).
 
     Run directories written before the method settings were nested hold the old flat keys; reading them through
     this keeps such runs resumable and comparable with new ones. Returns a new mapping; ``d`` is not changed.
@@ -330,6 +332,9 @@ def upgrade_stored(d: dict) -> dict:
             target = target.setdefault(p, {}) if isinstance(target, dict) else None
         if isinstance(target, dict) and new_leaf not in target:
             target[new_leaf] = node.pop(leaf)
+    train = out.get("train")
+    if isinstance(train, dict) and train and "lr_schedule" not in train:
+        train["lr_schedule"] = "steps"  # written before train.lr_schedule existed: the fixed schedule it ran with
     return out
 
 
@@ -350,6 +355,7 @@ _CHOICES = {
     "train.dtype": ("auto", "fp32", "bf16"),
     "train.loss_impl": ("fused", "naive"),
     "train.normalize": ("paper", "global"),
+    "train.lr_schedule": ("budget", "steps"),
     "method.standardize": ("none", "batch", "sequence", "domain"),
     "method.scope": ("micro", "step"),
     "flops.count_per": ("global", "micro"),

@@ -1,9 +1,11 @@
-"""AdamW as in nanoGPT / the paper, and the warmup + cosine learning-rate schedule."""
+"""AdamW as in nanoGPT / the paper, and the warmup + cosine learning-rate schedule (per run under a FLOPs budget,
+``plan_schedule``)."""
 
 from __future__ import annotations
 
 import inspect
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -30,3 +32,50 @@ def lr_at(step: int, *, lr: float, min_lr: float, warmup_steps: int, decay_steps
         return min_lr
     ratio = (step - warmup_steps) / max(1, decay_steps - warmup_steps)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The learning-rate schedule of one run: ``warmup_steps`` and ``decay_steps`` for ``lr_at``, and ``ratio``,
+    the factor applied to the configured ones (1.0 when ``train.lr_schedule`` is ``steps`` or there is no FLOPs
+    budget)."""
+
+    warmup_steps: int
+    decay_steps: int
+    ratio: float = 1.0
+
+    def lr(self, step: int, *, lr: float, min_lr: float) -> float:
+        return lr_at(step, lr=lr, min_lr=min_lr, warmup_steps=self.warmup_steps, decay_steps=self.decay_steps)
+
+
+def plan_schedule(cfg, method, fm) -> Schedule:
+    """The schedule of a run of ``cfg`` training ``method`` (an ``eslm.methods.Method`` as built, before any step
+    or resume: Ada-ESLM at its starting alpha) on a model priced by ``fm`` (``eslm.flops.FlopsModel``).
+
+    ``train.lr_schedule: steps``, or no FLOPs budget: ``train.warmup_steps`` and ``train.lr_decay_steps`` (else
+    ``max_steps``) as given. ``budget`` under ``train.max_flops > 0``: both are multiplied by
+
+        ratio = (a dense micro-batch's FLOPs) / (this method's planned micro-batch FLOPs on flops.budget_counter)
+
+    i.e. by how many more steps this method takes to spend the budget than a dense run. A study sets the decay
+    length to the dense run's step count (``eslm.study``), so every run's warmup and cosine end at its own last
+    step: ESLM at alpha 0.2 spends (1 + 2 x 0.8) / 3 of a dense step in paper FLOPs and decays over 104 steps
+    where CLM decays over 90. The planned micro-batch keeps ``tokens.num_kept`` of ``rows.num_rows`` rows and
+    counts the work every component declares before its first step (GREATS declares its scoring only after a
+    selection, so its plan counts the update pass alone and its schedule ends early)."""
+    from eslm.flops import micro_batch_flops
+
+    t = cfg.train
+    warmup, decay = t.warmup_steps, t.lr_decay_steps or t.max_steps
+    if t.lr_schedule != "budget" or t.max_flops <= 0:
+        return Schedule(warmup, decay)
+    rows_in = t.micro_batch_size_seqs
+    n = method.rows.num_rows(rows_in) * cfg.data.seq_len
+    prepass = n if cfg.method.scope == "step" and method.tokens.score is not None else 0
+    planned = micro_batch_flops(fm, method, tokens_seen=n, tokens_kept=method.tokens.num_kept(n),
+                                prepass_tokens=prepass)
+    spent = {"flops_paper": planned.paper, "flops_executed": planned.executed,
+             "flops_dense": planned.dense}[cfg.flops.budget_counter]
+    ratio = fm.train_per_token * rows_in * cfg.data.seq_len / spent
+    # the smallest whole step counts covering the stretched lengths; 1e-9 keeps a ratio of 1.0 exact
+    return Schedule(math.ceil(warmup * ratio - 1e-9), math.ceil(decay * ratio - 1e-9), ratio)

@@ -27,7 +27,7 @@ from eslm.model.gpt import GPT
 from eslm.train import checkpoint as ckpt
 from eslm.train import setup, snapshots
 from eslm.train.distributed import full_state_dicts, init_distributed, load_full_state_dicts, shutdown
-from eslm.train.optim import build_optimizer, lr_at
+from eslm.train.optim import build_optimizer, plan_schedule
 from eslm.train.progress import progress_line
 from eslm.train.records import Update, eval_record, selection_metrics, train_record
 from eslm.train.resume import open_run_dir, record_resumed_at
@@ -75,6 +75,7 @@ class Trainer:
             model_config=self.model_config,
             val_loader_factory=setup.val_loader_factory(cfg, self.dataset, self.weights, self.dist)))
         self.fm = FlopsModel.from_config(self.model_config, cfg.data.seq_len)
+        self.schedule = plan_schedule(cfg, self.method, self.fm)  # before resume: Ada at its starting alpha
         self.flops = FlopsCounter(cfg.flops.count_per)
         self.budget = Budget(t.max_steps, t.max_flops, cfg.flops.budget_counter)
         self.step, self.elapsed_s, self.cpu_s = 0, 0.0, 0.0
@@ -133,8 +134,7 @@ class Trainer:
 
     def _train_one_step(self) -> Update:
         t = self.cfg.train
-        lr = lr_at(self.step, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps,
-                   decay_steps=t.lr_decay_steps or t.max_steps)
+        lr = self.schedule.lr(self.step, lr=t.lr, min_lr=t.min_lr)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         batches = [self.loader.next_batch().to(self.device) for _ in range(t.grad_accum_steps)]
@@ -276,7 +276,10 @@ class Trainer:
         return (f"run directory: {self.run_dir}  | method {self.cfg.method.name} | model {self.cfg.model.preset} "
                 f"({self.raw_model.num_params() / 1e6:.2f}M non-embedding params) | "
                 f"{t.micro_batch_size_seqs}x{self.cfg.data.seq_len} tokens x {t.grad_accum_steps} micro-steps "
-                f"x {self.dist.world_size} ranks = {self.global_batch_tokens} tokens/step")
+                f"x {self.dist.world_size} ranks = {self.global_batch_tokens} tokens/step | lr warmup "
+                f"{self.schedule.warmup_steps} steps, cosine to step {self.schedule.decay_steps}"
+                + (f" (x{self.schedule.ratio:.4f}: this run's steps at the FLOPs budget)"
+                   if self.schedule.ratio != 1.0 else ""))
 
     def _log(self, msg: str) -> None:
         if self.dist.is_main:

@@ -43,7 +43,7 @@ VARIANTS_EXTRA = [
 
 # what a train / eval record keeps: deterministic numbers only (no times, no throughput)
 TRAIN_KEYS = ("train_loss", "train_loss_all", "grad_norm", "lr", "kept_frac", "alpha", "threshold", "cvar",
-              "score_kept_mean", "score_dropped_mean", "tokens_seen", "flops_paper", "flops_executed",
+              "score_dropped_mean", "tokens_seen", "flops_paper", "flops_executed",
               "flops_dense", "rows_kept_frac")
 TRAIN_PREFIXES = ("kept_frac/",)
 EVAL_KEYS = ("val_loss",)
@@ -122,7 +122,7 @@ def _api_cases() -> dict:
                 loss.backward()
                 rec = {"loss": float(loss.detach()), "grad_sum": float(h.grad.double().sum()),
                        "grad_abs_sum": float(h.grad.double().abs().sum())}
-                rec.update({k: float(v) for k, v in vars(st).items()})
+                rec.update({k: float(v) for k, v in vars(st).items() if v is not None})
                 out[f"api/{route}/{score}/alpha={alpha}"] = {"train": [rec], "eval": []}
     return out
 

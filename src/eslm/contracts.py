@@ -14,7 +14,7 @@ ran (tokens through which model); it never multiplies per-token costs itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
@@ -22,6 +22,7 @@ import torch
 if TYPE_CHECKING:  # annotations only
     from eslm.data.batch import Batch
     from eslm.ops.token_stats import TokenStats
+    from eslm.selection.stats import SelectionStats
 
 
 @dataclass
@@ -31,13 +32,14 @@ class Selection:
     index:     (K,) int64 flat indices into the (B*T,) token axis, or None for "all tokens"
     num_kept:  K (Python int)
     num_tokens: N = B*T (Python int)
-    stats:     0-dim / small tensors for the metrics (threshold, cvar, score means, per-domain counts)
+    stats:     what the selection did (``eslm.selection.stats.SelectionStats``), or None when nothing was
+               scored (all tokens kept)
     """
 
     index: torch.Tensor | None
     num_kept: int
     num_tokens: int
-    stats: dict = field(default_factory=dict)
+    stats: SelectionStats | None = None
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,6 @@ KEPT_FRAC = "kept_frac"
 ALPHA = "alpha"
 THRESHOLD = "threshold"
 CVAR = "cvar"
-SCORE_KEPT_MEAN = "score_kept_mean"
 SCORE_DROPPED_MEAN = "score_dropped_mean"
 KEPT_FRAC_DOMAIN_PREFIX = "kept_frac/"  # + domain name
 ROWS_KEPT_FRAC = "rows_kept_frac"  # row selectors (GREATS)

@@ -7,6 +7,7 @@ from eslm.data.batch import Batch
 from eslm.selection.ada import AdaController
 from eslm.selection.scores import standardize
 from eslm.selection.selectors import RandomSelector, TokenSelector, VaRSelector
+from eslm.selection.stats import selection_stats
 
 
 def _batch(B=4, T=16, n_domains=2):
@@ -23,9 +24,14 @@ def test_var_selector_keeps_top_scores_and_reports_stats():
     dropped_mask = torch.ones(64, dtype=torch.bool)
     dropped_mask[sel.index] = False
     assert kept.min() >= scores.reshape(-1)[dropped_mask].max()
-    assert float(sel.stats["cvar"]) == pytest.approx(float(kept.mean()), rel=1e-6)
-    assert float(sel.stats["kept_per_domain"].sum()) == 48
-    assert sel.stats["tokens_per_domain"].tolist() == [32.0, 32.0]
+    st = sel.stats
+    assert float(st.cvar) == pytest.approx(float(kept.mean()), rel=1e-6)
+    assert float(st.threshold) == float(kept.min())
+    assert float(st.score_dropped_mean) == pytest.approx(float(scores.reshape(-1)[dropped_mask].mean()), rel=1e-6)
+    assert int(st.num_kept) == 48 and int(st.num_tokens) == 64 and float(st.kept_frac) == 0.75
+    kept_rows = (~dropped_mask).view(4, 16)  # rows 0, 2 are domain 0; rows 1, 3 domain 1
+    assert st.kept_per_domain.tolist() == [float(kept_rows[0::2].sum()), float(kept_rows[1::2].sum())]
+    assert st.tokens_per_domain.tolist() == [32.0, 32.0]
 
 
 def test_batch_standardisation_never_changes_the_mask():
@@ -80,7 +86,7 @@ class _Sel:
 
 class _Obs:
     def __init__(self, c):
-        self.stats = {"cvar": torch.tensor(c)}
+        self.stats = selection_stats(torch.tensor([c]), torch.tensor([True]))
 
 
 def test_ada_first_measurement_initialises_then_multiplicative_rule():

@@ -5,6 +5,7 @@ import torch
 from eslm import metrics as M
 from eslm.flops import FlopsCounter
 from eslm.selection.selectors import Selection
+from eslm.selection.stats import SelectionStats
 from eslm.train.records import Update, eval_record, selection_metrics, train_record
 from eslm.train.step import StepResult
 
@@ -21,9 +22,9 @@ class _Tokens:
 
 
 def _selection(kept, total):
-    stats = {"threshold": torch.tensor(1.0), "cvar": torch.tensor(2.0), "score_kept_mean": torch.tensor(3.0),
-             "score_dropped_mean": torch.tensor(0.5), "kept_per_domain": torch.tensor(kept),
-             "tokens_per_domain": torch.tensor(total)}
+    stats = SelectionStats(num_tokens=torch.tensor(8), num_kept=torch.tensor(2), kept_frac=torch.tensor(0.25),
+                           threshold=torch.tensor(1.0), cvar=torch.tensor(2.0), score_dropped_mean=torch.tensor(0.5),
+                           kept_per_domain=torch.tensor(kept), tokens_per_domain=torch.tensor(total))
     return Selection(torch.arange(2), 2, 8, stats)
 
 

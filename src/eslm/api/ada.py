@@ -56,7 +56,7 @@ class AdaAlpha:
 
     def observe(self, stats) -> None:
         """One call's ``SelectionStats`` (its ``cvar``, the mean score of the kept tokens)."""
-        self._controller.observe(SimpleNamespace(stats={"cvar": stats.cvar}))
+        self._controller.observe(SimpleNamespace(stats=stats))
 
     def step(self) -> None:
         """After each optimizer step (one host sync every ``interval`` steps, none otherwise)."""

@@ -34,34 +34,12 @@ from eslm.errors import ConfigError
 from eslm.objectives.cross_entropy import selected_ce, token_stats
 from eslm.ops import default_impl
 from eslm.selection import risk
+from eslm.selection.stats import SelectionStats, selection_stats
 
 SCORES = ("entropy", "loss")
 SCOPES = ("batch", "sequence")
 REDUCTIONS = ("mean", "sum")
 IMPLS = ("auto", "naive", "fused")
-
-
-@dataclass
-class SelectionStats:
-    """What the selection did, as 0-dim tensors on the input's device (no host sync; call .item() yourself).
-    With ``group=`` every field is over the whole group (the same on every rank).
-
-    num_tokens:         () int64, scored tokens N (targets != ignore_index)
-    num_kept:           () int64, K = N - floor(alpha * N) (>= 1 when N >= 1); per sequence, the sum of K_s
-    kept_frac:          () fp32, K / N
-    threshold:          () fp32, VaR_alpha: the smallest kept score (0 when N = 0)
-    cvar:               () fp32, CVaR_alpha: mean score of the kept tokens (the tail at or above VaR)
-    score_kept_mean:    () fp32, the same mean, named as in the trainer's metrics
-    score_dropped_mean: () fp32, mean score of the scored but dropped tokens (0 when none)
-    """
-
-    num_tokens: torch.Tensor
-    num_kept: torch.Tensor
-    kept_frac: torch.Tensor
-    threshold: torch.Tensor
-    cvar: torch.Tensor
-    score_kept_mean: torch.Tensor
-    score_dropped_mean: torch.Tensor
 
 
 @dataclass
@@ -221,18 +199,9 @@ def _select(scores, valid, targets, alpha, scope, position_ids, group) -> select
 
 
 def _stats(kept: select.Kept) -> SelectionStats:
-    scores, valid, index, keep, k, n_valid = (kept.all_scores, kept.all_valid, kept.all_index, kept.all_keep,
-                                              kept.k, kept.n)
-    kf, nf = k.float(), n_valid.float()
-    vals = scores[index]
-    kept_mean = vals.masked_fill(~keep, 0.0).sum() / kf.clamp(min=1)
-    # dropped = valid and not kept; summed directly (all - kept would cancel catastrophically)
-    kept_rows = torch.zeros_like(valid).index_put((index,), keep)
-    dropped_sum = scores.masked_fill(~valid | kept_rows, 0.0).sum()
-    threshold = vals.masked_fill(~keep, float("inf")).min().masked_fill(k == 0, 0.0)
-    return SelectionStats(num_tokens=n_valid, num_kept=k, kept_frac=kf / nf.clamp(min=1), threshold=threshold,
-                          cvar=kept_mean, score_kept_mean=kept_mean,
-                          score_dropped_mean=dropped_sum / (nf - kf).clamp(min=1))
+    """The statistics of the whole selection (of the group with ``group=``)."""
+    kept_rows = torch.zeros_like(kept.all_valid).index_put((kept.all_index,), kept.all_keep)
+    return selection_stats(kept.all_scores, kept_rows, valid=kept.all_valid)
 
 
 def _kept_ce(t, logits2d, hidden2d, weight, head, impl, index, lse, chunk_size):
@@ -276,7 +245,9 @@ def selective_loss(targets: torch.Tensor, *, logits: torch.Tensor | None = None,
     return_tokens: also return ``TokenOutputs`` (per-token kept mask, score, loss).
     impl:      "auto" (logits: naive; hidden: fused if eslm.ops.fused_head is available), "naive", "fused".
 
-    Returns (loss () fp32, SelectionStats), or (loss, SelectionStats, TokenOutputs) with return_tokens.
+    Returns (loss () fp32, SelectionStats), or (loss, SelectionStats, TokenOutputs) with return_tokens. The
+    statistics (``eslm.selection.stats.SelectionStats``, the trainer's type; no per-domain counts here) are over
+    the whole group with ``group=``, the same on every rank; with scope "sequence" num_kept is the sum of the K_s.
     Dropped and ignored tokens get exactly zero gradient.
     """
     alpha = risk.check_alpha(alpha)

@@ -64,9 +64,8 @@ class AdaController:
 
     def observe(self, selection) -> None:
         """Accumulate one micro-batch's CVaR (a tensor: no host sync here)."""
-        c = selection.stats.get("cvar")
-        if c is not None:
-            self._sum = c.detach().float() + self._sum
+        if selection.stats is not None:
+            self._sum = selection.stats.cvar.detach().float() + self._sum
             self._count += 1
 
     def on_step_end(self, step: int) -> None:

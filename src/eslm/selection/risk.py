@@ -14,7 +14,8 @@ Ties. The fast path (`topk_index`) keeps exactly K tokens and breaks ties at the
 (by torch.topk's order); the threshold path (`var_mask`) keeps every token with s >= threshold, so with
 ties it may keep more than K. Scores are continuous (entropy, loss), so exact ties are rare in practice.
 
-CVaR_alpha = mean of the scores at or above VaR (the kept tokens' mean). The Rockafellar-Uryasev form
+CVaR_alpha = mean of the scores at or above VaR (the kept tokens' mean, reported by
+``eslm.selection.stats.selection_stats`` with the other statistics of a selection). The Rockafellar-Uryasev form
     CVaR_alpha = min_eta  eta + E[max(0, S - eta)] / (1 - alpha)
 is minimised at eta = VaR and, on an empirical distribution where (1 - alpha) * N is an integer and there are
 no ties at the threshold, equals the tail mean exactly (``cvar_rockafellar_uryasev`` evaluates it; the tests
@@ -125,13 +126,6 @@ def var_threshold(scores: torch.Tensor, alpha: float) -> torch.Tensor:
 def var_mask(scores: torch.Tensor, alpha: float) -> torch.Tensor:
     """Multiplicative fp32 mask (same shape as scores): 1 where score >= VaR_alpha (ties all kept)."""
     return at_or_above(scores.float(), var_threshold(scores, alpha)).float()
-
-
-def cvar(scores: torch.Tensor, alpha: float) -> torch.Tensor:
-    """CVaR_alpha: the mean of the K largest scores (0-dim fp32), K = num_kept(N, alpha)."""
-    flat = scores.reshape(-1).float()
-    k = num_kept(flat.numel(), alpha)
-    return torch.topk(flat, k, sorted=False).values.mean()
 
 
 def cvar_rockafellar_uryasev(scores: torch.Tensor, alpha: float, eta: torch.Tensor | float | None = None):

@@ -20,29 +20,16 @@ from eslm.contracts import NO_EXTRA_WORK, ExtraWork, Selection
 from eslm.data.batch import Batch
 from eslm.selection import risk
 from eslm.selection.scores import standardize
+from eslm.selection.stats import selection_stats
 
 
 __all__ = ["Selection", "TokenSelector", "AllTokens", "VaRSelector", "RandomSelector"]
 
 
-def _stats(raw: torch.Tensor, ranked: torch.Tensor, index: torch.Tensor, batch: Batch, n_domains: int) -> dict:
-    """Selection statistics on the RAW scores (threshold reported on the ranking scale)."""
-    flat_raw = raw.reshape(-1)
-    mask = torch.zeros_like(flat_raw).index_fill_(0, index, 1.0)
-    kept = mask.sum()
-    dropped = (flat_raw.numel() - kept).clamp(min=1)
-    B, T = raw.shape
-    per_row = mask.view(B, T).sum(1)
-    dom = batch.domain.long()
-    return {
-        "threshold": ranked.reshape(-1)[index].min(),
-        "cvar": (flat_raw * mask).sum() / kept,
-        "score_kept_mean": (flat_raw * mask).sum() / kept,
-        "score_dropped_mean": (flat_raw * (1 - mask)).sum() / dropped,
-        "kept_per_domain": torch.zeros(n_domains, device=raw.device).index_add_(0, dom, per_row),
-        "tokens_per_domain": torch.zeros(n_domains, device=raw.device).index_add_(
-            0, dom, torch.full((B,), float(T), device=raw.device)),
-    }
+def _stats(raw: torch.Tensor, ranked: torch.Tensor, index: torch.Tensor, batch: Batch, n_domains: int):
+    """The selection's statistics on the RAW scores (threshold reported on the ranking scale)."""
+    kept = torch.zeros(raw.numel(), dtype=torch.bool, device=raw.device).index_fill_(0, index, True)
+    return selection_stats(raw, kept, ranked=ranked, domain=batch.domain, n_domains=n_domains)
 
 
 class TokenSelector:

@@ -41,19 +41,19 @@ def train_record(u: Update, step: int, *, tokens_seen_total: int, step_cpu_s: fl
 
 
 def selection_metrics(res: StepResult, tokens, domains: list[str]) -> dict:
-    """alpha (selective methods), the threshold, CVaR and score means averaged over the step's micro-batches,
+    """alpha (selective methods), the threshold, CVaR and dropped-score mean averaged over the step's micro-batches,
     and the kept fraction per domain. ``tokens``: the method's token selector."""
-    sels = [s for s in res.selections if s.stats]
+    stats = [s.stats for s in res.selections if s.stats is not None]
     out = {}
     if tokens.score is not None:
         out[M.ALPHA] = tokens.alpha
-    if not sels:
+    if not stats:
         return out
-    mean = lambda key: float(torch.stack([s.stats[key].float() for s in sels]).mean())  # noqa: E731
-    out.update({M.THRESHOLD: mean("threshold"), M.CVAR: mean("cvar"),
-                M.SCORE_KEPT_MEAN: mean("score_kept_mean"), M.SCORE_DROPPED_MEAN: mean("score_dropped_mean")})
-    kept = sum(s.stats["kept_per_domain"] for s in sels)
-    tot = sum(s.stats["tokens_per_domain"] for s in sels)
+    mean = lambda values: float(torch.stack([v.float() for v in values]).mean())  # noqa: E731
+    out.update({M.THRESHOLD: mean(s.threshold for s in stats), M.CVAR: mean(s.cvar for s in stats),
+                M.SCORE_DROPPED_MEAN: mean(s.score_dropped_mean for s in stats)})
+    kept = sum(s.kept_per_domain for s in stats)
+    tot = sum(s.tokens_per_domain for s in stats)
     for i, dom in enumerate(domains):
         if float(tot[i]) > 0:
             out[M.kept_frac_key(dom)] = float(kept[i] / tot[i])

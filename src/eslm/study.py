@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 from eslm.errors import ConfigError
+from eslm.files import name_problem
 
 # Study files ship inside the package: src/eslm/configs is a link to the repository's configs/, so a
 # checkout, an editable install and a wheel all find them next to this module (the wheel holds a copy).
@@ -88,7 +89,10 @@ def load_study(name: str) -> dict:
                           f"{name}.yaml in ./configs/studies, or reinstall eslm (its wheel ships the studies in "
                           "eslm/configs/studies)")
     study = _read_study_yaml(path)
-    _refuse(f"study {str(path)!r}", study_problems(study))
+    problems = study_problems(study)
+    if (why := name_problem(path.stem, "the study's name (its file name, the folder of its runs)")) is not None:
+        problems.insert(0, why)
+    _refuse(f"study {str(path)!r}", problems)
     study["name"] = path.stem
     return study
 
@@ -114,16 +118,6 @@ def _is_int(v) -> bool:
 
 def _name_list(v) -> str:
     return ", ".join(repr(x) for x in v)
-
-
-def _label_problem(label) -> str | None:
-    """Why ``label`` cannot name run directories (None when it can): one path-safe component."""
-    if not isinstance(label, str) or not label:
-        return f"expected a non-empty text, found {label!r}"
-    if label in (".", "..") or any(c in label for c in "/\\\0") or label.startswith("-"):
-        return (f"expected one path-safe name (letters, digits, '.', '_', '-'; no '/', not '.' or '..'), "
-                f"found {label!r}")
-    return None
 
 
 def _method_problem(name) -> str | None:
@@ -157,8 +151,8 @@ def _entries_problems(methods) -> tuple[list[str], list[str], list[str]]:
             if (why := _method_problem(item["name"])) is not None:
                 problems.append(f"{where}: {why}")
                 continue
-            if "label" in item and (why := _label_problem(item["label"])) is not None:
-                problems.append(f"{where}: label: {why}")
+            if "label" in item and (why := name_problem(item["label"], f"{where}: label")) is not None:
+                problems.append(why)
                 continue
         elif isinstance(item, str):
             if (why := _method_problem(item)) is not None:

@@ -255,3 +255,126 @@ def test_report_section_names_groups_of_the_study(tmp_path):
     assert "no group 'clm'" not in err  # clm is in this study: the default baseline exists
     code, err = _cli_study(tmp_path, STUDY_OK.replace("[clm, ", "[") + "report: {target: baseline}\n", "--dry-run")
     assert code == 2 and "no group 'clm' among the runs" in err and "add report.baseline" in err
+
+
+def test_a_study_file_name_that_is_no_path_safe_name_is_refused(tmp_path):
+    f = tmp_path / "-grid.yaml"
+    f.write_text(STUDY_OK)
+    with pytest.raises(ConfigError, match="the study's name .*: expected a single path-safe name"):
+        study.load_study(str(f))
+
+
+# ---------------------------------------------------------------- the study process and its children
+
+LONG = """methods: [clm, eslm-entropy]
+seeds: [1]
+config:
+  model: {{preset: tiny}}
+  data: {{dir: {data}, tokenizer: byte, seq_len: 32}}
+  train: {{max_steps: 100000, micro_batch_size_seqs: 2, warmup_steps: 2, num_threads: 1}}
+  eval: {{interval: 0, tokens_per_domain: 256, batch_size_seqs: 4}}
+  checkpoint: {{interval: 0}}
+  log: {{interval: 1, tensorboard: false}}
+"""
+
+
+def _start_study(tmp_path, tiny_data):
+    """``eslm study`` of two endless runs with --jobs 2 in a subprocess, once both children train: (process,
+    {run name: child PID})."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    f = tmp_path / "long.yaml"
+    f.write_text(LONG.format(data=tiny_data))
+    cmd = [sys.executable, "-m", "eslm.cli", "study", str(f), "--out", str(tmp_path / "out"), "--jobs", "2"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    runs = {n: tmp_path / "out" / "long" / n for n in ("clm-s1", "eslm-entropy-s1")}
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if all((d / "metrics.jsonl").is_file() and (d / "metrics.jsonl").read_text().count('"train"') >= 2
+               for d in runs.values()):
+            pids = {n: json.loads((d / "eslm.lock").read_text())["pid"] for n, d in runs.items()}
+            return proc, pids, cmd
+        time.sleep(0.5)
+    proc.kill()
+    raise AssertionError("the study's runs did not start training: " + (proc.communicate()[0] or "")[-3000:])
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # an orphan nobody reaps is a zombie: it has ended
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _end(pids) -> None:
+    import os
+    import signal
+
+    for pid in pids:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_second_study_on_one_directory_is_refused_and_sigterm_reports_preempted_runs(tmp_path, tiny_data):
+    import signal
+    import subprocess
+
+    proc, pids, cmd = _start_study(tmp_path, tiny_data)
+    try:
+        second = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2, second.stdout + second.stderr
+        err = second.stderr.strip().splitlines()
+        assert len(err) == 1 and "is in use by PID" in err[0] and str(proc.pid) in err[0], second.stderr
+        assert all(_alive(p) for p in pids.values())  # the first study's runs were left alone
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=180)[0]
+    finally:
+        proc.kill()
+        _end(pids.values())
+    assert proc.returncode == 143, out
+    for name in pids:
+        assert f"== {name} preempted (checkpoint saved" in out, out
+        assert list((tmp_path / "out" / "long" / name / "checkpoints").glob("step_*.pt")), name
+    assert "exit -15" not in out
+
+
+def test_children_end_when_the_study_process_is_killed(tmp_path, tiny_data):
+    import time
+
+    proc, pids, _ = _start_study(tmp_path, tiny_data)
+    try:
+        proc.kill()  # SIGKILL: the study cannot pass anything on
+        proc.communicate(timeout=60)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and any(_alive(p) for p in pids.values()):
+            time.sleep(0.5)
+        alive = [n for n, p in pids.items() if _alive(p)]
+    finally:
+        _end(pids.values())
+    assert alive == [], f"orphaned runs still training: {alive}"
+    for name in pids:  # each stopped cleanly, as on SIGTERM: a checkpoint to resume from
+        assert list((tmp_path / "out" / "long" / name / "checkpoints").glob("step_*.pt")), name
+
+
+def test_plan_files_are_replaced_whole_and_a_planted_link_is_not_followed(tmp_path):
+    outside = tmp_path / "users-file.yaml"
+    outside.write_text("mine\n")
+    plan_file = tmp_path / "plan" / "clm-s1.yaml"
+    plan_file.parent.mkdir()
+    plan_file.symlink_to(outside)
+    study._write_text_atomic(plan_file, "run: {name: clm-s1}\n")
+    assert outside.read_text() == "mine\n" and not plan_file.is_symlink()
+    assert plan_file.read_text() == "run: {name: clm-s1}\n" and [p.name for p in plan_file.parent.iterdir()] == [
+        "clm-s1.yaml"]  # no temporary file left

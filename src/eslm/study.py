@@ -478,18 +478,27 @@ def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int]
               f"{c.flops.budget_counter}")
     if dry_run:
         return 0
+    from eslm.lock import DirLock
+
+    study_dir = out / study["name"]
+    study_dir.mkdir(parents=True, exist_ok=True)
+    with DirLock(study_dir, what="study directory"):  # a second eslm study on this directory is refused
+        return _train_and_report(study, configs, jobs, study_dir)
+
+
+def _train_and_report(study: dict, configs: list, jobs: int, study_dir: Path) -> int:
     t0 = time.perf_counter()
     run_dirs = [Path(c.run.out_dir) / c.run.name for c in configs]
     pending = [c for c in configs if not (Path(c.run.out_dir) / c.run.name / "result.json").is_file()]
     for c in configs:
         if c not in pending:
             print(f"== {c.run.name}: finished earlier, skipped")
-    code = _run_serial(pending) if jobs == 1 else _run_parallel(pending, jobs, out / study["name"])
+    code = _run_serial(pending) if jobs == 1 else _run_parallel(pending, jobs, study_dir)
     if code:
         print(f"study {study['name']}: stopped; run the same command again to resume the unfinished runs",
               file=sys.stderr)
         return code
-    return _report(study, run_dirs, out / study["name"] / "report", t0)
+    return _report(study, run_dirs, study_dir / "report", t0)
 
 
 def _resume_flag(c):
@@ -510,9 +519,50 @@ def _run_serial(configs: list) -> int:
     return 0
 
 
+# The study parent's lifeline: its children inherit the read end of a pipe whose write end only the parent holds.
+# When the parent ends, however it ends (SIGKILL included), the kernel closes the write end, the child reads EOF
+# and stops as on SIGTERM: after its current step, with a checkpoint (``watch_parent``).
+PARENT_FD_ENV = "ESLM_STUDY_PARENT_FD"
+
+
+def watch_parent() -> None:
+    """In a study's child (``eslm train`` started by ``eslm study``): SIGTERM this process when the study's
+    process is gone. Does nothing in a process the study did not start."""
+    import threading
+
+    fd = os.environ.pop(PARENT_FD_ENV, None)  # popped: the run's own subprocesses are not study children
+    if fd is None or not fd.isdigit():
+        return
+
+    def wait() -> None:
+        try:
+            while os.read(int(fd), 1):
+                pass
+        except OSError:
+            pass
+        print("eslm study: the study process is gone: this run stops after its current step (checkpoint saved)",
+              file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=wait, name="eslm-study-parent", daemon=True).start()
+
+
+def _child_outcome(code: int, finished: bool, sent_term: bool) -> tuple[bool, str]:
+    """(finished, words) for a child that exited with ``code``."""
+    if code == 0 and finished:
+        return True, "finished"
+    if code == 0:  # eslm train exits 0 when SIGTERM stopped it after a step and its checkpoint
+        return False, "preempted (checkpoint saved; the same command resumes it)"
+    if code in (-signal.SIGTERM, 128 + signal.SIGTERM) and sent_term:
+        return False, "stopped by SIGTERM before its first step (the same command starts it again)"
+    return False, f"failed (exit {code})"
+
+
 def _run_parallel(configs: list, jobs: int, study_dir: Path) -> int:
     """Train up to ``jobs`` runs at once, each as ``python -m eslm.cli train PLAN.yaml`` with its resolved
-    config; SIGTERM is passed on to the children (each saves a checkpoint and exits), then the study stops."""
+    config. The children run in their own sessions, so a terminal's Ctrl-C or a signal to the study's process
+    group reaches the study only, which passes SIGTERM on once to each child (each saves a checkpoint and
+    exits) and waits for them; they also stop by themselves if the study's process dies (``watch_parent``)."""
     from dataclasses import replace
 
     from eslm.config import to_yaml
@@ -522,6 +572,25 @@ def _run_parallel(configs: list, jobs: int, study_dir: Path) -> int:
     (study_dir / "logs").mkdir(parents=True, exist_ok=True)
     queue, running, failed, stop = list(configs), {}, [], []
     old = signal.signal(signal.SIGTERM, lambda *_: stop.append(True)) if _main_thread() else None
+    lifeline_r, lifeline_w = os.pipe()  # not inheritable: a child gets the read end only, through pass_fds
+    env = {**os.environ, PARENT_FD_ENV: str(lifeline_r)}
+
+    def terminate_all():
+        for name, (proc, _, sent) in running.items():
+            if not sent and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                running[name] = (proc, running[name][1], True)
+
+    def reap():
+        for name, (proc, log, sent) in list(running.items()):
+            if proc.poll() is not None:
+                log.close()
+                del running[name]
+                ok, words = _child_outcome(proc.returncode, (study_dir / name / "result.json").is_file(), sent)
+                print(f"== {name} {words}", flush=True)
+                if not ok:
+                    failed.append(name)
+
     try:
         while queue or running:
             while queue and len(running) < jobs and not stop:
@@ -529,26 +598,27 @@ def _run_parallel(configs: list, jobs: int, study_dir: Path) -> int:
                 if c.train.num_threads == 0:
                     c = replace(c, train=replace(c.train, num_threads=threads))
                 plan_file = study_dir / "plan" / f"{c.run.name}.yaml"
-                plan_file.write_text(to_yaml(c))
+                _write_text_atomic(plan_file, to_yaml(c))
                 log = open(study_dir / "logs" / f"{c.run.name}.log", "a")
                 cmd = [sys.executable, "-m", "eslm.cli", "train", str(plan_file)]
-                running[c.run.name] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log)
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, pass_fds=(lifeline_r,),
+                                        start_new_session=True)
+                running[c.run.name] = (proc, log, False)
                 print(f"== {c.run.name}{' (resuming)' if resume else ''} started", flush=True)
             if stop:
-                for proc, _ in running.values():
-                    proc.send_signal(signal.SIGTERM)
+                terminate_all()
             time.sleep(0.5)
-            for name, (proc, log) in list(running.items()):
-                if proc.poll() is not None:
-                    log.close()
-                    del running[name]
-                    ok = proc.returncode == 0 and (study_dir / name / "result.json").is_file()
-                    print(f"== {name} {'finished' if ok else f'stopped (exit {proc.returncode})'}", flush=True)
-                    if not ok:
-                        failed.append(name)
+            reap()
             if stop and not running:
                 return 143
     finally:
+        if running:  # an exception or Ctrl-C in the study: its children stop cleanly before it goes
+            terminate_all()
+            for proc, log, _ in running.values():
+                proc.wait()
+                log.close()
+        os.close(lifeline_r)
+        os.close(lifeline_w)
         if old is not None:
             signal.signal(signal.SIGTERM, old)
     if failed:
@@ -556,6 +626,18 @@ def _run_parallel(configs: list, jobs: int, study_dir: Path) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    """Write through a temporary file beside ``path`` and a rename: a reader (a child starting, a second look
+    at the plan) never sees half a file, and a link at ``path`` is replaced, not followed."""
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _report(study: dict, run_dirs: list[Path], report_dir: Path, t0: float) -> int:

@@ -25,6 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from eslm.config import build_config, to_yaml
+    from eslm.study import watch_parent
     from eslm.train.trainer import train
 
     base, items, resume = _resume_args(args)
@@ -34,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(to_yaml(cfg), end="")
         return 0
+    watch_parent()  # a run started by eslm study stops (with a checkpoint) when the study's process is gone
     result = train(cfg)
     return 0 if result.stopped_by in ("max_steps", "max_flops", "preempted") else 1
 

@@ -1,9 +1,11 @@
-"""Shared fixtures: a tiny prepared corpus (byte tokenizer, two domains) that every training test reuses."""
+"""Shared fixtures: a tiny prepared corpus (byte tokenizer, two domains) that every training test reuses; HostReads,
+the CPU stand-in for a CUDA sync check."""
 
 import os
 from pathlib import Path
 
 import pytest
+from torch.utils._python_dispatch import TorchDispatchMode
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -76,3 +78,35 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# aten ops that read the device from the host (or wait for it to size their output)
+_SYNC_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
+             "equal", "is_nonzero", "bincount", "repeat_interleave", "histc", "allclose", "_assert_async"}
+_INDEX_OPS = {"index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index", "_unsafe_index_put"}
+
+
+class HostReads(TorchDispatchMode):
+    """Raises on every op of ``_SYNC_OPS`` (item(), int/float/bool of a tensor, nonzero, boolean indexing ...)
+    dispatched inside it, on any device: the CPU stand-in for torch.cuda.set_sync_debug_mode("error").
+    With ``record`` (a list) it appends each such op's name there instead of raising."""
+
+    def __init__(self, record: list | None = None):
+        super().__init__()
+        self.record = record
+
+    def _found(self, what: str) -> None:
+        if self.record is None:
+            raise RuntimeError(f"host sync in the step: {what}")
+        self.record.append(what)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        import torch
+
+        name = func.overloadpacket.__name__
+        if name in _SYNC_OPS:
+            self._found(f"aten.{name}")
+        elif name in _INDEX_OPS and any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
+                                        for i in args[1]):  # a mask's nonzero runs inside the kernel, unseen here
+            self._found(f"aten.{name} with a boolean mask")
+        return func(*args, **(kwargs or {}))

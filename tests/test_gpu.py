@@ -14,8 +14,8 @@ import contextlib
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from conftest import HostReads
 from eslm.config import build_config
 from eslm.methods import METHODS, BuildContext, build_method
 from eslm.model.gpt import GPT, preset
@@ -196,26 +196,6 @@ def test_every_method_takes_a_step(name, device, precision, tiny_data, frozen_ck
 
 
 # ----------------------------------------------------------------------------- no host sync in the step
-
-# aten ops that read the device from the host (or wait for it to size their output)
-_SYNC_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
-             "equal", "is_nonzero", "bincount", "repeat_interleave", "histc", "allclose", "_assert_async"}
-_INDEX_OPS = {"index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index", "_unsafe_index_put"}
-
-
-class HostReads(TorchDispatchMode):
-    """Raises on every op of ``_SYNC_OPS`` (item(), int/float/bool of a tensor, nonzero, boolean indexing ...)
-    dispatched inside it, on any device: the CPU stand-in for torch.cuda.set_sync_debug_mode("error")."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        if name in _SYNC_OPS:
-            raise RuntimeError(f"host sync in the step: aten.{name}")
-        if name in _INDEX_OPS and any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
-                                      for i in args[1]):  # a mask's nonzero runs inside the kernel, unseen here
-            raise RuntimeError(f"host sync in the step: aten.{name} with a boolean mask")
-        return func(*args, **(kwargs or {}))
-
 
 @contextlib.contextmanager
 def no_host_sync(device: str):

@@ -104,7 +104,7 @@ def _step_threshold(raw_model, method, batches, opts: StepOptions) -> tuple[torc
                                            need_entropy=method.needs_entropy,
                                            keep_fraction=method.tokens.num_kept(n) / n, for_loss=False)
         ranked.append(standardize(method.tokens.scores(stats, batch), method.tokens.standardize,
-                                  batch.domain).reshape(-1))
+                                  batch.domain, method.tokens.n_domains).reshape(-1))
         tokens += n
     scores = torch.cat(ranked)
     if opts.world_size > 1:

@@ -95,7 +95,7 @@ def selection_overhead(bench: Bench, alphas: list[float], chunk: int, reps: int)
 
         def select():
             sel = method.tokens.select(method.scores(stats, batch), batch)
-            float(sel.stats["threshold"])  # wait for the work
+            float(sel.stats.threshold)  # wait for the work
 
         out[a] = {"entropy_s": t_ent, "select_s": timed(select), "route": route}
     return out

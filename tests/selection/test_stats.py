@@ -13,7 +13,8 @@ from eslm.data.batch import Batch
 from eslm.selection.selectors import RandomSelector, VaRSelector
 from eslm.selection.stats import SelectionStats, selection_stats
 
-SRC = Path(__file__).resolve().parents[2] / "src" / "eslm"
+ROOT = Path(__file__).resolve().parents[2]
+SRC = ROOT / "src" / "eslm"
 
 
 def test_the_selectors_and_the_api_return_the_same_type_with_the_same_numbers():
@@ -45,10 +46,12 @@ def test_a_non_finite_score_outside_the_set_does_not_leak():
 
 
 def _violations() -> list[str]:
-    """SelectionStats built anywhere but selection_stats; selection statistics read by string key."""
+    """SelectionStats built anywhere but selection_stats; selection statistics read by string key (in the package,
+    the benchmarks and the examples)."""
     out = []
-    for path in sorted(SRC.rglob("*.py")):
-        rel = path.relative_to(SRC).as_posix()
+    paths = [*SRC.rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py"), *(ROOT / "examples").rglob("*.py")]
+    for path in sorted(paths):
+        rel = path.relative_to(SRC).as_posix() if path.is_relative_to(SRC) else path.relative_to(ROOT).as_posix()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "SelectionStats" \
                     and rel != "selection/stats.py":

@@ -1,14 +1,11 @@
-"""ESLM inside a Hugging Face ``Trainer``, through ``compute_loss_func`` (transformers 5.x).
+"""ESLM inside a Hugging Face ``Trainer`` with one call, ``eslm.integrations.hf.use_eslm`` (no full logits).
 
-    python examples/hf_trainer_eslm.py --steps 20 --alpha 0.1 --score entropy
+    python examples/hf_trainer_eslm.py --steps 20 --alpha 0.1 --score entropy [--ada]
 
-Builds a tiny GPT2LMHeadModel from a config (no download), a toy dataset, and a Trainer whose loss is
-``eslm.api.selective_loss``. Needs ``transformers`` and ``accelerate`` (the Trainer's own dependency).
-
-The Trainer calls ``compute_loss_func(outputs, labels, num_items_in_batch=...)`` with the model outputs, the
-UNSHIFTED labels (labels == input_ids, -100 where ignored) and the number of non-ignored next-token targets of
-the whole accumulated batch. It does not divide that loss by the gradient-accumulation steps, so the function
-below normalises by the step's expected kept count itself.
+Builds a tiny GPT2LMHeadModel from a config (no download), a toy dataset with prompt tokens masked (-100), and
+a Trainer with gradient accumulation; ``use_eslm`` makes its loss the mean cross-entropy over the kept tokens
+of each optimizer step, computed from the hidden states and the LM head in chunks. Needs ``transformers`` and
+``accelerate`` (the Trainer's own dependency): ``pip install 'eslm[hf]'``.
 """
 
 from __future__ import annotations
@@ -17,7 +14,8 @@ import argparse
 
 import torch
 
-from eslm.api import selective_loss, shift_for_causal_lm
+from eslm.api import AdaAlpha
+from eslm.integrations.hf import use_eslm
 
 
 def build_model(vocab_size: int = 64, n_positions: int = 32, n_embd: int = 32, n_layer: int = 2,
@@ -26,9 +24,8 @@ def build_model(vocab_size: int = 64, n_positions: int = 32, n_embd: int = 32, n
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
-    cfg = GPT2Config(vocab_size=vocab_size, n_positions=n_positions, n_embd=n_embd, n_layer=n_layer,
-                     n_head=n_head)
-    return GPT2LMHeadModel(cfg)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=vocab_size, n_positions=n_positions, n_embd=n_embd,
+                                      n_layer=n_layer, n_head=n_head))
 
 
 class ToyDataset(torch.utils.data.Dataset):
@@ -54,52 +51,35 @@ class ToyDataset(torch.utils.data.Dataset):
         return {"input_ids": self.input_ids[i], "labels": self.labels[i]}
 
 
-def make_compute_loss_func(score: str = "entropy", alpha: float = 0.1, log: list | None = None):
-    """A ``compute_loss_func(outputs, labels, num_items_in_batch=None)`` running ESLM's selective loss.
-
-    With ``num_items_in_batch`` (N_step: targets of the whole accumulated batch, from the Trainer) the loss is
-    sum(kept CE) / ((1 - alpha) * N_step), i.e. a mean over the step's kept tokens that is correct under
-    gradient accumulation; without it, the mean over this batch's kept tokens. ``log`` collects the
-    SelectionStats of every call.
-    """
-
-    def compute_loss_func(outputs, labels, num_items_in_batch=None):
-        logits, targets = shift_for_causal_lm(outputs.logits, labels)  # logits[t] predicts labels[t + 1]
-        loss, stats = selective_loss(targets, logits=logits, score=score, alpha=alpha)
-        if log is not None:
-            log.append(stats)
-        if num_items_in_batch is None:
-            return loss
-        return loss * stats.num_kept / ((1.0 - alpha) * num_items_in_batch)
-
-    return compute_loss_func
-
-
-def build_trainer(model, dataset, compute_loss_func, *, output_dir: str, max_steps: int = 3,
-                  batch_size: int = 4, lr: float = 1e-3):
+def build_trainer(model, dataset, *, output_dir: str, max_steps: int = 3, batch_size: int = 4,
+                  accumulation: int = 2, lr: float = 1e-3):
     """A CPU Trainer with no logging integrations, no checkpoints."""
     from transformers import Trainer, TrainingArguments
 
     args = TrainingArguments(output_dir=output_dir, max_steps=max_steps, per_device_train_batch_size=batch_size,
-                             learning_rate=lr, report_to=[], save_strategy="no", logging_steps=1,
-                             use_cpu=True, dataloader_num_workers=0, disable_tqdm=True)
-    return Trainer(model=model, args=args, train_dataset=dataset, compute_loss_func=compute_loss_func)
+                             gradient_accumulation_steps=accumulation, learning_rate=lr, report_to=[],
+                             save_strategy="no", logging_steps=1, use_cpu=True, dataloader_num_workers=0,
+                             disable_tqdm=True)
+    return Trainer(model=model, args=args, train_dataset=dataset, eval_dataset=dataset)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--alpha", type=float, default=0.1)
     p.add_argument("--score", choices=("entropy", "loss"), default="entropy")
+    p.add_argument("--ada", action="store_true", help="Ada-ESLM: alpha steered by the kept tokens' CVaR")
     p.add_argument("--output-dir", default="runs/hf_trainer_eslm")
     a = p.parse_args(argv)
-    log: list = []
-    trainer = build_trainer(build_model(), ToyDataset(), make_compute_loss_func(a.score, a.alpha, log),
-                            output_dir=a.output_dir, max_steps=a.steps)
+    trainer = build_trainer(build_model(), ToyDataset(), output_dir=a.output_dir, max_steps=a.steps)
+    ada = AdaAlpha(alpha=a.alpha, interval=5) if a.ada else None
+    use_eslm(trainer, alpha=a.alpha, score=a.score, ada=ada)
     trainer.train()
-    last = log[-1]
-    print(f"last batch: kept {int(last.num_kept)}/{int(last.num_tokens)} tokens "
-          f"(threshold {float(last.threshold):.3f}, CVaR {float(last.cvar):.3f})")
+    last = [h for h in trainer.state.log_history if "loss" in h][-1]
+    print(f"step {last['step']}: loss {last['loss']:.3f}, kept {last['eslm/kept_frac']:.2f}, "
+          f"VaR {last['eslm/var']:.3f}, CVaR {last['eslm/cvar']:.3f}, alpha {last['eslm/alpha']:.3f}; "
+          f"eval_loss (plain CE) {trainer.evaluate()['eval_loss']:.3f}")
+    return last
 
 
 if __name__ == "__main__":

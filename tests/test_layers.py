@@ -18,6 +18,7 @@ LAYERS = {
     "eslm.baselines": 4,
     "eslm.methods": 5, "eslm.flops": 5, "eslm.api": 5,
     "eslm.eval.val_loss": 5,  # the validation loss the trainer reports (eval.harness, lm-eval, sits above train)
+    "eslm.integrations": 6,  # adapters to other trainers (HF, TRL, Lightning, torchtitan-style) over eslm.api
     "eslm.config": 6,  # the typed config validates method names and presets, so it sits above the registry
     "eslm.train": 7,
     "eslm.eval": 8, "eslm.analysis": 8,

@@ -1,9 +1,7 @@
 """The drop-in selective loss against an independent NumPy reference of the VaR rule, and the HF example."""
 
-import importlib.util
 import math
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -203,58 +201,6 @@ def test_user_errors_are_config_errors(kwargs, match):
         selective_loss(targets, logits=logits, **kwargs)
     with pytest.raises(ConfigError, match="targets"):
         selective_loss(targets[:, :3], logits=logits)
-
-
-# --- the transformers example -----------------------------------------------------------------------------
-
-def _example():
-    path = Path(__file__).resolve().parents[2] / "examples" / "hf_trainer_eslm.py"
-    spec = importlib.util.spec_from_file_location("hf_trainer_eslm", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _params(model):
-    return [p.detach().clone() for p in model.parameters()]
-
-
-def test_example_compute_loss_func_trains_gpt2_lm_head_model():
-    """The function Trainer would call, in a hand-written loop (runs without accelerate)."""
-    pytest.importorskip("transformers")
-    ex = _example()
-    model, data = ex.build_model(), ex.ToyDataset(n=8)
-    log: list = []
-    loss_fn = ex.make_compute_loss_func("entropy", 0.2, log)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    before = _params(model)
-    batch = {k: torch.stack([data[i][k] for i in range(4)]) for k in ("input_ids", "labels")}
-    n_items = batch["labels"][:, 1:].ne(IGNORE).sum()  # what Trainer passes as num_items_in_batch
-    for _ in range(3):
-        loss = loss_fn(model(input_ids=batch["input_ids"]), batch["labels"], num_items_in_batch=n_items)
-        assert torch.isfinite(loss)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
-    st = log[-1]
-    assert int(st.num_tokens) == int(n_items)
-    assert int(st.num_kept) == int(n_items) - math.floor(0.2 * int(n_items))
-
-
-def test_example_runs_inside_hf_trainer(tmp_path):
-    pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")  # the Trainer's own dependency
-    ex = _example()
-    model = ex.build_model()
-    before = _params(model)
-    log: list = []
-    trainer = ex.build_trainer(model, ex.ToyDataset(n=16), ex.make_compute_loss_func("loss", 0.1, log),
-                               output_dir=str(tmp_path), max_steps=3)
-    out = trainer.train()
-    assert math.isfinite(out.training_loss) and len(log) >= 3
-    assert any(not torch.equal(a, b.detach().cpu()) for a, b in zip(before, model.parameters()))
 
 
 # --- reductions and the exact normalisation of an optimizer step ------------------------------------------

@@ -4,8 +4,8 @@ docs/dropin.md is the guide; ``eslm.integrations`` wires them into Hugging Face,
 torchtitan-style loops."""
 
 from eslm.api.ada import AdaAlpha
-from eslm.api.loss import (SelectionStats, TokenOutputs, TokenScores, kept_tokens, selective_loss,
+from eslm.api.loss import (SelectionStats, TokenOutputs, TokenScores, kept_tokens, select_tokens, selective_loss,
                            shift_for_causal_lm, token_losses)
 
-__all__ = ["AdaAlpha", "SelectionStats", "TokenOutputs", "TokenScores", "kept_tokens", "selective_loss",
-           "shift_for_causal_lm", "token_losses"]
+__all__ = ["AdaAlpha", "SelectionStats", "TokenOutputs", "TokenScores", "kept_tokens", "select_tokens",
+           "selective_loss", "shift_for_causal_lm", "token_losses"]

@@ -305,3 +305,18 @@ def kept_tokens(targets: torch.Tensor, *, alpha: float, ignore_index: int = -100
     valid = (targets != ignore_index).reshape(-1)
     seg = select.segments(targets.shape, position_ids, targets.device)[0] if scope == "sequence" else None
     return select.count_kept(valid, alpha, scope=scope, seg=seg, group=group)
+
+
+def select_tokens(scores: torch.Tensor, valid: torch.Tensor, *, alpha: float, scope: str = "batch",
+                  position_ids: torch.Tensor | None = None, group=None) -> tuple[torch.Tensor, SelectionStats]:
+    """The selection alone, for a loss you compute yourself (a trainer's own fused per-token loss, DFT, a
+    distillation term): (kept mask of ``scores``' shape, SelectionStats). ``scores`` and ``valid`` (the scored
+    tokens) have one shape, (N,) or (B, T); the selective loss is then ``(token_loss * kept).sum() / K``, K
+    being ``stats.num_kept`` (or the step's kept count under accumulation)."""
+    alpha = risk.check_alpha(alpha)
+    _check_options("loss", None, scope, "mean", None, group, position_ids)
+    if valid.shape != scores.shape:
+        raise ConfigError(f"valid must have the scores' shape {tuple(scores.shape)}; found {tuple(valid.shape)}")
+    kept = _select(scores.detach().reshape(-1).float(), valid.reshape(-1).bool(), valid, alpha, scope,
+                   position_ids, group)
+    return kept.mask(scores.numel()).view(scores.shape), _stats(kept)

@@ -1,0 +1,259 @@
+"""ESLM in a Hugging Face ``Trainer`` or a TRL ``SFTTrainer``, without building the full logits.
+
+    trainer = Trainer(model=model, args=args, train_dataset=ds)     # or trl.SFTTrainer(...)
+    eslm = use_eslm(trainer, alpha=0.1, score="entropy")           # ada=AdaAlpha(...) for Ada-ESLM
+    trainer.train()
+
+``use_eslm`` makes three changes, all undone by ``eslm.remove()``:
+
+* the model's forward, in training mode with labels, runs the backbone and sends its last hidden states and the
+  LM head through ``eslm.api.selective_loss`` (hidden x lm_head, chunked: no (B, T, V) logits; the head's bias,
+  logit scale and final softcap are read from the config as the model applies them). Pre-shifted
+  ``shift_labels`` (context parallelism, padding-free collators) are used as they are; ``labels`` are shifted.
+  Under TRL's ``SFTTrainer`` the forward it already patched (its own chunked per-token log-probabilities) is
+  kept and only the selection is added on top: its dropped tokens' log-probabilities become 0. In eval mode
+  the model's own forward runs, so ``eval_loss`` stays the plain cross-entropy;
+* ``num_items_in_batch`` becomes the kept tokens of the whole optimizer step (the sum over its micro-batches of
+  K = N - floor(alpha N), summed over the ranks when ``average_tokens_across_devices``), counted from the labels
+  before the forwards, so the loss is exactly the mean CE of the step's kept tokens under accumulation and DDP;
+* ``SelectiveLossCallback`` is put first among the callbacks: it adds ``eslm/kept_frac``, ``eslm/var``,
+  ``eslm/cvar`` and ``eslm/alpha`` to every training log (before the reporters see it) and steps Ada.
+
+Not covered: tensor, context or sequence parallelism (their count of items is divided differently), FSDP with
+a sharded LM head (the head weight is read outside its forward), DataParallel (n_gpu > 1), TRL's
+``use_liger_kernel`` (it pops the labels and builds its own loss), a ``compute_loss_func`` or label smoothing
+(they replace the loss): each is refused with a one-line error.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+
+import torch
+
+from eslm.api import AdaAlpha, kept_tokens, select_tokens, selective_loss, shift_for_causal_lm
+from eslm.api.loss import TokenScores
+from eslm.errors import ConfigError
+
+IGNORE_INDEX = -100
+METRICS = ("eslm/kept_frac", "eslm/var", "eslm/cvar")
+
+
+def head_transform(config) -> dict:
+    """bias-free keyword arguments for ``selective_loss`` from a causal LM's config: ``softcap`` from
+    ``final_logit_softcapping`` (Gemma 2/3), ``logit_scale`` from ``logit_scale`` (Cohere) or
+    1 / ``logits_scaling`` (Granite)."""
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    out = {}
+    if getattr(cfg, "final_logit_softcapping", None) is not None:
+        out["softcap"] = float(cfg.final_logit_softcapping)
+    if getattr(cfg, "logit_scale", None) is not None:
+        out["logit_scale"] = float(cfg.logit_scale)
+    elif getattr(cfg, "logits_scaling", None) is not None:
+        out["logit_scale"] = 1.0 / float(cfg.logits_scaling)
+    return out
+
+
+class _Metrics:
+    """Selection statistics summed on the device since the last log (read, with one sync, at log time)."""
+
+    def __init__(self):
+        self.sums, self.count = None, 0
+
+    def add(self, stats) -> None:
+        v = torch.stack([stats.kept_frac.float(), stats.threshold.float(), stats.cvar.float()]).detach()
+        self.sums = v if self.sums is None else self.sums + v.to(self.sums.device)
+        self.count += 1
+
+    def pop(self) -> dict:
+        if self.count == 0:
+            return {}
+        means = (self.sums / self.count).tolist()
+        self.sums, self.count = None, 0
+        return dict(zip(METRICS, means))
+
+
+class SelectiveCausalLM:
+    """The handle ``use_eslm`` / ``patch_causal_lm`` return: the options, the Ada controller, the metrics."""
+
+    def __init__(self, model, *, alpha: float, score: str, scope: str, ada: AdaAlpha | None, impl: str,
+                 chunk_size: int):
+        self.model, self.score, self.scope, self.ada = model, score, scope, ada
+        self.impl, self.chunk_size = impl, chunk_size
+        self._alpha = alpha
+        self.metrics = _Metrics()
+        self._original_forward = model.__dict__.get("forward")  # an instance patch (TRL's) or None
+        self._undo: list = []
+        wrapped = model.forward
+        model.forward = types.MethodType(functools.wraps(type(model).forward)(
+            lambda _self, *a, **kw: self._forward(wrapped, *a, **kw)), model)
+
+    @property
+    def alpha(self) -> float:
+        return self.ada.alpha if self.ada is not None else self._alpha
+
+    def remove(self) -> None:
+        """Undo the patches (the model's forward, the trainer's count, the callback)."""
+        if self._original_forward is None:
+            self.model.__dict__.pop("forward", None)
+        else:
+            self.model.forward = self._original_forward
+        for undo in self._undo:
+            undo()
+        self._undo = []
+
+    def _observe(self, stats) -> None:
+        self.metrics.add(stats)
+        if self.ada is not None:
+            self.ada.observe(stats)
+
+    def _forward(self, wrapped, *args, **kwargs):
+        if not self.model.training or (kwargs.get("labels") is None and kwargs.get("shift_labels") is None):
+            return wrapped(*args, **kwargs)  # eval, generation, no labels: the model's own forward and loss
+        if kwargs.get("fused_lm_head"):
+            return self._select_on_trl(wrapped, *args, **kwargs)
+        return self._hidden_forward(*args, **kwargs)
+
+    def _hidden_forward(self, *args, labels=None, shift_labels=None, num_items_in_batch=None, **kwargs):
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+
+        kwargs.pop("logits_to_keep", None)
+        kwargs["use_cache"] = False
+        out = self.model.base_model(*args, **kwargs)
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        if shift_labels is None:
+            hidden, targets = shift_for_causal_lm(hidden, labels)
+        else:
+            targets = shift_labels
+        head = self.model.get_output_embeddings()
+        loss, stats = selective_loss(
+            targets.to(hidden.device), hidden=hidden, lm_weight=head.weight, bias=getattr(head, "bias", None),
+            **head_transform(self.model.config), score=self.score, alpha=self.alpha, scope=self.scope,
+            position_ids=kwargs.get("position_ids") if self.scope == "sequence" else None,
+            num_items_in_batch=num_items_in_batch, impl=self.impl, chunk_size=self.chunk_size)
+        self._observe(stats)
+        return CausalLMOutputWithPast(loss=loss)
+
+    def _select_on_trl(self, wrapped, *args, num_items_in_batch=None, **kwargs):
+        """TRL's fused forward gives per-token log-probabilities (with gradient), entropies and a label mask of
+        shape (B, T-1) (or (B, T) with shift_labels): the dropped tokens' log-probabilities are zeroed, so TRL's
+        -sum(log_probs) / num_items_in_batch is the selective loss."""
+        out = wrapped(*args, num_items_in_batch=num_items_in_batch, **kwargs)
+        own = TokenScores(loss=-out.log_probs.detach(),
+                          entropy=out.entropy if out.entropy is not None else -out.log_probs.detach())
+        if self.score == "entropy" and out.entropy is None:
+            raise ConfigError("score='entropy' needs TRL's per-token entropy; found none; fix: score='loss'")
+        position_ids = kwargs.get("position_ids")
+        if self.scope == "sequence" and position_ids is not None and kwargs.get("shift_labels") is None:
+            position_ids = position_ids[:, :-1]
+        kept, stats = select_tokens(own.entropy if self.score == "entropy" else own.loss, out.label_mask,
+                                    alpha=self.alpha, scope=self.scope,
+                                    position_ids=position_ids if self.scope == "sequence" else None)
+        out.log_probs = torch.where(kept, out.log_probs, torch.zeros_like(out.log_probs))
+        denom = num_items_in_batch if num_items_in_batch is not None else stats.num_kept.clamp(min=1)
+        out.loss = -out.log_probs.sum() / denom
+        self._observe(stats)
+        return out
+
+
+def patch_causal_lm(model, *, alpha: float = 0.1, score: str = "entropy", scope: str = "batch",
+                    ada: AdaAlpha | None = None, impl: str = "auto", chunk_size: int = 1024) -> SelectiveCausalLM:
+    """Make ``model(**batch, labels=...)`` return the selective loss in training mode, without full logits
+    (for your own loop; pass ``num_items_in_batch=`` to the forward for a step-exact mean)."""
+    if score not in ("entropy", "loss"):
+        raise ConfigError(f"score must be 'entropy' or 'loss'; found {score!r}")
+    if model.get_output_embeddings() is None or not hasattr(model, "base_model"):
+        raise ConfigError(f"expected a causal LM with an LM head (get_output_embeddings()); found "
+                          f"{type(model).__name__}; fix: pass an AutoModelForCausalLM model")
+    return SelectiveCausalLM(model, alpha=alpha if ada is None else ada.alpha, score=score, scope=scope, ada=ada,
+                             impl=impl, chunk_size=chunk_size)
+
+
+def _targets_of(batch: dict) -> torch.Tensor:
+    if "shift_labels" in batch:
+        return batch["shift_labels"]
+    return torch.nn.functional.pad(batch["labels"][..., 1:], (0, 1), value=IGNORE_INDEX)
+
+
+def _check_trainer(trainer) -> None:
+    args = trainer.args
+    problems = []
+    if getattr(trainer, "compute_loss_func", None) is not None:
+        problems.append("a compute_loss_func (drop it: ESLM is the loss)")
+    if getattr(trainer, "label_smoother", None) is not None:
+        problems.append("label smoothing (set label_smoothing_factor=0)")
+    if getattr(args, "use_liger_kernel", False):
+        problems.append("use_liger_kernel (it pops the labels and builds its own loss; set it False)")
+    if getattr(args, "n_gpu", 1) > 1:
+        problems.append("DataParallel over several GPUs (launch one process per GPU: DDP)")
+    for name in ("get_tp_size", "get_cp_size", "get_sp_size"):
+        if getattr(trainer, name, lambda: 1)() > 1:
+            problems.append(f"{name[4:6]} parallelism (its item count is divided differently)")
+    if problems:
+        raise ConfigError("use_eslm: this Trainer uses " + "; ".join(problems))
+
+
+def use_eslm(trainer, *, alpha: float = 0.1, score: str = "entropy", scope: str = "batch",
+             ada: AdaAlpha | None = None, impl: str = "auto", chunk_size: int = 1024) -> SelectiveCausalLM:
+    """Train ``trainer.model`` with ESLM's selective loss (see the module docstring). Returns the handle."""
+    _check_trainer(trainer)
+    model = trainer.model
+    if hasattr(model, "get_base_model"):  # PEFT: patch the wrapped causal LM
+        model = model.get_base_model()
+    sel = patch_causal_lm(model, alpha=alpha, score=score, scope=scope, ada=ada, impl=impl, chunk_size=chunk_size)
+    original_count = trainer.get_batch_samples
+    original_accepts = trainer.model_accepts_loss_kwargs
+
+    def get_batch_samples(epoch_iterator, num_batches, device):
+        batches, n_items = original_count(epoch_iterator, num_batches, device)
+        if not batches or n_items is None:
+            return batches, n_items
+        k = sum(kept_tokens(_targets_of(b), alpha=sel.alpha, scope=scope,
+                            position_ids=b.get("position_ids") if scope == "sequence" else None).to(device)
+                for b in batches)
+        if trainer.args.average_tokens_across_devices and trainer.args.world_size > 1:
+            k = trainer.accelerator.gather(k).sum()
+        return batches, k
+
+    trainer.get_batch_samples = get_batch_samples
+    trainer.model_accepts_loss_kwargs = True  # so the Trainer passes num_items_in_batch to the forward
+    callback = SelectiveLossCallback(sel)
+    trainer.callback_handler.callbacks.insert(0, callback)
+
+    def undo():
+        trainer.__dict__.pop("get_batch_samples", None)
+        trainer.model_accepts_loss_kwargs = original_accepts
+        trainer.callback_handler.callbacks.remove(callback)
+
+    sel._undo.append(undo)
+    return sel
+
+
+def _callback_base():
+    try:
+        from transformers import TrainerCallback
+    except ImportError as e:
+        raise ImportError("eslm.integrations.hf needs transformers; found none installed; "
+                          "fix: pip install 'eslm[hf]'") from e
+    return TrainerCallback
+
+
+class SelectiveLossCallback(_callback_base()):
+    """Logs the selection (means since the last log) and steps Ada after every optimizer step."""
+
+    def __init__(self, sel: SelectiveCausalLM):
+        self.sel = sel
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.sel.ada is not None:
+            self.sel.ada.step()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is None or "loss" not in logs:  # training logs only (eval logs carry eval_loss)
+            return
+        extra = self.sel.metrics.pop()
+        extra["eslm/alpha"] = self.sel.alpha
+        logs.update(extra)
+        if state.log_history and state.log_history[-1].get("step") == state.global_step:
+            state.log_history[-1].update(extra)  # the Trainer appended its copy before calling the callbacks

@@ -1,0 +1,118 @@
+"""eslm.integrations.hf: a causal LM trained by a Hugging Face Trainer with ESLM, without full logits.
+
+Every gradient check compares with the exact mean cross-entropy over the step's kept tokens, computed by hand
+from the model's own full logits on the same batch."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+transformers = pytest.importorskip("transformers")
+
+from eslm.api import AdaAlpha  # noqa: E402
+from eslm.integrations.hf import patch_causal_lm, use_eslm  # noqa: E402
+
+from .tiny import V, batch, grads, tiny  # noqa: E402
+
+def hand_step_grads(model, micro, alpha, score="entropy"):
+    """The exact step loss by hand: each micro-batch keeps its own top K of its valid next-token targets
+    (full logits, fp32), and the step's loss is the mean CE over all kept tokens of all micro-batches."""
+    model.zero_grad()
+    kept_ce = []
+    for b in micro:
+        logits = model(input_ids=b["input_ids"]).logits[:, :-1].reshape(-1, V).float()
+        t = b["labels"][:, 1:].reshape(-1)
+        valid = t != -100
+        ce = F.cross_entropy(logits, t.clamp(min=0), reduction="none")
+        with torch.no_grad():
+            logp = torch.log_softmax(logits, -1)
+            s = -(logp.exp() * logp).sum(-1) if score == "entropy" else ce.detach()
+        s = s.masked_fill(~valid, float("-inf"))
+        n = int(valid.sum())
+        k = n - math.floor(alpha * n)
+        kept_ce.append(ce[torch.topk(s, k).indices])
+    torch.cat(kept_ce).mean().backward()
+    out = grads(model)
+    model.zero_grad()
+    return out
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "gemma2", "cohere", "granite"])
+def test_alpha_zero_equals_the_models_own_loss(kind):
+    """The patched forward reads the head's softcap (Gemma 2), logit scale (Cohere) or logits scaling (Granite)
+    from the config: at alpha = 0 loss and gradients are the model's own."""
+    model = tiny(kind)
+    model.train()
+    b = batch(1, pad=3)
+    ref = model(**b).loss
+    ref.backward()
+    want = grads(model)
+    model.zero_grad()
+    sel = patch_causal_lm(model, alpha=0.0)
+    out = model(**b)
+    assert out.logits is None  # no logits were built
+    out.loss.backward()
+    assert float(out.loss.detach()) == pytest.approx(float(ref.detach()), rel=1e-6)
+    for a, w in zip(grads(model), want):
+        assert torch.allclose(a, w, atol=1e-6)
+    sel.remove()
+    assert "forward" not in model.__dict__
+
+
+def _trainer(model, tmp_path, **kw):
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=2, per_device_eval_batch_size=2,
+                                          report_to=[],
+                                          save_strategy="no", use_cpu=True, disable_tqdm=True, logging_steps=1,
+                                          dataloader_num_workers=0, **kw)
+    data = [{k: v[i] for k, v in b.items()} for b in (batch(3), batch(4, pad=7)) for i in range(2)]
+    return transformers.Trainer(model=model, args=args, train_dataset=data, eval_dataset=data)
+
+
+@pytest.mark.parametrize("score", ["entropy", "loss"])
+def test_accumulated_step_gradient_is_the_exact_kept_mean(tmp_path, score):
+    """Two micro-batches with different padding: the Trainer's count (num_items_in_batch, made the step's kept
+    tokens) and the patched forward give the gradient of the mean CE over the step's kept tokens."""
+    model = tiny()
+    trainer = _trainer(model, tmp_path, gradient_accumulation_steps=2)
+    sel = use_eslm(trainer, alpha=0.3, score=score)
+    micro = [batch(7, pad=0), batch(8, pad=8)]
+    model.train()
+    samples, k_step = trainer.get_batch_samples(iter(micro), 2, torch.device("cpu"))
+    valid = [int((b["labels"][:, 1:] != -100).sum()) for b in micro]
+    assert int(k_step) == sum(n - math.floor(0.3 * n) for n in valid)
+    model.zero_grad()
+    for b in samples:
+        trainer.compute_loss(model, dict(b), num_items_in_batch=k_step).backward()
+    got = grads(model)
+    sel.remove()
+    want = hand_step_grads(model, micro, 0.3, score)
+    for a, w in zip(got, want):
+        assert torch.allclose(a, w, atol=1e-6)
+
+
+def test_trainer_trains_logs_runs_ada_and_keeps_plain_eval_loss(tmp_path):
+    model = tiny()
+    trainer = _trainer(model, tmp_path, max_steps=4, learning_rate=1e-2)
+    ada = AdaAlpha(alpha=0.3, interval=1, gamma=5.0)
+    sel = use_eslm(trainer, score="loss", ada=ada)
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer.train()
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(logs) == 4 and all(0 < h["eslm/kept_frac"] <= 1 and "eslm/cvar" in h for h in logs)
+    assert ada.steps == 4 and ada.alpha != 0.3  # Ada ran after every optimizer step and moved alpha
+    assert logs[-1]["eslm/alpha"] == ada.alpha or logs[-2]["eslm/alpha"] != 0.3
+    # eval_loss is the Trainer's own (the model's plain cross-entropy), not the selective loss
+    with_eslm = trainer.evaluate()["eval_loss"]
+    sel.remove()
+    assert with_eslm == trainer.evaluate()["eval_loss"]
+
+
+def test_refuses_what_it_cannot_normalise(tmp_path):
+    from eslm.errors import ConfigError
+
+    trainer = _trainer(tiny(), tmp_path, label_smoothing_factor=0.1)
+    with pytest.raises(ConfigError, match="label smoothing"):
+        use_eslm(trainer)

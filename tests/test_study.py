@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from eslm import study
-from eslm.errors import ConfigError
+from eslm.errors import ConfigError, ESLMError
 
 STUDY = """methods: [clm, eslm-entropy]
 seeds: [1]
@@ -378,3 +378,31 @@ def test_plan_files_are_replaced_whole_and_a_planted_link_is_not_followed(tmp_pa
     assert outside.read_text() == "mine\n" and not plan_file.is_symlink()
     assert plan_file.read_text() == "run: {name: clm-s1}\n" and [p.name for p in plan_file.parent.iterdir()] == [
         "clm-s1.yaml"]  # no temporary file left
+
+
+def test_a_report_failing_after_training_says_so_and_names_the_study_files_keys(tmp_path):
+    from analysis.test_report import make_run
+
+    runs = [make_run(tmp_path / "r", "clm-s1", "clm", 1), make_run(tmp_path / "r", "eslm-s1", "eslm-entropy", 1)]
+    with pytest.raises(ESLMError) as e:
+        study._report({"name": "grid", "report": {"baseline": "nope"}}, runs, tmp_path / "rep", 0.0)
+    msg = str(e.value)
+    assert msg.startswith("study grid: every run finished, but the report failed: report.baseline: no group 'nope'")
+    assert "finished runs are skipped" in msg and "--" not in msg
+
+
+def test_continuing_a_study_marks_its_earlier_report_stale(tmp_path, monkeypatch):
+    import eslm.train.trainer as trainer
+    from analysis.test_report import make_run
+    from eslm.analysis import figures
+    from eslm.analysis.report import build_report
+
+    monkeypatch.setattr(figures, "available", lambda: False)
+    f = tmp_path / "grid.yaml"
+    f.write_text(STUDY)
+    old = [make_run(tmp_path / "old", "clm-s1", "clm", 1)]
+    build_report([str(p) for p in old], tmp_path / "out" / "grid" / "report")
+    monkeypatch.setattr(trainer, "train", lambda cfg: trainer.RunResult(tmp_path, 3, None, "preempted"))
+    assert study.run_study(str(f), tmp_path / "out") == 143
+    page = (tmp_path / "out" / "grid" / "report" / "index.html").read_text()
+    assert "STALE: written before eslm study grid continued on " in page and "with 2 unfinished run(s)" in page

@@ -37,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from eslm.errors import ConfigError
+from eslm.errors import ConfigError, ESLMError
 from eslm.files import name_problem
 
 # Study files ship inside the package: src/eslm/configs is a link to the repository's configs/, so a
@@ -493,6 +493,13 @@ def _train_and_report(study: dict, configs: list, jobs: int, study_dir: Path) ->
     for c in configs:
         if c not in pending:
             print(f"== {c.run.name}: finished earlier, skipped")
+    if pending:  # an earlier report no longer describes the study: say so on it until the new one replaces it
+        from eslm.analysis.report import mark_stale
+
+        if mark_stale(study_dir / "report", f"written before eslm study {study['name']} continued on "
+                      f"{time.strftime('%Y-%m-%d %H:%M')} with {len(pending)} unfinished run(s); it is replaced "
+                      "when the study finishes"):
+            print(f"study {study['name']}: the earlier report in {study_dir / 'report'} is marked stale")
     code = _run_serial(pending) if jobs == 1 else _run_parallel(pending, jobs, study_dir)
     if code:
         print(f"study {study['name']}: stopped; run the same command again to resume the unfinished runs",
@@ -644,8 +651,13 @@ def _report(study: dict, run_dirs: list[Path], report_dir: Path, t0: float) -> i
     from eslm.analysis.report import build_report, print_summary
 
     opts = study.get("report") or {}
-    summary = build_report([str(p) for p in run_dirs], str(report_dir), target_loss=opts.get("target"),
-                           baseline=opts.get("baseline"))
+    try:
+        summary = build_report([str(p) for p in run_dirs], str(report_dir), target_loss=opts.get("target"),
+                               baseline=opts.get("baseline"), where="report.")
+    except ESLMError as e:
+        raise ESLMError(f"study {study['name']}: every run finished, but the report failed: {e}; fix the study "
+                        "file's report section and run the same command again (finished runs are skipped: "
+                        "only the report is written)") from None
     print_summary(summary, report_dir)
     print(f"study {study['name']} done in {time.perf_counter() - t0:.0f}s; report: {report_dir / 'index.html'}")
     return 0

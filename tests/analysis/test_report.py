@@ -244,7 +244,11 @@ def test_unfinished_run_is_flagged(tmp_path):
     g = {x["label"]: x for x in s["groups"]}
     assert g["clm"]["unfinished"] == [] and g["eslm-entropy"]["unfinished"] == ["eslm-s1"]
     assert [r["finished"] for r in s["runs"]] == [True, False]
-    assert "(1/1 unfinished)" in report.render_html(s, {})
+    page = report.render_html(s, {})
+    assert page.count("(1/1 unfinished)") >= 3  # the summary, cost and groups tables (and every other one)
+    md = report.render_markdown(s)  # summary.md marks them too, and says what their numbers are
+    assert "| eslm-entropy (**1/1 unfinished**) |" in md and "**unfinished**: runs without result.json" in md
+    assert "| clm |" in md
 
 
 def test_log_loss_axis_below_a_decade_has_readable_ticks():

@@ -7,8 +7,8 @@ missing optional pieces: a missing ``env.json`` or ``eval/`` folder is simply em
 metrics line (e.g. the half-written last line of a crashed run) is skipped with a warning.
 
 Seed groups: runs whose resolved configs are identical except for the keys in ``IGNORED_FOR_GROUPING``
-(the run's name, seed, output folder and resume flag) are repeats of one experiment with different seeds
-and are aggregated into one ``Group``.
+(the run's name, seed, output folder and resume flag; machine-only settings such as threads) are repeats of
+one experiment with different seeds and are aggregated into one ``Group``.
 """
 
 from __future__ import annotations
@@ -20,11 +20,17 @@ from pathlib import Path
 
 from eslm import metrics as M
 from eslm.errors import ESLMError
-from eslm.train.resume import apply_resumes
+from eslm.train.resume import RESUME_MAY_CHANGE, apply_resumes
 from eslm.train.run_dir import last_records
 
-# Config keys that do not change the experiment, so runs differing only in these are seeds of one group.
-IGNORED_FOR_GROUPING = ("run.name", "run.seed", "run.out_dir", "run.resume", "run.resume_from", "run.allow_change")
+# Config keys that do not change the experiment, so runs differing only in these are seeds of one group: the
+# run's identity and invocation, and the machine-only and bookkeeping settings a resume may change
+# (``RESUME_MAY_CHANGE``: threads, device, compile, loss chunking, backend, FSDP, log / eval / checkpoint
+# intervals) except how long it trains. A study continued with another --jobs gives its new runs
+# train.num_threads = cores // jobs (and its resumed runs record that change): they stay in their groups.
+RUN_KEYS = ("run.name", "run.seed", "run.out_dir", "run.resume", "run.resume_from", "run.allow_change")
+MACHINE_KEYS = tuple(k for k in RESUME_MAY_CHANGE if k not in ("train.max_steps", "train.max_flops"))
+IGNORED_FOR_GROUPING = RUN_KEYS + MACHINE_KEYS
 
 
 class RunDirError(ESLMError):

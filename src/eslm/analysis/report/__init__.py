@@ -38,11 +38,12 @@ from eslm.analysis.report.curves import crossing, default_target
 from eslm.analysis.report.figure_table import FIGURES, make_figures
 from eslm.analysis.report.html import render_html
 from eslm.analysis.report.markdown import render_markdown
+from eslm.analysis.report.output import check_report_dir, mark_stale, write_report_dir
 from eslm.analysis.report.summary import FLOPS_KEYS, ReportError, best_val_loss, find_baseline, load_runs, summarize
 from eslm.analysis.rundir import group_runs, is_number
 
 __all__ = ["FIGURES", "FLOPS_KEYS", "ReportError", "build_report", "crossing", "load_runs", "make_figures",
-           "print_summary", "render_html", "render_markdown", "summarize"]
+           "mark_stale", "print_summary", "render_html", "render_markdown", "summarize"]
 
 
 def print_summary(summary: dict, out: Path) -> None:
@@ -55,18 +56,22 @@ def print_summary(summary: dict, out: Path) -> None:
 
 
 def build_report(run_dirs: list[str], out_dir: str | Path, *, target_loss: float | None = None,
-                 flops: str = "paper", baseline: str | None = None) -> dict:
-    """Read the runs, write ``out_dir``/index.html, the PNGs and summary.json; return the summary."""
+                 flops: str = "paper", baseline: str | None = None, where: str = "--") -> dict:
+    """Read the runs, write ``out_dir``/index.html, the PNGs and summary.json; return the summary. Errors name
+    the options as ``{where}baseline`` etc.: the command line's ``--baseline`` by default, ``report.`` for the
+    report section of a study file."""
     if flops not in FLOPS_KEYS:
-        raise ReportError(f"expected --flops in {sorted(FLOPS_KEYS)}, found {flops!r}; pick one of them")
+        raise ReportError(f"expected {where}flops in {sorted(FLOPS_KEYS)}, found {flops!r}; pick one of them")
     if target_loss is not None and target_loss != "baseline" and not (is_number(target_loss) and target_loss > 0):
-        raise ReportError(f"expected a positive --target or 'baseline', found {target_loss!r}; pass e.g. --target 3.5")
+        raise ReportError(f"expected a positive {where}target or 'baseline', found {target_loss!r}; "
+                          "give a validation loss such as 3.5")
+    check_report_dir(Path(out_dir))  # before the runs are read: a directory it would refuse to replace
     runs, skipped, warnings = load_runs(run_dirs)
     groups = group_runs(runs)
     if target_loss == "baseline":
-        base, why = find_baseline(groups, baseline)
+        base, why = find_baseline(groups, baseline, where)
         if base is None:
-            raise ReportError(f"expected a baseline group for --target baseline, found none ({why})")
+            raise ReportError(f"expected a baseline group for {where}target baseline, found none ({why})")
         target = max(v for r in base.runs if is_number(v := best_val_loss(r)))
         source = (f"the loss every seed of the baseline group {base.label} reaches: max over its seeds of the "
                   "best validation loss")
@@ -75,9 +80,12 @@ def build_report(run_dirs: list[str], out_dir: str | Path, *, target_loss: float
     else:
         target, source = default_target(runs), "the lowest loss every run reaches: max over runs of min val_loss"
     summary = summarize(runs, groups, target=target, target_source=source, flops=flops,
-                        skipped=skipped, warnings=warnings, baseline=baseline)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+                        skipped=skipped, warnings=warnings, baseline=baseline, where=where)
+    write_report_dir(Path(out_dir), lambda out: _write(out, groups, summary))
+    return summary
+
+
+def _write(out: Path, groups, summary: dict) -> None:
     if figures.available():
         written = make_figures(out, groups, summary)
     else:  # the numbers and tables do not need matplotlib: write them, say why the figures are missing
@@ -88,4 +96,3 @@ def build_report(run_dirs: list[str], out_dir: str | Path, *, target_loss: float
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     (out / "index.html").write_text(render_html(summary, written), encoding="utf-8")
     (out / "summary.md").write_text(render_markdown(summary), encoding="utf-8")
-    return summary

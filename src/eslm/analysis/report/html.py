@@ -53,6 +53,11 @@ def _label(g: dict) -> str:
     return label
 
 
+def _label_of(summary: dict, label: str) -> str:
+    """``_label`` of the group called ``label`` (comparisons name their groups by label)."""
+    return next((_label(g) for g in summary["groups"] if g["label"] == label), html.escape(label))
+
+
 def _summary_table(summary: dict) -> str:
     rows = []
     for g in summary["groups"]:
@@ -73,7 +78,7 @@ def _costs_table(summary: dict) -> str:
                    f"{time_head} to target"], rows)
 
 
-def _comparison_table(comparisons: list[dict]) -> str:
+def _comparison_table(summary: dict, comparisons: list[dict]) -> str:
     """Paired differences per group: final loss (nats) and relative to-target costs, with 95% intervals."""
     def cell(ci, rel):
         if ci["n"] == 0:
@@ -84,7 +89,7 @@ def _comparison_table(comparisons: list[dict]) -> str:
             return f"{ci['mean']:{spec}} <small>(n=1)</small>"
         return f"{ci['mean']:{spec}} [{ci['lo']:{spec}}, {ci['hi']:{spec}}]{mark} <small>(n={ci['n']})</small>"
 
-    rows = [[html.escape(c["group"]), html.escape(c["against"]),
+    rows = [[_label_of(summary, c["group"]), _label_of(summary, c["against"]),
              cell(c["losses"]["final validation loss"], False)]
             + [cell(c["to_target"][k], True) for k in COSTS] for c in comparisons]
     return _table(["group", "vs", "Δ final val loss (nats)", "Δ flops_paper", "Δ flops_executed", "Δ tokens",
@@ -112,9 +117,10 @@ def _verdicts_html(summary: dict) -> str:
 
 
 def _groups_table(summary: dict) -> str:
-    rows = [[html.escape(g["label"]), html.escape(g["method"]),
+    rows = [[_label(g), html.escape(g["method"]),
              html.escape(", ".join(f"{k}={v}" for k, v in g["settings"].items()) or "—"),
-             html.escape(", ".join(g["runs"])), html.escape(", ".join(str(s) for s in g["seeds"]))]
+             ", ".join(html.escape(r) + (" <small class='warn'>(unfinished)</small>" if r in g["unfinished"] else "")
+                       for r in g["runs"]), html.escape(", ".join(str(s) for s in g["seeds"]))]
             for g in summary["groups"]]
     return _table(["group", "method", "settings that differ", "runs", "seeds"], rows)
 
@@ -143,7 +149,7 @@ def _downstream_table(summary: dict) -> str:
         pct = [g["downstream"][t]["value"] * 100 for t in tasks
                if t in g["downstream"] and is_percent(g["downstream"][t]["metric"])]
         avg = f"{statistics.fmean(pct):.1f}" if pct and len(pct) == len(tasks) else "—"
-        rows.append([html.escape(g["label"])] + cells + [avg])
+        rows.append([_label(g)] + cells + [avg])
     head = "".join(f"<th>{meta[t]}</th>" for t in tasks)
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
     return f"<table><tr><th>group</th>{head}<th>avg</th></tr>{body}</table>"
@@ -189,7 +195,7 @@ def render_html(summary: dict, written: dict) -> str:
         f"<h2>Cost to reach validation loss {s['target_loss']:.4g}</h2>", _costs_table(s),
         f"<p class='note'>To-target values: {html.escape(s['interpolation'])}. A group mean covers only the "
         f"seeds that reached the target. Time: {html.escape(s['time_words'])}.</p>",
-        "<h2>Paired differences</h2>", _comparison_table(s["comparisons"] + s["controls"]),
+        "<h2>Paired differences</h2>", _comparison_table(s, s["comparisons"] + s["controls"]),
         "<p class='note'>▼ / ▲: the interval lies below / above zero.</p>",
         "<h2>Groups</h2>",
         f"<p class='note'>Runs are grouped when their resolved config.yaml files are identical except for "

@@ -23,6 +23,12 @@ def _md_paired(ci: dict | None, rel: bool) -> str:
     return f"{ci['mean']:{spec}} [{ci['lo']:{spec}}, {ci['hi']:{spec}}]{mark}"
 
 
+def _md_label(g: dict) -> str:
+    if not g["unfinished"]:
+        return g["label"]
+    return f"{g['label']} (**{len(g['unfinished'])}/{len(g['runs'])} unfinished**)"
+
+
 def render_markdown(summary: dict) -> str:
     """The summary as Markdown (summary.md): one table of groups with intervals and paired differences, then
     the verdicts. Paste-able into a README."""
@@ -34,11 +40,12 @@ def render_markdown(summary: dict) -> str:
     head = (f"| group | n | final val loss | Δ final loss vs {base} | Δ vs random (same alpha) | "
             f"to target, Δ flops_paper vs {base} | Δ flops_executed | Δ {t_words} | reached | step cost / CLM |")
     lines = [head, "|" + "---|" * 10]
+    unfinished = any(g["unfinished"] for g in s["groups"])
     for g in s["groups"]:
         c, r = comp.get(g["label"]), ctrl.get(g["label"])
         tt = g["to_target"]["flops_paper"]
         lines.append("| " + " | ".join([
-            g["label"], str(g["final_val_loss"]["count"]), _md_ci(g["final_val_loss"], ".4f"),
+            _md_label(g), str(g["final_val_loss"]["count"]), _md_ci(g["final_val_loss"], ".4f"),
             _md_paired(c["losses"]["final validation loss"] if c else None, False),
             _md_paired(r["losses"]["final validation loss"] if r else None, False),
             _md_paired(c["to_target"]["flops_paper"] if c else None, True),
@@ -48,6 +55,9 @@ def render_markdown(summary: dict) -> str:
     notes = [f"Target validation loss {s['target_loss']:.4f} ({s['target_source']}). Mean ± 95% Student-t "
              f"half-width over seeds; Δ: mean paired (by seed) difference [95% interval], relative for costs; "
              f"**↓**/**↑**: the interval excludes 0. Time: {s['time_words']}."]
+    if unfinished:
+        notes.append("**unfinished**: runs without result.json (still training, interrupted or crashed): their "
+                     "\"final\" values are those of their last evaluation, not of the end of training.")
     verdicts = [f"- **{c['group']}** vs {c['against']}: " + "; ".join(c["verdicts"])
                 for c in s["comparisons"] + s["controls"]]
     gaps = [f"- {x}." for x in s["flops_gaps"]]

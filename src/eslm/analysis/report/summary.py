@@ -9,7 +9,7 @@ from eslm import metrics as M
 from eslm.analysis import stats as S
 from eslm.analysis.report.curves import aggregate, domains_of, group_final, last_value, series, to_target
 from eslm.analysis.report.downstream import group_downstream
-from eslm.analysis.rundir import IGNORED_FOR_GROUPING, Group, Run, RunDirError, is_number, load_run
+from eslm.analysis.rundir import IGNORED_FOR_GROUPING, Group, Run, RunDirError, find_group, is_number, load_run
 from eslm.errors import ESLMError
 
 FLOPS_KEYS = {"paper": M.FLOPS_PAPER, "executed": M.FLOPS_EXECUTED}
@@ -71,23 +71,16 @@ def best_val_loss(r: Run):
     return min(ys) if ys else None
 
 
-def find_baseline(groups: list[Group], name: str | None) -> tuple[Group | None, str | None]:
-    """The group named ``name`` (a label, or a method with one group), default clm; (None, reason) if none."""
-    want = name or "clm"
-    by_label = [g for g in groups if g.label == want]
-    by_method = [g for g in groups if g.method == want]
-    if by_label:
-        return by_label[0], None
-    if len(by_method) == 1:
-        return by_method[0], None
-    if by_method:
-        labels = ", ".join(g.label for g in by_method)
-        raise ReportError(f"expected --baseline to name one group, found {len(by_method)} groups of method "
-                          f"{want!r} ({labels}); pass one of those labels")
-    if name:
-        raise ReportError(f"expected --baseline to name a group or method, found no group {name!r}; "
-                          f"groups: {', '.join(g.label for g in groups)}")
-    return None, "no clm group among the runs: no paired comparisons (pass --baseline NAME)"
+def find_baseline(groups: list[Group], name: str | None, where: str = "--") -> tuple[Group | None, str | None]:
+    """The group ``name`` names (``eslm.analysis.rundir.find_group``: a label, a study's grid point, or a method
+    with one group), default clm; (None, reason) when there is no clm group and none was named. Errors name
+    the option as ``{where}baseline`` (``--baseline`` on the command line, ``report.baseline`` in a study)."""
+    group, why = find_group(groups, name or "clm", f"{where}baseline")
+    if group is not None:
+        return group, None
+    if name or any(g.method == "clm" for g in groups):
+        raise ReportError(why)
+    return None, f"no clm group among the runs: no paired comparisons (set {where}baseline to compare)"
 
 
 def _control_for(g: Group, groups: list[Group]) -> Group | None:
@@ -175,8 +168,26 @@ def load_warning(runs: list[Run]) -> str | None:
     return None
 
 
+def machine_warning(runs: list[Run]) -> str | None:
+    """A warning when compared runs trained with different thread counts or devices (their env.json): such
+    settings do not split groups (``MACHINE_KEYS``), but time is not comparable across them."""
+    parts = []
+    for key, words in (("num_threads", "CPU threads"), ("device", "devices")):
+        values: dict[str, int] = {}
+        for r in runs:
+            if r.env.get(key) is not None:
+                values[str(r.env[key])] = values.get(str(r.env[key]), 0) + 1
+        if len(values) > 1:
+            parts.append(f"{words} " + ", ".join(f"{v} ({n} run{'s' if n > 1 else ''})" for v, n in values.items()))
+    if not parts:
+        return None
+    return (f"the runs trained on different machine settings ({'; '.join(parts)}): they are grouped as seeds of "
+            "one experiment all the same, but their times are not comparable (FLOPs and tokens are)")
+
+
 def summarize(runs: list[Run], groups: list[Group], *, target: float, target_source: str,
-              flops: str, skipped: list[dict], warnings: list[str], baseline: str | None = None) -> dict:
+              flops: str, skipped: list[dict], warnings: list[str], baseline: str | None = None,
+              where: str = "--") -> dict:
     """The machine-readable summary written as summary.json."""
     flops_key = FLOPS_KEYS[flops]
     time_key, time_words = time_key_of(runs)
@@ -200,7 +211,7 @@ def summarize(runs: list[Run], groups: list[Group], *, target: float, target_sou
                                                   last_value(r.eval, M.FLOPS_DENSE)) for r in g.runs]),
             "downstream": group_downstream(g),
         })
-    base, why = find_baseline(groups, baseline)
+    base, why = find_baseline(groups, baseline, where)
     comparisons, controls, gaps = [], [], []
     if why:
         warnings.append(why)
@@ -214,9 +225,7 @@ def summarize(runs: list[Run], groups: list[Group], *, target: float, target_sou
         ctrl = _control_for(g, groups)
         if ctrl is not None:
             controls.append(compare(g, ctrl, tts[g.label], tts[ctrl.label]))
-    lw = load_warning(runs)
-    if lw:
-        warnings.append(lw)
+    warnings += [w for w in (load_warning(runs), machine_warning(runs)) if w]
     return {
         "format": REPORT_FORMAT, "flops_convention": flops, "flops_key": flops_key,
         "time_key": time_key, "time_words": time_words,

@@ -76,3 +76,102 @@ def test_verdict_words():
     assert S.loss_verdict({"n": 5, "mean": -0.02, "lo": -0.03, "hi": -0.01}, "final validation loss", "clm") == \
         "final validation loss lower than clm by 0.0200 [0.0100, 0.0300] nats"
     assert S.significant(none) == 0 and S.significant(less) == -1 and S.significant(more) == 1
+
+
+# ---------------------------------------------------------------- what a comparison could have seen
+
+
+def test_noncentral_t_matches_scipy():
+    st = pytest.importorskip("scipy.stats")
+    for df in (1, 2, 4, 9, 30, 200):
+        for ncp in (0.0, 1.5, 3.0, 6.0):
+            for t in (-3.0, -1.0, 0.5, 2.0, 4.0):
+                ref = st.nct.cdf(t, df, ncp)
+                if math.isfinite(ref):  # scipy returns nan far in some tails
+                    assert S.nct_cdf(t, df, ncp) == pytest.approx(ref, abs=1e-8)
+
+
+@pytest.mark.parametrize("n", [3, 5, 10, 20, 60])
+def test_mde_has_80_percent_power_under_scipy(n):
+    # at the MDE, scipy's noncentral t gives the two-sided paired t test exactly 80% power
+    st = pytest.importorskip("scipy.stats")
+    sd = 0.02
+    d = S.mde(sd, n)
+    df, crit = n - 1, st.t.ppf(0.975, n - 1)
+    ncp = d * math.sqrt(n) / sd
+    assert st.nct.sf(crit, df, ncp) + st.nct.cdf(-crit, df, ncp) == pytest.approx(0.8, abs=1e-7)
+
+
+def test_power_matches_the_standard_table():
+    # G*Power, t test, matched pairs / one sample, two-tailed alpha 0.05, d = 0.5: n = 34 gives power 0.8077775,
+    # the smallest n reaching 0.8 (n = 33: 0.7954); d = 1 needs n = 10 (power 0.8031)
+    assert S.paired_power(0.5, 1.0, 34) == pytest.approx(0.8077775, abs=1e-6)
+    assert S.paired_power(0.5, 1.0, 33) < 0.8
+    assert S.paired_power(1.0, 1.0, 10) == pytest.approx(0.8031, abs=1e-4) and S.paired_power(1.0, 1.0, 9) < 0.8
+    # large n: the normal approximation (z_0.975 + z_0.8) s / sqrt(n) = 2.8016 s / sqrt(n)
+    assert S.mde(1.0, 2000) * math.sqrt(2000) == pytest.approx(2.8016, abs=2e-3)
+    assert S.mde(1.0, 1) is None and S.mde(0.0, 5) is None
+
+
+def test_paired_gives_p_and_mde():
+    st = pytest.importorskip("scipy.stats")
+    x = {str(i): v for i, v in enumerate([4.31, 4.52, 4.18, 4.40, 4.29])}
+    y = {str(i): v for i, v in enumerate([4.35, 4.50, 4.25, 4.47, 4.30])}
+    d = S.paired(x, y)
+    ref = st.ttest_1samp([x[k] - y[k] for k in x], 0.0)
+    assert d["p"] == pytest.approx(ref.pvalue, abs=1e-9)
+    assert d["mde"] == pytest.approx(S.mde(d["std"], 5)) and d["mde"] == pytest.approx(1.682 * d["std"], abs=1e-3 * d["std"])
+
+
+def test_holm_worked_example():
+    # four p-values: sorted 0.005, 0.01, 0.03, 0.04 are multiplied by 4, 3, 2, 1 -> 0.02, 0.03, 0.06, 0.04,
+    # then made non-decreasing -> 0.02, 0.03, 0.06, 0.06 (Holm 1979), returned in the input order
+    assert S.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert S.holm([0.01, None, 0.02]) == [0.02, None, 0.02]  # None is outside the family (m = 2)
+    assert S.holm([0.6, 0.5]) == [1.0, 1.0] and S.holm([]) == []
+
+
+def test_holm_adjusted_verdict_says_what_the_adjustment_hid():
+    ci = {"n": 5, "mean": -0.02, "lo": -0.035, "hi": -0.005, "std": 0.012, "p": 0.02, "mde": 0.02,
+          "p_adjusted": 0.2, "family": 10}
+    assert S.significant(ci) == 0
+    words = S.loss_verdict(ci, "final validation loss", "clm")
+    assert words == ("final validation loss: no difference detectable with 5 seeds (-0.0200 [-0.0350, -0.0050] "
+                     "nats vs clm; detectable at 80% power: 0.0200 nats); the unadjusted interval excludes 0 "
+                     "(p = 0.02), Holm-adjusted p = 0.2 over 10 comparisons")
+    ci["p_adjusted"] = 0.04
+    assert S.significant(ci) == -1 and S.loss_verdict(ci, "final validation loss", "clm") == (
+        "final validation loss lower than clm by 0.0200 [0.0050, 0.0350] nats (Holm-adjusted p = 0.04 over 10 "
+        "comparisons)")
+
+
+def test_no_difference_states_the_mde():
+    ci = S.paired({"1": 4.0, "2": 4.1, "3": 4.3}, {"1": 4.05, "2": 4.05, "3": 4.2})
+    assert ci["lo"] < 0 < ci["hi"]
+    assert S.loss_verdict(ci, "final validation loss", "random").endswith(
+        f"vs random; detectable at 80% power: {ci['mde']:.4f} nats)")
+
+
+# ---------------------------------------------------------------- censored costs
+
+
+def test_a_seed_that_never_reaches_the_target_is_censored_at_its_budget():
+    # eslm seed 2 never reaches the target: it counts at its budget 150 (not dropped). Differences (x - y) / y:
+    # seed 1: 0, seed 2: 150/110 - 1 = 0.3636, seed 3: 90/100 - 1 = -0.1 -> mean 0.0879 (dropping seed 2
+    # would report -0.05, in the method's favour)
+    eslm = {"1": 100.0, "2": None, "3": 90.0}
+    clm = {"1": 100.0, "2": 110.0, "3": 100.0}
+    budget = {"1": 150.0, "2": 150.0, "3": 150.0}
+    ci = S.paired_censored(eslm, clm, budget, budget)
+    assert ci["n"] == 3 and ci["per_seed"] == pytest.approx({"1": 0.0, "2": 150 / 110 - 1, "3": -0.1})
+    assert ci["mean"] == pytest.approx((150 / 110 - 1 - 0.1) / 3)
+    assert ci["censored_x"] == ["2"] and ci["censored_y"] == [] and ci["bias"] == "x"
+    words = S.cost_verdict(ci, "paper-FLOPs", "clm", "eslm")
+    assert words.endswith("[1 of 3 seeds of eslm never reached the target and counts at its budget; the "
+                          "difference understates eslm's cost (biased in its favour)]")
+    # the baseline censored instead: biased against the method; both censored for a seed: that pair says nothing
+    ci = S.paired_censored(clm, eslm, budget, budget)
+    assert ci["censored_y"] == ["2"] and ci["bias"] == "y"
+    both = S.paired_censored({"1": None, "2": 5.0}, {"1": None, "2": 4.0}, {"1": 9.0, "2": 9.0}, {"1": 8.0, "2": 9.0})
+    assert both["n"] == 1 and both["both_censored"] == ["1"] and both["bias"] is None
+    assert S.censor({"1": None}, {}) == ({"1": None}, [])

@@ -406,3 +406,9 @@ def test_continuing_a_study_marks_its_earlier_report_stale(tmp_path, monkeypatch
     assert study.run_study(str(f), tmp_path / "out") == 143
     page = (tmp_path / "out" / "grid" / "report" / "index.html").read_text()
     assert "STALE: written before eslm study grid continued on " in page and "with 2 unfinished run(s)" in page
+
+
+def test_a_study_whose_runs_the_report_could_not_compare_is_refused(tmp_path):
+    code, err = _cli_study(tmp_path, STUDY_OK.replace("seeds: [1, 2]", "seeds: [1, 2]\nsweep_model: x").replace(
+        "sweep:\n", "sweep:\n  model.preset: [tiny, small]\n").replace("sweep_model: x\n", ""), "--dry-run")
+    assert code == 2 and "found 2 sets that differ in model.preset" in err and "run one study per set" in err

@@ -236,8 +236,8 @@ def _budget_problems(budget, names: list[str], labels: list[str]) -> list[str]:
         problems.append(f"budget: unknown key(s) {_name_list(extra)}; expected {_name_list(BUDGET_KEYS)}")
     steps_of = budget.get("steps_of")
     if "steps_of" in budget and (not isinstance(steps_of, str) or steps_of not in names + labels):
-        problems.append(f"budget.steps_of: expected one of the study's methods ({_name_list(dict.fromkeys(names + labels))}), "
-                        f"found {steps_of!r}")
+        known = _name_list(dict.fromkeys(names + labels))
+        problems.append(f"budget.steps_of: expected one of the study's methods ({known}), found {steps_of!r}")
     if "counter" in budget:
         try:  # the config's own check of flops.budget_counter (its choices live there)
             build_config(overrides=[f"flops.budget_counter={budget['counter']}"])
@@ -427,11 +427,15 @@ def _same_run_problems(configs: list) -> list[str]:
 
 
 def _report_group_problems(report: dict, configs: list) -> list[str]:
-    """Names in the report section that would not name one group of the planned runs (``find_group``)."""
-    from eslm.analysis.rundir import find_group, planned_groups
+    """Names in the report section that would not name one group of the planned runs (``find_group``), and
+    runs the report could not put on one target (``comparable_sets_problem``: data, tokenizer, model)."""
+    from eslm.analysis.rundir import comparable_sets_problem, find_group, planned_groups
 
     groups = planned_groups([c.to_dict() for c in configs])
-    out = []
+    why = comparable_sets_problem(groups)
+    fix = "; run one study per set"
+    out = [] if why is None else [f"the study's report would refuse its runs: "
+                                  f"{why.replace('; report each set separately', fix)}"]
     names = [("report.baseline", report["baseline"])] if "baseline" in report else []
     names += [("report.primary", n) for n in report.get("primary") or []]
     for option, name in names:

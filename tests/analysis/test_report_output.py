@@ -22,7 +22,8 @@ def _no_figures(monkeypatch):  # the figures are not what these tests are about,
 
 @pytest.fixture
 def two_runs(tmp_path):
-    return [str(make_run(tmp_path / "r", "clm-s1", "clm", 1)), str(make_run(tmp_path / "r", "eslm-s1", "eslm-entropy", 1))]
+    return [str(make_run(tmp_path / "r", "clm-s1", "clm", 1)),
+            str(make_run(tmp_path / "r", "eslm-s1", "eslm-entropy", 1))]
 
 
 def test_a_report_replaces_an_earlier_report_whole(tmp_path, two_runs):

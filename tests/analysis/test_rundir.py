@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
 from eslm.analysis import report
@@ -47,3 +48,57 @@ def test_runs_on_different_thread_counts_are_grouped_with_a_warning_on_time(tmp_
     assert len(s["groups"]) == 1
     assert any("different machine settings (CPU threads 1 (1 run), 2 (1 run))" in w and
                "times are not comparable" in w for w in s["warnings"]), s["warnings"]
+
+
+def _build(tmp_path, runs, **kw):
+    from eslm.analysis import figures
+
+    available, figures.available = figures.available, lambda: False  # the numbers only: faster
+    try:
+        return report.build_report([str(p) for p in runs], tmp_path / "rep", **kw)
+    finally:
+        figures.available = available
+
+
+def test_a_repeated_seed_counts_once_and_is_named(tmp_path):
+    # seeds [1, 2, 2]: a copied run directory (another name, the same settings and seed) must not make n=3
+    runs = [make_run(tmp_path, "clm-s1", "clm", 1), make_run(tmp_path, "clm-s2", "clm", 2),
+            make_run(tmp_path, "clm-s2-copy", "clm", 2), make_run(tmp_path, "e-s1", "eslm-entropy", 1),
+            make_run(tmp_path, "e-s2", "eslm-entropy", 2)]
+    s = _build(tmp_path, runs)
+    g = {x["label"]: x for x in s["groups"]}["clm"]
+    assert g["seeds"] == [1, 2] and g["final_val_loss"]["n"] == 2 and len(s["runs"]) == 4
+    assert [x["path"] for x in s["skipped"]] == [str(runs[2])]
+    assert any(w.startswith(f"{runs[2]}: repeats seed 2 of its group, already read from {runs[1]}")
+               for w in s["warnings"])
+    c = {x["group"]: x for x in s["comparisons"]}["eslm-entropy"]
+    assert c["losses"]["final validation loss"]["n"] == 2
+
+
+def test_two_directories_sharing_a_run_name_are_reported_together(tmp_path):
+    # two studies with the same run names (different settings): runs are known by directory, not by run.name
+    a = make_run(tmp_path / "study-a", "clm-s1", "clm", 1)
+    b = make_run(tmp_path / "study-b", "clm-s1", "clm", 1)
+    _set(b, "train", "lr", 0.01)
+    s = _build(tmp_path, [a, b, a], baseline="study-a/clm")  # a directory given twice is read once
+    assert sorted(r["name"] for r in s["runs"]) == ["study-a/clm-s1", "study-b/clm-s1"]
+    assert sorted(r["path"] for r in s["runs"]) == sorted([str(a), str(b)]) and len(s["groups"]) == 2
+    assert s["baseline"].startswith("clm (train.lr=None") and s["comparisons"][0]["group"].startswith("clm (train.lr=0.01")
+    assert any("given more than once; read once" in w for w in s["warnings"])
+
+
+def test_runs_on_other_data_tokenizer_or_model_are_never_put_on_one_target(tmp_path):
+    from eslm.errors import ESLMError
+
+    base = [make_run(tmp_path, "clm-s1", "clm", 1), make_run(tmp_path, "e-s1", "eslm-entropy", 1)]
+    for i, (section, key, value) in enumerate((("data", "tokenizer", "byte"), ("model", "preset", "small"),
+                                              ("data", "dir", "/data/other"), ("data", "seq_len", 512))):
+        other = make_run(tmp_path, f"x{i}-s1", "eslm-entropy", 1)
+        _set(other, section, key, value)
+        with pytest.raises(ESLMError) as e:
+            _build(tmp_path, base + [other])
+        msg = str(e.value)
+        what = "data" if key == "dir" else f"{section}.{key}"
+        assert f"found 2 sets that differ in {what}: " in msg and "report each set separately" in msg, msg
+        assert f"{what}={value} (x{i})" in msg  # the set, with its groups
+    assert len(_build(tmp_path, base)["groups"]) == 2

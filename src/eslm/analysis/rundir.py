@@ -267,3 +267,68 @@ def find_group(groups: list[Group], name: str, option: str) -> tuple[Group | Non
     if by_method:
         return None, f"{option}: {name!r} is the method of {len(by_method)} groups; name one of {names(by_method)}"
     return None, f"{option}: no group {name!r} among the runs; expected one of {names(groups)}"
+
+
+# ---------------------------------------------------------------- what one report may hold
+
+# What makes two runs' validation losses and FLOPs per token comparable: the validation data (the data set, its
+# windows, the evaluation budget), the tokenizer (a loss in nats per token of another vocabulary is another
+# quantity) and the model (FLOPs per token). One report puts every group on one target loss and compares
+# FLOPs per token with the baseline, so it holds runs of one such set only.
+# ``data`` stands for data.dir, or data.source when no prepared directory replaces it.
+COMPARABLE_KEYS = ("data", "data.tokenizer", "data.seq_len", "model.preset", "model.vocab_size", "model.block_size",
+                   "eval.tokens_per_domain")
+
+
+def comparable_key(config: dict) -> dict:
+    """The ``COMPARABLE_KEYS`` of a resolved config."""
+    out = {k: config_get(config, k) for k in COMPARABLE_KEYS[1:]}
+    return {"data": config_get(config, "data.dir") or config_get(config, "data.source"), **out}
+
+
+def comparable_sets_problem(groups: list[Group]) -> str | None:
+    """None when every group (with a config) trained on one data set, tokenizer and model; else one line naming
+    the keys that differ and the groups of each set."""
+    sets: dict[str, tuple[dict, list[str]]] = {}
+    for g in groups:
+        if not g.runs[0].config:
+            continue
+        key = comparable_key(g.runs[0].config)
+        sets.setdefault(json.dumps(key, sort_keys=True, default=str), (key, []))[1].append(g.point or g.label)
+    if len(sets) < 2:
+        return None
+    keys = [k for k in COMPARABLE_KEYS if len({json.dumps(s[0].get(k), default=str) for s in sets.values()}) > 1]
+    parts = [", ".join(f"{k}={key.get(k)}" for k in keys) + f" ({', '.join(labels)})" for key, labels in sets.values()]
+    return (f"expected runs of one data set, tokenizer and model (they are put on one target loss and compared "
+            f"in FLOPs per token), found {len(sets)} sets that differ in {', '.join(keys)}: " + " | ".join(parts)
+            + "; report each set separately")
+
+
+def one_run_per_seed(groups: list[Group]) -> list[tuple[Run, Run]]:
+    """Keep one run per (group, seed): a later run repeating a seed of its group (a copied run directory, two
+    studies of the same settings) is removed from the group, so no seed counts twice. Returns the
+    [(removed run, the run kept for its seed)]."""
+    removed = []
+    for g in groups:
+        kept: dict[str, Run] = {}
+        for r in list(g.runs):
+            seed = json.dumps(r.seed, default=str)
+            if seed in kept:
+                g.runs.remove(r)
+                removed.append((r, kept[seed]))
+            else:
+                kept[seed] = r
+    return removed
+
+
+def distinct_names(runs: list[Run]) -> None:
+    """Runs are known by their directory: where two directories share a run name (two studies, a copied run),
+    each is shown as ``<parent folder>/<name>`` (its full path if that is still ambiguous)."""
+    for _ in range(2):
+        names = [r.name for r in runs]
+        twice = {n for n in names if names.count(n) > 1}
+        if not twice:
+            return
+        for r in runs:
+            if r.name in twice:
+                r.name = f"{r.path.parent.name}/{r.path.name}" if "/" not in r.name else str(r.path)

@@ -40,7 +40,7 @@ from eslm.analysis.report.html import render_html
 from eslm.analysis.report.markdown import render_markdown
 from eslm.analysis.report.output import check_report_dir, mark_stale, write_report_dir
 from eslm.analysis.report.summary import FLOPS_KEYS, ReportError, best_val_loss, find_baseline, load_runs, summarize
-from eslm.analysis.rundir import group_runs, is_number
+from eslm.analysis.rundir import comparable_sets_problem, group_runs, is_number, one_run_per_seed
 
 __all__ = ["FIGURES", "FLOPS_KEYS", "ReportError", "build_report", "crossing", "load_runs", "make_figures",
            "mark_stale", "print_summary", "render_html", "render_markdown", "summarize"]
@@ -68,6 +68,15 @@ def build_report(run_dirs: list[str], out_dir: str | Path, *, target_loss: float
     check_report_dir(Path(out_dir))  # before the runs are read: a directory it would refuse to replace
     runs, skipped, warnings = load_runs(run_dirs)
     groups = group_runs(runs)
+    for removed, kept in one_run_per_seed(groups):  # a seed counts once in its group
+        runs.remove(removed)
+        skipped.append({"path": str(removed.path), "reason": f"repeats seed {removed.seed} of its group "
+                        f"(read from {kept.path})"})
+        warnings.append(f"{removed.path}: repeats seed {removed.seed} of its group, already read from {kept.path} "
+                        "(the same settings and seed: a copied run, or two studies of the same settings); left "
+                        "out so that no seed counts twice: pass one directory per seed to choose")
+    if (why := comparable_sets_problem(groups)) is not None:
+        raise ReportError(why)
     if target_loss == "baseline":
         base, why = find_baseline(groups, baseline, where)
         if base is None:

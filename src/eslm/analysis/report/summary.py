@@ -4,12 +4,13 @@ baseline and random-drop comparisons with their verdicts, the FLOPs-convention s
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 from eslm import metrics as M
 from eslm.analysis import stats as S
 from eslm.analysis.report.curves import aggregate, domains_of, group_final, last_value, series, to_target
 from eslm.analysis.report.downstream import group_downstream
-from eslm.analysis.rundir import IGNORED_FOR_GROUPING, Group, Run, RunDirError, find_group, is_number, load_run
+from eslm.analysis.rundir import IGNORED_FOR_GROUPING, Group, Run, distinct_names, find_group, is_number, load_run
 from eslm.errors import ESLMError
 
 FLOPS_KEYS = {"paper": M.FLOPS_PAPER, "executed": M.FLOPS_EXECUTED}
@@ -28,9 +29,16 @@ class ReportError(ESLMError):
 
 
 def load_runs(paths: list[str]) -> tuple[list[Run], list[dict], list[str]]:
-    """Load every path; runs without eval lines are skipped with a warning (an error if none is left)."""
-    runs, skipped, warnings = [], [], []
+    """Load every path once (a directory given twice is read once, with a warning); runs without eval lines are
+    skipped with a warning (an error if none is left). Runs are known by their directory: two directories
+    sharing a run name are both reported, under distinct names (``distinct_names``)."""
+    runs, skipped, warnings, seen = [], [], [], set()
     for p in paths:
+        where = Path(p).resolve()
+        if where in seen:
+            warnings.append(f"{p}: given more than once; read once")
+            continue
+        seen.add(where)
         r = load_run(p)
         warnings.extend(r.warnings)
         if not series(r.eval, M.STEP, M.VAL_LOSS)[0]:
@@ -41,10 +49,7 @@ def load_runs(paths: list[str]) -> tuple[list[Run], list[dict], list[str]]:
     if not runs:
         raise ReportError(f"expected at least one run with eval lines (val_loss) among {len(paths)} run "
                           "directories, found none; train longer or lower eval.interval")
-    names = [r.name for r in runs]
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise RunDirError(f"expected distinct run names, found {dup[0]!r} more than once; pass each run once")
+    distinct_names(runs)
     return runs, skipped, warnings
 
 

@@ -1,6 +1,6 @@
 """A torchtitan-style loss: ``loss_fn(pred, labels, global_valid_tokens) -> (loss, metrics)``.
 
-This mirrors the contract of torchtitan's loss classes (read from its source; torchtitan is not a dependency):
+This mirrors the contract of torchtitan's loss classes (torchtitan is not a dependency, nor installed by the tests):
 ``pred`` are the logits (..., V) of the model (or its final hidden states (..., C) when the loss is built with
 ``lm_head=``, so no logits are formed), ``labels`` are already aligned with them (the dataloader shifts),
 -100 marks ignored positions, and the returned loss is a SUM divided by ``global_valid_tokens``: the trainer

@@ -94,7 +94,7 @@ def selection_overhead(bench: Bench, alphas: list[float], chunk: int, reps: int)
         _, method = bench.method(Variant(f"eslm-entropy-fused@{a}", {}))
 
         def select():
-            sel = method.tokens.select(method.scores(stats, batch), batch)
+            sel = method.tokens.select(stats, batch)
             float(sel.stats.threshold)  # wait for the work
 
         out[a] = {"entropy_s": t_ent, "select_s": timed(select), "route": route}

@@ -15,7 +15,7 @@ ran (tokens through which model); it never multiplies per-token costs itself.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 import torch
 
@@ -40,6 +40,13 @@ class Selection:
     num_kept: int
     num_tokens: int
     stats: SelectionStats | None = None
+
+
+class StepThreshold(NamedTuple):
+    """A token selector's threshold for the whole optimizer step (selection scope "step")."""
+
+    value: torch.Tensor  # 0-dim: keep every token whose ranked score is >= value
+    kept: int  # how many tokens of the step, on all ranks, are at or above it (global normalisation)
 
 
 @dataclass(frozen=True)
@@ -73,8 +80,9 @@ class ExtraWork:
     micro-batch's tokens and their backward (``eslm.flops`` counts those from the step's token counts).
 
     frozen_forwards: forwards of frozen models (Rho-1's reference, a KD teacher); both conventions count them
-    trained_forward_tokens: further tokens through the trained model's forward (a scoring pre-pass); only the
-                     executed count includes them (the paper counts one forward per training token)
+    trained_forward_tokens: further tokens through the trained model's forward (the selection scope "step"'s
+                     scoring forward); only the executed count includes them (the paper counts one forward
+                     per training token)
     gradient_scoring: per-sample gradient scoring passes (GREATS), counted by both conventions
     """
 
@@ -113,24 +121,29 @@ class RowSelector(Stateful, Protocol):
 
 @runtime_checkable
 class TokenSelector(Stateful, Protocol):
-    """Which tokens of a micro-batch count in the loss (default: all; ESLM: the top 1-alpha by risk)."""
+    """Which tokens of a micro-batch count in the loss (default: all; ESLM: the top 1-alpha by risk). The selector
+    owns its rule: the step hands it the scoring pass's statistics and never reads its settings beyond these."""
 
     score: str | None  # the per-token score it ranks by: None (no scoring pass) | "loss" | "entropy" | "excess_loss"
     alpha: float  # fraction of tokens dropped, validated once at construction (a controller may change it)
-    standardize: str  # how scores are standardised before ranking (``eslm.selection.scores``)
+    scope: str  # "micro": a top K per micro-batch | "step": one threshold per optimizer step (an extra forward)
 
     def num_kept(self, n_tokens: int) -> int:
         """K for a micro-batch of n_tokens (known before the forward pass, for global normalisation)."""
 
-    def scores(self, stats: TokenStats | None, batch: Batch) -> torch.Tensor | None:
-        """Risk scores (B, T) fp32 from the scoring pass's statistics (None when ``score`` is None)."""
+    def rank(self, stats: TokenStats | None, batch: Batch) -> torch.Tensor | None:
+        """The scores (B, T) fp32 the selection ranks, from the scoring pass's statistics (None: ranks nothing)."""
 
-    def select(self, scores: torch.Tensor | None, batch: Batch,
+    def step_threshold(self, ranked: list[torch.Tensor], world_size: int = 1) -> StepThreshold | None:
+        """Scope "step": one threshold over ``rank`` of every micro-batch of the step, on all ranks."""
+
+    def select(self, stats: TokenStats | None, batch: Batch,
                threshold: torch.Tensor | None = None) -> Selection:
-        """The kept tokens; ``threshold`` (selection scope "step") replaces the per-micro-batch top-K."""
+        """The kept tokens; ``threshold`` (scope "step", ``step_threshold``) replaces the micro-batch's top K."""
 
     def extra_work(self, tokens_seen: int) -> ExtraWork:
-        """Work of scoring one micro-batch beyond the objective's scoring pass (e.g. a reference forward)."""
+        """Work of selecting one micro-batch beyond the objective's scoring pass (a reference forward, the scope
+        "step"'s extra scoring forward)."""
 
 
 @runtime_checkable

@@ -188,17 +188,16 @@ def extra_flops(work, fm: FlopsModel | None = None) -> tuple[float, float, int]:
     return paper, executed, tokens
 
 
-def micro_batch_flops(fm: FlopsModel, method, *, tokens_seen: int, tokens_kept: int,
-                      prepass_tokens: int = 0) -> StepFlops:
+def micro_batch_flops(fm: FlopsModel, method, *, tokens_seen: int, tokens_kept: int) -> StepFlops:
     """The three FLOPs counts of one micro-batch of ``method`` (an ``eslm.methods.Method``) on one rank: the
     trained model's pass from the token counts, the head's work as the objective reports it
-    (``head_work``), every component's declared ``extra_work``, and ``prepass_tokens`` of the step's scoring
-    pre-pass (selection scope "step")."""
+    (``head_work``), and every component's declared ``extra_work`` (the selection scope "step"'s scoring
+    forward included: the token selector declares it)."""
     head_bwd, head_recompute = method.objective.head_work(tokens_seen, tokens_kept,
                                                           scored=bool(method.tokens.score))
     paper, executed, forward_tokens = extra_flops(method.extra_work(tokens_seen), fm)
     return step_flops(fm, tokens_seen=tokens_seen, tokens_kept=tokens_kept, head_backward_tokens=head_bwd,
-                      head_recompute_tokens=head_recompute, extra_forward_tokens=prepass_tokens + forward_tokens,
+                      head_recompute_tokens=head_recompute, extra_forward_tokens=forward_tokens,
                       extra_flops_paper=paper, extra_flops_executed=executed)
 
 
@@ -230,8 +229,8 @@ class FlopsCounter:
         """Count one optimizer step of ``method`` from its ``eslm.train.step.StepResult`` (this rank's totals
         over the step's micro-batches; the micro-batch mean is what ``add`` takes)."""
         n = len(res.selections)
-        self.add(micro_batch_flops(fm, method, tokens_seen=res.tokens_seen // n, tokens_kept=res.tokens_kept // n,
-                                   prepass_tokens=res.prepass_tokens // n), micro_steps=n, world_size=world_size)
+        self.add(micro_batch_flops(fm, method, tokens_seen=res.tokens_seen // n, tokens_kept=res.tokens_kept // n),
+                 micro_steps=n, world_size=world_size)
 
     def totals(self) -> dict:
         """{"flops_paper", "flops_executed", "flops_dense"}: cumulative FLOPs (Python floats)."""

@@ -14,7 +14,6 @@ import torch
 
 from eslm import contracts, seeds
 from eslm.objectives.base import CrossEntropy
-from eslm.objectives.cross_entropy import TokenStats
 from eslm.selection.ada import AdaController
 from eslm.selection.rows import AllRows
 from eslm.selection.selectors import RandomSelector, TokenSelector, VaRSelector
@@ -41,10 +40,6 @@ class Method:
     tokens: contracts.TokenSelector = field(default_factory=TokenSelector)
     objective: contracts.Objective = field(default_factory=CrossEntropy)
     controllers: list[contracts.Controller] = field(default_factory=list)
-
-    def scores(self, stats: TokenStats | None, batch) -> torch.Tensor | None:
-        """Risk scores (B, T) fp32 for the token selector (None when it needs none)."""
-        return self.tokens.scores(stats, batch)
 
     @property
     def needs_entropy(self) -> bool:
@@ -93,7 +88,7 @@ def _ce(ctx: BuildContext) -> CrossEntropy:
 def _var(score: str):
     def build(ctx: BuildContext) -> Method:
         m = ctx.cfg.method
-        sel = VaRSelector(score, m.alpha, m.standardize, ctx.n_domains)
+        sel = VaRSelector(score, m.alpha, m.standardize, ctx.n_domains, m.scope)
         return Method(name=m.name, tokens=sel, objective=_ce(ctx))
     return build
 
@@ -158,7 +153,8 @@ def _rho1(ctx: BuildContext) -> Method:
     from eslm.baselines.plugins import Rho1Selector
 
     m = ctx.cfg.method
-    sel = Rho1Selector(_frozen(m.rho1.reference, ctx), m.alpha, ctx.cfg.data.seq_len, m.standardize, ctx.n_domains)
+    sel = Rho1Selector(_frozen(m.rho1.reference, ctx), m.alpha, ctx.cfg.data.seq_len, m.standardize, ctx.n_domains,
+                       m.scope)
     return Method(name="rho1", tokens=sel, objective=_ce(ctx))
 
 
@@ -204,7 +200,7 @@ def _dense_kd(ctx: BuildContext) -> Method:
 def _eslm_kd(score: str):
     def build(ctx: BuildContext) -> Method:
         m = ctx.cfg.method
-        return Method(name=m.name, tokens=VaRSelector(score, m.alpha, m.standardize, ctx.n_domains),
+        return Method(name=m.name, tokens=VaRSelector(score, m.alpha, m.standardize, ctx.n_domains, m.scope),
                       objective=_distill(ctx))
     return build
 

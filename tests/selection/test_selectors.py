@@ -4,10 +4,17 @@ import pytest
 import torch
 
 from eslm.data.batch import Batch
+from eslm.ops.token_stats import TokenStats
 from eslm.selection.ada import AdaController
 from eslm.selection.scores import standardize
 from eslm.selection.selectors import RandomSelector, TokenSelector, VaRSelector
 from eslm.selection.stats import selection_stats
+
+
+def _ts(scores):
+    """The scoring pass's statistics with ``scores`` as both the loss and the entropy."""
+    flat = scores.reshape(-1)
+    return TokenStats(loss=flat, entropy=flat, lse=torch.zeros_like(flat))
 
 
 def _batch(B=4, T=16, n_domains=2):
@@ -18,7 +25,7 @@ def _batch(B=4, T=16, n_domains=2):
 def test_var_selector_keeps_top_scores_and_reports_stats():
     b = _batch()
     scores = torch.randn(4, 16)
-    sel = VaRSelector("entropy", 0.25, n_domains=2).select(scores, b)
+    sel = VaRSelector("entropy", 0.25, n_domains=2).select(_ts(scores), b)
     assert sel.num_kept == 48 and sel.num_tokens == 64
     kept = scores.reshape(-1)[sel.index]
     dropped_mask = torch.ones(64, dtype=torch.bool)
@@ -37,8 +44,8 @@ def test_var_selector_keeps_top_scores_and_reports_stats():
 def test_batch_standardisation_never_changes_the_mask():
     b = _batch()
     scores = torch.rand(4, 16) * 5 + 3
-    a = VaRSelector("loss", 0.3, "none", 2).select(scores, b).index.sort().values
-    z = VaRSelector("loss", 0.3, "batch", 2).select(scores, b).index.sort().values
+    a = VaRSelector("loss", 0.3, "none", 2).select(_ts(scores), b).index.sort().values
+    z = VaRSelector("loss", 0.3, "batch", 2).select(_ts(scores), b).index.sort().values
     assert torch.equal(a, z)
 
 
@@ -50,8 +57,8 @@ def test_sequence_and_domain_standardisation():
     d = standardize(scores, "domain", dom)
     assert abs(float(d[:2].mean())) < 1e-5 and abs(float(d[2:].mean())) < 1e-5
     b = Batch(torch.zeros(4, 8, dtype=torch.long), torch.zeros(4, 8, dtype=torch.long), dom)
-    raw = VaRSelector("loss", 0.5, "none", 2).select(scores, b)
-    by_dom = VaRSelector("loss", 0.5, "domain", n_domains=2).select(scores, b)
+    raw = VaRSelector("loss", 0.5, "none", 2).select(_ts(scores), b)
+    by_dom = VaRSelector("loss", 0.5, "domain", n_domains=2).select(_ts(scores), b)
     assert (raw.index < 16).all()  # raw scores: the hard domain takes the whole budget
     assert (by_dom.index >= 16).any() and (by_dom.index < 16).any()
 
@@ -59,7 +66,7 @@ def test_sequence_and_domain_standardisation():
 def test_threshold_mode_keeps_all_at_or_above():
     b = _batch()
     scores = torch.randn(4, 16)
-    sel = VaRSelector("loss", 0.1, n_domains=2).select(scores, b, threshold=torch.tensor(0.0))
+    sel = VaRSelector("loss", 0.1, n_domains=2).select(_ts(scores), b, threshold=torch.tensor(0.0))
     assert sel.num_kept == int((scores >= 0).sum())
 
 

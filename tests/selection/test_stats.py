@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from eslm.api import selective_loss
 from eslm.data.batch import Batch
+from eslm.ops.token_stats import TokenStats
 from eslm.selection.selectors import RandomSelector, VaRSelector
 from eslm.selection.stats import SelectionStats, selection_stats
 
@@ -23,7 +24,9 @@ def test_the_selectors_and_the_api_return_the_same_type_with_the_same_numbers():
     _, api = selective_loss(targets, logits=logits, score="loss", alpha=0.25)
     scores = F.cross_entropy(logits.reshape(-1, 30), targets.reshape(-1), reduction="none").view(4, 16)
     batch = Batch(targets, targets, torch.arange(4) % 2)
-    sel = VaRSelector("loss", 0.25, n_domains=2).select(scores, batch).stats
+    flat = scores.reshape(-1)
+    stats = TokenStats(loss=flat, entropy=None, lse=torch.zeros_like(flat))
+    sel = VaRSelector("loss", 0.25, n_domains=2).select(stats, batch).stats
     rnd = RandomSelector(0.25, seed=1, n_domains=2).select(None, batch).stats
     assert type(api) is type(sel) is type(rnd) is SelectionStats
     for field in ("num_tokens", "num_kept", "kept_frac", "threshold", "cvar", "score_dropped_mean"):

@@ -46,7 +46,7 @@ GRAD_SCRIPT = textwrap.dedent('''
     cfg = build_config(overrides=["method.name=eslm-loss", "method.alpha=0.3", f"method.scope={scope}",
                                   "train.loss_impl=naive"])
     method = build_method(BuildContext(cfg=cfg, device=device, n_domains=1))
-    opts = StepOptions(accum_steps=len(batches), normalize="global", scope=scope, world_size=info.world_size)
+    opts = StepOptions(accum_steps=len(batches), normalize="global", world_size=info.world_size)
     forward_backward(wrapped, model, method, batches, opts, step=1, lr=1e-3)
     if info.rank == 0:
         torch.save({n: p.grad.clone() for n, p in model.named_parameters()}, out_path)

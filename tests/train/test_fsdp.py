@@ -41,7 +41,7 @@ DDP_SCRIPT = textwrap.dedent('''
     for scope, impl in [(s, i) for s in ("micro", "step") for i in ("naive", "fused")]:
         cfg = build_config(overrides=["method.name=eslm-entropy", "method.alpha=0.3", f"method.scope={scope}",
                                       f"train.loss_impl={impl}"])
-        opts = StepOptions(accum_steps=len(batches), normalize="global", scope=scope, world_size=2)
+        opts = StepOptions(accum_steps=len(batches), normalize="global", world_size=2)
         grads, losses = {}, {}
         for kind in ("ddp", "fsdp"):
             raw = copy.deepcopy(model)

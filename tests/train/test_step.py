@@ -26,7 +26,7 @@ def _host_reads(**overrides) -> list[str]:
     torch.manual_seed(0)
     model = GPT(preset("tiny", vocab_size=64))
     batches = _batches()
-    opts = StepOptions(accum_steps=len(batches), normalize=cfg.train.normalize, scope="step")
+    opts = StepOptions(accum_steps=len(batches), normalize=cfg.train.normalize)
     reads: list[str] = []
     with HostReads(record=reads):
         forward_backward(model, model, method, batches, opts, step=1, lr=1e-3)
@@ -41,3 +41,17 @@ def test_step_scope_standardisation_adds_no_host_read(standardize):
     none = _host_reads()
     assert none  # the check sees the step scope's own reads
     assert _host_reads(**{"method.standardize": standardize}) == none
+
+
+def test_the_step_calls_the_token_selector_and_reads_none_of_its_settings():
+    # the selector owns its rule (scores, standardisation, alpha, the step-scope VaR): the step may read the
+    # protocol's score and scope and call its hooks, nothing else of method.tokens
+    import ast
+    from pathlib import Path
+
+    import eslm.train.step as step
+
+    used = {node.attr for node in ast.walk(ast.parse(Path(step.__file__).read_text()))
+            if isinstance(node, ast.Attribute) and ast.unparse(node.value) == "method.tokens"}
+    assert used <= {"score", "scope", "num_kept", "rank", "step_threshold", "select"}, used
+    assert {"rank", "step_threshold", "select"} <= used

@@ -51,8 +51,8 @@ class Rho1Selector(VaRSelector):
     """Rho-1: keep the top 1-alpha tokens by excess loss = current loss - frozen reference loss (signed)."""
 
     def __init__(self, reference: ReferenceModel, alpha: float, seq_len: int, standardize: str = "none",
-                 n_domains: int = 1):
-        super().__init__("excess_loss", alpha, standardize, n_domains)
+                 n_domains: int = 1, scope: str = "micro"):
+        super().__init__("excess_loss", alpha, standardize, n_domains, scope)
         self.reference, self.seq_len = reference, seq_len
 
     def scores(self, stats, batch) -> torch.Tensor:
@@ -60,8 +60,9 @@ class Rho1Selector(VaRSelector):
         return excess_loss(stats.loss.view(batch.x.shape), self.reference.token_loss(batch.x, batch.y))
 
     def extra_work(self, tokens_seen: int) -> ExtraWork:
-        """The reference's forward over every token of the micro-batch."""
-        return ExtraWork(frozen_forwards=(ModelPass(self.reference.config, self.seq_len, tokens_seen),))
+        """The reference's forward over every token of the micro-batch (and the scope "step"'s scoring forward)."""
+        return ExtraWork(frozen_forwards=(ModelPass(self.reference.config, self.seq_len, tokens_seen),),
+                         trained_forward_tokens=super().extra_work(tokens_seen).trained_forward_tokens)
 
 
 class GreatsRows(AllRows):

@@ -1,29 +1,36 @@
 """Token selectors: which tokens of a micro-batch count in the loss.
 
-A selector maps the micro-batch's risk scores (B, T) to the flat indices of the kept tokens. Everything is
-computed on detached fp32 scores. The kept count K is a Python int derived from shapes (no host sync);
-``select`` never calls ``.item()``.
+A selector owns its whole rule: from the scoring pass's statistics (``TokenStats``) it forms its risk scores
+(``scores``), the scale it ranks them on (``rank``: the standardised scores), and the kept tokens (``select``);
+in the selection scope "step" it also turns the ranked scores of every micro-batch of the optimizer step into
+one threshold (``step_threshold``). Everything is computed on detached fp32 scores. In the scope "micro" the
+kept count K is a Python int derived from shapes and nothing reads the device.
 
-* ``AllTokens``   keep everything (CLM, dense KD). No scores needed, so no scoring pass runs.
-* ``VaRSelector`` keep the top K = N - floor(alpha*N) by score (ESLM VaR-entropy / CVaR-loss, Rho-1).
+* ``TokenSelector``  keep everything (CLM, dense KD). No scores needed, so no scoring pass runs.
+* ``VaRSelector`` keep the top K = N - floor(alpha*N) by score (ESLM VaR-entropy / CVaR-loss; Rho-1 subclasses it).
 * ``RandomSelector`` keep K uniformly random tokens: the control that tells selection from mere sparsity.
 
-With ``threshold`` given (selection scope "step": the VaR of the whole optimizer step, computed by the
-step's scoring pre-pass), a selector keeps every token whose score is >= threshold instead.
+With ``scope="step"`` a ranking selector keeps every token at or above the step's threshold (the VaR of the
+whole optimizer step on all ranks) instead of its micro-batch's top K; the step runs the extra scoring forward
+that this needs, and the selector declares it in ``extra_work``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from eslm.contracts import NO_EXTRA_WORK, ExtraWork, Selection
+from eslm.contracts import NO_EXTRA_WORK, ExtraWork, Selection, StepThreshold
 from eslm.data.batch import Batch
+from eslm.errors import ConfigError
+from eslm.ops.token_stats import TokenStats
 from eslm.selection import risk
 from eslm.selection.scores import standardize
 from eslm.selection.stats import selection_stats
 
 
-__all__ = ["Selection", "TokenSelector", "AllTokens", "VaRSelector", "RandomSelector"]
+__all__ = ["Selection", "TokenSelector", "VaRSelector", "RandomSelector", "SCOPES"]
+
+SCOPES = ("micro", "step")
 
 
 def _stats(raw: torch.Tensor, ranked: torch.Tensor, index: torch.Tensor, batch: Batch, n_domains: int):
@@ -36,7 +43,7 @@ class TokenSelector:
     """Base class of the ``eslm.contracts.TokenSelector`` protocol and the do-nothing default: keep all tokens."""
 
     score: str | None = None  # which score the selector needs: None | "loss" | "entropy" | "excess_loss"
-    standardize: str = "none"  # score standardisation before ranking (eslm.selection.scores)
+    scope: str = "micro"  # selection scope: "micro" (per micro-batch) | "step" (one threshold per optimizer step)
 
     def __init__(self, alpha: float = 0.0, n_domains: int = 1):
         self.alpha = risk.check_alpha(alpha)
@@ -46,13 +53,16 @@ class TokenSelector:
         """K for a micro-batch of n_tokens (known before the forward pass, for global normalisation)."""
         return n_tokens
 
-    def scores(self, stats, batch: Batch) -> torch.Tensor | None:
-        """Risk scores (B, T) fp32: the scoring pass's statistic named by ``score`` (None when no score)."""
-        if self.score is None:
-            return None
-        return getattr(stats, self.score).view(batch.x.shape)
+    def rank(self, stats: TokenStats | None, batch: Batch) -> torch.Tensor | None:
+        """The scores (B, T) fp32 the selection ranks (None when it ranks nothing)."""
+        return None
 
-    def select(self, scores: torch.Tensor | None, batch: Batch, threshold: torch.Tensor | None = None) -> Selection:
+    def step_threshold(self, ranked: list[torch.Tensor], world_size: int = 1) -> StepThreshold | None:
+        """Selection scope "step": the threshold over ``ranked`` (``rank`` of every micro-batch of the step on
+        this rank) and the same of every other rank (None: the selector keeps no threshold)."""
+        return None
+
+    def select(self, stats: TokenStats | None, batch: Batch, threshold: torch.Tensor | None = None) -> Selection:
         n = batch.num_tokens
         return Selection(index=None, num_kept=n, num_tokens=n)
 
@@ -67,24 +77,48 @@ class TokenSelector:
         self.alpha = float(sd["alpha"])
 
 
-AllTokens = TokenSelector
-
-
 class VaRSelector(TokenSelector):
     """Keep the tokens whose (standardised) score is in the top 1-alpha: score >= VaR_alpha."""
 
-    def __init__(self, score: str, alpha: float, standardize: str = "none", n_domains: int = 1):
+    def __init__(self, score: str, alpha: float, standardize: str = "none", n_domains: int = 1,
+                 scope: str = "micro"):
         super().__init__(alpha, n_domains)
-        self.score = score
-        self.standardize = standardize
+        if scope not in SCOPES:
+            raise ConfigError(f"method.scope: expected one of {', '.join(SCOPES)}, got {scope!r}")
+        self.score, self.standardize, self.scope = score, standardize, scope
 
     def num_kept(self, n_tokens: int) -> int:
         return risk.num_kept(n_tokens, self.alpha)
 
-    def select(self, scores, batch, threshold=None) -> Selection:
-        ranked = standardize(scores, self.standardize, batch.domain, self.n_domains)
+    def scores(self, stats: TokenStats, batch: Batch) -> torch.Tensor:
+        """Risk scores (B, T) fp32: the scoring pass's statistic named by ``score``."""
+        return getattr(stats, self.score).view(batch.x.shape)
+
+    def rank(self, stats, batch) -> torch.Tensor:
+        return standardize(self.scores(stats, batch), self.standardize, batch.domain, self.n_domains)
+
+    def step_threshold(self, ranked, world_size=1) -> StepThreshold:
+        """The VaR of all the step's ranked scores on all ranks, and how many are at or above it (for global
+        normalisation; reading that count is the step scope's host sync)."""
+        scores = torch.cat([r.reshape(-1) for r in ranked])
+        if world_size > 1:
+            import torch.distributed as dist
+
+            gathered = [torch.empty_like(scores) for _ in range(world_size)]
+            dist.all_gather(gathered, scores)
+            scores = torch.cat(gathered)
+        threshold = risk.var_threshold(scores, self.alpha)
+        return StepThreshold(threshold, int(risk.at_or_above(scores, threshold).sum()))
+
+    def select(self, stats, batch, threshold=None) -> Selection:
+        raw = self.scores(stats, batch)
+        ranked = standardize(raw, self.standardize, batch.domain, self.n_domains)
         index, k = risk.select(ranked, self.alpha, threshold)
-        return Selection(index, k, ranked.numel(), _stats(scores, ranked, index, batch, self.n_domains))
+        return Selection(index, k, ranked.numel(), _stats(raw, ranked, index, batch, self.n_domains))
+
+    def extra_work(self, tokens_seen: int) -> ExtraWork:
+        """Scope "step": the step's extra scoring forward of the trained model over every token."""
+        return ExtraWork(trained_forward_tokens=tokens_seen) if self.scope == "step" else NO_EXTRA_WORK
 
 
 class RandomSelector(TokenSelector):
@@ -97,7 +131,7 @@ class RandomSelector(TokenSelector):
     def num_kept(self, n_tokens: int) -> int:
         return risk.num_kept(n_tokens, self.alpha)
 
-    def select(self, scores, batch, threshold=None) -> Selection:
+    def select(self, stats, batch, threshold=None) -> Selection:
         n = batch.num_tokens
         k = risk.num_kept(n, self.alpha)
         index = torch.randperm(n, generator=self.generator)[:k].to(batch.x.device)

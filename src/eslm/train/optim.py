@@ -71,9 +71,7 @@ def plan_schedule(cfg, method, fm) -> Schedule:
         return Schedule(warmup, decay)
     rows_in = t.micro_batch_size_seqs
     n = method.rows.num_rows(rows_in) * cfg.data.seq_len
-    prepass = n if cfg.method.scope == "step" and method.tokens.score is not None else 0
-    planned = micro_batch_flops(fm, method, tokens_seen=n, tokens_kept=method.tokens.num_kept(n),
-                                prepass_tokens=prepass)
+    planned = micro_batch_flops(fm, method, tokens_seen=n, tokens_kept=method.tokens.num_kept(n))
     spent = {"flops_paper": planned.paper, "flops_executed": planned.executed,
              "flops_dense": planned.dense}[cfg.flops.budget_counter]
     ratio = fm.train_per_token * rows_in * cfg.data.seq_len / spent

@@ -4,7 +4,10 @@ Reads top to bottom: for each micro-batch, the row selector picks rows, the mode
 objective's scoring pass gives detached fp32 per-token statistics (the risk scores, when the token selector
 needs them; the fused cross-entropy may form its gradients in the same pass), the token selector keeps K tokens,
 the objective gives the sum of their losses, and the normalised sum is backpropagated. The optimizer
-update itself is the trainer's. Nothing here knows a method's name.
+update itself is the trainer's. Nothing here knows a method's name, and nothing reads a component's settings: the
+step calls the hooks of ``eslm.contracts``. In the selection scope "step" (the token selector's ``scope``) one
+extra scoring forward of every micro-batch comes first; the selector ranks it (``rank``) and turns the ranks of
+the whole step into one threshold (``step_threshold``), which its ``select`` then applies to each micro-batch.
 
 Normalisation (``train.normalize``):
 * ``paper``  each micro-batch contributes mean(kept losses) / accum_steps (what nanoGPT-style code does);
@@ -19,8 +22,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eslm.selection import risk
-from eslm.selection.scores import standardize
 
 
 @dataclass
@@ -30,22 +31,20 @@ class StepResult:
     tokens_seen: int  # this rank
     tokens_kept: int  # this rank
     selections: list = field(default_factory=list)
-    prepass_tokens: int = 0  # this rank: tokens through the selection scope "step"'s scoring forward
 
 
 @dataclass
 class StepOptions:
     accum_steps: int
     normalize: str = "paper"
-    scope: str = "micro"
     world_size: int = 1
     autocast: contextlib.AbstractContextManager | None = None
 
 
 def forward_backward(model, raw_model, method, batches, opts: StepOptions, step: int, lr: float) -> StepResult:
-    threshold, step_kept, prepass = _step_threshold(raw_model, method, batches, opts) if opts.scope == "step" \
-        else (None, 0, 0)
-    denom = _global_denominator(method, batches, opts, threshold, step_kept)
+    step_threshold = _step_threshold(raw_model, method, batches, opts) if method.tokens.scope == "step" else None
+    threshold = step_threshold.value if step_threshold is not None else None
+    denom = _global_denominator(method, batches, opts, step_threshold)
     dev = batches[0].x.device  # accumulators on the batches' device: a CPU zero moved to CUDA is a host sync
     loss_sum, ce_sum, seen, kept, sels = torch.zeros((), device=dev), torch.zeros((), device=dev), 0, 0, []
     for i, batch in enumerate(batches):
@@ -57,7 +56,7 @@ def forward_backward(model, raw_model, method, batches, opts: StepOptions, step:
                                            need_scores=method.tokens.score is not None,
                                            need_entropy=method.needs_entropy,
                                            keep_fraction=method.tokens.num_kept(n) / n)
-            sel = method.tokens.select(method.tokens.scores(stats, batch), batch, threshold)
+            sel = method.tokens.select(stats, batch, threshold)
             kept_sum, kept_loss = method.objective.loss_sum(hidden, weight, batch, sel.index, stats)
             loss = kept_sum / (sel.num_kept * opts.accum_steps if denom is None else denom)
         loss.backward()
@@ -67,7 +66,7 @@ def forward_backward(model, raw_model, method, batches, opts: StepOptions, step:
         ce_sum = ce_sum.to(loss.device) + all_ce.float().mean() / len(batches)
         seen, kept = seen + sel.num_tokens, kept + sel.num_kept
         sels.append(sel)
-    return StepResult(loss_sum, ce_sum, seen, kept, sels, prepass)
+    return StepResult(loss_sum, ce_sum, seen, kept, sels)
 
 
 def _no_sync(model, skip_sync: bool):
@@ -77,25 +76,22 @@ def _no_sync(model, skip_sync: bool):
     return contextlib.nullcontext()
 
 
-def _global_denominator(method, batches, opts: StepOptions, threshold, step_kept: int) -> float | None:
+def _global_denominator(method, batches, opts: StepOptions, step_threshold) -> float | None:
     """Kept tokens of the whole step on all ranks (divided by world size, since DDP averages gradients)."""
     if opts.normalize != "global":
         return None
-    if threshold is not None:
-        return max(1, step_kept) / opts.world_size
+    if step_threshold is not None:
+        return max(1, step_threshold.kept) / opts.world_size
     per_rank = sum(method.tokens.num_kept(method.rows.num_rows(b.x.shape[0]) * b.x.shape[1]) for b in batches)
     return float(per_rank)  # every rank has the same shapes, hence the same count: (W * n) / W
 
 
 @torch.no_grad()
-def _step_threshold(raw_model, method, batches, opts: StepOptions) -> tuple[torch.Tensor | None, int, int]:
-    """Selection scope "step": one extra forward over every micro-batch, scored by the objective's scoring pass
-    (scores only), then the VaR of all scores of the optimizer step on all ranks. Returns (threshold, how many
-    tokens of the step (all ranks) are at or above it, for global normalisation, the tokens of this rank's
-    extra forward, for the FLOPs accounting)."""
-    if method.tokens.score is None:
-        return None, 0, 0
-    ranked, tokens = [], 0
+def _step_threshold(raw_model, method, batches, opts: StepOptions):
+    """Selection scope "step": one extra forward of every micro-batch with the objective's scoring pass (scores
+    only); the token selector ranks each and returns its threshold over the whole step on all ranks (a
+    ``StepThreshold``, or None). The forward is the selector's work, declared in its ``extra_work``."""
+    ranked = []
     for batch in batches:
         with opts.autocast or contextlib.nullcontext():
             hidden = raw_model(batch.x).flatten(0, 1)
@@ -103,15 +99,5 @@ def _step_threshold(raw_model, method, batches, opts: StepOptions) -> tuple[torc
             stats = method.objective.score(hidden, raw_model.head_weight, batch.y.reshape(-1), need_scores=True,
                                            need_entropy=method.needs_entropy,
                                            keep_fraction=method.tokens.num_kept(n) / n, for_loss=False)
-        ranked.append(standardize(method.tokens.scores(stats, batch), method.tokens.standardize,
-                                  batch.domain, method.tokens.n_domains).reshape(-1))
-        tokens += n
-    scores = torch.cat(ranked)
-    if opts.world_size > 1:
-        import torch.distributed as dist
-
-        gathered = [torch.empty_like(scores) for _ in range(opts.world_size)]
-        dist.all_gather(gathered, scores)
-        scores = torch.cat(gathered)
-    threshold = risk.var_threshold(scores, method.tokens.alpha)
-    return threshold, int(risk.at_or_above(scores, threshold).sum()), tokens
+        ranked.append(method.tokens.rank(stats, batch))
+    return method.tokens.step_threshold(ranked, opts.world_size)

@@ -80,7 +80,7 @@ class Trainer:
         self.budget = Budget(t.max_steps, t.max_flops, cfg.flops.budget_counter)
         self.step, self.elapsed_s, self.cpu_s = 0, 0.0, 0.0
         self.load = LoadSampler()
-        self.opts = StepOptions(accum_steps=t.grad_accum_steps, normalize=t.normalize, scope=cfg.method.scope,
+        self.opts = StepOptions(accum_steps=t.grad_accum_steps, normalize=t.normalize,
                                 world_size=self.dist.world_size, autocast=setup.autocast_for(t.dtype, self.device))
         self._lock = self._resume_changes = self.writer = None
 

@@ -78,3 +78,54 @@ def test_no_hasattr_probing_of_components():
                     continue
                 found.append(f"{path.relative_to(SRC)}:{node.lineno} {ast.unparse(node)}")
     assert found == []
+
+
+def _passes_run_and_declared(tokens, objective):
+    """(tokens through the trained model, tokens through frozen models) that one two-micro-batch step runs,
+    and the same as the method's components declare them (``extra_work``), on this rank."""
+    from eslm.data.batch import Batch
+    from eslm.methods import Method
+    from eslm.model.gpt import GPT, preset
+    from eslm.train.step import StepOptions, forward_backward
+
+    torch.manual_seed(0)
+    model = GPT(preset("tiny", vocab_size=64))
+    g = torch.Generator().manual_seed(1)
+    batches = [Batch(x, x.roll(-1, 1), torch.zeros(2, dtype=torch.long))
+               for x in (torch.randint(0, 64, (2, 16), generator=g) for _ in range(2))]
+    method = Method("m", tokens=tokens, objective=objective)
+    run = {"trained": 0, "frozen": 0}
+    model.register_forward_hook(lambda mod, args, out: run.__setitem__("trained", run["trained"] + args[0].numel()))
+    frozen = getattr(tokens, "reference", None) or getattr(objective, "teacher", None)
+    if frozen is not None:
+        frozen.model.register_forward_hook(
+            lambda mod, args, out: run.__setitem__("frozen", run["frozen"] + args[0].numel()))
+    res = forward_backward(model, model, method, batches, StepOptions(accum_steps=2), step=1, lr=1e-3)
+    work = method.extra_work(res.tokens_seen // len(batches))
+    per_micro = {"trained": res.tokens_seen // len(batches) + sum(w.trained_forward_tokens for w in work),
+                 "frozen": sum(p.tokens for w in work for p in (*w.frozen_forwards, *w.repeated_frozen_forwards))}
+    return run, {k: v * len(batches) for k, v in per_micro.items()}
+
+
+def test_every_forward_a_method_runs_is_declared_in_its_extra_work():
+    # the FLOPs accounting prices what the components declare: a forward they run and do not declare would be
+    # missing from flops_executed (Rho-1 at scope "step" ran its reference twice and declared it once)
+    from eslm.baselines.plugins import Rho1Selector
+    from eslm.baselines.rho1 import ReferenceModel
+    from eslm.model.gpt import GPT, preset
+    from eslm.objectives.base import CrossEntropy
+    from eslm.objectives.kd_objective import Distill
+    from eslm.selection.selectors import RandomSelector, TokenSelector, VaRSelector
+
+    torch.manual_seed(3)
+    ref = ReferenceModel(GPT(preset("tiny", vocab_size=64)), impl="naive")
+    cases = {f"{name}@{scope}": make(scope) for scope in ("micro", "step") for name, make in {
+        "eslm-entropy": lambda s: (VaRSelector("entropy", 0.3, scope=s), CrossEntropy(impl="naive")),
+        "rho1": lambda s: (Rho1Selector(ref, 0.3, 16, scope=s), CrossEntropy(impl="naive")),
+        "eslm-kd-loss": lambda s: (VaRSelector("loss", 0.3, scope=s), Distill(ref, lam=0.5, rho=1.0, seq_len=16)),
+    }.items()}
+    cases.update({"clm": (TokenSelector(), CrossEntropy()), "random": (RandomSelector(0.3, seed=0), CrossEntropy()),
+                  "dense-kd": (TokenSelector(), Distill(ref, lam=0.5, rho=1.0, seq_len=16))})
+    for name, (tokens, objective) in cases.items():
+        run, declared = _passes_run_and_declared(tokens, objective)
+        assert run == declared, name

@@ -152,6 +152,20 @@ def test_extras_enter_each_convention_separately():
         step_flops(fm, tokens_seen=10, tokens_kept=11, head_backward_tokens=10)
 
 
+def test_a_repeated_frozen_forward_is_executed_work_only():
+    # Rho-1 at scope "step": its reference runs in the scoring forward and again in the step; the paper counts
+    # one reference forward per token, what was executed counts both (and the scoring forward of the model)
+    from eslm.contracts import ExtraWork, ModelPass
+    from eslm.flops import extra_flops, frozen_forward_flops
+
+    ref = ModelConfig(n_layer=1, n_head=1, n_embd=32, vocab_size=256, block_size=64)
+    once = frozen_forward_flops(ref, T, 100)
+    p = ModelPass(ref, T, 100)
+    assert extra_flops([ExtraWork(frozen_forwards=(p,))]) == (once, once, 0)
+    assert extra_flops([ExtraWork(frozen_forwards=(p,), trained_forward_tokens=100,
+                                  repeated_frozen_forwards=(p,))]) == (once, 2 * once, 100)
+
+
 def test_3e17_budget_is_about_28_5k_micro_batches_at_124m():
     fm = FlopsModel.from_config(preset("gpt2-124m"), 1024)
     steps = micro_steps_for_budget(fm, 3e17, 12 * 1024)

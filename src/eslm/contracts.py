@@ -84,11 +84,15 @@ class ExtraWork:
                      scoring forward); only the executed count includes them (the paper counts one forward
                      per training token)
     gradient_scoring: per-sample gradient scoring passes (GREATS), counted by both conventions
+    repeated_frozen_forwards: forwards of frozen models run again over tokens already in ``frozen_forwards``
+                     (Rho-1's reference in the selection scope "step"'s scoring forward); only the executed
+                     count includes them
     """
 
     frozen_forwards: tuple[ModelPass, ...] = ()
     trained_forward_tokens: int = 0
     gradient_scoring: tuple[GradientScoring, ...] = ()
+    repeated_frozen_forwards: tuple[ModelPass, ...] = ()
 
 
 NO_EXTRA_WORK = ExtraWork()

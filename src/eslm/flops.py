@@ -184,7 +184,8 @@ def extra_flops(work, fm: FlopsModel | None = None) -> tuple[float, float, int]:
                                        g.val_rows, g.seq_len, routes=g.routes)
         for p in w.frozen_forwards:
             f = frozen_forward_flops(p.config, p.seq_len, p.tokens) + f
-        paper, executed, tokens = paper + f, executed + f, tokens + w.trained_forward_tokens
+        again = sum(frozen_forward_flops(p.config, p.seq_len, p.tokens) for p in w.repeated_frozen_forwards)
+        paper, executed, tokens = paper + f, executed + f + again, tokens + w.trained_forward_tokens
     return paper, executed, tokens
 
 

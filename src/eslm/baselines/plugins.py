@@ -60,9 +60,12 @@ class Rho1Selector(VaRSelector):
         return excess_loss(stats.loss.view(batch.x.shape), self.reference.token_loss(batch.x, batch.y))
 
     def extra_work(self, tokens_seen: int) -> ExtraWork:
-        """The reference's forward over every token of the micro-batch (and the scope "step"'s scoring forward)."""
-        return ExtraWork(frozen_forwards=(ModelPass(self.reference.config, self.seq_len, tokens_seen),),
-                         trained_forward_tokens=super().extra_work(tokens_seen).trained_forward_tokens)
+        """The reference's forward over every token of the micro-batch; in the scope "step" also the scoring
+        forward, in which ``scores`` runs the reference a second time over the same tokens."""
+        ref = (ModelPass(self.reference.config, self.seq_len, tokens_seen),)
+        if self.scope != "step":
+            return ExtraWork(frozen_forwards=ref)
+        return ExtraWork(frozen_forwards=ref, trained_forward_tokens=tokens_seen, repeated_frozen_forwards=ref)
 
 
 class GreatsRows(AllRows):

@@ -97,7 +97,8 @@ class TrainSection:
     compile: bool = _f(False, "torch.compile the model")
     loss_impl: str = _f("fused", "fused (chunked, head backward only for kept tokens) | naive (full logits, the oracle)")
     loss_chunk_size: int = _f(1024, "tokens per chunk in the fused loss")
-    loss_cache_probs: bool = _f(True, "fused loss with selection scores: keep the scoring pass's softmax (one tokens x vocab fp32 buffer per micro-batch) so the gradients need no second logits matmul (fastest measured); false: no such buffer, recompute instead")
+    loss_cache_probs: bool = _f(True, "fused loss with selection scores: allow keeping the scoring pass's softmax (one tokens x vocab fp32 buffer per micro-batch) so the gradients need no second logits matmul; false: no such buffer, recompute instead")
+    loss_route: str = _f("auto", "fused loss route (docs/fused_loss.md): auto (the cheapest by the per-device cost model) | kept_cached | all_rows | grads_in_pass | kept_recompute (forced where it can run: the cached two need selection scores)")
     normalize: str = _f("paper", "paper (mean over kept tokens per micro-batch / accum steps) | global (sum / kept tokens of the whole step, all ranks)")
     num_threads: int = _f(0, "torch CPU threads; 0 = torch's default (torchrun sets 1 per process)")
 
@@ -354,6 +355,7 @@ _CHOICES = {
     "train.device": None,  # checked separately
     "train.dtype": ("auto", "fp32", "bf16"),
     "train.loss_impl": ("fused", "naive"),
+    "train.loss_route": ("auto", "kept_cached", "all_rows", "grads_in_pass", "kept_recompute"),
     "train.normalize": ("paper", "global"),
     "train.lr_schedule": ("budget", "steps"),
     "method.standardize": ("none", "batch", "sequence", "domain"),
@@ -413,6 +415,9 @@ def validate(cfg: Config) -> list[str]:
         problems.append(problem)
     if cfg.run.resume_from and not cfg.run.resume:
         problems.append("run.resume_from: needs run.resume=true (--resume-from STEP sets both)")
+    if cfg.train.loss_route in ("kept_cached", "all_rows") and not cfg.train.loss_cache_probs:
+        problems.append(f"train.loss_route: {cfg.train.loss_route} keeps the softmax, which "
+                        f"train.loss_cache_probs=false forbids; set train.loss_cache_probs=true or loss_route=auto")
     if cfg.train.min_lr > cfg.train.lr:
         problems.append(f"train.min_lr ({cfg.train.min_lr}) must not exceed train.lr ({cfg.train.lr})")
     dev = cfg.train.device

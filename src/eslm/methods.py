@@ -82,7 +82,8 @@ class MethodSpec:
 
 def _ce(ctx: BuildContext) -> CrossEntropy:
     t = ctx.cfg.train
-    return CrossEntropy(impl=t.loss_impl, chunk_size=t.loss_chunk_size, cache_probs=t.loss_cache_probs)
+    return CrossEntropy(impl=t.loss_impl, chunk_size=t.loss_chunk_size, cache_probs=t.loss_cache_probs,
+                        route=t.loss_route)
 
 
 def _var(score: str):

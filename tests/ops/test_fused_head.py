@@ -60,6 +60,34 @@ def test_selected_ce_values_and_grads(dtype, keep, use_lse):
         assert torch.all(got[1][dropped] == 0)  # exactly zero, not merely small
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("keep", [None, 0.5, "one"])
+@pytest.mark.parametrize("use_lse", [False, True])
+def test_selected_ce_with_a_detached_weight(dtype, keep, use_lse):
+    """GREATS' per-sample losses: the head weight is detached. Without scores the chooser forms each row's
+    hidden-state gradient in the one forward pass (grads_in_pass) and the backward scales it; with scores the
+    kept rows are recomputed. Either way: the oracle's losses and hidden-state gradients for random upstream
+    gradients, no weight gradient."""
+    n, c, v, chunk = 45, 24, 131, 16
+    h0, w0, y = _inputs(n, c, v, dtype, seed=8)
+    index = _index(n, keep)
+    up = torch.rand(n if index is None else index.numel(), generator=torch.Generator().manual_seed(9))
+    h = h0.float().clone().requires_grad_()
+    ref = naive_selected_ce(h, w0.float(), y, index)
+    (ref * up).sum().backward()
+    hf = h0.clone().requires_grad_()
+    lse = naive_token_stats(h0.float(), w0.float(), y).lse if use_lse else None
+    got = fused_selected_ce(hf, w0, y, index, chunk_size=chunk, lse=lse)
+    assert type(got.grad_fn).__name__ == ("_SelectedCEBackward" if use_lse else "_RowGradCEBackward")
+    (got * up).sum().backward()
+    torch.testing.assert_close(got.detach(), ref.detach(), **TOL[dtype])
+    torch.testing.assert_close(hf.grad.float(), h.grad, **TOL[dtype])
+    if index is not None:
+        dropped = torch.ones(n, dtype=torch.bool)
+        dropped[index] = False
+        assert torch.all(hf.grad[dropped] == 0)
+
+
 def test_tied_embedding_grads_through_gpt():
     torch.manual_seed(0)
     model = GPT(preset("tiny", vocab_size=97))
@@ -88,70 +116,70 @@ def _index(n, keep, seed=2):
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:k]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("keep", [None, 1.0, 0.9, 0.85, 0.5, "one"])
-@pytest.mark.parametrize("route", ["grads_in_pass", "cached_probs", "scores_only", "no_pass"])
-@pytest.mark.parametrize("n,c,v,chunk", [(45, 24, 131, 16), (7, 8, 1031, 3)])
-def test_ce_sum_values_and_grads(dtype, keep, route, n, c, v, chunk):
-    h0, w0, y = _inputs(n, c, v, dtype, seed=1)
-    index = _index(n, keep)
-
+def _naive_sum(h0, w0, y, index, upstream=0.37):
     h, w = h0.float().clone().requires_grad_(), w0.float().clone().requires_grad_()
     ref = naive_selected_ce(h, w, y, index)
-    ref.sum().mul(0.37).backward()  # any scalar upstream gradient
-    pre = None if route == "no_pass" else head_pass(h0, w0, y, need_entropy=True, chunk_size=chunk,
-                                                    with_grads=route == "grads_in_pass",
-                                                    keep_probs=route == "cached_probs")
+    ref.sum().mul(upstream).backward()  # any scalar upstream gradient
+    return ref.detach(), h.grad, w.grad
+
+
+def _targets(y, kind, v):
+    """The targets of a case: as drawn, or a handful of values repeated (scatter/index_add with duplicates)."""
+    return y if kind == "random" else y % 3
+
+
+# every route of the summed loss, with and without scores: (route, scored)
+ROUTE_CASES = [("kept_cached", True), ("all_rows", True), ("grads_in_pass", True), ("kept_recompute", True),
+               ("grads_in_pass", False), ("kept_recompute", False)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("keep", [None, 1.0, 0.9, 0.85, 0.5, 0.2, "one"])
+@pytest.mark.parametrize("route,scored", ROUTE_CASES)
+@pytest.mark.parametrize("n,c,v,chunk,targets", [(45, 24, 131, 16, "random"), (7, 8, 1031, 3, "random"),
+                                                 (33, 5, 50, 64, "duplicates")])
+def test_ce_sum_every_route_matches_naive(dtype, keep, route, scored, n, c, v, chunk, targets):
+    """Each route's loss, per-token losses and gradients against the naive oracle (full logits, masked), for
+    keep fractions from every row to a single one, awkward shapes (rows not a multiple of the chunk, C smaller
+    than the chunk, C = 5 so the scratch blocks hold 5 rows), duplicate targets; dropped rows exactly zero."""
+    from eslm.ops.fused_head import route_pass
+
+    h0, w0, y = _inputs(n, c, v, dtype, seed=1)
+    y = _targets(y, targets, v)
+    index = _index(n, keep)
+    ref, ref_h, ref_w = _naive_sum(h0, w0, y, index)
+    pre = route_pass(route, h0, w0, y, scored=scored, need_entropy=True, chunk_size=chunk)
+    assert (pre is None) == (route == "kept_recompute" and not scored)
     hf, wf = h0.clone().requires_grad_(), w0.clone().requires_grad_()
     total, per_token = fused_ce_sum(hf, wf, y, index, pre=pre, chunk_size=chunk)
     total.mul(0.37).backward()
     assert total.dtype == torch.float32 and total.dim() == 0 and not per_token.requires_grad
     assert pre is None or (pre.probs is None and pre.grad_weight is None and pre.softmax_w is None)  # released
-    torch.testing.assert_close(per_token, ref.detach(), **TOL[dtype])
-    torch.testing.assert_close(total, ref.detach().sum(), **TOL[dtype])
+    torch.testing.assert_close(per_token, ref, **TOL[dtype])
+    torch.testing.assert_close(total, ref.sum(), **TOL[dtype])
     assert hf.grad.dtype == dtype and wf.grad.dtype == dtype
-    torch.testing.assert_close(hf.grad.float(), h.grad, **TOL[dtype], msg="grad_hidden")
-    torch.testing.assert_close(wf.grad.float(), w.grad, **TOL[dtype], msg="grad_weight")
+    torch.testing.assert_close(hf.grad.float(), ref_h, **TOL[dtype], msg="grad_hidden")
+    torch.testing.assert_close(wf.grad.float(), ref_w, **TOL[dtype], msg="grad_weight")
     if index is not None:
         dropped = torch.ones(n, dtype=torch.bool)
         dropped[index] = False
         assert torch.all(hf.grad[dropped] == 0)  # exactly zero, not merely small
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("route", ["grads_in_pass", "cached_probs", "scores_only"])
-@pytest.mark.parametrize("n,c,v,chunk", [(45, 24, 131, 16), (7, 8, 1031, 3)])
-def test_every_route_gives_the_naive_scores(dtype, route, n, c, v, chunk):
-    """The entropy has a different formula per route (batched dot with the logits, or h . (p W) in fp32 when
-    the pass forms p W anyway): every route must give the oracle's loss, entropy and lse."""
-    h0, w0, y = _inputs(n, c, v, dtype, seed=7)
-    ref = naive_token_stats(h0.float(), w0.float(), y)
-    got = head_pass(h0, w0, y, need_entropy=True, chunk_size=chunk, with_grads=route == "grads_in_pass",
-                    keep_probs=route == "cached_probs")
-    for name in ("loss", "entropy", "lse"):
-        torch.testing.assert_close(getattr(got, name), getattr(ref, name), **TOL[dtype], msg=name)
-    assert (got.softmax_w is not None) == (route == "cached_probs" and dtype == torch.float32)
+@pytest.mark.parametrize("route", ["kept_cached", "all_rows", "grads_in_pass", "kept_recompute"])
+def test_ce_sum_every_route_under_cpu_bf16_autocast(route):
+    """fp32 parameters, bf16 matmuls (autocast), as training on a GPU runs: each route against the naive path
+    under the same autocast."""
+    from eslm.ops.fused_head import route_pass
 
-
-def test_head_pass_grads_equal_autograd_of_the_summed_loss():
-    h0, w0, y = _inputs(33, 12, 77, torch.float32, seed=4)
-    got = head_pass(h0, w0, y, need_entropy=False, with_grads=True, chunk_size=10)
-    h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
-    naive_selected_ce(h, w, y, None).sum().backward()
-    torch.testing.assert_close(got.grad_hidden, h.grad, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(got.grad_weight, w.grad, rtol=1e-5, atol=1e-6)
-    assert got.entropy is None
-
-
-def test_ce_sum_under_cpu_bf16_autocast_matches_naive_under_autocast():
     h0, w0, y = _inputs(40, 16, 201, torch.float32, seed=5)
-    index = _index(40, 0.9)
+    index = _index(40, 0.5)
     out = []
     for fused in (False, True):
         h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             if fused:
-                pre = head_pass(h.detach(), w.detach(), y, with_grads=True, chunk_size=16)
+                pre = route_pass(route, h.detach(), w.detach(), y, scored=True, need_entropy=True, chunk_size=16)
                 total, _ = fused_ce_sum(h, w, y, index, pre=pre, chunk_size=16)
             else:
                 total = naive_selected_ce(h, w, y, index).sum()
@@ -162,17 +190,50 @@ def test_ce_sum_under_cpu_bf16_autocast_matches_naive_under_autocast():
     assert out[1][1].dtype == torch.float32  # gradients come back in the parameters' dtype
 
 
-def test_head_work_per_route():
-    """The FLOPs accounting's view of each route: (rows with the two gradient matmuls, rows recomputed)."""
-    from eslm.objectives.base import CrossEntropy
-    from eslm.ops.fused_head import head_work
+@pytest.mark.parametrize("n,k,block", [(10, 3, 1), (10, 7, 2), (64, 32, 5), (9, 1, 4), (9, 8, 3), (5, 5, 2)])
+def test_compaction_moves_the_kept_rows_to_the_front(n, k, block):
+    """kept_cached's in-place compaction: buf[:K] holds exactly the kept rows (orig tells which), every moved
+    row came from behind K into a dropped slot before K, and nothing else before K changed."""
+    from eslm.ops.fused_head import _compact_kept_rows
 
-    assert head_work(100, 90, scored=True, cached_probs=True) == (100.0, 0.0)  # softmax kept, dropped rows zeroed
-    assert head_work(100, 90, scored=True) == (100.0, 20.0)                    # all-row grads, dropped subtracted
-    assert head_work(100, 100, scored=False) == (100.0, 0.0)                   # CLM: one pass
-    assert head_work(100, 50, scored=True) == (50.0, 50.0)                     # kept rows after a scoring pass
-    assert head_work(100, 50, scored=False) == (50.0, 0.0)                     # random control, no scores
-    assert CrossEntropy(impl="naive").head_work(100, 50, scored=True) == (100.0, 0.0)  # masked loss
+    for seed in range(5):
+        g = torch.Generator().manual_seed(seed)
+        buf0 = torch.randn(n, 6, generator=g)
+        index = torch.randperm(n, generator=g)[:k]
+        buf = buf0.clone()
+        orig = _compact_kept_rows(buf, index, block)
+        assert sorted(orig.tolist()) == sorted(index.tolist())
+        torch.testing.assert_close(buf[:k], buf0[orig], rtol=0, atol=0)
+        front_kept = [i for i in range(k) if i in set(index.tolist())]
+        assert all(orig[i].item() == i for i in front_kept)  # kept rows before K stay where they are
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("route", ["grads_in_pass", "all_rows", "kept_cached", "kept_recompute"])
+@pytest.mark.parametrize("n,c,v,chunk", [(45, 24, 131, 16), (7, 8, 1031, 3), (30, 4, 77, 64)])
+def test_every_route_gives_the_naive_scores(dtype, route, n, c, v, chunk):
+    """The entropy has a different formula per route (a shifted sum with the logits, through a scratch block
+    of at most C rows when the softmax is kept, or h . (p W) in fp32 when the pass forms p W anyway): every
+    route's pass must give the oracle's loss, entropy and lse."""
+    from eslm.ops.fused_head import route_pass
+
+    h0, w0, y = _inputs(n, c, v, dtype, seed=7)
+    ref = naive_token_stats(h0.float(), w0.float(), y)
+    got = route_pass(route, h0, w0, y, scored=True, need_entropy=True, chunk_size=chunk)
+    for name in ("loss", "entropy", "lse"):
+        torch.testing.assert_close(getattr(got, name), getattr(ref, name), **TOL[dtype], msg=name)
+    assert (got.softmax_w is not None) == (route == "all_rows" and dtype == torch.float32)
+    assert (got.probs is not None) == (route in ("all_rows", "kept_cached")) and got.route == route
+
+
+def test_head_pass_grads_equal_autograd_of_the_summed_loss():
+    h0, w0, y = _inputs(33, 12, 77, torch.float32, seed=4)
+    got = head_pass(h0, w0, y, need_entropy=False, with_grads=True, chunk_size=10)
+    h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+    naive_selected_ce(h, w, y, None).sum().backward()
+    torch.testing.assert_close(got.grad_hidden, h.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got.grad_weight, w.grad, rtol=1e-5, atol=1e-6)
+    assert got.entropy is None
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from eslm.contracts import NO_EXTRA_WORK, ExtraWork
+from eslm.errors import ConfigError
 from eslm.data.batch import Batch
 from eslm.objectives.cross_entropy import TokenStats, naive_selected_ce, selected_ce, token_stats
 
@@ -59,31 +60,47 @@ class Objective:
 class CrossEntropy(Objective):
     """Next-token cross-entropy on the kept tokens (CLM, ESLM, Rho-1, GREATS).
 
-    With the fused implementation the scoring pass and the loss share the work (``eslm.ops.fused_head``):
-    * scores needed and ``cache_probs``: the scoring pass keeps its softmax P, and the kept rows' gradients are
-      formed from it with the dropped rows zeroed in the (N, C) factors (3u, no recompute; one (N, V) fp32
-      buffer);
-    * every token kept (CLM), or most (k >= 0.8): the one pass over the vocabulary also forms the gradients, so
-      the head costs what plain training's does (3u, plus 2(1-k)u to take the dropped rows out);
-    * otherwise only the kept rows get logits and gradients (1u + 3ku after a scoring pass).
+    With the fused implementation the scoring pass and the loss share the work, by the route the cost model of
+    ``eslm.ops.head_route`` picks per micro-batch (``route`` forces one where it can run): with selection scores
+    and ``cache_probs``, the pass keeps its softmax and the gradient matmuls run over the kept rows only
+    (``kept_cached``, 1u + 2ku) or over every row with the dropped ones zeroed (``all_rows``, 3u); without the
+    cache, the pass forms every row's gradients and the dropped rows' share is subtracted (``grads_in_pass``,
+    3u + 2(1-k)u), or only the kept rows get logits and gradients (``kept_recompute``, 1u + 3ku); CLM's one pass
+    is ``grads_in_pass`` with every row kept (3u). ``head_work`` reports what the route ran.
     """
 
-    def __init__(self, impl: str = "fused", chunk_size: int = 1024, cache_probs: bool = True):
+    def __init__(self, impl: str = "fused", chunk_size: int = 1024, cache_probs: bool = True, route: str = "auto"):
         super().__init__(impl, chunk_size)
-        self.cache_probs = cache_probs
+        from eslm.ops.head_route import CACHED_ROUTES, ROUTE_CHOICES
+
+        if route not in ROUTE_CHOICES:
+            raise ConfigError(f"train.loss_route must be one of {' | '.join(ROUTE_CHOICES)}; found {route!r}; "
+                              f"fix: train.loss_route=auto")
+        if route in CACHED_ROUTES and not cache_probs:
+            raise ConfigError(f"train.loss_route={route} keeps the softmax, which train.loss_cache_probs=false "
+                              f"forbids; fix: train.loss_cache_probs=true, or train.loss_route=auto")
+        self.cache_probs, self.route = cache_probs, route
+        self._geometry = None  # the head's shape and device, known from the first micro-batch
+        self._last_route = None  # the route the last micro-batch ran, for head_work
+
+    def choose(self, n: int, k: int, *, scored: bool) -> str:
+        """The route of a micro-batch of n tokens with k kept (the one chooser, ``eslm.ops.head_route``)."""
+        from eslm.ops.head_route import choose_route
+
+        return choose_route(n, k, self._geometry, scored=scored, cache=self.cache_probs, forced=self.route)
 
     def score(self, hidden, weight, targets, *, need_scores, need_entropy, keep_fraction, for_loss=True):
         if self.impl == "naive" or not for_loss:  # scores only: the plain pass, no softmax kept, no gradients
             return super().score(hidden, weight, targets, need_scores=need_scores, need_entropy=need_entropy,
                                  keep_fraction=keep_fraction)
-        from eslm.ops.fused_head import head_pass, wants_grads_in_pass
+        from eslm.ops.fused_head import geometry, route_pass
 
-        keep_probs = need_scores and self.cache_probs
-        with_grads = not keep_probs and wants_grads_in_pass(keep_fraction)
-        if not (need_scores or with_grads):
-            return None
-        return head_pass(hidden, weight, targets, need_entropy=need_scores and need_entropy, with_grads=with_grads,
-                         keep_probs=keep_probs, chunk_size=self.chunk_size)
+        n = hidden.shape[0]
+        k = min(n, max(1, round(keep_fraction * n)))
+        self._geometry = geometry(hidden, weight)
+        self._last_route = self.choose(n, k, scored=need_scores)
+        return route_pass(self._last_route, hidden, weight, targets, scored=need_scores, need_entropy=need_entropy,
+                          chunk_size=self.chunk_size)
 
     def loss_sum(self, hidden, weight, batch, index, stats):
         targets = batch.y.reshape(-1)
@@ -95,11 +112,13 @@ class CrossEntropy(Objective):
         return fused_ce_sum(hidden, weight, targets, index, pre=stats, chunk_size=self.chunk_size)
 
     def head_work(self, n, k, *, scored):
+        """The rows of the route the last micro-batch ran (the chooser's pick for (n, k) before any ran)."""
         if self.impl == "naive":
             return float(n), 0.0  # a masked loss: the backward runs over every row
-        from eslm.ops.fused_head import head_work
+        from eslm.ops.head_route import route_work
 
-        return head_work(n, k, scored=scored, cached_probs=self.cache_probs)
+        route = self._last_route if self._last_route is not None else self.choose(n, max(k, 1), scored=scored)
+        return route_work(route, n, k, scored=scored)
 
     def per_token(self, hidden: torch.Tensor, weight: torch.Tensor, batch: Batch, index: torch.Tensor | None,
                   stats: TokenStats | None) -> torch.Tensor:

@@ -17,24 +17,27 @@ forms the cross-entropy gradient of every row, dz_i = p_i - onehot(y_i), and spe
 so scores, loss and gradients together cost 3u — what plain training's head costs anyway. At most one
 (chunk, V) fp32 block is alive, never the naive path's (N, V) logits, log-probabilities and gradients.
 
-**The selected loss** (``fused_ce_sum``) returns sum_{i in kept} loss_i with its gradient, by one of two routes:
+**The selected loss** (``fused_ce_sum``) returns sum_{i in kept} loss_i with its gradient, by the route the
+pass was made for (``route_pass``; which route runs is chosen by cost in ``eslm.ops.head_route``):
 
-* the pass kept its softmax P (``keep_probs``): G_h = P W - W[y] and G_W = P^T H_m - scatter_y(H_m), with the
-  dropped rows zeroed in G_h and in H_m (an (N, C) copy of the hidden states); P is only read, and in fp32 each
-  is one matmul over the whole buffer: 1u + 2u (the default when selection scores are needed; one (N, V) fp32
-  buffer). P W also gives the entropy: sum_v p_v z_v = h . (p W);
-* the pass already holds all-row gradients (most tokens kept): the kept rows' gradient is G_h with the dropped
+* ``kept_cached``: the pass kept its softmax P; after the selection the kept rows of P are compacted into its
+  first K rows, in place, and G_h[kept] = (P_K - onehot) W, G_W = (P_K - onehot)^T H_K: 1u + 2ku;
+* ``all_rows``: the same P, read only: G_h = P W - W[y] and G_W = P^T H_m - scatter_y(H_m), with the dropped rows
+  zeroed in G_h and in H_m (an (N, C) copy of the hidden states); in fp32 P W is formed by the pass over the whole
+  buffer and also gives the entropy (sum_v p_v z_v = h . (p W)): 1u + 2u;
+* ``grads_in_pass``: the pass already holds all-row gradients; the kept rows' gradient is G_h with the dropped
   rows zeroed, and G_W minus the dropped rows' share, recomputed for the N-K dropped rows only: 3u + 2(1-k)u;
-* otherwise (few tokens kept, or no pass ran): logits, dz and both gradient matmuls for the K kept rows only,
-  after a scoring pass without gradients: 1u + 3ku.
+* ``kept_recompute``: logits, dz and both gradient matmuls for the K kept rows only, after a scoring pass
+  without gradients (1u + 3ku), or with no pass at all when no scores are needed (3ku).
 
-The two cost the same at k = 0.8 (``GRADS_IN_PASS_MIN_KEEP``); ``wants_grads_in_pass`` picks by the keep
-fraction. Either way the gradients are formed in the forward (as Liger-Kernel's fused linear cross-entropy
-does) and the backward only scales them by the scalar upstream gradient, which is exact because the output is
-a scalar sum. Dropped rows get exactly zero gradient at the head.
+Either way the gradients are formed in the forward (as Liger-Kernel's fused linear cross-entropy does) and the
+backward only scales them by the scalar upstream gradient, which is exact because the output is a scalar sum.
+Dropped rows get exactly zero gradient at the head.
 
 ``fused_selected_ce`` keeps a per-token output (K,) for callers that weight tokens individually (the drop-in
-API, GREATS' per-sample losses); its backward recomputes the kept rows' logits (1u + 3ku after a pass).
+API, GREATS' per-sample losses): its backward recomputes the kept rows' logits (1u + 3ku after a pass), or,
+when the head weight needs no gradient and no scores were given (GREATS), the pass forms each row's
+hidden-state gradient and the backward scales it (2ku).
 
 K is a Python int fixed by the selection; nothing here synchronises with the device.
 """
@@ -46,30 +49,6 @@ import contextlib
 import torch
 
 from eslm.ops.token_stats import TokenStats
-
-GRADS_IN_PASS_MIN_KEEP = 0.8  # 3 + 2(1-k) <= 1 + 3k  <=>  k >= 0.8
-
-
-def wants_grads_in_pass(keep_fraction: float) -> bool:
-    """Whether the scoring pass should also form all-row gradients (cheaper when most tokens are kept)."""
-    return keep_fraction >= GRADS_IN_PASS_MIN_KEEP
-
-
-def head_work(n: int, k: int, *, scored: bool, cached_probs: bool = False) -> tuple[float, float]:
-    """What ``CrossEntropy`` on this path runs at the head, for the FLOPs accounting, in rows:
-    (rows with the two gradient matmuls, rows with an extra logits-sized matmul beyond the one forward).
-
-    grads in the pass: all N rows get gradients; the N-K dropped rows are recomputed and their weight gradient
-    formed again to be subtracted (two extra matmuls each). Otherwise the K kept rows get gradients, and their
-    logits are formed again after a scoring pass (``scored``), or for the first time if none ran (the dropped
-    rows' forward then never happens; counted as run, an overcount of (N-K) head forwards). With the softmax
-    cached by the scoring pass, the gradient matmuls run over all N rows (the dropped ones zeroed) and nothing
-    is recomputed."""
-    if cached_probs and scored:
-        return float(n), 0.0
-    if wants_grads_in_pass(k / n):
-        return float(n), 2.0 * (n - k)
-    return float(k), float(k) if scored else 0.0
 
 
 def _chunks(n: int, size: int):
@@ -110,11 +89,12 @@ def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 class _Grads:
-    """fp32/compute-dtype accumulators of the head gradients, filled chunk by chunk."""
+    """fp32/compute-dtype accumulators of the head gradients, filled chunk by chunk (either may be left out)."""
 
-    def __init__(self, n: int, weight: torch.Tensor, h_dtype: torch.dtype, hidden: bool = True):
+    def __init__(self, n: int, weight: torch.Tensor, h_dtype: torch.dtype, hidden: bool = True,
+                 weight_grad: bool = True):
         self.hidden = torch.empty(n, weight.shape[1], dtype=h_dtype, device=weight.device) if hidden else None
-        self.weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        self.weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if weight_grad else None
 
     def add(self, rows: slice, dz: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
         """dz (c, V) fp32 logit gradients of the rows h (c, C); w the compute-dtype weight. Returns the rows'
@@ -125,75 +105,107 @@ class _Grads:
                 torch.mm(dzc, w, out=self.hidden[rows])
             else:
                 self.hidden[rows] = dzc @ w
-        if w.dtype == torch.float32:
-            self.weight.addmm_(dzc.t(), h)
-        else:
-            self.weight += (dzc.t() @ h).float()
+        if self.weight is not None:
+            if w.dtype == torch.float32:
+                self.weight.addmm_(dzc.t(), h)
+            else:
+                self.weight += (dzc.t() @ h).float()
         return None if self.hidden is None else self.hidden[rows]
+
+
+def _scratch_rows(n: int, width: int) -> int:
+    """Rows of a (rows, V) fp32 scratch block that is no larger than the (V, C) fp32 weight-gradient buffer,
+    which the routes that cache the softmax also hold: at most C rows (and at least one)."""
+    return max(1, min(n, width))
+
+
+def _softmax_rows(z: torch.Tensor, scratch: torch.Tensor, ent: torch.Tensor | None) -> torch.Tensor:
+    """The logits z (c, V) fp32 replaced by their softmax, in place, block by block through ``scratch``
+    (r, V); returns lse (c,). With ``ent`` (c,), also the entropy H = log(total) - sum_v e_v (z_v - m) / total
+    (e = exp(z - m), total = sum_v e_v): shifted by the max, the terms have one sign and do not cancel against
+    lse, and torch's sum adds them pairwise (an fp32 batched dot over z at V=50257 was off by up to 1.5e-3)."""
+    lse = torch.empty(z.shape[0], dtype=torch.float32, device=z.device)
+    for a, b in _chunks(z.shape[0], scratch.shape[0]):
+        zb = z[a:b]
+        m = zb.amax(dim=-1, keepdim=True)
+        t = torch.sub(zb, m, out=scratch[: b - a])
+        torch.exp(t, out=zb)
+        total = zb.sum(-1)
+        lse[a:b] = m.squeeze(1) + total.log()
+        if ent is not None:
+            ent[a:b] = total.log() - t.mul_(zb).sum(-1) / total
+        zb.div_(total[:, None])
+    return lse
 
 
 @torch.no_grad()
 def head_pass(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, need_entropy: bool = True,
-              with_grads: bool = False, grad_hidden: bool = True, keep_probs: bool = False,
-              chunk_size: int = 1024) -> TokenStats:
+              with_grads: bool = False, grad_hidden: bool = True, grad_weight: bool = True,
+              keep_probs: bool = False, softmax_w: bool = True, chunk_size: int = 1024) -> TokenStats:
     """Detached fp32 per-token loss, entropy (if asked) and lse. With ``with_grads`` also the all-row
-    cross-entropy gradients of sum_i loss_i: ``grad_hidden`` (N, C) (unless ``grad_hidden`` is False) and
-    ``grad_weight`` (V, C) fp32. With ``keep_probs`` also ``probs``, the (N, V) fp32 softmax, so that the kept
-    rows' gradients later need no second logits matmul.
+    cross-entropy gradients of sum_i loss_i: ``grad_hidden`` (N, C) and ``grad_weight`` (V, C) fp32 (each
+    unless switched off). With ``keep_probs`` also ``probs``, the (N, V) fp32 softmax, so that the kept rows'
+    gradients later need no second logits matmul; the logits are written straight into it.
 
     Entropy. sum_v p_v z_v = h . (p W), since z_v = h . w_v. When the matmuls run in fp32 and p W is formed anyway
-    (the hidden-state gradient in the pass is (p - onehot(y)) W; with ``keep_probs`` it is formed once over the
-    whole buffer and returned as ``softmax_w``), the entropy costs an (N, C) row dot and the softmax is
-    computed in place over the logits. Otherwise (bf16 matmuls, or no gradients) the logits stay alongside the
-    softmax for one max-shifted, pairwise-summed fp32 sum of p_v (z_v - m) per chunk (exact to ~1e-6 at V=50257)."""
+    (the hidden-state gradient in the pass is (p - onehot(y)) W; with ``keep_probs`` and ``softmax_w`` it is
+    formed once over the whole buffer, for the ``all_rows`` route's gradient, and returned as ``softmax_w``),
+    the entropy costs an (N, C) row dot and the softmax is computed in place over the logits. Otherwise (bf16
+    matmuls, no gradients, or ``softmax_w`` False: ``kept_cached`` must not spend that matmul on every row) the
+    entropy is a max-shifted, pairwise-summed fp32 sum of p_v (z_v - m) per row (exact to ~1e-6 at V=50257),
+    with the shifted logits in a scratch block of at most C rows when the softmax is kept (no (chunk, V) block
+    beside the (N, V) buffer)."""
     n, vocab = hidden.shape[0], weight.shape[0]
     cdt = _compute_dtype(hidden)
     dev = hidden.device
     fp32 = cdt == torch.float32
-    ent_from_w = need_entropy and fp32 and ((with_grads and grad_hidden) or keep_probs)
+    ent_from_w = need_entropy and fp32 and ((with_grads and grad_hidden) or (keep_probs and softmax_w))
     keep_z = need_entropy and not ent_from_w  # the logits must survive the exp
     loss = torch.empty(n, dtype=torch.float32, device=dev)
     lse = torch.empty_like(loss)
     ent = torch.empty_like(loss) if need_entropy else None
     probs = torch.empty(n, vocab, dtype=torch.float32, device=dev) if keep_probs else None
     rows = min(chunk_size, n)
-    z_buf = torch.empty(rows, vocab, dtype=torch.float32, device=dev) if (keep_z or not keep_probs) else None
+    z_buf = None if keep_probs else torch.empty(rows, vocab, dtype=torch.float32, device=dev)
     p_buf = torch.empty_like(z_buf) if (keep_z and not keep_probs) else None
+    scratch = (torch.empty(_scratch_rows(rows, weight.shape[1]), vocab, dtype=torch.float32, device=dev)
+               if (keep_z and keep_probs) else None)
     with _no_autocast(hidden):
         h_all, w = hidden.to(cdt), weight.to(cdt)
-        grads = _Grads(n, weight, hidden.dtype, grad_hidden) if with_grads else None
+        grads = _Grads(n, weight, hidden.dtype, grad_hidden, grad_weight) if with_grads else None
         for s, e in _chunks(n, chunk_size):
             h = h_all[s:e]
-            z = _logits_into(h, w, z_buf[: e - s] if z_buf is not None else probs[s:e])
+            z = _logits_into(h, w, probs[s:e] if keep_probs else z_buf[: e - s])
             y = targets[s:e, None]
             z_y = z.gather(1, y).squeeze(1)
             if not (need_entropy or with_grads or keep_probs):
                 lse[s:e] = torch.logsumexp(z, dim=-1)
                 loss[s:e] = lse[s:e] - z_y
                 continue
-            # one exp pass serves lse, entropy and the softmax: in place over the logits unless they are needed
-            m = z.amax(dim=-1, keepdim=True)
-            p = probs[s:e] if probs is not None else (p_buf[: e - s] if p_buf is not None else z)
-            torch.sub(z, m, out=p).exp_()
-            total = p.sum(-1)
-            lse_c = m.squeeze(1) + total.log()
+            if scratch is not None:  # the softmax over the logits in place, the entropy through the scratch
+                lse_c = _softmax_rows(z, scratch, ent[s:e])
+                p = z
+            else:  # one exp pass serves lse, entropy and the softmax: in place over the logits unless needed
+                m = z.amax(dim=-1, keepdim=True)
+                p = p_buf[: e - s] if p_buf is not None else z
+                torch.sub(z, m, out=p).exp_()
+                total = p.sum(-1)
+                lse_c = m.squeeze(1) + total.log()
+                if keep_z:  # as in _softmax_rows, the product written over the logits (not needed after this)
+                    ent[s:e] = total.log() - z.sub_(m).mul_(p).sum(-1) / total
+                p.div_(total[:, None])
             lse[s:e], loss[s:e] = lse_c, lse_c - z_y
-            if keep_z:  # H = log(total) - sum_v p_v (z_v - m) / total, the product written over the logits
-                # (not needed after this): shifted by the max, the terms have one sign and do not cancel against
-                # lse, and torch's sum adds them pairwise; an fp32 batched dot over z at V=50257 was off by up to 1.5e-3
-                ent[s:e] = total.log() - z.sub_(m).mul_(p).sum(-1) / total
-            p.div_(total[:, None])
             if grads is not None:
                 p.scatter_add_(1, y, torch.full_like(y, -1.0, dtype=p.dtype))  # dz = p - onehot(y)
                 g_h = grads.add(slice(s, e), p, h, w)
                 if ent_from_w:  # h . (p - onehot) W + z_y = sum_v p_v z_v
                     ent[s:e] = lse_c - (_rowdot(h, g_h) + z_y)
-        softmax_w = None
+        pw = None
         if keep_probs and ent_from_w:  # one (N, V) x (V, C) matmul over the whole buffer
-            softmax_w = torch.mm(probs, w)
-            ent.copy_(lse - _rowdot(h_all, softmax_w))
+            pw = torch.mm(probs, w)
+            ent.copy_(lse - _rowdot(h_all, pw))
     if grads is None:
-        return TokenStats(loss=loss, entropy=ent, lse=lse, probs=probs, softmax_w=softmax_w)
+        return TokenStats(loss=loss, entropy=ent, lse=lse, probs=probs, softmax_w=pw)
     return TokenStats(loss=loss, entropy=ent, lse=lse, grad_hidden=grads.hidden, grad_weight=grads.weight,
                       probs=probs)
 
@@ -273,17 +285,102 @@ def _grads_from_probs(hidden, weight, targets, index, probs, chunk_size: int, so
     return gh.to(hidden.dtype), gw
 
 
+def _compact_kept_rows(buf: torch.Tensor, index: torch.Tensor, block: int) -> torch.Tensor:
+    """Move the kept rows of ``buf`` (N, V) into its first K rows, in place. Returns ``orig`` (K,): row r of
+    ``buf[:K]`` is now the original row ``orig[r]`` (the kept rows, in some order).
+
+    Only kept rows behind row K move, each into a dropped row's slot before K (as many of one as of the other):
+    at most min(K, N-K) rows, copied ``block`` rows at a time through one scratch block. The pairs are formed on
+    the device with fixed sizes (Python ints), so nothing waits for the device: a pair past the last dropped
+    slot copies a row onto itself."""
+    n, k = buf.shape[0], index.numel()
+    pairs = min(k, n - k)
+    orig = torch.arange(k, device=buf.device)
+    if pairs == 0:
+        return orig
+    kept = torch.zeros(n, dtype=torch.int8, device=buf.device).index_fill_(0, index, 1)
+    dst = torch.argsort(kept[:k], stable=True)[:pairs]  # the dropped slots before K first
+    src = k + torch.argsort(1 - kept[k:], stable=True)[:pairs]  # the kept rows behind K first
+    src = torch.where(kept[dst].bool(), dst, src)
+    scratch = torch.empty(min(block, pairs), buf.shape[1], dtype=buf.dtype, device=buf.device)
+    for s, e in _chunks(pairs, scratch.shape[0]):
+        torch.index_select(buf, 0, src[s:e], out=scratch[: e - s])
+        buf.index_copy_(0, dst[s:e], scratch[: e - s])
+    return orig.index_copy_(0, dst, src)
+
+
+@torch.no_grad()
+def _grads_kept_rows(hidden, weight, targets, index, probs, chunk_size: int):
+    """Gradients of sum_{kept} loss from the pass's cached softmax P, over the K kept rows only (``kept_cached``):
+
+        P's kept rows compacted into P[:K] (in place: the buffer is consumed), dz = P[:K] - onehot(y_K) in place,
+        G_h[kept] = dz W (K, C),      G_W = dz^T H_K (V, C),
+
+    two matmuls over K rows (2ku) where ``all_rows`` runs them over N. A dropped row appears in neither: its
+    hidden-state gradient is exactly zero. In fp32 each is one matmul; in lower precision, chunk by chunk.
+    Beside P, at most one (V, C)-sized fp32 block is alive at a time (the compaction's scratch, then G_W)."""
+    n, c = hidden.shape
+    cdt = _compute_dtype(hidden)
+    k = n if index is None else index.numel()
+    orig = None if k == n else _compact_kept_rows(probs, index, _scratch_rows(n, c))
+    with _no_autocast(hidden):
+        h_all, w = hidden.to(cdt), weight.to(cdt)
+        h_k = h_all if orig is None else h_all[orig]
+        y_k = targets if orig is None else targets[orig]
+        dz = probs[:k]
+        dz.scatter_add_(1, y_k[:, None], torch.full((k, 1), -1.0, dtype=dz.dtype, device=dz.device))
+        if cdt == torch.float32:
+            gw = torch.mm(dz.t(), h_k)
+            gh_k = torch.mm(dz, w)
+        else:
+            gw = torch.zeros(weight.shape, dtype=torch.float32, device=w.device)
+            gh_k = torch.empty(k, c, dtype=cdt, device=w.device)
+            for s, e in _chunks(k, chunk_size):
+                pc = dz[s:e].to(cdt)
+                torch.mm(pc, w, out=gh_k[s:e])
+                gw += (pc.t() @ h_k[s:e]).float()
+    gh = gh_k if orig is None else torch.zeros(n, c, dtype=gh_k.dtype, device=gh_k.device).index_copy_(0, orig, gh_k)
+    return gh.to(hidden.dtype), gw
+
+
+def route_pass(route: str, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, scored: bool,
+               need_entropy: bool, chunk_size: int = 1024) -> TokenStats | None:
+    """The pass over all N rows that ``route`` (``eslm.ops.head_route``) starts with: the scores (when
+    ``scored``) and what the route's gradients need (the softmax, or the all-row gradients); None when the
+    route needs no pass (``kept_recompute`` without scores). The result carries the route for ``fused_ce_sum``."""
+    entropy = scored and need_entropy
+    if route in ("all_rows", "kept_cached"):
+        if not scored:
+            raise ValueError(f"the {route} route caches the scoring pass's softmax; no scoring pass was asked for")
+        st = head_pass(hidden, weight, targets, need_entropy=entropy, keep_probs=True,
+                       softmax_w=route == "all_rows", chunk_size=chunk_size)
+    elif route == "grads_in_pass":
+        st = head_pass(hidden, weight, targets, need_entropy=entropy, with_grads=True, chunk_size=chunk_size)
+    elif route == "kept_recompute":
+        if not scored:
+            return None
+        st = head_pass(hidden, weight, targets, need_entropy=entropy, chunk_size=chunk_size)
+    else:
+        raise ValueError(f"expected a head route; found {route!r}")
+    st.route = route
+    return st
+
+
 def fused_ce_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, index: torch.Tensor | None,
                  *, pre: TokenStats | None = None, chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
     """sum_{i in kept} CE_i as a 0-dim fp32 tensor with autograd to hidden and weight, and the kept rows'
-    per-token CE (K,) detached. ``pre``: the scoring pass's result for all N rows, if one ran (with or without
-    ``grad_hidden`` / ``grad_weight`` or ``probs``; those buffers are consumed and released from ``pre``);
-    ``index`` None keeps every row."""
+    per-token CE (K,) detached, by the route ``pre`` was made for (``route_pass``; a pass made by ``head_pass``
+    directly: ``grads_in_pass`` if it holds gradients, ``kept_cached`` if it holds the softmax, else
+    ``kept_recompute``). ``pre``: the pass's result for all N rows, if one ran (its large buffers are consumed
+    and released); ``index`` None keeps every row."""
     h_in, w_in = hidden.detach(), weight.detach()
-    if pre is not None and pre.grad_weight is not None:
+    route = _route_of(pre)
+    if route == "grads_in_pass":
         gh, gw = _kept_grads(h_in, w_in, targets, index, pre, chunk_size)
-    elif pre is not None and pre.probs is not None:
+    elif route == "all_rows":
         gh, gw = _grads_from_probs(h_in, w_in, targets, index, pre.probs, chunk_size, pre.softmax_w)
+    elif route == "kept_cached":
+        gh, gw = _grads_kept_rows(h_in, w_in, targets, index, pre.probs, chunk_size)
     else:
         rows = h_in if index is None else h_in[index]
         part = head_pass(rows, w_in, targets if index is None else targets[index], need_entropy=False,
@@ -297,10 +394,24 @@ def fused_ce_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tens
     return _PrecomputedGrad.apply(hidden, weight, value, gh, gw.to(weight.dtype)), per_token
 
 
+def _route_of(pre: TokenStats | None) -> str:
+    if pre is None:
+        return "kept_recompute"
+    route = pre.route or ("grads_in_pass" if pre.grad_weight is not None else
+                          "kept_cached" if pre.probs is not None else "kept_recompute")
+    needs = {"grads_in_pass": pre.grad_weight, "all_rows": pre.probs, "kept_cached": pre.probs}
+    if route in needs and needs[route] is None:
+        raise ValueError(f"the {route} route needs the pass's {'gradients' if route == 'grads_in_pass' else 'softmax'}"
+                         "; the pass given holds none (was it used already?)")
+    return route
+
+
 # --------------------------------------------------------------------------- per-token loss (any upstream grads)
 
 
 class _SelectedCE(torch.autograd.Function):
+    """Per-token CE of the given rows; the backward forms their logits again (``kept_recompute``)."""
+
     @staticmethod
     def forward(ctx, h_kept, weight, y_kept, lse_kept, chunk_size):
         if lse_kept is None:
@@ -314,15 +425,41 @@ class _SelectedCE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         h, weight, y, lse = ctx.saved_tensors
-        grads = _Grads(h.shape[0], weight, h.dtype)
+        grads = _Grads(h.shape[0], weight, h.dtype, hidden=ctx.needs_input_grad[0],
+                       weight_grad=ctx.needs_input_grad[1])  # GREATS' head weight is detached: no G_W
         w = weight.to(h.dtype)
         g = grad_out.float()
         for s, e in _chunks(h.shape[0], ctx.chunk_size):
             dz = _logits(h[s:e], w).sub_(lse[s:e, None]).exp_()  # softmax of the kept rows
             dz.scatter_add_(1, y[s:e, None], torch.full((e - s, 1), -1.0, device=dz.device))
             grads.add(slice(s, e), dz.mul_(g[s:e, None]), h[s:e], w)
-        return (grads.hidden if ctx.needs_input_grad[0] else None,
-                grads.weight.to(weight.dtype) if ctx.needs_input_grad[1] else None, None, None, None)
+        return (grads.hidden, None if grads.weight is None else grads.weight.to(weight.dtype), None, None, None)
+
+
+class _RowGradCE(torch.autograd.Function):
+    """Per-token CE whose rows' hidden-state gradients (p_i - onehot(y_i)) W were formed by the forward's one
+    pass (``grads_in_pass`` for a head weight that needs no gradient); the backward scales row i by its
+    upstream gradient, which is exact because row i's loss depends on row i's hidden state only."""
+
+    @staticmethod
+    def forward(ctx, h_kept, weight, y_kept, chunk_size):
+        st = head_pass(h_kept, weight, y_kept, need_entropy=False, with_grads=True, grad_weight=False,
+                       chunk_size=chunk_size)
+        ctx.save_for_backward(st.grad_hidden)
+        return st.loss
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (gh,) = ctx.saved_tensors
+        return gh * grad_out.to(gh.dtype)[:, None], None, None, None
+
+
+def geometry(hidden: torch.Tensor, weight: torch.Tensor):
+    """The ``eslm.ops.head_route.Geometry`` of a head call: width, vocabulary, device type, compute dtype."""
+    from eslm.ops.head_route import Geometry
+
+    return Geometry(int(hidden.shape[-1]), int(weight.shape[0]), hidden.device.type,
+                    str(_compute_dtype(hidden)).replace("torch.", ""))
 
 
 def fused_selected_ce(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
@@ -330,8 +467,18 @@ def fused_selected_ce(hidden: torch.Tensor, weight: torch.Tensor, targets: torch
                       lse: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token CE (K,) fp32 of the kept rows (all rows if index is None), with autograd to hidden and weight,
     for any upstream gradient. The gather ``hidden[index]`` scatters the kept rows' gradients back into an
-    (N, C) zero tensor, so dropped rows get exactly zero gradient from the head."""
+    (N, C) zero tensor, so dropped rows get exactly zero gradient from the head. ``lse`` (N,): the scoring
+    pass's, when one ran. The route is the chooser's (``eslm.ops.head_route``, per-token routes)."""
+    from eslm.ops.head_route import choose_route
+
+    n = hidden.shape[0]
+    k = n if index is None else index.numel()
+    weight_grad = torch.is_grad_enabled() and weight.requires_grad
+    route = "kept_recompute" if k == 0 else choose_route(
+        n, k, geometry(hidden, weight), scored=lse is not None, per_token=True, weight_grad=weight_grad)
     if index is not None:
         hidden, targets = hidden[index], targets[index]
         lse = lse[index] if lse is not None else None
+    if route == "grads_in_pass":
+        return _RowGradCE.apply(hidden, weight, targets, chunk_size)
     return _SelectedCE.apply(hidden, weight, targets, lse.detach() if lse is not None else None, chunk_size)

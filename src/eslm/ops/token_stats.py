@@ -28,3 +28,4 @@ class TokenStats:
     grad_weight: torch.Tensor | None = None
     probs: torch.Tensor | None = None  # (N, V) fp32 softmax, when the pass was asked to keep it
     softmax_w: torch.Tensor | None = None  # (N, C) probs @ weight, when the pass formed it (fp32)
+    route: str | None = None  # the head route (eslm.ops.head_route) this pass was made for, when one chose it

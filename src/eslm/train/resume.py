@@ -29,6 +29,7 @@ RESUME_MAY_CHANGE = (
     "train.max_steps", "train.max_flops", "eval.interval", "log.interval", "log.tensorboard",
     "checkpoint.interval", "checkpoint.keep_last", "checkpoint.milestones",
     "train.device", "train.num_threads", "train.compile", "train.loss_chunk_size", "train.loss_cache_probs",
+    "train.loss_route",
     "distributed.backend", "distributed.fsdp",
 )
 # Per-invocation switches, and where the run directory is (it may have been moved): never compared or recorded.

@@ -1,0 +1,71 @@
+"""CrossEntropy (eslm.objectives.base): the training step on every head route against the naive loss path, and
+the FLOPs accounting's head rows following the route that ran."""
+
+import pytest
+import torch
+
+from eslm.errors import ConfigError
+from eslm.objectives.base import CrossEntropy
+from eslm.ops.head_route import route_work
+
+
+def _step(name, alpha, overrides):
+    from eslm.config import build_config
+    from eslm.data.batch import Batch
+    from eslm.methods import BuildContext, build_method
+    from eslm.model.gpt import GPT, preset
+    from eslm.train.step import StepOptions, forward_backward
+
+    torch.manual_seed(0)
+    model = GPT(preset("tiny", vocab_size=131))
+    g = torch.Generator().manual_seed(1)
+    batches = [Batch(x=torch.randint(0, 131, (3, 24), generator=g), y=torch.randint(0, 131, (3, 24), generator=g),
+                     domain=torch.zeros(3, dtype=torch.long)) for _ in range(2)]
+    cfg = build_config(overrides=[f"method.name={name}", f"method.alpha={alpha}", "train.loss_chunk_size=17",
+                                  *overrides])
+    method = build_method(BuildContext(cfg=cfg, device=torch.device("cpu"), n_domains=1))
+    res = forward_backward(model, model, method, batches, StepOptions(accum_steps=2), step=1, lr=1e-3)
+    return res, {n: p.grad.clone() for n, p in model.named_parameters()}, method
+
+
+@pytest.mark.parametrize("name,alpha", [("eslm-entropy", 0.1), ("eslm-entropy", 0.5), ("eslm-loss", 0.2),
+                                        ("random", 0.5)])
+@pytest.mark.parametrize("route", ["auto", "kept_cached", "all_rows", "grads_in_pass", "kept_recompute"])
+def test_every_route_gives_the_naive_steps_gradients(name, alpha, route):
+    """The whole step (two micro-batches, tied embedding) with the route forced: the naive path's loss, kept
+    tokens and every parameter's gradient; head_work reports the rows of the route that ran."""
+    rn, gn, _ = _step(name, alpha, ["train.loss_impl=naive"])
+    rf, gf, method = _step(name, alpha, ["train.loss_impl=fused", f"train.loss_route={route}"])
+    torch.testing.assert_close(rf.loss, rn.loss, rtol=1e-5, atol=1e-6)
+    assert rf.tokens_kept == rn.tokens_kept
+    for n in gn:
+        torch.testing.assert_close(gf[n], gn[n], rtol=1e-4, atol=1e-6, msg=n)
+    ce, n_tok, k = method.objective, rf.tokens_seen // 2, rf.tokens_kept // 2
+    scored = bool(method.tokens.score)
+    ran = ce._last_route
+    if route != "auto" and scored:
+        assert ran == route
+    if not scored:  # the random control has no scores: no softmax to cache; by cost, the kept rows only
+        assert ran == (route if route in ("grads_in_pass", "kept_recompute") else "kept_recompute")
+    if route == "auto" and scored:
+        assert ran == "kept_cached"  # the tiny preset's head at the built-in CPU coefficients
+    assert ce.head_work(n_tok, k, scored=scored) == route_work(ran, n_tok, k, scored=scored)
+
+
+def test_clm_runs_the_one_pass_and_counts_every_row():
+    res, _, method = _step("clm", 0.0, [])
+    assert method.objective._last_route == "grads_in_pass"
+    assert method.objective.head_work(res.tokens_seen // 2, res.tokens_seen // 2, scored=False) == (72.0, 0.0)
+
+
+def test_a_route_that_cannot_run_is_a_config_error():
+    from eslm.config import build_config
+
+    with pytest.raises(ConfigError, match="loss_cache_probs=false forbids") as e:
+        build_config(overrides=["train.loss_route=kept_cached", "train.loss_cache_probs=false"])
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="train.loss_route"):
+        build_config(overrides=["train.loss_route=fastest"])
+    with pytest.raises(ConfigError, match="fix:"):
+        CrossEntropy(cache_probs=False, route="all_rows")
+    assert CrossEntropy().head_work(100, 50, scored=True) == (50.0, 0.0)  # before any step: the chooser's pick

@@ -1,0 +1,125 @@
+"""The head route chooser (eslm.ops.head_route) and its coefficients (eslm.ops.head_costs)."""
+
+import json
+
+import pytest
+
+from eslm.errors import ConfigError
+from eslm.ops.head_costs import ENV, FILE_KIND, HeadCosts, costs_for
+from eslm.ops.head_route import (ROUTES, Geometry, allowed_routes, choose_route, moved_rows, route_seconds,
+                                 route_work)
+
+SMALL = Geometry(128, 50304)  # the `small` preset's head on CPU, fp32
+GPT2 = Geometry(768, 50304)
+
+
+def test_route_work_counts_what_each_route_runs():
+    """(rows with the two gradient matmuls, rows whose logits matmul ran once more), for eslm.flops."""
+    assert route_work("all_rows", 100, 90, scored=True) == (100.0, 0.0)       # softmax kept, every row
+    assert route_work("kept_cached", 100, 90, scored=True) == (90.0, 0.0)     # softmax kept, kept rows only
+    assert route_work("grads_in_pass", 100, 90, scored=True) == (100.0, 20.0)  # dropped rows subtracted
+    assert route_work("grads_in_pass", 100, 100, scored=False) == (100.0, 0.0)  # CLM: one pass
+    assert route_work("kept_recompute", 100, 50, scored=True) == (50.0, 50.0)   # after a scoring pass
+    assert route_work("kept_recompute", 100, 50, scored=False) == (50.0, 0.0)   # random control, no scores
+    with pytest.raises(ValueError):
+        route_work("masked", 100, 50, scored=True)
+
+
+def test_the_cost_model_in_head_matmul_units():
+    """With the FLOPs term alone, each route costs what the docs say, in u = one N-row head matmul:
+    all_rows 3u, kept_cached 1 + 2k, grads_in_pass 3 + 2(1-k), kept_recompute 1 + 3k (3k without scores)."""
+    costs, g, n = HeadCosts(1.0, 0.0, 0.0), Geometry(1, 1), 1000
+    u = 2.0 * n
+    for k in (1, 100, 500, 800, 1000):
+        kf = k / n
+        assert route_seconds("all_rows", n, k, g, costs, scored=True) == pytest.approx(3 * u)
+        assert route_seconds("kept_cached", n, k, g, costs, scored=True) == pytest.approx((1 + 2 * kf) * u)
+        assert route_seconds("grads_in_pass", n, k, g, costs, scored=True) == pytest.approx((3 + 2 * (1 - kf)) * u)
+        assert route_seconds("kept_recompute", n, k, g, costs, scored=True) == pytest.approx((1 + 3 * kf) * u)
+        assert route_seconds("kept_recompute", n, k, g, costs, scored=False) == pytest.approx(3 * kf * u)
+    assert moved_rows(10, 3) == 3 and moved_rows(10, 7) == 3 and moved_rows(10, 10) == 0
+
+
+@pytest.mark.parametrize("costs", [HeadCosts(1e-11, 1e-10, 1e-8), HeadCosts(1e-11, 3e-9, 1e-8),
+                                   HeadCosts(1e-15, 3e-13, 8e-12), HeadCosts(1.0, 0.0, 0.0)])
+@pytest.mark.parametrize("geom", [SMALL, GPT2, Geometry(8, 1031), Geometry(4, 50304, "cuda", "bfloat16")])
+@pytest.mark.parametrize("cache", [True, False])
+@pytest.mark.parametrize("scored", [True, False])
+def test_the_chooser_picks_the_cheapest_allowed_route(costs, geom, cache, scored):
+    """For every (N, K) of a grid the chooser's route is the cheapest of the allowed routes by the model, it
+    picks kept_cached exactly where that is the cheapest, and it never picks a cached route it may not use."""
+    for n in (1, 7, 512, 4096):
+        for k in sorted({1, max(1, n // 5), n // 2 or 1, (4 * n) // 5 or 1, n - 1 or 1, n}):
+            allowed = allowed_routes(n, k, scored=scored, cache=cache)
+            cost = {r: route_seconds(r, n, k, geom, costs, scored=scored) for r in allowed}
+            got = choose_route(n, k, geom, scored=scored, cache=cache, costs=costs)
+            assert got in allowed and cost[got] == min(cost.values()), (n, k, cost)
+            if "kept_cached" in allowed and cost["kept_cached"] < min(c for r, c in cost.items() if r != "kept_cached"):
+                assert got == "kept_cached"
+            if not (cache and scored):
+                assert got not in ("all_rows", "kept_cached")
+
+
+def test_the_chooser_at_the_presets_with_the_built_in_cpu_costs():
+    """The built-in CPU coefficients: the kept rows route at every alpha of the benchmarks (small and 124M),
+    recompute-or-subtract without the cache (at the old 0.8 keep crossover, within the traffic terms), the
+    kept rows only without scores, and the one pass for CLM."""
+    for geom, n in ((SMALL, 512), (SMALL, 2048), (GPT2, 1024), (GPT2, 12288)):
+        for alpha in (0.1, 0.2, 0.5):
+            k = n - int(alpha * n)
+            assert choose_route(n, k, geom, scored=True) == "kept_cached"
+            assert choose_route(n, k, geom, scored=False) == "kept_recompute"
+        assert choose_route(n, n, geom, scored=False) == "grads_in_pass"
+        assert choose_route(n, n // 2, geom, scored=True, cache=False) == "kept_recompute"
+        assert choose_route(n, n - n // 20, geom, scored=True, cache=False) == "grads_in_pass"
+
+
+def test_a_tiny_head_on_slow_copies_keeps_all_rows():
+    """Where moving rows costs more than the matmuls it saves (a narrow head, copies at 1 GB/s against 100
+    GFLOP/s matmuls), the model prefers all_rows, and the chooser follows it; a wide head still saves."""
+    costs = HeadCosts(1e-11, 1e-9, 1e-9)
+    assert choose_route(512, 256, Geometry(8, 50304), scored=True, costs=costs) == "all_rows"
+    assert choose_route(512, 256, GPT2, scored=True, costs=costs) == "kept_cached"
+
+
+def test_forced_and_per_token_routes():
+    assert choose_route(100, 50, SMALL, scored=True, forced="all_rows") == "all_rows"
+    assert choose_route(100, 50, SMALL, scored=True, forced="grads_in_pass") == "grads_in_pass"
+    # a forced cached route cannot run without scores or without the cache: the chooser's pick instead
+    assert choose_route(100, 100, SMALL, scored=False, forced="kept_cached") == "grads_in_pass"
+    assert choose_route(100, 50, SMALL, scored=True, cache=False, forced="all_rows") in ("grads_in_pass",
+                                                                                         "kept_recompute")
+    with pytest.raises(ValueError):
+        choose_route(100, 50, SMALL, scored=True, forced="fast")
+    with pytest.raises(ValueError):
+        choose_route(100, 0, SMALL, scored=True)
+    # per-token (drop-in API, GREATS): the one pass forms row gradients when the weight needs none and no
+    # scores were given; otherwise the kept rows are recomputed
+    assert choose_route(100, 100, SMALL, scored=False, per_token=True, weight_grad=False) == "grads_in_pass"
+    assert choose_route(100, 60, SMALL, scored=True, per_token=True, weight_grad=False) == "kept_recompute"
+    assert choose_route(100, 60, SMALL, scored=False, per_token=True, weight_grad=True) == "kept_recompute"
+    assert choose_route(100, 60, None, scored=True) == "kept_cached"  # no geometry yet: FLOPs alone
+    assert set(ROUTES) == {"all_rows", "kept_cached", "grads_in_pass", "kept_recompute"}
+
+
+def test_costs_table_and_the_env_file(tmp_path, monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    cpu = costs_for("cpu", "float32")
+    assert "measured" in cpu.source and cpu.matmul_s_per_flop > 0
+    assert "NOT measured" in costs_for("cuda", "bfloat16").source  # the H100 data-sheet default, labelled
+    assert costs_for("mps", "float16") == costs_for("cpu", "float16") or costs_for("mps", "float16") == cpu
+    f = tmp_path / "costs.json"
+    f.write_text(json.dumps({"kind": FILE_KIND, "costs": {"cuda/bfloat16": {
+        "matmul_s_per_flop": 2e-15, "copy_s_per_byte": 4e-13, "softmax_s_per_elem": 1e-11, "source": "mine"}}}))
+    monkeypatch.setenv(ENV, str(f))
+    assert costs_for("cuda", "bfloat16") == HeadCosts(2e-15, 4e-13, 1e-11, "mine")
+    assert costs_for("cpu", "float32") == cpu  # entries the file lacks stay built in
+    for bad, says in (("{", "expected JSON"), ('{"kind": "other"}', "head-costs file"),
+                      (json.dumps({"kind": FILE_KIND, "costs": {"cuda": {}}}), "device/dtype")):
+        f.write_text(bad)
+        with pytest.raises(ConfigError, match=says) as e:
+            costs_for("cuda", "bfloat16")
+        assert "\n" not in str(e.value) and "fix:" in str(e.value)
+    monkeypatch.setenv(ENV, str(tmp_path / "missing.json"))
+    with pytest.raises(ConfigError, match="cannot read"):
+        costs_for("cpu", "float32")

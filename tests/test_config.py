@@ -76,3 +76,31 @@ def test_a_stored_config_without_lr_schedule_keeps_the_fixed_schedule():
     assert from_dict(upgrade_stored({"train": {"lr": 1e-3}})).train.lr_schedule == "steps"
     assert from_dict(upgrade_stored({"train": {"lr_schedule": "budget"}})).train.lr_schedule == "budget"
     assert build_config().train.lr_schedule == "budget"
+
+
+def test_config_choices_are_the_constants_of_the_code_that_reads_them():
+    # a choice list copied into config.py drifts from the code that acts on the value
+    from eslm import config, flops
+    from eslm.data.tokenizers import TOKENIZER_NAMES
+    from eslm.selection.scores import STANDARDIZE_MODES
+    from eslm.selection.selectors import SCOPES
+
+    owners = {"data.tokenizer": TOKENIZER_NAMES, "method.standardize": STANDARDIZE_MODES, "method.scope": SCOPES,
+              "flops.count_per": flops.COUNT_PER, "flops.budget_counter": flops.COUNTER_KEYS}
+    assert all(config._CHOICES[k] is v for k, v in owners.items())
+
+
+def test_the_registry_and_the_flops_ledger_annotate_the_typed_config():
+    # the config sits above them (it validates method names): they name its type for annotations only
+    import typing
+
+    from eslm import flops, methods
+    from eslm.config import Config
+    from eslm.model.gpt import ModelConfig
+
+    names = {"Config": Config, "ModelConfig": ModelConfig}
+    assert typing.get_type_hints(methods.BuildContext, {**vars(methods), **names})["cfg"] is Config
+    assert typing.get_type_hints(methods.MethodSpec, {**vars(methods), **names})["validate"] == \
+        typing.Callable[[Config], list[str]]
+    for fn in (flops.equal_flops_budget, flops.training_flops_model, flops.greats_cost_ratio):
+        assert typing.get_type_hints(fn, {**vars(flops), **names})["cfg"] is Config, fn.__name__

@@ -23,12 +23,16 @@ from typing import Any
 
 from eslm.baselines.plugins import GreatsSection
 from eslm.baselines.rho1 import Rho1Section
+from eslm.data.tokenizers import TOKENIZER_NAMES
 from eslm.errors import ConfigError
 from eslm.files import name_problem
+from eslm.flops import COUNT_PER, COUNTER_KEYS
 from eslm.methods import METHODS
 from eslm.model.gpt import PRESETS
 from eslm.objectives.kd_objective import KDSection, SaltSection
 from eslm.selection.ada import AdaSection
+from eslm.selection.scores import STANDARDIZE_MODES
+from eslm.selection.selectors import SCOPES
 from eslm.settings import Section, key_of, section
 from eslm.settings import setting as _f
 
@@ -350,18 +354,18 @@ def from_dict(d: dict) -> Config:
 
 # ---------------------------------------------------------------- validation
 
-_CHOICES = {
-    "data.tokenizer": ("gpt2", "byte"),
+_CHOICES = {  # the constants of the code that reads each key, where it has one
+    "data.tokenizer": TOKENIZER_NAMES,
     "train.device": None,  # checked separately
     "train.dtype": ("auto", "fp32", "bf16"),
     "train.loss_impl": ("fused", "naive"),
     "train.loss_route": ("auto", "kept_cached", "all_rows", "grads_in_pass", "kept_recompute"),
     "train.normalize": ("paper", "global"),
     "train.lr_schedule": ("budget", "steps"),
-    "method.standardize": ("none", "batch", "sequence", "domain"),
-    "method.scope": ("micro", "step"),
-    "flops.count_per": ("global", "micro"),
-    "flops.budget_counter": ("flops_paper", "flops_executed", "flops_dense"),
+    "method.standardize": STANDARDIZE_MODES,
+    "method.scope": SCOPES,
+    "flops.count_per": COUNT_PER,
+    "flops.budget_counter": COUNTER_KEYS,
     "distributed.backend": ("auto", "nccl", "gloo"),
 }
 

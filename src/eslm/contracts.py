@@ -21,6 +21,7 @@ import torch
 
 if TYPE_CHECKING:  # annotations only
     from eslm.data.batch import Batch
+    from eslm.model.gpt import ModelConfig
     from eslm.ops.token_stats import TokenStats
     from eslm.selection.stats import SelectionStats
 
@@ -54,7 +55,7 @@ class ModelPass:
     """``tokens`` tokens through the forward of a model other than the trained one (a frozen reference or
     teacher): ``config`` its ``ModelConfig``, ``seq_len`` the sequence length it ran at (attention span)."""
 
-    config: object
+    config: ModelConfig
     seq_len: int
     tokens: int
 

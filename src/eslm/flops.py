@@ -38,11 +38,14 @@ Three counters (see ``step_flops`` and docs/flops.md):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from eslm.baselines import greats as G
 from eslm.errors import ConfigError
 from eslm.model.gpt import ModelConfig, pad_vocab, preset
+
+if TYPE_CHECKING:  # the config sits above the FLOPs accounting: annotations only
+    from eslm.config import Config
 
 COUNT_PER = ("global", "micro")
 COUNTER_KEYS = ("flops_paper", "flops_executed", "flops_dense")
@@ -163,7 +166,7 @@ def step_flops(fm: FlopsModel, *, tokens_seen: int, tokens_kept: int, head_backw
     return StepFlops(paper=paper, executed=executed, dense=dense)
 
 
-def frozen_forward_flops(config, seq_len: int, tokens: int) -> float:
+def frozen_forward_flops(config: ModelConfig, seq_len: int, tokens: int) -> float:
     """FLOPs of a forward pass of a frozen model (``ModelConfig`` ``config``) over ``tokens`` tokens of
     sequences of ``seq_len`` tokens: Rho-1's reference, a KD teacher."""
     return forward_flops(FlopsModel.from_config(config, seq_len), tokens)
@@ -259,7 +262,7 @@ def executed_savings(fm: FlopsModel, keep: float, *, recompute: bool = False) ->
     return 1.0 - s.executed / s.dense
 
 
-def training_model_config(cfg) -> ModelConfig:
+def training_model_config(cfg: Config) -> ModelConfig:
     """The ``ModelConfig`` an ``eslm.config.Config`` trains, from the config alone (the vocabulary as the trainer
     sizes it: ``model.vocab_size``, else the tokenizer's padded to a multiple of 64)."""
     from eslm.data.tokenizers import tokenizer_vocab_size
@@ -271,12 +274,12 @@ def training_model_config(cfg) -> ModelConfig:
     return preset(m.preset, **overrides)
 
 
-def training_flops_model(cfg) -> FlopsModel:
+def training_flops_model(cfg: Config) -> FlopsModel:
     """The ``FlopsModel`` of the model an ``eslm.config.Config`` trains (``training_model_config``)."""
     return FlopsModel.from_config(training_model_config(cfg), cfg.data.seq_len)
 
 
-def equal_flops_budget(cfg) -> tuple[float, int]:
+def equal_flops_budget(cfg: Config) -> tuple[float, int]:
     """(train.max_flops, train.max_steps) of an equal-FLOPs run of ``cfg`` (one process): the budget is what
     ``cfg.train.max_steps`` dense steps cost as ``flops.count_per`` counts them, and the step cap one the budget
     always reaches first. Every step spends at least the forward over its tokens, a third of a dense step
@@ -400,7 +403,7 @@ def greats_micro_batch_cost(fm, layer_shapes: Sequence[tuple[int, int, bool]], B
     return {"paper": sf.paper / clm, "executed": sf.executed / clm, "routes": routes}
 
 
-def greats_cost_ratio(cfg, model_config=None) -> dict:
+def greats_cost_ratio(cfg: Config, model_config: ModelConfig | None = None) -> dict:
     """GREATS' cost per micro-batch (= per optimizer step) in CLM micro-batches for an eslm Config:
     {"paper": r, "executed": r, "routes": [ghost|materialised per scored layer]} ("GREATS costs r CLM
     micro-batches per step"), by ``greats_micro_batch_cost`` with the config's micro-batch, seq_len, alpha,

@@ -8,7 +8,7 @@ training step only ever sees these components; it never branches on a name.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -18,16 +18,20 @@ from eslm.selection.ada import AdaController
 from eslm.selection.rows import AllRows
 from eslm.selection.selectors import RandomSelector, TokenSelector, VaRSelector
 
+if TYPE_CHECKING:  # the config sits above the registry: annotations only
+    from eslm.config import Config
+    from eslm.model.gpt import ModelConfig
+
 
 @dataclass
 class BuildContext:
     """What a method's components may need at construction time."""
 
-    cfg: object  # eslm.config.Config
+    cfg: Config
     device: torch.device
     n_domains: int
     rank: int = 0
-    model_config: object = None  # the trained model's ModelConfig
+    model_config: ModelConfig | None = None  # the trained model's
     # (batch_size_seqs) -> TrainLoader of validation windows (GREATS; its pool mode also builds its stream of
     # extra training candidates from this loader's dataset, mixture, seq_len and rank)
     val_loader_factory: Callable | None = None
@@ -77,7 +81,7 @@ class MethodSpec:
     name: str
     help: str
     build: Callable[[BuildContext], Method]
-    validate: Callable[[object], list[str]] = lambda cfg: []
+    validate: Callable[[Config], list[str]] = lambda cfg: []
 
 
 def _ce(ctx: BuildContext) -> CrossEntropy:
@@ -213,7 +217,7 @@ def _salt(ctx: BuildContext) -> Method:
 
 
 def _needs(section: str, key: str, what: str):
-    def validate(cfg) -> list[str]:
+    def validate(cfg: Config) -> list[str]:
         if not getattr(getattr(cfg.method, section), key):
             return [f"method.{section}.{key}: {cfg.method.name} needs {what}; "
                     f"set method.{section}.{key}=RUN_DIR|CHECKPOINT"]
@@ -221,7 +225,7 @@ def _needs(section: str, key: str, what: str):
     return validate
 
 
-def _greats_validate(cfg) -> list[str]:
+def _greats_validate(cfg: Config) -> list[str]:
     out = []
     if cfg.method.scope != "micro":
         out.append("method.scope: greats selects rows, so only scope=micro applies")

@@ -104,3 +104,42 @@ def test_the_registry_and_the_flops_ledger_annotate_the_typed_config():
         typing.Callable[[Config], list[str]]
     for fn in (flops.equal_flops_budget, flops.training_flops_model, flops.greats_cost_ratio):
         assert typing.get_type_hints(fn, {**vars(flops), **names})["cfg"] is Config, fn.__name__
+
+
+def test_a_method_with_a_setting_edits_its_own_module_and_its_registry_line():
+    # the method tree is assembled from the registry: a new Section named in a MethodSpec becomes method.<key>.*
+    # with its defaults, help and checks, and config.py names no method's section
+    import ast
+    import dataclasses
+    from pathlib import Path
+
+    from eslm import config
+    from eslm.methods import METHODS, MethodSpec
+    from eslm.settings import Section, setting
+
+    @dataclasses.dataclass(frozen=True)
+    class NewSection(Section):
+        key, help = "new", "a new method"
+        width: int = setting(3, "how wide")
+
+        def problems(self):
+            return [] if self.width > 0 else [f"width: expected > 0, got {self.width}"]
+
+    spec = MethodSpec("new-method", "help", build=lambda ctx: None, settings=(NewSection,))
+    cls = config.method_section_class([*METHODS.values(), spec])
+    inst = cls()
+    assert inst.new == NewSection() and inst.new.width == 3 and config.method_sections(inst)["new"] is inst.new
+    assert config.all_keys(cls)["new.width"] == (3, "how wide")
+    registered = {c.key: c for s in METHODS.values() for c in s.settings}
+    assert {k: type(v) for k, v in config.method_sections(config.Config().method).items()} == registered
+    clash = dataclasses.make_dataclass("Clash", [], bases=(Section,), frozen=True)
+    clash.key = "kd"
+    try:
+        config.method_section_class([*METHODS.values(), MethodSpec("x", "h", lambda c: None, settings=(clash,))])
+    except TypeError as e:
+        assert "needs a key of its own" in str(e)
+    else:
+        raise AssertionError("two sections under method.kd were accepted")
+    imported = {n.module for n in ast.walk(ast.parse(Path(config.__file__).read_text()))
+                if isinstance(n, ast.ImportFrom)}
+    assert not any(m.startswith(("eslm.baselines", "eslm.objectives")) or m == "eslm.selection.ada" for m in imported)

@@ -1,7 +1,9 @@
 """The typed, frozen config tree.
 
 It sits above the method registry (``eslm.methods``) and the model presets, which validation checks names
-against; nothing below imports it (components receive the built ``Config``).
+against; nothing below imports it at run time (components receive the built ``Config``; the registry and the
+FLOPs ledger name its type for annotations only). The ``method`` section is assembled from the registry: the
+shared settings plus the config section each registered method names (``MethodSpec.settings``).
 
 Defaults live here in code. YAML files hold only deltas (nested mappings); later files and then dotted
 command-line overrides (``method.alpha=0.2``) win. Unknown keys are errors that suggest the nearest valid key,
@@ -21,16 +23,12 @@ from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from eslm.baselines.plugins import GreatsSection
-from eslm.baselines.rho1 import Rho1Section
 from eslm.data.tokenizers import TOKENIZER_NAMES
 from eslm.errors import ConfigError
 from eslm.files import name_problem
 from eslm.flops import COUNT_PER, COUNTER_KEYS
 from eslm.methods import METHODS
 from eslm.model.gpt import PRESETS
-from eslm.objectives.kd_objective import KDSection, SaltSection
-from eslm.selection.ada import AdaSection
 from eslm.selection.scores import STANDARDIZE_MODES
 from eslm.selection.selectors import SCOPES
 from eslm.settings import Section, key_of, section
@@ -108,19 +106,34 @@ class TrainSection:
 
 
 @dataclass(frozen=True)
-class MethodSection:
-    """``method.*``: the settings every method shares, then one section per method family, each declared next to
-    its components."""
+class SharedMethodSettings:
+    """The ``method.*`` settings every method shares; ``MethodSection`` adds one field per registered section."""
 
     name: str = _f("eslm-entropy", "training method; `eslm train --help` lists them")
     alpha: float = _f(0.1, "VaR confidence level: the fraction of tokens dropped (keep the top 1-alpha)")
     standardize: str = _f("none", "score standardisation: none | batch | sequence | domain")
     scope: str = _f("micro", "selection scope: micro (per micro-batch per rank, the paper) | step (whole optimizer step, all ranks; one extra forward)")
-    ada: AdaSection = section(AdaSection, "Ada-ESLM controller")
-    rho1: Rho1Section = section(Rho1Section, "Rho-1")
-    kd: KDSection = section(KDSection, "distillation (dense-kd, eslm-kd-*, salt)")
-    salt: SaltSection = section(SaltSection, "SALT")
-    greats: GreatsSection = section(GreatsSection, "GREATS")
+
+
+def method_section_class(specs) -> type:
+    """The ``method`` section's class: the shared settings, then one field ``<key>`` per config section that the
+    method specs (``eslm.methods.MethodSpec.settings``) declare, in the order they first appear. Two classes
+    claiming one key, or a key that is a shared setting, are programming errors."""
+    sections: dict[str, type[Section]] = {}
+    shared = {key_of(f) for f in fields(SharedMethodSettings)}
+    for spec in specs:
+        for cls in spec.settings:
+            have = sections.setdefault(cls.key, cls)
+            if have is not cls or not cls.key or cls.key in shared:
+                raise TypeError(f"method {spec.name!r}: config section {cls.__name__} needs a key of its own, found "
+                                f"{cls.key!r} (taken by {have.__name__ if have is not cls else 'the shared settings'})")
+    doc = "``method.*``: the shared settings and every registered method's section."
+    return dataclasses.make_dataclass(
+        "MethodSection", [(key, cls, section(cls, cls.help)) for key, cls in sections.items()],
+        bases=(SharedMethodSettings,), frozen=True, namespace={"__doc__": doc, "__module__": __name__})
+
+
+MethodSection = method_section_class(METHODS.values())
 
 
 @dataclass(frozen=True)
@@ -385,7 +398,7 @@ def get(cfg: Config, dotted: str):
     return obj
 
 
-def method_sections(method: MethodSection) -> dict[str, Section]:
+def method_sections(method) -> dict[str, Section]:
     """{key: section} of the per-method sections of ``method`` (``ada``, ``rho1``, ``kd``, ...)."""
     return {key_of(f): getattr(method, f.name) for f in fields(method)
             if isinstance(getattr(method, f.name), Section)}

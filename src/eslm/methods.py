@@ -13,10 +13,14 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from eslm import contracts, seeds
+from eslm.baselines.plugins import GreatsSection
+from eslm.baselines.rho1 import Rho1Section
 from eslm.objectives.base import CrossEntropy
-from eslm.selection.ada import AdaController
+from eslm.objectives.kd_objective import KDSection, SaltSection
+from eslm.selection.ada import AdaController, AdaSection
 from eslm.selection.rows import AllRows
 from eslm.selection.selectors import RandomSelector, TokenSelector, VaRSelector
+from eslm.settings import Section
 
 if TYPE_CHECKING:  # the config sits above the registry: annotations only
     from eslm.config import Config
@@ -78,10 +82,16 @@ class Method:
 
 @dataclass(frozen=True)
 class MethodSpec:
+    """One registry line: a method's name, help, builder, the checks that span sections (``validate``) and its
+    own config sections (``settings``: ``eslm.settings.Section`` classes, each at ``method.<its key>.*``; the
+    config's ``method`` tree is assembled from the registered ones, so a new method with settings edits its own
+    module and its line here)."""
+
     name: str
     help: str
     build: Callable[[BuildContext], Method]
     validate: Callable[[Config], list[str]] = lambda cfg: []
+    settings: tuple[type[Section], ...] = ()
 
 
 def _ce(ctx: BuildContext) -> CrossEntropy:
@@ -130,8 +140,10 @@ for _spec in [
     MethodSpec("eslm-entropy", "ESLM VaR-entropy: keep the top 1-alpha tokens by predictive entropy", _var("entropy")),
     MethodSpec("eslm-loss", "ESLM CVaR-loss: keep the top 1-alpha tokens by loss (minimises CVaR_alpha)", _var("loss")),
     MethodSpec("random", "control: keep 1-alpha of the tokens uniformly at random", _random),
-    MethodSpec("ada-eslm-entropy", "Ada-ESLM on entropy: alpha adapted by the CVaR controller", _ada("entropy")),
-    MethodSpec("ada-eslm-loss", "Ada-ESLM on loss: alpha adapted by the CVaR controller", _ada("loss")),
+    MethodSpec("ada-eslm-entropy", "Ada-ESLM on entropy: alpha adapted by the CVaR controller", _ada("entropy"),
+               settings=(AdaSection,)),
+    MethodSpec("ada-eslm-loss", "Ada-ESLM on loss: alpha adapted by the CVaR controller", _ada("loss"),
+               settings=(AdaSection,)),
 ]:
     register(_spec)
 
@@ -234,16 +246,16 @@ def _greats_validate(cfg: Config) -> list[str]:
 
 for _spec in [
     MethodSpec("rho1", "Rho-1: keep the top 1-alpha tokens by excess loss against a frozen reference model",
-               _rho1, _needs("rho1", "reference", "a reference model")),
-    MethodSpec("greats", "GREATS: greedy online row selection by ghost gradient inner products with a validation batch",
-               _greats, _greats_validate),
+               _rho1, _needs("rho1", "reference", "a reference model"), settings=(Rho1Section,)),
     MethodSpec("dense-kd", "dense distillation: lambda*KL(teacher||student) + (1-lambda)*CE on every token",
-               _dense_kd, _needs("kd", "teacher", "a teacher model")),
+               _dense_kd, _needs("kd", "teacher", "a teacher model"), settings=(KDSection,)),
     MethodSpec("eslm-kd-entropy", "ESLM-KD: KD on the top 1-alpha tokens by the student's entropy",
-               _eslm_kd("entropy"), _needs("kd", "teacher", "a teacher model")),
+               _eslm_kd("entropy"), _needs("kd", "teacher", "a teacher model"), settings=(KDSection,)),
     MethodSpec("eslm-kd-loss", "ESLM-KD: KD on the top 1-alpha tokens by the student's loss",
-               _eslm_kd("loss"), _needs("kd", "teacher", "a teacher model")),
+               _eslm_kd("loss"), _needs("kd", "teacher", "a teacher model"), settings=(KDSection,)),
     MethodSpec("salt", "SALT: dense KD for method.salt.kd_steps steps, then plain CE",
-               _salt, _needs("kd", "teacher", "a teacher model")),
+               _salt, _needs("kd", "teacher", "a teacher model"), settings=(KDSection, SaltSection)),
+    MethodSpec("greats", "GREATS: greedy online row selection by ghost gradient inner products with a validation batch",
+               _greats, _greats_validate, settings=(GreatsSection,)),
 ]:
     register(_spec)

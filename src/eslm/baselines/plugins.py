@@ -28,6 +28,8 @@ POOLS = ("floor", "pool")  # greats.greats_pool_size's modes
 class GreatsSection(Section):
     """``method.greats.*``: GREATS' settings (``GreatsRows`` below; the maths in ``greats.py``)."""
 
+    key, help = "greats", "GREATS"
+
     val_fraction: float = setting(0.5, "GREATS validation batch size as a fraction of the micro-batch")
     pool: str = setting("floor", "GREATS budget 1-alpha of a micro-batch of B rows: floor (score the B rows, keep floor((1-alpha)B); default: GREATS' budget is the kept fraction of each batch and every method then consumes the same B rows per micro-batch) | pool (score ceil(B/(1-alpha)) rows, the B loader rows + extra training rows drawn by GREATS, keep B). The paper (0.9 of 12) does not say which; see eslm/baselines/greats.py")
     exclude_head: bool = setting(True, "GREATS: leave the tied LM head out of the gradient inner products")

@@ -33,6 +33,8 @@ __all__ = ["ReferenceModel", "Rho1Section", "excess_loss"]
 class Rho1Section(Section):
     """``method.rho1.*``: Rho-1's settings."""
 
+    key, help = "rho1", "Rho-1"
+
     reference: str = setting("", "Rho-1 reference model: run dir, checkpoint or local HF GPT-2 dir")
 
 

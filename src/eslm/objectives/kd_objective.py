@@ -21,6 +21,8 @@ class KDSection(Section):
     """``method.kd.*``: the distillation settings of dense-kd, eslm-kd-* and salt (``lambda`` is a Python keyword:
     the attribute is ``lambda_``)."""
 
+    key, help = "kd", "distillation (dense-kd, eslm-kd-*, salt)"
+
     teacher: str = setting("", "KD teacher: run dir or checkpoint with the same tokenizer")
     lambda_: float = setting(0.5, "KD weight lambda in lambda*KL + (1-lambda)*CE", key="lambda")
     temperature: float = setting(1.0, "KD temperature rho")
@@ -37,6 +39,8 @@ class KDSection(Section):
 @dataclass(frozen=True)
 class SaltSection(Section):
     """``method.salt.*``: SALT's switch (the KD settings are ``KDSection``'s)."""
+
+    key, help = "salt", "SALT"
 
     kd_steps: int = setting(12000, "SALT: optimizer steps of dense KD before plain CE")
 

@@ -30,6 +30,8 @@ from eslm.settings import Section, setting
 class AdaSection(Section):
     """``method.ada.*``: the Ada-ESLM controller's settings."""
 
+    key, help = "ada", "Ada-ESLM controller"
+
     gamma: float = setting(0.5, "adaptation rate of alpha_{k+1} = alpha_k exp(-gamma D)")
     interval: int = setting(1000, "T_eval: optimizer steps between alpha updates (the paper: 1000)")
     eps: float = setting(1e-8, "epsilon in D = (CVaR_k - CVaR_{k-1}) / (|CVaR_{k-1}| + eps)")

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from eslm.baselines import greats as G
 from eslm.errors import ConfigError
-from eslm.model.gpt import ModelConfig, pad_vocab, preset
+from eslm.model.gpt import ModelConfig, model_config_for, preset
 
 if TYPE_CHECKING:  # the config sits above the FLOPs accounting: annotations only
     from eslm.config import Config
@@ -262,21 +262,9 @@ def executed_savings(fm: FlopsModel, keep: float, *, recompute: bool = False) ->
     return 1.0 - s.executed / s.dense
 
 
-def training_model_config(cfg: Config) -> ModelConfig:
-    """The ``ModelConfig`` an ``eslm.config.Config`` trains, from the config alone (the vocabulary as the trainer
-    sizes it: ``model.vocab_size``, else the tokenizer's padded to a multiple of 64)."""
-    from eslm.data.tokenizers import tokenizer_vocab_size
-
-    m = cfg.model
-    overrides = {"vocab_size": m.vocab_size or pad_vocab(tokenizer_vocab_size(cfg.data.tokenizer))}
-    if m.block_size:
-        overrides["block_size"] = m.block_size
-    return preset(m.preset, **overrides)
-
-
 def training_flops_model(cfg: Config) -> FlopsModel:
-    """The ``FlopsModel`` of the model an ``eslm.config.Config`` trains (``training_model_config``)."""
-    return FlopsModel.from_config(training_model_config(cfg), cfg.data.seq_len)
+    """The ``FlopsModel`` of the model an ``eslm.config.Config`` trains (``eslm.model.gpt.model_config_for``)."""
+    return FlopsModel.from_config(model_config_for(cfg), cfg.data.seq_len)
 
 
 def equal_flops_budget(cfg: Config) -> tuple[float, int]:
@@ -407,10 +395,10 @@ def greats_cost_ratio(cfg: Config, model_config: ModelConfig | None = None) -> d
     """GREATS' cost per micro-batch (= per optimizer step) in CLM micro-batches for an eslm Config:
     {"paper": r, "executed": r, "routes": [ghost|materialised per scored layer]} ("GREATS costs r CLM
     micro-batches per step"), by ``greats_micro_batch_cost`` with the config's micro-batch, seq_len, alpha,
-    method.greats.* keys. model_config: the run's ``ModelConfig``; None: ``training_model_config(cfg)``.
+    method.greats.* keys. model_config: the run's ``ModelConfig``; None: ``eslm.model.gpt.model_config_for(cfg)``.
     """
     m, g, T = cfg.method, cfg.method.greats, cfg.data.seq_len
-    model_config = model_config or training_model_config(cfg)
+    model_config = model_config or model_config_for(cfg)
     B = cfg.train.micro_batch_size_seqs
     return greats_micro_batch_cost(FlopsModel.from_config(model_config, T),
                                    G.scored_layer_shapes(model_config, g.exclude_head), B,

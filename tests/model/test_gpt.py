@@ -57,3 +57,21 @@ def test_unknown_preset():
     with pytest.raises(ConfigError, match="expected one of"):
         preset("gpt5")
     assert set(PRESETS) >= {"tiny", "small", "gpt2-124m", "gpt2-350m", "gpt2-774m"}
+
+
+@pytest.mark.parametrize("over", [{}, {"model.dropout": 0.1}, {"model.vocab_size": 512, "model.block_size": 64},
+                                  {"model.preset": "small"}])
+def test_one_answer_to_which_model_a_config_trains(tiny_data, over):
+    # the trainer (checked against the data) and a FLOPs budget sized before the run ask the same function
+    from eslm.config import build_config
+    from eslm.data.loader import open_dataset
+    from eslm.flops import FlopsModel, training_flops_model
+    from eslm.model.gpt import model_config_for
+    from eslm.train.setup import checked_model_config
+
+    cfg = build_config(overrides=[f"{k}={v}" for k, v in {"data.tokenizer": "byte", "data.seq_len": 32,
+                                                              "model.preset": "tiny", **over}.items()])
+    trained = checked_model_config(cfg, open_dataset(tiny_data))
+    assert trained == model_config_for(cfg)
+    assert trained.vocab_size == (over.get("model.vocab_size") or 320) and trained.dropout == over.get("model.dropout", 0.0)
+    assert training_flops_model(cfg) == FlopsModel.from_config(trained, 32)

@@ -13,7 +13,7 @@ import torch
 from eslm import seeds
 from eslm.config import Config
 from eslm.errors import ConfigError
-from eslm.model.gpt import GPT, pad_vocab, preset
+from eslm.model.gpt import GPT, model_config_for
 from eslm.train import checkpoint as ckpt
 from eslm.train.distributed import FSDPModel, shard_fsdp
 
@@ -61,16 +61,12 @@ def check_data_tokenizer(dataset, tokenizer: str) -> None:
                           f"(or prepare the data with {tokenizer!r})")
 
 
-def model_config_for(cfg: Config, dataset):
-    """The model preset with the data's (padded) vocabulary, dropout and block size."""
-    m = cfg.model
-    vocab = m.vocab_size or pad_vocab(dataset.vocab_size)
+def checked_model_config(cfg: Config, dataset):
+    """The model ``cfg`` trains (``eslm.model.gpt.model_config_for``), checked against the data: its tokenizer,
+    a vocabulary that embeds every id, a context that holds ``data.seq_len``."""
     check_data_tokenizer(dataset, cfg.data.tokenizer)
-    dataset.check_vocab(vocab)
-    overrides = {"vocab_size": vocab, "dropout": m.dropout}
-    if m.block_size:
-        overrides["block_size"] = m.block_size
-    mc = preset(m.preset, **overrides)
+    mc = model_config_for(cfg)
+    dataset.check_vocab(mc.vocab_size)
     if cfg.data.seq_len > mc.block_size:
         raise ConfigError(f"data.seq_len={cfg.data.seq_len} exceeds the model's context "
                           f"{mc.block_size}; lower data.seq_len or set model.block_size")

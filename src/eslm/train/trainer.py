@@ -56,7 +56,7 @@ class Trainer:
         self.dist, self.device = init_distributed(t.device, cfg.distributed.backend)
         setup.setup_torch(cfg, self.dist.rank, self.device)
         self.dataset = setup.open_data(cfg, self.dist)
-        self.model_config = setup.model_config_for(cfg, self.dataset)
+        self.model_config = setup.checked_model_config(cfg, self.dataset)
         self.run_dir = Path(cfg.run.out_dir) / (cfg.run.name or default_run_name(cfg))
         # FSDP2 only with more than one process; raw_model is then the sharded module itself (DTensor parameters)
         self.fsdp = cfg.distributed.fsdp and self.dist.enabled

@@ -1,16 +1,18 @@
 """Benchmark: the selective loss path, naive (full logits, the paper's way) against fused, in ONE run.
 
 Variants (real training steps through the shared step, round-robin, median after warm-up):
-CLM naive, CLM fused, and at each alpha: ESLM-entropy naive, ESLM-entropy fused (the default: the scoring pass
-keeps its softmax), ESLM-entropy fused "nocache" (train.loss_cache_probs=false: no tokens x vocab buffer),
-ESLM-loss fused.
-Prints and writes ratios against CLM naive and CLM fused, peak step memory, and the cost of computing the
-scores, the VaR threshold and the mask (the entropy's extra work in the head pass + the top-k selection and its
-statistics) as a fraction of the CLM fused step. Each row also has tokens/s and MFU (``harness.peak_flops``: the
-trainer's table by GPU name, or --peak-flops; none on CPU unless given).
+CLM naive, CLM fused, and at each alpha: ESLM-entropy naive, ESLM-entropy fused on the route the chooser picks
+(eslm.ops.head_route), ESLM-entropy fused with each head route forced (``eslm-entropy-fused[ROUTE]@alpha``:
+kept_cached, all_rows, grads_in_pass, kept_recompute; --routes), ESLM-loss fused.
+Prints and writes ratios against CLM naive and CLM fused, peak step memory, the route each variant ran, the cost
+model's prediction of the ratio to CLM fused (its predicted head time in place of CLM's, the rest of the step as
+measured for CLM), and the cost of computing the scores, the VaR threshold and the mask (the entropy's extra
+work in the head pass + the top-k selection and its statistics) as a fraction of the CLM fused step. Each row
+also has tokens/s and MFU (``harness.peak_flops``: the trainer's table by GPU name, or --peak-flops; none on
+CPU unless given).
 
-    python benchmarks/loss_path.py --preset small --seq-len 128 --micro-batch 16
-    python benchmarks/loss_path.py --preset gpt2-124m --seq-len 1024 --micro-batch 1 --steps 3
+    python benchmarks/loss_path.py --preset small --seq-len 128 --micro-batch 4 --steps 11
+    python benchmarks/loss_path.py --preset gpt2-124m --seq-len 1024 --micro-batch 1 --steps 5
     python benchmarks/loss_path.py --preset gpt2-124m --seq-len 1024 --micro-batch 12 --device cuda --dtype bf16
     python benchmarks/loss_path.py --preset gpt2-124m --seq-len 1024 --micro-batch 12 --device cuda --dtype bf16 \
         --compile
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 import sys
 import time
 from pathlib import Path
@@ -34,17 +37,48 @@ from harness import (Bench, Variant, environment, fmt_mb, fmt_ratio, median, pea
                      run_and_measure, sync, write_results)
 
 
-def variants(alphas: list[float], chunk: int) -> list[Variant]:
+ROUTES = ("kept_cached", "all_rows", "grads_in_pass", "kept_recompute")
+
+
+def variants(alphas: list[float], chunk: int, routes=ROUTES) -> list[Variant]:
+    """CLM naive / fused; per alpha: ESLM-entropy naive, fused with the chooser's route (``auto``), fused with
+    each route of ``routes`` forced (``eslm-entropy-fused[route]@alpha``), ESLM-loss fused (auto)."""
     c = {"train.loss_chunk_size": chunk}
     vs = [Variant("clm-naive", {"method.name": "clm", "train.loss_impl": "naive", **c}, "clm"),
           Variant("clm-fused", {"method.name": "clm", "train.loss_impl": "fused", **c}, "clm")]
     for a in alphas:
-        for name, impl, cache in (("eslm-entropy", "naive", True), ("eslm-entropy", "fused", True),
-                                  ("eslm-entropy", "fused", False), ("eslm-loss", "fused", True)):
-            label = f"{name}-{impl}{'' if cache else '-nocache'}@{a}"
-            vs.append(Variant(label, {"method.name": name, "method.alpha": a, "train.loss_impl": impl,
-                                      "train.loss_cache_probs": cache, **c}, f"alpha {a}"))
+        base = {"method.alpha": a, **c}
+        vs.append(Variant(f"eslm-entropy-naive@{a}", {"method.name": "eslm-entropy", "train.loss_impl": "naive",
+                                                      **base}, f"alpha {a}"))
+        vs.append(Variant(f"eslm-entropy-fused@{a}", {"method.name": "eslm-entropy", **base}, f"alpha {a}"))
+        for r in routes:
+            vs.append(Variant(f"eslm-entropy-fused[{r}]@{a}", {"method.name": "eslm-entropy",
+                                                              "train.loss_route": r, **base}, f"alpha {a}"))
+        vs.append(Variant(f"eslm-loss-fused@{a}", {"method.name": "eslm-loss", **base}, f"alpha {a}"))
     return vs
+
+
+def route_of(bench: Bench, v: Variant) -> str | None:
+    """The route a variant's micro-batches take (the chooser's, or the forced one); None for the naive path."""
+    cfg, method = bench.method(v)
+    if cfg.train.loss_impl == "naive":
+        return None
+    return method.objective._last_route
+
+
+def model_seconds(bench: Bench, route: str | None, kept: float, scored: bool) -> float | None:
+    """The cost model's prediction for the head of one step on this route (eslm.ops.head_route)."""
+    if route is None:
+        return None
+    from eslm.ops.head_costs import costs_for
+    from eslm.ops.head_route import Geometry, route_seconds
+
+    n = bench.seq_len * bench.micro_batch
+    cfg = bench.model_config
+    dtype = "bfloat16" if bench.dtype == "bf16" else "float32"
+    geom = Geometry(cfg.n_embd, cfg.vocab_size, bench.device.type, dtype)
+    k = max(1, round(kept * n))
+    return bench.accum * route_seconds(route, n, k, geom, costs_for(geom.device, geom.dtype), scored=scored)
 
 
 def selection_overhead(bench: Bench, alphas: list[float], chunk: int, reps: int) -> dict:
@@ -54,28 +88,37 @@ def selection_overhead(bench: Bench, alphas: list[float], chunk: int, reps: int)
     H = lse - h . (P W), where P W is the hidden-state gradient's matmul, formed either way, so its cost is the
     (N, C) row dot; otherwise the pass keeps the logits beside the softmax for a batched dot per row over
     (N, V). The pass and the gradients themselves are not counted: CLM runs them too."""
-    from eslm.ops.fused_head import _compute_dtype, _rowdot, head_pass
+    from eslm.ops.fused_head import _compute_dtype, _rowdot, _scratch_rows, head_pass
 
     batch = bench.batches[0]
     autocast = bench.autocast() or contextlib.nullcontext()  # the pass runs in the step's precision (bf16 on GPU)
+    _, auto = bench.method(Variant(f"eslm-entropy-fused@{alphas[0]}", {}))
     with torch.no_grad(), autocast:
         hidden = bench.raw(batch.x).flatten(0, 1)
         w, y = bench.raw.head_weight.detach(), batch.y.reshape(-1)
-        stats = head_pass(hidden, w, y, need_entropy=True, keep_probs=True, chunk_size=chunk)
+        route = auto.objective.choose(hidden.shape[0], hidden.shape[0] - int(alphas[0] * hidden.shape[0]),
+                                      scored=True)
+        stats = head_pass(hidden, w, y, need_entropy=True, keep_probs=True, softmax_w=route == "all_rows",
+                          chunk_size=chunk)
         cdt = _compute_dtype(hidden)
     if stats.softmax_w is not None:
-        route = "fp32: lse - h . (P W)"
+        route = f"{route}, fp32: lse - h . (P W)"
         h_c = hidden.float()
 
         def entropy():
             return stats.lse - _rowdot(h_c, stats.softmax_w)
     else:
-        route = f"batched dot with the logits, per chunk ({str(cdt).replace('torch.', '')} matmul)"
+        route = (f"{route}: shifted sum with the logits, through a scratch block "
+                 f"({str(cdt).replace('torch.', '')} matmul)")
         z = (hidden.to(cdt) @ w.to(cdt).t()).float()
+        scratch = torch.empty(_scratch_rows(z.shape[0], w.shape[1]), z.shape[1], device=z.device)
+        m = z.amax(-1, keepdim=True)
 
-        def entropy():
-            return [torch.bmm(stats.probs[s:s + chunk].unsqueeze(1), z[s:s + chunk].unsqueeze(2))
-                    for s in range(0, z.shape[0], chunk)]
+        def entropy():  # what the pass adds for the entropy: the shifted logits and their product with exp
+            for s in range(0, z.shape[0], scratch.shape[0]):
+                e = min(s + scratch.shape[0], z.shape[0])
+                t = torch.sub(z[s:e], m[s:e], out=scratch[: e - s])
+                t.mul_(stats.probs[s:e]).sum(-1)
 
     def timed(fn) -> float:
         fn()
@@ -115,6 +158,8 @@ def main(argv=None) -> int:
     p.add_argument("--peak-flops", type=float, default=0.0,
                    help="peak FLOP/s for MFU (default: the trainer's table by GPU name; none on CPU)")
     p.add_argument("--chunk", type=int, default=1024, help="train.loss_chunk_size for the fused path")
+    p.add_argument("--routes", nargs="*", default=list(ROUTES), choices=list(ROUTES),
+                   help="routes forced as extra ESLM-entropy variants (default: all four)")
     p.add_argument("--name", default="", help="results file name (default from the settings)")
     p.add_argument("--no-cpu-memory", action="store_true",
                    help="on CPU, skip the peak-memory child process (peaks n/a; the GPU suite's smoke mode)")
@@ -123,7 +168,7 @@ def main(argv=None) -> int:
 
     bench = Bench(preset=a.preset, seq_len=a.seq_len, micro_batch=a.micro_batch, device=a.device, dtype=a.dtype,
                   compile=a.compile)
-    vs = variants(a.alphas, a.chunk)
+    vs = variants(a.alphas, a.chunk, a.routes)
     tokens = a.seq_len * a.micro_batch
     print(f"loss-path benchmark: {a.preset}, {a.micro_batch}x{a.seq_len} = {tokens} tokens/step, {a.device} "
           f"{a.dtype}{' compiled' if a.compile else ''}, {torch.get_num_threads()} threads, {len(vs)} variants x "
@@ -140,15 +185,22 @@ def main(argv=None) -> int:
     for v in vs:
         t, m = median(v.times), median(v.peaks)
         tok_s = tokens / t
-        naive_twin = by.get(v.label.replace("-nocache", "").replace("-fused", "-naive")
+        naive_twin = by.get(re.sub(r"\[.*\]", "", v.label).replace("-fused", "-naive")
                             .replace("eslm-loss", "eslm-entropy"))
-        rows.append({"variant": v.label, "step_s": t, "peak_bytes": m, "kept_frac": median(v.kept),
+        route = route_of(bench, v)
+        scored = "eslm" in v.label
+        rows.append({"variant": v.label, "route": route, "step_s": t, "peak_bytes": m, "kept_frac": median(v.kept),
+                     "model_head_s": model_seconds(bench, route, median(v.kept), scored),
                      "tokens_per_s": tok_s, "mfu": tok_s * bench.flops_per_token / peak if peak else None,
                      "time_vs_clm_naive": t / t_naive, "time_vs_clm_fused": t / t_fused,
                      "mem_vs_clm_naive": (m / m_naive) if m and m_naive else None,
                      "mem_vs_clm_fused": (m / m_fused) if m and m_fused else None,
                      "time_vs_naive_twin": t / median(naive_twin.times) if naive_twin else None,
                      "mem_vs_naive_twin": (m / median(naive_twin.peaks)) if naive_twin and m else None})
+    clm_head = next(r["model_head_s"] for r in rows if r["variant"] == "clm-fused")
+    for r in rows:  # the model's head time in place of CLM's; the rest of the step as CLM's measured one
+        r["model_vs_clm_fused"] = (None if r["model_head_s"] is None else
+                                   (t_fused - clm_head + r["model_head_s"]) / t_fused)
     for alpha, o in overhead.items():
         o["fraction_of_clm_fused_step"] = (o["entropy_s"] + o["select_s"]) / t_fused
 
@@ -164,15 +216,19 @@ def main(argv=None) -> int:
           f"Command: `{payload['command']}`  ",
           f"Environment: {payload['environment']}  ",
           f"Median of {a.steps} round-robin rounds after {a.warmup} warm-up; peak = step's peak memory above "
-          "what was resident before it (MB). MFU: tokens/s x "
+          "what was resident before it (MB). Route: the head route the variant ran (eslm.ops.head_route). Model "
+          "vs CLM fused: the cost model's head time for the route in place of its head time for CLM's, the rest "
+          "of the step as CLM fused measured it. MFU: tokens/s x "
           f"{bench.flops_per_token:.4g} FLOPs/token / peak ({peak_source}).", "",
-          "| variant | kept | step s | tokens/s | MFU | vs CLM naive | vs CLM fused | vs naive twin | peak MB "
-          "| mem vs CLM naive | mem vs naive twin |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+          "| variant | route | kept | step s | tokens/s | MFU | vs CLM naive | vs CLM fused | model vs CLM fused "
+          "| vs naive twin | peak MB | mem vs CLM naive | mem vs naive twin |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-        md.append(f"| {r['variant']} | {r['kept_frac']:.3f} | {r['step_s']:.4f} | {r['tokens_per_s']:,.0f} | {mfu} | "
-                  f"{fmt_ratio(r['time_vs_clm_naive'])}"
-                  f" | {fmt_ratio(r['time_vs_clm_fused'])} | {fmt_ratio(r['time_vs_naive_twin'])} | "
+        md.append(f"| {r['variant']} | {r['route'] or 'naive'} | {r['kept_frac']:.3f} | {r['step_s']:.4f} | "
+                  f"{r['tokens_per_s']:,.0f} | {mfu} | {fmt_ratio(r['time_vs_clm_naive'])}"
+                  f" | {fmt_ratio(r['time_vs_clm_fused'])} | {fmt_ratio(r['model_vs_clm_fused'])} | "
+                  f"{fmt_ratio(r['time_vs_naive_twin'])} | "
                   f"{fmt_mb(r['peak_bytes'])} | {fmt_ratio(r['mem_vs_clm_naive'])} | "
                   f"{fmt_ratio(r['mem_vs_naive_twin'])} |")
     md += ["", "Scores + threshold + mask (per micro-batch; fraction of the CLM fused step):", "",

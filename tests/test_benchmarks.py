@@ -29,6 +29,12 @@ def test_loss_path_benchmark_measures_every_variant(tmp_path):
         for v in ("eslm-entropy-naive", "eslm-entropy-fused", "eslm-loss-fused"):
             assert f"{v}@{a}" in rows
         assert rows[f"eslm-entropy-fused@{a}"]["kept_frac"] == pytest.approx(1 - a, abs=1 / 32)
+        for route in ("kept_cached", "all_rows", "grads_in_pass", "kept_recompute"):  # each route, forced
+            assert rows[f"eslm-entropy-fused[{route}]@{a}"]["route"] == route
+        assert rows[f"eslm-entropy-fused@{a}"]["route"] == "kept_cached"  # the chooser's pick on CPU
+        assert 0 < rows[f"eslm-entropy-fused@{a}"]["model_vs_clm_fused"] < 1 < rows[
+            f"eslm-entropy-fused[grads_in_pass]@{a}"]["model_vs_clm_fused"]
+    assert rows["clm-fused"]["route"] == "grads_in_pass" and rows["clm-naive"]["route"] is None
     assert rows["clm-naive"]["time_vs_clm_naive"] == 1.0 and rows["clm-fused"]["time_vs_clm_fused"] == 1.0
     assert res["peak_flops"] == 1e12 and res["flops_per_token"] > 0
     for r in rows.values():
@@ -38,3 +44,18 @@ def test_loss_path_benchmark_measures_every_variant(tmp_path):
             assert r["peak_bytes"] and r["peak_bytes"] > 0 and r["mem_vs_naive_twin"] > 0
     for o in res["selection_overhead"].values():
         assert o["select_s"] > 0 and o["entropy_s"] >= 0 and o["fraction_of_clm_fused_step"] > 0
+
+
+def test_whole_runs_benchmark_interleaves_real_runs(tmp_path):
+    res = _run("whole_runs.py", ["--preset", "tiny", "--seq-len", "16", "--micro-batch", "2", "--steps", "2",
+                                 "--rounds", "2", "--arms", "clm", "eslm-loss@0.5", "--profile-reps", "1"], tmp_path)
+    runs, summary = res["runs"], res["summary"]
+    assert [len(runs[a]) for a in ("clm", "eslm-loss@0.5")] == [2, 2]
+    for r in runs["eslm-loss@0.5"] + runs["clm"]:
+        assert r["cpu_s"] > 0 and r["step"] == 2
+    s = summary["eslm-loss@0.5"]
+    assert s["ratios"] == pytest.approx([e["cpu_s"] / c["cpu_s"] for e, c in zip(runs["eslm-loss@0.5"], runs["clm"])])
+    assert summary["clm"]["median_ratio"] == 1.0
+    assert 0 < s["bound"]["flops_ratio"] < 1 and "1 - 0.5 * 2/3" in s["bound"]["arithmetic"]
+    assert set(res["profile_ms"]) == {"clm", "eslm-loss@0.5"} and res["profile_ms"]["clm"]["head matmuls"] > 0
+    assert res["command"].startswith("python benchmarks/whole_runs.py --preset tiny")

@@ -59,6 +59,7 @@ class RunConfig:
     resume: bool = _f(False, "continue from the run directory's latest checkpoint")
     resume_from: int = _f(0, "with resume: the step of a kept checkpoint to continue from instead of the latest (e.g. before a divergence); later checkpoints are moved to checkpoints/superseded/")
     allow_change: str = _f("", "with resume: comma-separated keys that may differ from the run's config (e.g. train.lr after a divergence); applied from the resume step, recorded in resumes.jsonl")
+    allow_version_change: bool = _f(False, "with resume: continue a run whose last segment ran another eslm version or commit (refused by default; recorded in resumes.jsonl)")
 
 
 @dataclass(frozen=True)

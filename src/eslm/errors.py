@@ -35,6 +35,13 @@ def os_error_line(e: OSError) -> str:
         errno.EISDIR: "expected a file, found a directory: check the path",
         errno.EEXIST: "remove it or choose another location",
         errno.ENAMETOOLONG: "use a shorter path",
+        errno.ELOOP: "it is a symbolic link where eslm writes a file of its own: remove the link",
+        errno.EFBIG: "the file is larger than this file system or the process's file-size limit allows: "
+                     "choose another location or raise the limit (ulimit -f)",
     }
     fix = fixes.get(e.errno, "check the path and its permissions")
     return f"{e.strerror or type(e).__name__}:{where or ' (no file named)'}; {fix}"
+
+
+class OwnershipError(ESLMError):
+    """A path eslm will not write: a directory another program made, or a symbolic link inside its own."""

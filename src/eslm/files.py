@@ -1,14 +1,31 @@
-"""The files eslm writes: names that stay inside their directory.
+"""The files eslm writes: names that stay inside their directory, writes that never follow a link, atomic
+replaces, checksums and ownership markers.
 
 ``name_problem`` / ``check_name``: a run name, a study name or a study label becomes one path component
 (``<out_dir>/<name>``), so it is accepted only as a single, portable component: not empty, not ``.`` or ``..``,
 no path separator, no control character, no leading dot (eslm's own temporary files start with one) or dash
 (it would read as an option), no surrounding white space, at most ``MAX_NAME`` characters.
+
+Inside its directories eslm never writes through a symbolic link: appends open with ``O_NOFOLLOW``
+(``open_nofollow``), whole files are written to a temporary file and renamed over the name (``atomic_write``:
+the rename replaces a link, it does not follow it), and its subdirectories must not be links (``ensure_dir``).
+A file eslm may need to trust later carries a SHA-256 (``<file>.sha256``, in ``sha256sum`` format), and a
+directory it creates carries a marker (a JSON object with a ``format`` and a random ``id``): eslm deletes,
+prunes or overwrites only what its marker or its names prove it made.
 """
 
 from __future__ import annotations
 
-from eslm.errors import ConfigError
+import errno
+import hashlib
+import json
+import os
+import re
+import time
+import uuid
+from pathlib import Path
+
+from eslm.errors import ConfigError, OwnershipError
 
 MAX_NAME = 200  # characters; file systems allow 255 bytes per component, eslm adds suffixes to some names
 
@@ -45,3 +62,231 @@ def check_name(value: object, what: str) -> str:
     if problem:
         raise ConfigError(problem)
     return value  # type: ignore[return-value]
+
+
+# ------------------------------------------------------------------ writes that never follow a symbolic link
+
+
+def link_refused(path: Path) -> OwnershipError:
+    return OwnershipError(f"{str(path)!r} is a symbolic link; eslm never writes through a link inside its "
+                          "directories (the write would change the link's target): remove the link")
+
+
+def ensure_dir(path: Path) -> Path:
+    """Create the directory ``path`` (and its parents); refuse when it is a symbolic link."""
+    path = Path(path)
+    if path.is_symlink():
+        raise link_refused(path)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+_FLAGS = {"w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+          "r+": os.O_RDWR}
+
+
+def open_nofollow(path: Path, mode: str = "a", **kwargs):
+    """``open(path, mode)`` for writing ("w", "a", "r+", with "b" for bytes) that refuses a symbolic link as
+    the file itself (``O_NOFOLLOW``) instead of writing to its target."""
+    flags = _FLAGS[mode.replace("b", "")] | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise link_refused(Path(path)) from None
+        raise
+    return os.fdopen(fd, mode, **kwargs)
+
+
+def temp_name(path: Path) -> Path:
+    """The temporary file of an atomic write of ``path``: ``.NAME.tmp.PID`` beside it (``TEMP_OF`` matches it)."""
+    return path.with_name(f".{path.name}.tmp.{os.getpid()}")
+
+
+def temp_of(name: str) -> str | None:
+    """The file name whose atomic write left the temporary file ``name``, or None if ``name`` is not one."""
+    m = re.match(r"^\.(.+)\.tmp\.\d+$", name)
+    return m.group(1) if m else None
+
+
+class _HashingWriter:
+    """A file object that hashes what passes through it and keeps the OSError a writer (torch's zip writer)
+    may turn into another exception."""
+
+    def __init__(self, f):
+        self.f, self.sha, self.error = f, hashlib.sha256(), None
+
+    def write(self, data) -> int:
+        try:
+            n = self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+        self.sha.update(data)
+        return n
+
+    def fileno(self) -> int:
+        return self.f.fileno()
+
+    def flush(self) -> None:
+        try:
+            self.f.flush()
+        except OSError as e:
+            self.error = e
+            raise
+
+
+def atomic_write(path: Path, write, before_rename=None) -> str:
+    """Write ``path`` through ``write(file)`` into a temporary file beside it, fsync, rename, fsync the directory:
+    a kill leaves the old file or the new one, never a torn one, and a symbolic link at ``path`` is replaced,
+    never followed. ``write`` may be bytes. Returns the SHA-256 of what was written; ``before_rename(sha256)``
+    is called once the temporary file is complete (a checksum written before the file takes its name).
+
+    On any failure the temporary file is removed (it may be GBs) and the error raised as an ``OSError`` naming
+    ``path``, also when a writer turned it into another exception (torch's zip writer makes it a RuntimeError)."""
+    path = Path(path)
+    tmp = temp_name(path)
+    tmp.unlink(missing_ok=True)  # left by an earlier process of the same PID (a kill): ours by its name
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        with os.fdopen(fd, "wb") as f:
+            hw = _HashingWriter(f)
+            try:
+                if isinstance(write, (bytes, bytearray)):
+                    hw.write(write)
+                else:
+                    write(hw)
+                hw.flush()
+            except Exception as e:
+                if hw.error is not None and not isinstance(e, OSError):
+                    raise _with_name(hw.error, path) from None
+                raise
+            os.fsync(f.fileno())
+        if before_rename is not None:
+            before_rename(hw.sha.hexdigest())
+        os.replace(tmp, path)
+    except BaseException as e:  # a full disk, a permission error, a kill signal: no partial file stays behind
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise _with_name(e, path) from None
+        raise
+    fsync_dir(path.parent)
+    return hw.sha.hexdigest()
+
+
+def stale_temporaries(directory: Path, own) -> list[Path]:
+    """The temporary files (``temp_name``) in ``directory`` of names ``own(name)`` claims: left by a killed or
+    failed write. Remove them only while holding the directory's lock (then no live process writes them)."""
+    directory = Path(directory)
+    if not directory.is_dir() or directory.is_symlink():
+        return []
+    return sorted(p for p in directory.iterdir() if (target := temp_of(p.name)) is not None and own(target)
+                  and not p.is_dir())
+
+
+def _with_name(e: OSError, path: Path) -> OSError:
+    return e if e.filename is not None else OSError(e.errno, e.strerror or str(e), str(path))
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def os_error_in(e: BaseException, path: Path) -> OSError | None:
+    """The OSError inside an exception of a library that reports it as text (safetensors: "... (os error 28)"),
+    naming ``path``; None when there is none."""
+    if isinstance(e, OSError):
+        return _with_name(e, path)
+    m = re.search(r"os error (\d+)|code: (\d+)", str(e))
+    if not m:
+        return None
+    code = int(m.group(1) or m.group(2))
+    return OSError(code, os.strerror(code), str(path))
+
+
+# ------------------------------------------------------------------ checksums: <file>.sha256 beside a file
+
+CHECKSUM_SUFFIX = ".sha256"
+
+
+def sha256_file(path: Path, chunk_bytes: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk_bytes):
+            h.update(block)
+    return h.hexdigest()
+
+
+def checksum_path(path: Path) -> Path:
+    return Path(path).with_name(Path(path).name + CHECKSUM_SUFFIX)
+
+
+def read_checksums(path: Path) -> list[str] | None:
+    """The SHA-256 values the sidecar ``<path>.sha256`` accepts for ``path`` (``sha256sum`` lines; two while a
+    file is being replaced), None when there is no sidecar."""
+    side = checksum_path(path)
+    try:
+        text = side.read_text()
+    except FileNotFoundError:
+        return None
+    return [line.split()[0].lower() for line in text.splitlines() if line.strip()]
+
+
+def write_checksums(path: Path, hexes: list[str]) -> None:
+    atomic_write(checksum_path(path), "".join(f"{h}  {Path(path).name}\n" for h in hexes).encode())
+
+
+def verify_checksum(path: Path) -> bool | None:
+    """True when ``path`` matches its sidecar, False when not, None when it has none (an older eslm's file)."""
+    accepted = read_checksums(path)
+    if accepted is None:
+        return None
+    return sha256_file(path) in accepted
+
+
+# ------------------------------------------------------------------ ownership markers
+
+RUN_MARKER, RUN_FORMAT = "eslm-run.json", "eslm-run-v1"  # in every run directory (eslm.train.run_dir)
+
+
+def new_marker(fmt: str, **extra) -> dict:
+    """The content of a marker file: the format, a random id, when and by which eslm it was made."""
+    from eslm import __version__
+
+    return {"format": fmt, "id": uuid.uuid4().hex, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "eslm_version": __version__, **extra}
+
+
+def read_marker(path: Path, fmt: str) -> dict | None:
+    """The marker at ``path`` when it is a JSON object of format ``fmt`` (not a link), else None."""
+    path = Path(path)
+    if path.is_symlink() or not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) and data.get("format") == fmt else None
+
+
+def foreign_entries(directory: Path, ours) -> list[str]:
+    """The names in ``directory`` that ``ours(name)`` does not claim, sorted."""
+    return sorted(p.name for p in Path(directory).iterdir() if not ours(p.name))
+
+
+def listing(names: list[str], n: int = 3) -> str:
+    """'a, b, c and 4 more'"""
+    more = f" and {len(names) - n} more" if len(names) > n else ""
+    return ", ".join(repr(x) for x in names[:n]) + more

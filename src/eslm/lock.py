@@ -8,6 +8,7 @@ A lock file left by a dead holder is taken over with a warning naming it. The fi
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -54,7 +55,14 @@ class DirLock:
         import fcntl
 
         for _ in range(10):  # retried only when the file was replaced between open and flock (a release race)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            except OSError as e:
+                if e.errno == errno.ELOOP:  # never truncate a link's target
+                    from eslm.files import link_refused
+
+                    raise link_refused(self.path) from None
+                raise
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
             except BlockingIOError:

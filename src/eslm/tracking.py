@@ -52,7 +52,9 @@ def open_trackers(cfg, run_dir: Path, env: dict) -> list:
 
     id_file = Path(run_dir) / "wandb_run_id"
     run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(8)
-    id_file.write_text(run_id + "\n")
+    from eslm.files import atomic_write
+
+    atomic_write(id_file, (run_id + "\n").encode())
     try:
         run = wandb.init(project=cfg.log.wandb_project, name=cfg.log.wandb_run_name or Path(run_dir).name,
                          id=run_id, resume="allow", dir=str(run_dir), config={**cfg.to_dict(), "env": env})

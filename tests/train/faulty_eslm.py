@@ -3,7 +3,11 @@
 ESLM_TEST_KILL="POINT:N" kills this process at the N-th (1-based) occurrence of POINT:
 - ``step``: at the start of a training step (before any of its work);
 - ``save``: inside an atomic checkpoint write (the .pt file or ``latest``), after half of its bytes;
-- ``metrics``: inside a metrics.jsonl write, after half of the line.
+- ``metrics``: inside a metrics.jsonl write, after half of the line;
+- ``snap``: inside a snapshot write (the temporary .safetensors file), after half of its bytes;
+- ``fullsave`` / ``fullsnap``: not a kill: just before the N-th checkpoint / snapshot write, the file system of
+  the run directory is filled (a file ``ESLM_TEST_FILLER`` grown until the disk is full), so the write itself
+  meets a real ENOSPC. Only on a file system of at most 256 MiB (a test's tmpfs), never on a real disk.
 Nothing is patched without the variable, so the same runner also gives the uninterrupted reference.
 """
 
@@ -27,7 +31,30 @@ def _write_half_and_kill(f, data) -> None:
     _kill()
 
 
+def _fill_disk() -> None:
+    """Grow ESLM_TEST_FILLER until its (small) file system is full."""
+    path = os.environ["ESLM_TEST_FILLER"]
+    st = os.statvfs(os.path.dirname(path))
+    if st.f_blocks * st.f_frsize > 256 * 2**20:
+        raise SystemExit(f"refusing to fill {path}: its file system is larger than 256 MiB")
+    with open(path, "ab") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+        try:  # the last partial block: fill it byte-wise so the next write of anyone fails
+            while True:
+                f.write(b"\0")
+                f.flush()
+        except OSError:
+            pass
+
+
 def install(point: str, n: int) -> None:
+    import safetensors.torch as st
+
     import eslm.train.checkpoint as ckpt
     from eslm.train.run_dir import MetricsWriter
     from eslm.train.trainer import Trainer
@@ -39,19 +66,33 @@ def install(point: str, n: int) -> None:
         return calls["n"] == n
 
     def patch(owner, name: str, on_hit) -> None:
-        """owner.name calls on_hit(real, *args) at its N-th call, the real function otherwise."""
+        """owner.name calls on_hit(real, *args, **kwargs) at its N-th call, the real function otherwise."""
         real = getattr(owner, name)
-        setattr(owner, name, lambda *args: on_hit(real, *args) if hit() else real(*args))
+        setattr(owner, name, lambda *args, **kw: on_hit(real, *args, **kw) if hit() else real(*args, **kw))
 
-    def half_file(real, path, write):  # the atomic write's payload, cut in half before the rename
+    def half_file(real, path, write, *rest):  # the atomic write's payload, cut in half before the rename
         buf = io.BytesIO()
-        write(buf)
-        return real(path, lambda f: _write_half_and_kill(f, buf.getvalue()))
+        buf.write(write) if isinstance(write, bytes) else write(buf)
+        return real(path, lambda f: _write_half_and_kill(f, buf.getvalue()), *rest)
+
+    def half_snapshot(real, tensors, filename, metadata=None):  # safetensors' file, cut in half
+        with open(filename, "wb") as f:
+            _write_half_and_kill(f, st.save(tensors, metadata=metadata))
+
+    def fill_then(real, *args, **kwargs):
+        _fill_disk()
+        return real(*args, **kwargs)
 
     if point == "step":
         patch(Trainer, "_train_one_step", lambda real, self: _kill())
     elif point == "save":
         patch(ckpt, "_atomic_write", half_file)
+    elif point == "snap":
+        patch(st, "save_file", half_snapshot)
+    elif point == "fullsave":
+        patch(ckpt, "_atomic_write", fill_then)
+    elif point == "fullsnap":
+        patch(st, "save_file", fill_then)
     elif point == "metrics":
         patch(MetricsWriter, "write", lambda real, self, record: _write_half_and_kill(
             self.file, json.dumps(record, default=str) + "\n"))

@@ -1,12 +1,17 @@
-"""Fault injection: a short run SIGKILLed at random points (a step, inside a checkpoint write, inside a metrics
-line) several times in a row and resumed each time logs bit for bit what an uninterrupted run logs."""
+"""Fault injection: a short run SIGKILLed at random points (a step, inside a checkpoint write, inside a snapshot
+write, inside a metrics line) several times in a row and resumed each time logs bit for bit what an uninterrupted
+run logs; so does a run whose disk fills up inside a checkpoint write and inside a snapshot write (a real ENOSPC on
+a small tmpfs); a snapshot damaged on disk afterwards is refused in one line that names a good file."""
 
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from conftest import tiny_overrides
 from eslm import metrics as M
@@ -40,9 +45,9 @@ def test_random_sigkills_then_resumes_log_the_same_run_bit_for_bit(tiny_data, tm
     assert ref.returncode == 0, ref.stdout + ref.stderr
     args = tiny_overrides(tiny_data, tmp_path / "b", **COMMON)
     # each process: at most STEPS steps, 2 atomic writes per checkpoint (the file, then `latest`), ~1 metrics
-    # line per step plus evaluations; kills past what a process does just let it finish
-    kills = [rng.choice([f"step:{rng.randint(1, 3)}", f"save:{rng.randint(1, 4)}", f"metrics:{rng.randint(1, 5)}"])
-             for _ in range(4)]
+    # line per step plus evaluations, a snapshot per evaluation; kills past what a process does just let it finish
+    kills = [rng.choice([f"step:{rng.randint(1, 3)}", f"save:{rng.randint(1, 4)}", f"metrics:{rng.randint(1, 5)}",
+                         f"snap:{rng.randint(1, 2)}"]) for _ in range(4)]
     done, history = False, []
     for i, kill in enumerate(kills + [None]):
         out = _run(args + (["--resume"] if i else []), kill=kill)
@@ -58,6 +63,76 @@ def test_random_sigkills_then_resumes_log_the_same_run_bit_for_bit(tiny_data, tm
     assert _comparable(a) == _comparable(b), msg  # every logged value of every step, train and eval: bitwise
     assert [r[M.STEP] for r in b if r[M.KIND] == M.KIND_TRAIN] == list(range(1, STEPS + 1)), msg
     assert all(json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()), msg  # none torn
-    assert not [p for p in (run / "checkpoints").iterdir() if ".tmp." in p.name], msg
+    assert not [p for d in ("checkpoints", "snapshots") for p in (run / d).iterdir() if ".tmp." in p.name], msg
     assert not (run / "eslm.lock").exists(), msg
     assert len(read_resumes(run)) == len(history) - 1, msg
+
+
+# Runs inside a private mount namespace: mounts a small tmpfs, trains on it with the disk filled before the
+# planned writes (freeing it after each failed process), and copies the run directory out.
+_DRIVER = r"""
+import json, os, subprocess, sys
+mnt, runner, filler, args, plan, out = sys.argv[1], sys.argv[2], sys.argv[3], *map(json.loads, sys.argv[4:6]), sys.argv[6]
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", mnt], check=True)
+results = []
+for i, point in enumerate(plan):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "ESLM_TEST_FILLER": filler}
+    env.pop("ESLM_TEST_KILL", None)
+    if point:
+        env["ESLM_TEST_KILL"] = point
+    p = subprocess.run([sys.executable, runner, "train", *args, *(["--resume"] if i else [])], env=env,
+                       capture_output=True, text=True, timeout=900)
+    results.append([point, p.returncode, p.stderr])
+    if os.path.exists(filler):
+        os.unlink(filler)
+subprocess.run(["cp", "-a", os.path.join(mnt, "runs"), out], check=True)
+print(json.dumps(results))
+"""
+
+
+def _private_tmpfs_works() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "-Urm", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt"],
+                           capture_output=True)
+    return probe.returncode == 0
+
+
+def test_a_full_disk_inside_checkpoint_and_snapshot_writes_then_resume_logs_the_same_run(tiny_data, tmp_path):
+    if not _private_tmpfs_works():
+        pytest.skip("needs `unshare -Urm` and tmpfs (user namespaces) to give the run a small disk")
+    ref = _run(tiny_overrides(tiny_data, tmp_path / "ref", **COMMON), kill=None)
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    # process 1: the 3rd atomic write (step 4's checkpoint file, after step 2's file and `latest`) meets the full
+    # disk inside torch's zip writer; process 2 (from step 2): its first snapshot (step 4) inside safetensors
+    plan = ["fullsave:3", "fullsnap:1", None]
+    driver = subprocess.run(["unshare", "-Urm", sys.executable, "-c", _DRIVER, str(mnt), str(RUNNER),
+                             str(mnt / "filler"), json.dumps(tiny_overrides(tiny_data, mnt / "runs", **COMMON)),
+                             json.dumps(plan), str(tmp_path / "b")], capture_output=True, text=True, timeout=1800)
+    assert driver.returncode == 0, driver.stdout[-3000:] + driver.stderr[-3000:]
+    (full_ckpt, full_snap, last) = json.loads(driver.stdout.strip().splitlines()[-1])
+    for (point, code, err), what in ((full_ckpt, "could not write checkpoint"), (full_snap, "could not write snapshot")):
+        err = err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, (point, err)
+        assert what in err and "No space left on device" in err and "free disk space" in err, (point, err)
+    assert "step_0000004.pt (No space" in full_ckpt[2] and "step_0000004.safetensors (No space" in full_snap[2]
+    assert last[1] == 0, last
+    run = tmp_path / "b" / "t"
+    assert _comparable(read_metrics(tmp_path / "ref" / "t")) == _comparable(read_metrics(run))
+    assert not [p for d in ("checkpoints", "snapshots") for p in (run / d).iterdir() if ".tmp." in p.name]
+
+    # a snapshot damaged on disk afterwards (bit rot, a bad copy): refused in one line naming a good file
+    from eslm.cli import main as cli_main
+
+    snap = run / "snapshots" / "step_0000004.safetensors"
+    data = bytearray(snap.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    snap.write_bytes(bytes(data))
+    for cmd in (["export-hf", str(snap), "--out", str(tmp_path / "hf")], ["sample", str(snap), "--max-new-tokens", "2"]):
+        p = subprocess.run([sys.executable, "-m", "eslm.cli", *cmd], capture_output=True, text=True, timeout=600)
+        err = p.stderr.strip()
+        assert p.returncode == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+        assert "step_0000004.safetensors does not match its checksum" in err and "step_0000008" in err, err
+    assert cli_main(["sample", str(run), "--max-new-tokens", "2"]) == 0  # the run itself: its latest checkpoint

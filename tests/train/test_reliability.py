@@ -113,7 +113,7 @@ def test_nan_weights_are_never_saved_and_the_last_good_checkpoint_is_named(tiny_
     with pytest.raises(TrainingDiverged, match=r"weights at step 2 are not finite.*step_0000001\.pt"):
         trainer.train()
     ckpts = tmp_path / "t" / "checkpoints"
-    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_0000001.pt"]
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_0000001.pt", "step_0000001.pt.sha256"]
     assert (ckpts / "latest").read_text() == "step_0000001.pt"
     assert not (tmp_path / "t" / "eslm.lock").exists()
 
@@ -122,7 +122,8 @@ def test_resume_from_an_earlier_step_replays_the_run_exactly(base_run, run_copy,
     assert cli_main(["train", "--resume", str(run_copy), "--resume-from", "1"]) == 0
     assert "step_0000002.pt, step_0000003.pt" in capsys.readouterr().out
     ckpts = run_copy / "checkpoints"
-    assert sorted(p.name for p in (ckpts / "superseded").iterdir()) == ["step_0000002.pt", "step_0000003.pt"]
+    assert sorted(p.name for p in (ckpts / "superseded").iterdir()) == [  # each with its checksum
+        "step_0000002.pt", "step_0000002.pt.sha256", "step_0000003.pt", "step_0000003.pt.sha256"]
     assert (ckpts / "latest").read_text() == "step_0000003.pt" and (ckpts / "step_0000003.pt").is_file()
     assert _comparable(read_metrics(run_copy)) == _comparable(read_metrics(base_run))
     assert read_resumes(run_copy)[0]["resume_from"] == 1
@@ -177,7 +178,7 @@ def test_stale_temporary_checkpoints_are_removed_at_start(tiny_data, run_copy, c
     (ckpts / ".step_0000004.pt.tmp.12345").write_bytes(b"x" * 1000)
     (ckpts / ".latest.tmp.12345").write_bytes(b"step")
     train(build_config(overrides=_over(tiny_data, run_copy.parent, **{"train.max_steps": 4}) + ["run.resume=true"]))
-    assert "removed 2 temporary checkpoint file(s)" in capsys.readouterr().out
+    assert "removed 2 temporary file(s) of interrupted writes" in capsys.readouterr().out
     assert not [p for p in ckpts.iterdir() if ".tmp." in p.name]
 
 

@@ -179,4 +179,8 @@ def from_hf(path_or_model) -> GPT:
 def read_export_info(path: str | Path) -> dict:
     """Our metadata written next to an export (tokenizer, step, source); {} for foreign directories."""
     f = Path(path) / EXPORT_INFO_FILE
-    return json.loads(f.read_text()) if f.is_file() else {}
+    try:
+        info = json.loads(f.read_text()) if f.is_file() else {}
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    return info if isinstance(info, dict) else {}

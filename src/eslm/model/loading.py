@@ -25,9 +25,10 @@ from pathlib import Path
 import torch
 
 from eslm.errors import CheckpointError
+from eslm.files import RUN_MARKER, verify_checksum
 from eslm.model.gpt import GPT, ModelConfig
-from eslm.model.state import clean_state_dict, load_state_checked
-from eslm.model.snapshot_file import SNAPSHOT_DIR, SNAPSHOT_FORMAT, list_snapshots, read_snapshot
+from eslm.model.snapshot_file import SNAPSHOT_DIR, SNAPSHOT_FORMAT, SnapshotDamaged, list_snapshots, read_snapshot
+from eslm.model.state import clean_state_dict, load_state_checked, non_finite
 
 CHECKPOINT_FORMAT = "eslm-checkpoint-v1"
 _STEP_FILE = re.compile(r"^step_(\d{7,})\.pt$")
@@ -50,13 +51,63 @@ def load_model(path: str | Path, device: str = "cpu") -> tuple[GPT, dict]:
             f"expected a run directory, checkpoint .pt file or HF GPT-2 directory, found nothing at {p}; "
             "check the path"
         )
-    if p.is_dir() and (p / "config.json").is_file():
+    if p.is_dir() and (p / "config.json").is_file() and not is_run_dir(p):
         return _load_hf_dir(p, device)
     ckpt_file = resolve_checkpoint(p)
     if ckpt_file.suffix == ".safetensors":
         return _load_snapshot_file(ckpt_file, device)
     model, info = _load_checkpoint_file(ckpt_file, device)
     return model, info
+
+
+def is_run_dir(path: Path) -> bool:
+    """A directory eslm trains in (its marker, checkpoints/ or snapshots/): it means its latest checkpoint, also
+    when an export was once written into it (a config.json beside them is never preferred)."""
+    p = Path(path)
+    return (p / RUN_MARKER).is_file() or (p / "checkpoints").is_dir() or (p / SNAPSHOT_DIR).is_dir()
+
+
+def _refuse(path: Path, problem: str) -> CheckpointError:
+    """A one-line error for a weights file that cannot be used, naming the newest good file of its run."""
+    run_dir = run_dir_of(path)
+    good = newest_good_file(run_dir, skip=path) if run_dir is not None else None
+    way = (f"the newest good file of the run is {good}: point at it" if good else
+           "no other weights file of the run is intact and finite" if run_dir is not None else
+           "point at an intact file written by 'eslm train'")
+    return CheckpointError(f"{path} {problem}; {way}")
+
+
+def weights_problem(path: Path) -> str | None:
+    """Why the weights file ``path`` cannot be used (damaged, unreadable, non-finite), or None."""
+    try:
+        if path.suffix == ".safetensors":
+            state, _ = read_snapshot(path)
+        else:
+            if verify_checksum(path) is False:
+                return _DAMAGED
+            state = read_checkpoint(path)["model"]
+    except SnapshotDamaged:
+        return _DAMAGED
+    except Exception as e:  # any unreadable file: not a candidate
+        return f"could not be read ({type(e).__name__})"
+    bad = non_finite(state)
+    return None if bad is None else f"holds non-finite weights ({bad})"
+
+
+_DAMAGED = "does not match its checksum: it was damaged after it was written"
+
+
+def newest_good_file(run_dir: Path, skip: Path | None = None) -> Path | None:
+    """The newest snapshot or checkpoint of the run that matches its checksum and holds finite weights (reads
+    each file it tries, newest step first, the snapshot of a step before its checkpoint)."""
+    files = sorted([*list_checkpoints(run_dir), *list_snapshots(run_dir)],
+                   key=lambda f: (_step_of(f), f.suffix == ".safetensors"), reverse=True)
+    for f in files:
+        if skip is not None and f.resolve() == Path(skip).resolve():
+            continue
+        if weights_problem(f) is None:
+            return f
+    return None
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -158,7 +209,12 @@ def config_from_dict(d: dict, source: str = "checkpoint") -> ModelConfig:
 
 
 def _load_checkpoint_file(path: Path, device: str) -> tuple[GPT, dict]:
+    if verify_checksum(path) is False:
+        raise _refuse(path, _DAMAGED.replace("checksum", f"checksum ({path.name}.sha256)"))
     ckpt = read_checkpoint(path)
+    bad = non_finite(ckpt["model"])
+    if bad is not None:
+        raise _refuse(path, f"holds non-finite weights ({bad})")
     cfg = config_from_dict(dict(ckpt["model_config"]), source=str(path))
     model = GPT(cfg)
     load_state_checked(model, clean_state_dict(ckpt["model"]), source=str(path))
@@ -179,6 +235,8 @@ def _load_checkpoint_file(path: Path, device: str) -> tuple[GPT, dict]:
 def _load_snapshot_file(path: Path, device: str) -> tuple[GPT, dict]:
     try:
         state, meta = read_snapshot(path)
+    except SnapshotDamaged:
+        raise _refuse(path, _DAMAGED.replace("checksum", "checksum (sha256 in its header)")) from None
     except Exception as e:  # header or file errors: not our snapshot
         raise CheckpointError(f"expected an eslm snapshot (safetensors) at {path}, but it could not be read "
                               f"({type(e).__name__}); point at a snapshots/step_XXXXXXX.safetensors "
@@ -187,6 +245,9 @@ def _load_snapshot_file(path: Path, device: str) -> tuple[GPT, dict]:
         raise CheckpointError(f"expected a safetensors file with format {SNAPSHOT_FORMAT!r} and a model_config in "
                               f"its metadata at {path}, found format {meta.get('format')!r}; point at a "
                               "snapshot written by 'eslm train'")
+    bad = non_finite(state)
+    if bad is not None:
+        raise _refuse(path, f"holds non-finite weights ({bad})")
     cfg = config_from_dict(dict(meta["model_config"]), source=str(path))
     model = GPT(cfg)
     load_state_checked(model, state, source=str(path))
@@ -203,6 +264,9 @@ def _load_hf_dir(path: Path, device: str) -> tuple[GPT, dict]:
     from eslm.model.hf import from_hf, read_export_info
 
     model = from_hf(path)
+    bad = non_finite(model.state_dict())
+    if bad is not None:
+        raise CheckpointError(f"{path} holds non-finite weights ({bad}); export an intact checkpoint again")
     meta = read_export_info(path)
     # A directory without our export metadata is a foreign GPT-2 (e.g. OpenAI's): GPT-2 BPE when the
     # vocabulary is GPT-2's, otherwise unknown.

@@ -3,17 +3,21 @@
 A snapshot is a model's state dict in the training (parameter) dtype, no optimizer, in a safetensors file; the
 tied ``lm_head.weight`` is stored once (as the embedding). The header's metadata (strings) carries what
 ``eslm.model.loading`` needs: ``format`` (``SNAPSHOT_FORMAT``), ``model_config`` (JSON), ``tokenizer``,
-``step``, and the FLOPs / token counters (JSON numbers). The writer, which decides when to snapshot, is
-``eslm.train.snapshots``.
+``step``, the FLOPs / token counters (JSON numbers), and ``sha256`` (``snapshot_digest``: the tensors' names,
+dtypes, shapes and bytes and the other metadata), verified when the file is read. The writer, which decides
+when to snapshot, is ``eslm.train.snapshots``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
 
 import torch
+
+from eslm.errors import CheckpointError
 
 SNAPSHOT_FORMAT = "eslm-snapshot-v1"
 SNAPSHOT_DIR = "snapshots"
@@ -35,13 +39,33 @@ def list_snapshots(path: str | Path) -> list[Path]:
     return sorted(files, key=lambda f: int(SNAPSHOT_FILE.match(f.name).group(1)))
 
 
+class SnapshotDamaged(CheckpointError):
+    """A snapshot whose content does not match the checksum in its header."""
+
+
+def snapshot_digest(state: dict[str, torch.Tensor], metadata: dict[str, str]) -> str:
+    """SHA-256 over the tensors (sorted by name: name, dtype, shape, bytes) and the header metadata other than
+    ``sha256`` itself; independent of the file's layout, so the writer computes it before writing."""
+    h = hashlib.sha256()
+    h.update(json.dumps({k: v for k, v in metadata.items() if k != "sha256"}, sort_keys=True).encode())
+    for name in sorted(state):
+        t = state[name].detach().cpu().contiguous()
+        h.update(f"\n{name} {t.dtype} {tuple(t.shape)}\n".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().data)
+    return h.hexdigest()
+
+
 def read_snapshot(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
-    """(state dict, metadata) of a snapshot, read through safetensors' memory map (no pickle, no full read)."""
+    """(state dict, metadata) of a snapshot, read through safetensors' memory map (no pickle). A header
+    ``sha256`` (snapshots of earlier versions have none) is checked: ``SnapshotDamaged`` when it differs."""
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt", device="cpu") as f:
         raw = f.metadata() or {}
         state = {k: f.get_tensor(k) for k in f.keys()}
+    if "sha256" in raw and snapshot_digest(state, raw) != raw["sha256"]:
+        raise SnapshotDamaged(f"{path} does not match its checksum (sha256 in its header): it was damaged after "
+                              "it was written")
     meta = {}
     for k, v in raw.items():
         try:

@@ -48,3 +48,19 @@ def clean_state_dict(state: dict) -> dict:
                     k, changed = k[len(pre):], True
         out[k] = v
     return out
+
+
+def non_finite(tree, prefix: str = "") -> str | None:
+    """The name of the first floating-point tensor in ``tree`` (a state dict, an optimizer state: nested dicts
+    and lists) holding a NaN or inf, else None. One pass over every tensor."""
+    import torch
+
+    if torch.is_tensor(tree):
+        bad = tree.is_floating_point() and not bool(torch.isfinite(tree).all())
+        return (prefix or "tensor") if bad else None
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, (list, tuple)) else ()
+    for k, v in items:
+        bad = non_finite(v, f"{prefix}.{k}" if prefix else str(k))
+        if bad is not None:
+            return bad
+    return None

@@ -1,6 +1,7 @@
 """Checkpoints: everything with state, written atomically, loaded without executing code.
 
-Layout: <run>/checkpoints/step_0000100.pt and <run>/checkpoints/latest (the newest file's name).
+Layout: <run>/checkpoints/step_0000100.pt, its SHA-256 <run>/checkpoints/step_0000100.pt.sha256 (``sha256sum``
+format, verified at load) and <run>/checkpoints/latest (the newest file's name).
 A checkpoint is a dict (see ``CHECKPOINT_FORMAT``): "model" (state dict, CPU), "model_config", "tokenizer",
 "step", "optimizer", "loader", "method", "flops", "rng", "elapsed_s", ... Saved with torch.save and loaded
 with ``torch.load(weights_only=True)``, so a file can never run code; every value is a tensor or plain type.
@@ -17,6 +18,9 @@ import numpy as np
 import torch
 
 from eslm.errors import CheckpointError
+from eslm.files import (CHECKSUM_SUFFIX, atomic_write, checksum_path, ensure_dir, read_checksums, sha256_file,
+                        stale_temporaries, verify_checksum, write_checksums)
+from eslm.model.state import non_finite
 
 CHECKPOINT_FORMAT = "eslm-checkpoint-v1"
 _NAME = re.compile(r"^step_(\d{7})\.pt$")
@@ -26,67 +30,66 @@ def checkpoint_name(step: int) -> str:
     return f"step_{step:07d}.pt"
 
 
-def _atomic_write(path: Path, write) -> None:
-    """Write via a temporary file in the same directory, fsync, then rename: a kill never leaves a torn file."""
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # a full disk, a permission error: leave no partial file behind (it may be GBs)
-        tmp.unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+def _atomic_write(path: Path, write, before_rename=None) -> str:
+    """``eslm.files.atomic_write`` (temporary file, fsync, rename); the fault-injection tests patch this name."""
+    return atomic_write(path, write, before_rename)
 
 
 def save_checkpoint(ckpt_dir: Path, state: dict, *, keep_last: int, milestones: tuple = ()) -> Path:
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    """Write ``step_XXXXXXX.pt`` and its SHA-256 (``step_XXXXXXX.pt.sha256``), point ``latest`` at it, prune.
+
+    The checksum is written before the file takes its name; when an earlier file of the same step is replaced,
+    the sidecar accepts both until the rename is done, so a kill at any point leaves a file that matches it."""
     state = {"format": CHECKPOINT_FORMAT, **state}
     path = ckpt_dir / checkpoint_name(state["step"])
     try:
-        _atomic_write(path, lambda f: torch.save(state, f))
-        _atomic_write(ckpt_dir / "latest", lambda f: f.write(path.name.encode()))
+        ensure_dir(ckpt_dir)
+        old = read_checksums(path) if path.is_file() else []
+        if old is None:  # a file of an earlier eslm, without a checksum
+            old = [sha256_file(path)]
+        digest = _atomic_write(path, lambda f: torch.save(state, f),
+                               lambda new: write_checksums(path, [new, *old]))
+        if old:
+            write_checksums(path, [digest])
+        _atomic_write(ckpt_dir / "latest", path.name.encode())
     except OSError as e:
         prev = latest_checkpoint(ckpt_dir.parent)
         intact = f"the previous checkpoint {prev.name} and `latest` are intact" if prev else "no earlier checkpoint"
         raise CheckpointError(f"could not write checkpoint {path} ({e.strerror or e}); {intact}; "
-                              f"{_os_fix(e)}, then resume with --resume") from None
+                              f"{os_fix(e)}, then resume with --resume") from None
     _prune(ckpt_dir, keep_last, set(milestones))
     return path
 
 
-def _os_fix(e: OSError) -> str:
+def os_fix(e: OSError) -> str:
     import errno
 
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         return "free disk space (or set run.out_dir to a larger disk)"
+    if e.errno == errno.EFBIG:
+        return "raise the file-size limit (ulimit -f) or set run.out_dir to another file system"
     if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return "make the run directory writable (or set run.out_dir elsewhere)"
     return "check the run directory"
 
 
+def _own(name: str) -> bool:
+    """A name eslm writes in checkpoints/: a checkpoint, its checksum, ``latest``."""
+    return name == "latest" or bool(_NAME.match(name.removesuffix(CHECKSUM_SUFFIX)))
+
+
 def remove_stale_temporaries(ckpt_dir: Path) -> list[Path]:
-    """Delete ``.step_*.pt.tmp.PID`` / ``.latest.tmp.PID`` files that a killed or failed save left behind.
+    """Delete what killed or failed saves left in checkpoints/: temporary files (``.step_XXXXXXX.pt.tmp.PID``,
+    ``.latest.tmp.PID``, ``.step_XXXXXXX.pt.sha256.tmp.PID``) and checksums of checkpoints that are not there.
 
     Call only while holding the run directory's lock: then no live process is writing them."""
-    if not ckpt_dir.is_dir():
-        return []
-    stale = [p for p in ckpt_dir.iterdir() if p.name.startswith(".") and ".tmp." in p.name]
+    stale = stale_temporaries(ckpt_dir, _own)
+    if ckpt_dir.is_dir() and not ckpt_dir.is_symlink():
+        stale += [p for p in ckpt_dir.iterdir() if p.name.endswith(CHECKSUM_SUFFIX) and _own(p.name)
+                  and not p.with_name(p.name.removesuffix(CHECKSUM_SUFFIX)).exists()]
     for p in stale:
         p.unlink(missing_ok=True)
     return stale
-
-
-def state_is_finite(model_state: dict) -> bool:
-    """True when every floating-point tensor of a state dict is finite (one host sync)."""
-    flags = [torch.isfinite(t).all() for t in model_state.values() if torch.is_tensor(t) and t.is_floating_point()]
-    return bool(torch.stack(flags).all()) if flags else True
 
 
 def checkpoint_at(run_dir: Path, step: int) -> Path:
@@ -112,10 +115,13 @@ def supersede_after(run_dir: Path, step: int) -> list[str]:
     ckpt_dir = Path(run_dir) / "checkpoints"
     later = [s for s in kept_steps(ckpt_dir) if s > step]
     if later:
-        (ckpt_dir / "superseded").mkdir(exist_ok=True)
+        ensure_dir(ckpt_dir / "superseded")
     for s in later:
-        os.replace(ckpt_dir / checkpoint_name(s), ckpt_dir / "superseded" / checkpoint_name(s))
-    _atomic_write(ckpt_dir / "latest", lambda f: f.write(checkpoint_name(step).encode()))
+        name = checkpoint_name(s)
+        if checksum_path(ckpt_dir / name).exists():  # the checksum first: a kill between leaves no orphan file
+            os.replace(checksum_path(ckpt_dir / name), checksum_path(ckpt_dir / "superseded" / name))
+        os.replace(ckpt_dir / name, ckpt_dir / "superseded" / name)
+    _atomic_write(ckpt_dir / "latest", checkpoint_name(step).encode())
     return [checkpoint_name(s) for s in later]
 
 
@@ -124,6 +130,7 @@ def _prune(ckpt_dir: Path, keep_last: int, milestones: set) -> None:
     regular = [s for s in steps if s not in milestones]
     for s in regular[:-keep_last] if keep_last > 0 else regular[:-1]:
         (ckpt_dir / checkpoint_name(s)).unlink(missing_ok=True)
+        checksum_path(ckpt_dir / checkpoint_name(s)).unlink(missing_ok=True)
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -138,17 +145,60 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def load_checkpoint(path: Path, map_location="cpu", mmap: bool = False) -> dict:
-    """``mmap=True`` maps the tensors from the file instead of reading them (processes share the page cache)."""
+    """The checkpoint at ``path``, verified: its checksum (when it has one: files of earlier versions do not)
+    and finite weights and optimizer state, else a one-line CheckpointError naming the newest good checkpoint
+    of the run. ``mmap=True`` maps the tensors from the file instead of reading them (processes share the page
+    cache)."""
+    path = Path(path)
+    problem = checkpoint_problem(path, map_location, mmap)
+    if isinstance(problem, dict):
+        return problem
+    if path.parent.name != "checkpoints":  # not in a run directory
+        raise CheckpointError(f"checkpoint {path} {problem}; expected an intact eslm checkpoint")
+    good, _ = newest_good_checkpoint(path.parent.parent, skip=path)
+    way = (f"the newest good checkpoint is {good}: resume from it with --resume-from {step_of(good)}" if good
+           else "no other checkpoint of this run is intact: start a new run.name")
+    raise CheckpointError(f"checkpoint {path} {problem}; {way}")
+
+
+def checkpoint_problem(path: Path, map_location="cpu", mmap: bool = False) -> dict | str:
+    """The loaded checkpoint, or why it cannot be used (one phrase)."""
+    if not Path(path).is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r} not found; expected a step_XXXXXXX.pt file")
+    if verify_checksum(path) is False:
+        return f"does not match its checksum ({checksum_path(path).name}): it was damaged after it was written"
     try:
         state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {str(path)!r} not found; expected a step_XXXXXXX.pt file") from None
     except Exception as e:  # unpickling errors, truncated files
-        raise CheckpointError(f"checkpoint {str(path)!r} could not be read ({type(e).__name__}); "
-                              "expected an eslm checkpoint — the file may be truncated or of another program") from None
+        return (f"could not be read ({type(e).__name__}): the file may be truncated or of another program")
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{str(path)!r} is not an {CHECKPOINT_FORMAT} checkpoint")
+        return f"is not an {CHECKPOINT_FORMAT} checkpoint"
+    for key, what in (("model", "weights"), ("optimizer", "optimizer state")):
+        bad = non_finite(state.get(key, {}))
+        if bad is not None:
+            return f"holds non-finite values in its {what} ({bad})"
     return state
+
+
+def newest_good_checkpoint(run_dir: Path, skip: Path | None = None) -> tuple[Path | None, list[str]]:
+    """(the newest kept checkpoint of the run that matches its checksum and is finite, or None; what was
+    skipped on the way: "step_0000003.pt is damaged (...)"). Reads every checkpoint it tries."""
+    ckpt_dir = Path(run_dir) / "checkpoints"
+    skipped = []
+    for step in reversed(kept_steps(ckpt_dir)):
+        path = ckpt_dir / checkpoint_name(step)
+        if skip is not None and path == Path(skip):
+            continue
+        problem = checkpoint_problem(path, mmap=True)
+        if isinstance(problem, dict):
+            return path, skipped
+        skipped.append(f"{path.name} is damaged ({problem})")
+    return None, skipped
+
+
+def step_of(path: Path) -> int:
+    """The step of a checkpoint file named step_XXXXXXX.pt."""
+    return int(_NAME.match(Path(path).name).group(1))
 
 
 def check_model_matches(state: dict, model_config: dict, path,

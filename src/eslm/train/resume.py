@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 from eslm.config import RENAMED, Config, all_keys, from_dict, to_yaml, upgrade_stored
-from eslm.errors import ConfigError
+from eslm.errors import ConfigError, OwnershipError
+from eslm.files import open_nofollow
 
 RESUMES_FILE = "resumes.jsonl"
 
@@ -33,7 +34,8 @@ RESUME_MAY_CHANGE = (
     "distributed.backend", "distributed.fsdp",
 )
 # Per-invocation switches, and where the run directory is (it may have been moved): never compared or recorded.
-INVOCATION_KEYS = ("run.resume", "run.resume_from", "run.allow_change", "run.out_dir", "run.name")
+INVOCATION_KEYS = ("run.resume", "run.resume_from", "run.allow_change", "run.allow_version_change", "run.out_dir",
+                   "run.name")
 
 
 def flat(cfg: Config) -> dict:
@@ -140,8 +142,8 @@ def record_resume(run_dir: Path, changed: dict, step: int | None, **extra) -> No
     path = Path(run_dir) / RESUMES_FILE
     if path.is_file():
         cut_torn_tail(path)
-    rec = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "step": step, "changed": changed, **extra}
-    with open(path, "a") as f:
+    rec = {"time": _now(), "step": step, "changed": changed, **extra}
+    with open_nofollow(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(rec) + "\n")
 
 
@@ -158,53 +160,152 @@ def resume_base(run_dir: str) -> tuple[Config, list[str]]:
 
 
 
+def check_owner(run_dir: Path, resume: bool) -> str:
+    """Whose directory ``run_dir`` is, before anything is written: "new" (absent or empty), "ours" (eslm's
+    marker), "earlier" (written by an eslm from before markers). Anything else is refused in one line, and so
+    is a symbolic link where eslm appends or keeps its subdirectories."""
+    from eslm.files import foreign_entries, link_refused, listing
+    from eslm.train.run_dir import LINK_FREE, RUN_MARKER, run_marker, written_by_earlier_eslm
+
+    if not run_dir.is_dir():
+        return "new"
+    for name in LINK_FREE:
+        if (run_dir / name).is_symlink():
+            raise link_refused(run_dir / name)
+    if run_marker(run_dir) is not None:
+        return "ours"
+    if written_by_earlier_eslm(run_dir):
+        return "earlier"
+    entries = foreign_entries(run_dir, lambda name: name == "eslm.lock")  # a lock left by a killed start
+    if not entries:
+        return "new"
+    raise OwnershipError(
+        f"run directory {str(run_dir)!r} holds files eslm did not write ({listing(entries)}) and no {RUN_MARKER}; "
+        f"eslm {'resumes only runs it created' if resume else 'starts a run only in a new or empty directory'}: "
+        "choose another run.name or run.out_dir")
+
+
+def holds_run(run_dir: Path) -> bool:
+    """A run has begun there: metrics were written or a checkpoint saved."""
+    from eslm.train.checkpoint import kept_steps
+
+    metrics = run_dir / "metrics.jsonl"
+    return (metrics.is_file() and metrics.stat().st_size > 0) or bool(kept_steps(run_dir / "checkpoints"))
+
+
+def _refuse_existing(run_dir: Path) -> None:
+    raise ConfigError(f"run directory {str(run_dir)!r} already holds a run; pass run.resume=true "
+                      "(--resume) to continue it, or choose another run.name")
+
+
 def lock_run_dir(run_dir: Path, resume: bool, log):
     """Create the run directory, take its lock (LockHeld if another process runs there) and remove the temporary
-    checkpoint files an interrupted save left. Returns the held ``DirLock``."""
+    files killed or failed writes left (only names eslm writes). Returns the held ``DirLock``."""
+    from eslm.files import stale_temporaries
     from eslm.lock import DirLock
+    from eslm.model.snapshot_file import SNAPSHOT_DIR, SNAPSHOT_FILE
     from eslm.train.checkpoint import remove_stale_temporaries
+    from eslm.train.run_dir import WHOLE_FILES
 
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = DirLock(run_dir, "run directory", warn=log).acquire()
     try:
-        metrics = run_dir / "metrics.jsonl"
-        if not resume and metrics.is_file() and metrics.stat().st_size > 0:  # another run finished meanwhile
-            raise ConfigError(f"run directory {str(run_dir)!r} already holds a run; pass run.resume=true "
-                              "(--resume) to continue it, or choose another run.name")
+        if not resume and holds_run(run_dir):  # another run began meanwhile
+            _refuse_existing(run_dir)
         stale = remove_stale_temporaries(run_dir / "checkpoints")
+        for directory, own in ((run_dir, lambda n: n in WHOLE_FILES),
+                               (run_dir / SNAPSHOT_DIR, lambda n: bool(SNAPSHOT_FILE.match(n)))):
+            for p in stale_temporaries(directory, own):
+                p.unlink(missing_ok=True)
+                stale.append(p)
         if stale:
-            log(f"removed {len(stale)} temporary checkpoint file(s) of an interrupted save: "
-                + ", ".join(p.name for p in stale))
+            log(f"removed {len(stale)} temporary file(s) of interrupted writes: " + ", ".join(p.name for p in stale))
     except BaseException:
         lock.release()
         raise
     return lock
 
 
+def version_change(run_dir: Path) -> dict:
+    """{key: [old, new]} of the eslm version and commit between the run's last segment and this process (empty
+    when the same). A commit counts as changed only when both are known (an installed package has none)."""
+    from eslm.train.run_dir import code_version
+
+    last, now = last_segment(run_dir), code_version()
+    return {k: [last.get(k), now[k]] for k in ("eslm_version", "git_commit")
+            if last.get(k) is not None and now[k] is not None and last.get(k) != now[k]}
+
+
+def check_provenance(run_dir: Path, cfg: Config) -> None:
+    """Refuse (one line) a resume by another eslm version or commit than the run's last segment, unless
+    ``run.allow_version_change``."""
+    changed = version_change(run_dir)
+    last = last_segment(run_dir)
+    if changed and not cfg.run.allow_version_change:
+        diff = ", ".join(f"{k} {_short(old)!r} -> {_short(new)!r}" for k, (old, new) in changed.items())
+        raise ConfigError(f"resume of {str(run_dir)!r} refused: eslm changed since the run's last segment "
+                          f"(step {last.get('step', 0)}): {diff}; resume with the eslm the run used, or pass "
+                          f"run.allow_version_change=true to continue with this one (recorded in {RESUMES_FILE})")
+
+
+def _short(v):
+    return v[:12] if isinstance(v, str) and len(v) == 40 else v
+
+
+def last_segment(run_dir: Path) -> dict:
+    """The provenance of the run's last segment: its last resume record that has one, else env.json (the start)."""
+    from eslm.train.run_dir import read_env
+
+    for rec in reversed(read_resumes(run_dir)):
+        if "eslm_version" in rec:
+            return rec
+    env = read_env(run_dir)
+    return {"step": 0, **{k: env.get(k) for k in ("eslm_version", "git_commit", "git_dirty")}} \
+        if isinstance(env, dict) else {}
+
+
 def open_run_dir(run_dir: Path, cfg: Config, *, device, world_size: int, num_params: int, log):
     """Rank 0, before the first step: (the held lock, the resume's changes or None, the metrics writer).
 
-    A resume is compared with the run (reading only) before anything is written; a new run writes config.yaml
-    and env.json once, describing its start."""
+    Whose directory it is, a resume's config and eslm version are checked (reading only) before anything is
+    written; a new run writes its marker, config.yaml and env.json once, describing its start."""
+    from eslm.files import atomic_write
     from eslm.tracking import open_trackers
-    from eslm.train.run_dir import MetricsWriter, env_info, read_env
+    from eslm.train.run_dir import (RUN_MARKER, MetricsWriter, code_version, env_info, new_run_marker,
+                                    read_env)
     from eslm.train.timing import load_avg
 
-    has_metrics = (run_dir / "metrics.jsonl").is_file() and (run_dir / "metrics.jsonl").stat().st_size > 0
+    owner = check_owner(run_dir, cfg.run.resume)
     changes = check_resume(run_dir, cfg) if cfg.run.resume else None
-    if has_metrics and not cfg.run.resume:
-        raise ConfigError(f"run directory {str(run_dir)!r} already holds a run; pass run.resume=true "
-                          "(--resume) to continue it, or choose another run.name")
+    if cfg.run.resume:
+        check_provenance(run_dir, cfg)
+    if not cfg.run.resume and owner != "new" and holds_run(run_dir):
+        _refuse_existing(run_dir)
     lock = lock_run_dir(run_dir, cfg.run.resume, log)
-    if not cfg.run.resume:
-        (run_dir / "config.yaml").write_text(to_yaml(cfg))
-        env = env_info(device, world_size, cfg.run.seed)
-        env["model_params_non_embedding"] = num_params
-        env["load_avg_at_start"] = load_avg()
-        (run_dir / "env.json").write_text(json.dumps(env, indent=2) + "\n")
-    writer = MetricsWriter(run_dir, cfg.log.tensorboard)
-    writer.sinks += open_trackers(cfg, run_dir, read_env(run_dir))
+    try:
+        if owner == "earlier":
+            atomic_write(run_dir / RUN_MARKER, new_run_marker(adopted=True))
+            log(f"{run_dir} was written by an earlier eslm (no {RUN_MARKER}): recognised by its config.yaml and "
+                f"env.json / metrics.jsonl, marker written")
+        if not cfg.run.resume:
+            (run_dir / RESUMES_FILE).unlink(missing_ok=True)  # of a start killed before its first step
+            atomic_write(run_dir / RUN_MARKER, new_run_marker())
+            atomic_write(run_dir / "config.yaml", to_yaml(cfg).encode())
+            env = env_info(device, world_size, cfg.run.seed)
+            env["model_params_non_embedding"] = num_params
+            env["load_avg_at_start"] = load_avg()
+            env["segments"] = [{"step": 0, "time": _now(), **code_version()}]
+            atomic_write(run_dir / "env.json", (json.dumps(env, indent=2) + "\n").encode())
+        writer = MetricsWriter(run_dir, cfg.log.tensorboard)
+        writer.sinks += open_trackers(cfg, run_dir, read_env(run_dir))
+    except BaseException:
+        lock.release()
+        raise
     return lock, changes, writer
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def record_resumed_at(run_dir: Path, cfg: Config, changes: dict | None, step: int, log) -> None:
@@ -219,6 +320,30 @@ def record_resumed_at(run_dir: Path, cfg: Config, changes: dict | None, step: in
         if extra["superseded"]:
             log(f"later checkpoints moved to {run_dir / 'checkpoints' / 'superseded'}: "
                 f"{', '.join(extra['superseded'])}")
+    from eslm.train.run_dir import code_version
+
+    changed_code = version_change(run_dir)  # allowed by check_provenance: run.allow_version_change
+    if changed_code:
+        extra["version_change"] = changed_code
+        log("resumed with another eslm: " + ", ".join(f"{k} {_short(a)!r} -> {_short(b)!r}"
+                                                      for k, (a, b) in changed_code.items())
+            + " (run.allow_version_change; recorded in resumes.jsonl)")
     for key, (old, new) in (changes or {}).items():
         log(f"resume changes {key}: {old!r} -> {new!r} (recorded in resumes.jsonl)")
-    record_resume(run_dir, changes or {}, step, **extra)
+    segment = code_version()
+    record_resume(run_dir, changes or {}, step, **segment, **extra)
+    _record_segment(run_dir, {"step": step, "time": _now(), **segment})
+
+
+def _record_segment(run_dir: Path, segment: dict) -> None:
+    """env.json's ``segments`` gains this segment's provenance (the start is its first entry)."""
+    from eslm.files import atomic_write
+    from eslm.train.run_dir import read_env
+
+    env = read_env(run_dir)
+    if not isinstance(env, dict) or not env:
+        return
+    if "segments" not in env:  # a run of an earlier eslm: its start as env.json recorded it
+        env["segments"] = [{"step": 0, **{k: env.get(k) for k in ("eslm_version", "git_commit", "git_dirty")}}]
+    env["segments"].append(segment)
+    atomic_write(run_dir / "env.json", (json.dumps(env, indent=2) + "\n").encode())

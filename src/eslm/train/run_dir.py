@@ -1,4 +1,10 @@
-"""The self-describing run directory: config.yaml, env.json, metrics.jsonl, tb/, checkpoints/."""
+"""The self-describing run directory: eslm-run.json, config.yaml, env.json, metrics.jsonl, tb/, checkpoints/.
+
+``eslm-run.json`` marks a directory eslm created (``RUN_FORMAT``, a random ``id``, when, which eslm): eslm
+writes, prunes or deletes only inside directories it can prove it made. A directory written by an eslm from
+before the marker (``written_by_earlier_eslm``) is recognised by its config.yaml and env.json / metrics.jsonl
+and gets its marker (``"adopted": true``) when it is resumed.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,11 @@ from pathlib import Path
 import torch
 
 from eslm import metrics as M
+from eslm.files import RUN_FORMAT, RUN_MARKER, new_marker, open_nofollow, read_marker
+# The files eslm writes whole (temporary file + rename) at the top of a run directory.
+WHOLE_FILES = ("config.yaml", "env.json", "result.json", RUN_MARKER, "wandb_run_id")
+# What eslm appends to, or keeps as subdirectories: never written through a symbolic link.
+LINK_FREE = ("metrics.jsonl", "resumes.jsonl", "eslm.lock", "checkpoints", "snapshots", "tb", "wandb", "eval")
 
 
 def git_info() -> dict:
@@ -26,6 +37,43 @@ def git_info() -> dict:
     except (OSError, subprocess.SubprocessError):
         pass
     return {"git_commit": None, "git_dirty": None}
+
+
+def code_version() -> dict:
+    """The eslm that runs now: ``eslm_version``, ``git_commit``, ``git_dirty`` (a run segment's provenance)."""
+    from eslm import __version__
+
+    return {"eslm_version": __version__, **git_info()}
+
+
+def run_marker(run_dir: Path) -> dict | None:
+    return read_marker(Path(run_dir) / RUN_MARKER, RUN_FORMAT)
+
+
+def new_run_marker(**extra) -> bytes:
+    return (json.dumps(new_marker(RUN_FORMAT, **extra), indent=2) + "\n").encode()
+
+
+def written_by_earlier_eslm(run_dir: Path) -> bool:
+    """A run directory without marker that an earlier eslm wrote: its config.yaml has eslm's sections and its
+    env.json names an eslm version, or its metrics.jsonl starts with an eslm record."""
+    import yaml
+
+    run_dir = Path(run_dir)
+    try:
+        cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    if not (isinstance(cfg, dict) and {"run", "train", "model", "method"} <= set(cfg)):
+        return False
+    if "eslm_version" in read_env(run_dir):
+        return True
+    try:
+        with open(run_dir / "metrics.jsonl", encoding="utf-8") as f:
+            first = json.loads(f.readline())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(first, dict) and M.KIND in first and M.STEP in first
 
 
 def env_info(device: torch.device, world_size: int, seed: int) -> dict:
@@ -46,7 +94,7 @@ def cut_torn_tail(path: Path) -> None:
     step is past the last checkpoint, so a resume writes it again)."""
     if not path.is_file():
         return
-    with open(path, "rb+") as f:
+    with open_nofollow(path, "rb+") as f:
         size = f.seek(0, 2)
         if size == 0:
             return
@@ -76,14 +124,16 @@ class MetricsWriter:
     def __init__(self, run_dir: Path, tensorboard: bool):
         self.path = run_dir / "metrics.jsonl"
         cut_torn_tail(self.path)  # else the next line would be glued to a line a kill left half-written
-        self.file = open(self.path, "a", buffering=1)
+        self.file = open_nofollow(self.path, "a", buffering=1, encoding="utf-8")
         self.tb = None
         self.sinks: list = []  # trackers (eslm.tracking): .log(record), .close()
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.tb = SummaryWriter(str(run_dir / "tb"))
+                from eslm.files import ensure_dir
+
+                self.tb = SummaryWriter(str(ensure_dir(run_dir / "tb")))
             except ImportError:
                 from eslm.tracking import warn_missing
 

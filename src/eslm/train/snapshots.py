@@ -17,23 +17,47 @@ from pathlib import Path
 
 import torch
 
-from eslm.model.snapshot_file import SNAPSHOT_DIR, SNAPSHOT_FORMAT, list_snapshots, snapshot_name
+from eslm.errors import CheckpointError
+from eslm.files import ensure_dir, fsync_dir, fsync_file, os_error_in, temp_name
+from eslm.model.snapshot_file import SNAPSHOT_DIR, SNAPSHOT_FORMAT, list_snapshots, snapshot_digest, snapshot_name
+from eslm.model.state import non_finite
+from eslm.train.checkpoint import os_fix
 
 
 def save_snapshot(snap_dir: Path, state: dict[str, torch.Tensor], meta: dict, keep: int = 0) -> Path:
-    """Write ``state`` (CPU tensors) with ``meta`` (JSON-able values) atomically; prune to the newest ``keep``."""
+    """Write ``state`` (CPU tensors) with ``meta`` (JSON-able values) and its checksum atomically (temporary
+    file, fsync, rename, fsync of the directory); prune to the newest ``keep``. Non-finite weights are never
+    written (TrainingDiverged); a failed write removes its temporary file and is one CheckpointError line."""
     from safetensors.torch import save_file
 
-    snap_dir.mkdir(parents=True, exist_ok=True)
+    from eslm.train.stopping import TrainingDiverged, last_good_hint
+
+    ensure_dir(snap_dir)
     state = {k: v.detach().cpu().contiguous() for k, v in state.items() if k != "lm_head.weight"}
-    header = {"format": SNAPSHOT_FORMAT, **{k: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()}}
     path = snap_dir / snapshot_name(int(meta["step"]))
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    save_file(state, str(tmp), metadata=header)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # safetensors creates 0600 files; give them the mode of the checkpoints
-    os.replace(tmp, path)
+    bad = non_finite(state)
+    if bad is not None:
+        raise TrainingDiverged(f"the weights at step {meta['step']} are not finite ({bad}); no snapshot was "
+                               "written. " + last_good_hint(snap_dir.parent))
+    header = {"format": SNAPSHOT_FORMAT, **{k: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()}}
+    header["sha256"] = snapshot_digest(state, header)
+    tmp = temp_name(path)
+    try:
+        tmp.unlink(missing_ok=True)  # a link there is removed, not followed
+        save_file(state, str(tmp), metadata=header)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # safetensors creates 0600 files; give them the mode of the checkpoints
+        fsync_file(tmp)
+        os.replace(tmp, path)
+        fsync_dir(snap_dir)
+    except Exception as e:  # a full disk inside safetensors' writer: its error names the OS error in its text
+        tmp.unlink(missing_ok=True)
+        err = os_error_in(e, path)
+        if err is None:
+            raise
+        raise CheckpointError(f"could not write snapshot {path} ({err.strerror}); the checkpoints and the earlier "
+                              f"snapshots are intact; {os_fix(err)}, then resume with --resume") from None
     if keep > 0:
         for old in list_snapshots(snap_dir)[:-keep]:
             old.unlink(missing_ok=True)

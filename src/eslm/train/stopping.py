@@ -82,11 +82,16 @@ def check_update(loss: float, grad_norm: float, step: int, run_dir: Path) -> Non
 
 
 def last_good_hint(run_dir: Path) -> str:
-    """Where to go back to after a divergence."""
-    path = ckpt.latest_checkpoint(run_dir)
+    """Where to go back to after a divergence: the newest checkpoint that matches its checksum and is finite."""
+    path, skipped = ckpt.newest_good_checkpoint(run_dir)
     kept = ckpt.kept_steps(run_dir / "checkpoints")
+    damaged = f" ({'; '.join(skipped)})" if skipped else ""
     if path is None:
-        return "There is no checkpoint of this run; start again with a lower train.lr or check the data."
-    return (f"The last good checkpoint is {path} (kept steps: {', '.join(map(str, kept))}); resume with "
-            "--resume (add run.allow_change=train.lr train.lr=LOWER to lower the learning rate) or from an "
-            "earlier step with --resume-from STEP, or check the data")
+        return (f"There is no {'intact ' if skipped else ''}checkpoint of this run{damaged}; start again with a "
+                "lower train.lr or check the data.")
+    latest = ckpt.latest_checkpoint(run_dir)
+    how = ("resume with --resume (add run.allow_change=train.lr train.lr=LOWER to lower the learning rate) or from an "
+           "earlier step with --resume-from STEP" if path == latest else
+           f"resume from it with --resume-from {ckpt.step_of(path)}")
+    return (f"The last good checkpoint is {path}{damaged} (kept steps: {', '.join(map(str, kept))}); {how}, "
+            "or check the data")

@@ -90,4 +90,6 @@ class LoadSampler:
         except (OSError, json.JSONDecodeError):
             return
         env.setdefault("load_avg_during_run", []).append({"until_step": step, **summary})
-        path.write_text(json.dumps(env, indent=2) + "\n")
+        from eslm.files import atomic_write
+
+        atomic_write(path, (json.dumps(env, indent=2) + "\n").encode())  # replaces a link, never follows it

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from eslm.config import Config
+from eslm.files import atomic_write
 from eslm.flops import FlopsCounter, FlopsModel
 from eslm.methods import BuildContext, build_method
 from eslm.model.gpt import GPT
@@ -165,9 +166,9 @@ class Trainer:
             return
         self.load.record_in_env(self.run_dir, self.step)
         if stopped_by != "preempted":
-            (self.run_dir / "result.json").write_text(json.dumps(
+            atomic_write(self.run_dir / "result.json", (json.dumps(
                 {"step": self.step, "stopped_by": stopped_by, "val_loss": last_val, "elapsed_s": self.elapsed_s,
-                 "cpu_s": self.cpu_s, "load_avg": self.load.summary(), **self.flops.totals()}, indent=2) + "\n")
+                 "cpu_s": self.cpu_s, "load_avg": self.load.summary(), **self.flops.totals()}, indent=2) + "\n").encode())
 
     # ------------------------------------------------------------------ records
     def _log_step(self, update: Update, dt: float, dc: float, tokens_per_s: float) -> None:
@@ -240,9 +241,10 @@ class Trainer:
 
     def save(self) -> Path | None:
         """Rank 0 writes the checkpoint; under FSDP every rank must call this (the full state dicts are gathered)."""
-        if not self._weights_finite():
-            raise TrainingDiverged(f"the weights at step {self.step} are not finite; no checkpoint was written. "
-                                   + last_good_hint(self.run_dir))
+        bad = self._not_finite()
+        if bad is not None:
+            raise TrainingDiverged(f"the {bad} at step {self.step} {'is' if bad.endswith('state') else 'are'} not "
+                                   "finite; no checkpoint was written. " + last_good_hint(self.run_dir))
         if self.fsdp:
             model_sd, optim_sd = full_state_dicts(self.raw_model, self.optimizer)
         if not self.dist.is_main:
@@ -260,15 +262,23 @@ class Trainer:
         return ckpt.save_checkpoint(self.run_dir / "checkpoints", state, keep_last=c.keep_last,
                                     milestones=tuple(c.milestones))
 
-    def _weights_finite(self) -> bool:
-        """Every parameter finite, on every rank (a collective when distributed: save() is one already)."""
-        local = [p.to_local() if hasattr(p, "to_local") else p for p in self.raw_model.parameters()]
-        ok = torch.stack([torch.isfinite(p.detach()).all() for p in local]).all().float().reshape(1)
+    def _not_finite(self) -> str | None:
+        """"weights" or "optimizer state" when one of them holds a NaN or inf on any rank, else None (a
+        collective when distributed: save() is one already)."""
+        def local(t):
+            return t.to_local() if hasattr(t, "to_local") else t
+
+        params = [local(p).detach() for p in self.raw_model.parameters()]
+        moments = [local(v) for st in self.optimizer.state.values() for v in st.values()
+                   if torch.is_tensor(v) and v.is_floating_point()]
+        ok = torch.stack([torch.stack([torch.isfinite(t).all() for t in ts]).all() if ts else
+                          torch.tensor(True, device=self.device) for ts in (params, moments)]).float()
         if self.dist.enabled:
             import torch.distributed as dist
 
             dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-        return bool(ok.item())
+        ok = ok.tolist()
+        return "weights" if not ok[0] else "optimizer state" if not ok[1] else None
 
     # ------------------------------------------------------------------ output
     def _banner(self) -> str:

@@ -249,3 +249,58 @@ def test_cli_prepare_prints_counts_and_errors(tmp_path, capsys):
     rc = cli_main(["prepare", "nosuchsource", "--out", str(tmp_path / "o2"), "--no-progress"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.count("\n") == 0 and "nosuchsource" in err
+
+
+# ---------------------------------------------------------------- issue 24 items 2 and 12
+
+
+def _tree(d):
+    return {str(p.relative_to(d)): p.read_bytes() if p.is_file() else None for p in sorted(d.rglob("*"))}
+
+
+def test_force_never_deletes_a_directory_eslm_did_not_prepare(tmp_path, capsys):
+    _write(tmp_path / "a.txt", "abc")
+    user = tmp_path / "project"
+    _write(user / "manifest.json", '{"name": "my web app"}')  # a manifest.json of another program
+    _write(user / "src" / "main.py", "print('hi')")
+    before = _tree(user)
+    code = cli_main(["prepare", "text", str(tmp_path / "a.txt"), "--out", str(user), "--tokenizer", "byte",
+                     "--no-progress", "--workers", "1", "--force"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "holds files eslm did not write" in err
+    assert _tree(user) == before
+
+
+def test_force_replaces_a_prepared_directory_only_when_it_holds_nothing_else(tmp_path):
+    _write(tmp_path / "a.txt", "abc")
+    kw = dict(tokenizer="byte", paths=[str(tmp_path / "a.txt")], workers=1, progress=False)
+    out = tmp_path / "o"
+    assert len(prepare("text", out, **kw)["id"]) == 32
+    _write(out / "NOTES.md", "mine")
+    with pytest.raises(ConfigError, match="'NOTES.md'"):
+        prepare("text", out, overwrite=True, **kw)
+    assert (out / "NOTES.md").read_text() == "mine" and (out / "manifest.json").is_file()
+    (out / "NOTES.md").unlink()
+    _write(tmp_path / "a.txt", "abcd")
+    assert prepare("text", out, overwrite=True, **kw)["num_tokens"]["train"]["text"] == 5
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "o"]  # no temporary or old copy left
+
+
+def test_a_killed_prepares_temporary_directory_is_removed_next_time(tmp_path):
+    _write(tmp_path / "a.txt", "abc")
+    stale = tmp_path / ".o.tmp-4242"  # what a SIGKILLed prepare leaves (eslm's marker inside)
+    stale.mkdir()
+    (stale / ".eslm-prepare-tmp").write_text("")
+    (stale / "train-text.bin").write_bytes(b"\0" * 100)
+    foreign = tmp_path / ".o.tmp-99"  # the same pattern without the marker: not provably eslm's
+    foreign.mkdir()
+    prepare("text", tmp_path / "o", tokenizer="byte", paths=[str(tmp_path / "a.txt")], workers=1, progress=False)
+    assert not stale.exists() and foreign.exists()
+
+
+def test_a_corpus_of_zero_tokens_is_refused(tmp_path):
+    _write(tmp_path / "empty" / "a.txt", "")
+    _write(tmp_path / "empty" / "b.txt", "")
+    with pytest.raises(DataError, match="0 tokens"):
+        prepare("text", tmp_path / "o", tokenizer="byte", paths=[str(tmp_path / "empty")], workers=1, progress=False)
+    assert not (tmp_path / "o").exists()

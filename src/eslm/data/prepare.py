@@ -3,16 +3,21 @@
 Documents are read, tokenised and grouped in chunks by a pool of worker processes (``workers``), and the
 chunks are written back in source order, so the shards do not depend on the number of workers. Every
 document is followed by the end-of-text id; empty documents (e.g. a module without docstrings) are dropped.
-The output is written to a temporary sibling directory and renamed into place at the end, so an
-interrupted run never leaves a directory that looks prepared.
+The output is written to a temporary sibling directory (``.NAME.tmp-PID``, marked inside) and renamed into place
+at the end, so an interrupted run never leaves a directory that looks prepared; the next prepare of the same
+``--out`` removes such leftovers. ``--force`` replaces only a directory eslm prepared (its manifest's format)
+that holds nothing but the manifest's files; a corpus of 0 training tokens is refused.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 import shutil
 import time
+import uuid
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -21,7 +26,8 @@ import numpy as np
 from eslm.data import manifest as mf
 from eslm.data.sources import Document, document_text, get_source
 from eslm.data.tokenizers import get_tokenizer
-from eslm.errors import ConfigError
+from eslm.errors import ConfigError, DataError
+from eslm.files import foreign_entries, listing
 
 CHUNK_DOCS = 64  # documents per worker task: big enough to amortise IPC, small enough for a smooth bar
 CHUNK_CHARS = 4_000_000  # ... and at most this many characters of inline text per task
@@ -124,27 +130,71 @@ def output_lock(out_dir: Path):
     return DirLock(out_dir, "prepare output directory", path=out_dir.parent / f".{out_dir.name}.eslm.lock")
 
 
+# Inside a temporary (or replaced) output directory: proves that eslm made it, so a later start may delete it.
+TMP_MARKER = ".eslm-prepare-tmp"
+_SHARD = re.compile(r"^(train|val)-.+\.bin$")
+
+
 def _prepare_locked(source: str, out_dir, *, tokenizer, paths, domains, val_fraction, workers, progress, overwrite,
                     hf_cache_dir) -> dict:
     t0 = time.perf_counter()
     out_dir = Path(out_dir)
+    _remove_leftovers(out_dir)
     _check_out_dir(out_dir, overwrite)
     tok = get_tokenizer(tokenizer)
     src = get_source(source, paths=paths, domains=domains, val_fraction=val_fraction, hf_cache_dir=hf_cache_dir)
     dtype = mf.dtype_for_vocab(tok.vocab_size)
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp.mkdir(parents=True)  # the lock is held and leftovers are gone: a clash is an OS error worth reporting
     try:
+        (tmp / TMP_MARKER).write_text("")
         writers = {(s, d): _ShardWriter(tmp / mf.shard_name(s, d), dtype) for s in mf.SPLITS for d in src.domains}
         _write_all(src, tok.name, dtype, writers, workers or default_workers(), progress)
         files = [dict(w.close(), split=s, domain=d) for (s, d), w in writers.items()]
         manifest = _build_manifest(src, tok, dtype, files, writers, time.perf_counter() - t0)
+        _check_not_empty(src, manifest)
         mf.write_manifest(tmp, manifest)
+        (tmp / TMP_MARKER).unlink()
         _move_into_place(tmp, out_dir, overwrite)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # made by this process
     return manifest
+
+
+def _check_not_empty(src, manifest: dict) -> None:
+    """A corpus of 0 training tokens cannot train anything: refused here, not later by ``eslm train``."""
+    if sum(manifest["num_tokens"]["train"].values()) == 0:
+        docs = sum(sum(d.values()) for d in manifest["num_documents"].values())
+        raise DataError(f"expected text to tokenize in {src.name}; found 0 tokens in the train split ({docs} "
+                        "non-empty document(s) in all, every file empty or none matched); fix: check the paths "
+                        "and --domains")
+
+
+def _remove_leftovers(out_dir: Path) -> list[Path]:
+    """Remove the temporary directories (``.NAME.tmp-PID``, ``.NAME.old-PID``) that a killed prepare left beside
+    ``out_dir``: only those holding eslm's marker, and in them only the files prepare writes. Call under the
+    output lock (then no live prepare writes them)."""
+    pattern = re.compile(rf"^\.{re.escape(out_dir.name)}\.(tmp|old)-\d+$")
+    removed = []
+    if not out_dir.parent.is_dir():
+        return removed
+    for d in out_dir.parent.iterdir():
+        if pattern.match(d.name) and d.is_dir() and not d.is_symlink() and (d / TMP_MARKER).is_file():
+            _remove_prepared(d)
+            removed.append(d)
+    return removed
+
+
+def _remove_prepared(d: Path) -> None:
+    """Delete the files a prepare writes in ``d`` (shards, manifest, marker), then ``d`` if that emptied it."""
+    for p in d.iterdir():
+        if p.name in (mf.MANIFEST_NAME, mf.MANIFEST_NAME + ".tmp", TMP_MARKER) or _SHARD.match(p.name):
+            if not p.is_dir():
+                p.unlink()
+    try:
+        d.rmdir()
+    except OSError:  # something else is in it: not ours to delete
+        pass
 
 
 def _write_all(src, tokenizer: str, dtype: str, writers: dict, workers: int, progress: bool) -> None:
@@ -174,28 +224,53 @@ def _build_manifest(src, tok, dtype, files, writers, seconds) -> dict:
         "files": files, "num_tokens": count, "num_documents": docs,
         "content_hash": mf.content_hash(files),
         "source": src.description, "val_fraction": src.description.get("val_fraction"),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "eslm_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "eslm_version": __version__, "id": uuid.uuid4().hex,
         "prepare_seconds": round(seconds, 3),
     }
 
 
 def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
-    if out_dir.exists() and any(out_dir.iterdir()):
-        if not (out_dir / mf.MANIFEST_NAME).is_file():
-            raise ConfigError(f"expected --out to be a new, empty or prepared directory; found other files in "
-                              f"{out_dir}; fix: choose another --out")
-        if not overwrite:
-            raise ConfigError(f"expected a new --out directory; found {out_dir} already prepared; "
-                              "fix: pass --force to overwrite, or choose another --out")
+    """--out must be new, empty, or (with --force) a directory prepared by eslm that holds nothing else."""
+    if not out_dir.exists() or not any(out_dir.iterdir()):
+        return
+    manifest = _eslm_manifest(out_dir)
+    if manifest is None:
+        entries = foreign_entries(out_dir, lambda name: False)
+        raise ConfigError(f"expected --out to be a new, empty or eslm-prepared directory; found {out_dir} holds "
+                          f"files eslm did not write ({listing(entries)}) and no eslm manifest.json; fix: choose "
+                          "another --out (eslm never deletes what it did not make)")
+    if not overwrite:
+        raise ConfigError(f"expected a new --out directory; found {out_dir} already prepared; "
+                          "fix: pass --force to overwrite, or choose another --out")
+    ours = {mf.MANIFEST_NAME, TMP_MARKER, *(f.get("path") for f in manifest.get("files", []))}
+    foreign = foreign_entries(out_dir, lambda name: name in ours)
+    if foreign:
+        raise ConfigError(f"expected --force to replace a prepared directory; found {out_dir} also holds files "
+                          f"eslm did not write ({listing(foreign)}); fix: move them away, or choose another --out")
+
+
+def _eslm_manifest(d: Path) -> dict | None:
+    try:
+        m = json.loads((d / mf.MANIFEST_NAME).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return m if isinstance(m, dict) and m.get("format") == mf.FORMAT else None
 
 
 def _move_into_place(tmp: Path, out_dir: Path, overwrite: bool) -> None:
+    """Rename the finished ``tmp`` to ``out_dir``. With --force an earlier prepared ``out_dir`` (checked by
+    ``_check_out_dir``) is marked and renamed aside first, then its files are deleted."""
+    old = None
     if out_dir.exists():
-        if overwrite and (out_dir / mf.MANIFEST_NAME).is_file():
-            shutil.rmtree(out_dir)
+        if overwrite and _eslm_manifest(out_dir) is not None:
+            (out_dir / TMP_MARKER).write_text("")  # a kill from here on leaves a directory the next start removes
+            old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+            os.replace(out_dir, old)
         elif not any(out_dir.iterdir()):
             out_dir.rmdir()
     os.replace(tmp, out_dir)  # raises OSError if another process put a prepared directory there meanwhile
+    if old is not None:
+        _remove_prepared(old)
 
 
 def default_data_root() -> Path:

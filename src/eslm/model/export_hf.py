@@ -7,9 +7,15 @@ loading the source is ``eslm.model.loading``.
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
+import uuid
 from pathlib import Path
 
-from eslm.model.hf import EXPORT_FORMAT, EXPORT_INFO_FILE, to_hf
+from eslm.errors import ConfigError
+from eslm.files import foreign_entries, listing, os_error_in
+from eslm.model.hf import EXPORT_FORMAT, EXPORT_INFO_FILE, read_export_info, to_hf
 from eslm.model.loading import load_model
 
 
@@ -54,22 +60,114 @@ def _tokenizer_vocab(name: str | None) -> tuple[int | None, int | None]:
         return None, None
 
 
+# What an export writes (transformers' save_pretrained, the tokenizer files, our metadata): with --force an earlier
+# export is replaced only when it holds nothing else (exports of this version list their files in the metadata).
+EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", "pytorch_model.bin", "vocab.json",
+                "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                "added_tokens.json", "chat_template.jinja", EXPORT_INFO_FILE)
+TMP_MARKER = ".eslm-export-tmp"  # inside a temporary or replaced export directory: eslm made it
+
+
 def export(source: str | Path, out_dir: str | Path, keep_padded_vocab: bool = False,
-           with_tokenizer: bool = True) -> dict:
-    """Export a run directory / checkpoint to ``out_dir`` (HF GPT-2 dir); returns the metadata written."""
+           with_tokenizer: bool = True, force: bool = False) -> dict:
+    """Export a run directory / checkpoint to ``out_dir`` (HF GPT-2 dir); returns the metadata written.
+
+    ``out_dir`` must be new or empty, or (``force``) an earlier eslm export that holds only its own files; never
+    a run directory. The export is written to a temporary sibling (``.NAME.tmp-export-PID``) and renamed into
+    place, so a kill leaves no half export; the next export to the same place removes such leftovers."""
+    out = Path(out_dir)
+    previous = check_export_target(out, force)
     model, info = load_model(source)
     tok_vocab, eot = _tokenizer_vocab(info.get("tokenizer"))
     vocab = None if keep_padded_vocab or tok_vocab is None else min(tok_vocab, model.config.vocab_size)
     hf = to_hf(model, vocab_size=vocab, eot_id=eot)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    hf.save_pretrained(str(out))
-    wrote_tok = with_tokenizer and info.get("tokenizer") == "gpt2" and save_gpt2_tokenizer(out)
-    meta = {"format": EXPORT_FORMAT, "tokenizer": info.get("tokenizer"), "step": info.get("step"),
-            "source": info.get("source"), "vocab_size_trained": model.config.vocab_size,
-            "vocab_size_exported": hf.config.vocab_size, "tokenizer_files": bool(wrote_tok)}
-    for key in ("flops_paper", "flops_executed"):
-        if key in info:
-            meta[key] = info[key]
-    (out / EXPORT_INFO_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(out)
+    tmp = out.parent / f".{out.name}.tmp-export-{os.getpid()}"
+    tmp.mkdir()
+    try:
+        (tmp / TMP_MARKER).write_text("")
+        try:
+            hf.save_pretrained(str(tmp))
+        except Exception as e:  # a full disk inside safetensors' writer: its error names the OS error in its text
+            err = os_error_in(e, tmp / "model.safetensors")
+            if err is None:
+                raise
+            raise err from None
+        wrote_tok = with_tokenizer and info.get("tokenizer") == "gpt2" and save_gpt2_tokenizer(tmp)
+        meta = {"format": EXPORT_FORMAT, "id": uuid.uuid4().hex, "tokenizer": info.get("tokenizer"),
+                "step": info.get("step"), "source": info.get("source"),
+                "vocab_size_trained": model.config.vocab_size, "vocab_size_exported": hf.config.vocab_size,
+                "tokenizer_files": bool(wrote_tok),
+                "files": sorted({p.name for p in tmp.iterdir() if p.name != TMP_MARKER} | {EXPORT_INFO_FILE})}
+        for key in ("flops_paper", "flops_executed"):
+            if key in info:
+                meta[key] = info[key]
+        (tmp / EXPORT_INFO_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        (tmp / TMP_MARKER).unlink()
+        _move_into_place(tmp, out, previous)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # made by this process
     return meta
+
+
+def check_export_target(out: Path, force: bool) -> dict | None:
+    """None when ``out`` is new or empty; the metadata of the earlier export it holds when ``force`` may replace
+    it; else a one-line ConfigError (a run directory, another program's files, an export without --force)."""
+    from eslm.model.loading import is_run_dir
+
+    if not out.exists():
+        return None
+    if not out.is_dir():
+        raise ConfigError(f"expected --out to be a directory; found a file at {out}; fix: choose another --out")
+    if is_run_dir(out):
+        raise ConfigError(f"--out {out} is a run directory: eslm eval / sample would no longer know which weights "
+                          f"it means; fix: export next to it, e.g. --out {out.parent / (out.name + '-hf')}")
+    if not any(out.iterdir()):
+        return None
+    previous = read_export_info(out) if (out / EXPORT_INFO_FILE).is_file() else {}
+    if not isinstance(previous, dict) or previous.get("format") != EXPORT_FORMAT:
+        raise ConfigError(f"expected --out to be a new or empty directory; found {out} holds files eslm did not "
+                          f"write ({listing(foreign_entries(out, lambda n: False))}); fix: choose another --out "
+                          "(eslm never overwrites another model's files)")
+    if not force:
+        raise ConfigError(f"expected a new --out directory; found an earlier eslm export in {out}; fix: pass "
+                          "--force to replace it, or choose another --out")
+    ours = set(previous.get("files") or EXPORT_FILES) | {EXPORT_INFO_FILE, TMP_MARKER}
+    foreign = foreign_entries(out, lambda n: n in ours)
+    if foreign:
+        raise ConfigError(f"expected --force to replace an earlier export; found {out} also holds files eslm did "
+                          f"not write ({listing(foreign)}); fix: move them away, or choose another --out")
+    return previous
+
+
+def _remove_leftovers(out: Path) -> None:
+    """Temporary directories of killed exports to ``out`` (eslm's marker inside), with the files exports write."""
+    pattern = re.compile(rf"^\.{re.escape(out.name)}\.(tmp|old)-export-\d+$")
+    for d in out.parent.iterdir():
+        if pattern.match(d.name) and d.is_dir() and not d.is_symlink() and (d / TMP_MARKER).is_file():
+            _remove_export(d, EXPORT_FILES)
+
+
+def _remove_export(d: Path, names) -> None:
+    for name in {*names, TMP_MARKER}:
+        if (d / name).is_file() and not (d / name).is_symlink():
+            (d / name).unlink()
+    try:
+        d.rmdir()
+    except OSError:  # something else is in it: not ours to delete
+        pass
+
+
+def _move_into_place(tmp: Path, out: Path, previous: dict | None) -> None:
+    old = None
+    if out.exists():
+        if previous is not None:  # --force over an earlier export: marked, renamed aside, then its files deleted
+            (out / TMP_MARKER).write_text("")
+            old = out.parent / f".{out.name}.old-export-{os.getpid()}"
+            os.replace(out, old)
+        else:
+            out.rmdir()  # empty (checked)
+    os.replace(tmp, out)
+    if old is not None:
+        _remove_export(old, previous.get("files") or EXPORT_FILES)

@@ -8,7 +8,6 @@ limit) is one line, not a traceback."""
 import hashlib
 import os
 import resource
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,25 +22,13 @@ from eslm.errors import CheckpointError
 from eslm.train.stopping import last_good_hint
 from eslm.train.trainer import Trainer, TrainingDiverged, train
 
+# the run of the fixtures base_run and run_copy (tests/train/conftest.py)
 BASE = {"method.name": "clm", "train.max_steps": 3, "checkpoint.interval": 1, "checkpoint.keep_last": 3,
         "eval.interval": 1}
 
 
 def _over(tiny_data, out, **extra):
     return tiny_overrides(tiny_data, out, **{**BASE, **extra})
-
-
-@pytest.fixture(scope="module")
-def base_run(tiny_data, tmp_path_factory):
-    out = tmp_path_factory.mktemp("integrity")
-    train(build_config(overrides=_over(tiny_data, out)))
-    return out / "t"
-
-
-@pytest.fixture
-def run_copy(base_run, tmp_path):
-    shutil.copytree(base_run, tmp_path / "t")
-    return tmp_path / "t"
 
 
 def _flip_byte(path, at=0.6):

@@ -21,25 +21,13 @@ from eslm.train.trainer import train
 
 RUN_MARKER, RUN_FORMAT = "eslm-run.json", "eslm-run-v1"  # the marker's name and format (eslm.train.run_dir)
 
+# the run of the fixtures base_run and run_copy (tests/train/conftest.py)
 BASE = {"method.name": "clm", "train.max_steps": 2, "checkpoint.interval": 1, "checkpoint.keep_last": 1,
         "eval.interval": 2}
 
 
 def _over(tiny_data, out, **extra):
     return tiny_overrides(tiny_data, out, **{**BASE, **extra})
-
-
-@pytest.fixture(scope="module")
-def base_run(tiny_data, tmp_path_factory):
-    out = tmp_path_factory.mktemp("own")
-    train(build_config(overrides=_over(tiny_data, out)))
-    return out / "t"
-
-
-@pytest.fixture
-def run_copy(base_run, tmp_path):
-    shutil.copytree(base_run, tmp_path / "t", symlinks=True)
-    return tmp_path / "t"
 
 
 def _tree(d: Path) -> dict:

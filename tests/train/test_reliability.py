@@ -22,26 +22,13 @@ from eslm.train.run_dir import read_metrics
 from eslm.train.trainer import Trainer, TrainingDiverged, train
 
 TIME_KEYS = set(M.TIMING_KEYS)  # machine measurements (cpu_s, load average, ...): differ between identical runs
+# the run of the fixtures base_run and run_copy (tests/train/conftest.py)
 BASE = {"method.name": "clm", "train.max_steps": 3, "checkpoint.interval": 1, "checkpoint.keep_last": 5,
         "eval.interval": 0}
 
 
 def _over(tiny_data, out, **extra):
     return tiny_overrides(tiny_data, out, **{**BASE, **extra})
-
-
-@pytest.fixture(scope="module")
-def base_run(tiny_data, tmp_path_factory):
-    """A finished 3-step run with checkpoints at steps 1, 2, 3 (tests copy it)."""
-    out = tmp_path_factory.mktemp("base")
-    train(build_config(overrides=_over(tiny_data, out)))
-    return out / "t"
-
-
-@pytest.fixture
-def run_copy(base_run, tmp_path):
-    shutil.copytree(base_run, tmp_path / "t")
-    return tmp_path / "t"
 
 
 def _snapshot(d: Path) -> dict:

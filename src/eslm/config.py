@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from eslm import metrics as M
 from eslm.data.tokenizers import TOKENIZER_NAMES
 from eslm.errors import ConfigError
 from eslm.files import name_problem
@@ -166,7 +167,7 @@ class CheckpointSection:
 @dataclass(frozen=True)
 class FlopsSection:
     count_per: str = _f("global", "global (every micro-batch of every rank) | micro (one micro-batch per step, the paper's budgets)")
-    budget_counter: str = _f("flops_paper", "which counter train.max_flops applies to: flops_paper | flops_executed | flops_dense")
+    budget_counter: str = _f(M.FLOPS_PAPER, "which counter train.max_flops applies to: flops_paper | flops_executed | flops_dense")
 
 
 @dataclass(frozen=True)

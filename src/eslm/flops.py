@@ -40,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
+from eslm import metrics as M
 from eslm.baselines import greats as G
 from eslm.errors import ConfigError
 from eslm.model.gpt import ModelConfig, model_config_for, preset
@@ -48,7 +49,7 @@ if TYPE_CHECKING:  # the config sits above the FLOPs accounting: annotations onl
     from eslm.config import Config
 
 COUNT_PER = ("global", "micro")
-COUNTER_KEYS = ("flops_paper", "flops_executed", "flops_dense")
+COUNTER_KEYS = (M.FLOPS_PAPER, M.FLOPS_EXECUTED, M.FLOPS_DENSE)
 
 
 def count_params(cfg: ModelConfig) -> int:
@@ -225,9 +226,9 @@ class FlopsCounter:
     def add(self, step_flops: StepFlops, *, micro_steps: int, world_size: int) -> None:
         """Count one optimizer step; ``step_flops`` describes ONE micro-batch on one rank (the step's mean)."""
         factor = micro_steps * world_size if self.count_per == "global" else 1
-        self._totals["flops_paper"] += factor * float(step_flops.paper)
-        self._totals["flops_executed"] += factor * float(step_flops.executed)
-        self._totals["flops_dense"] += factor * float(step_flops.dense)
+        self._totals[M.FLOPS_PAPER] += factor * float(step_flops.paper)
+        self._totals[M.FLOPS_EXECUTED] += factor * float(step_flops.executed)
+        self._totals[M.FLOPS_DENSE] += factor * float(step_flops.dense)
 
     def add_step(self, fm: FlopsModel, method, res, *, world_size: int) -> None:
         """Count one optimizer step of ``method`` from its ``eslm.train.step.StepResult`` (this rank's totals

@@ -1,6 +1,9 @@
 """Names of the metrics written to ``metrics.jsonl`` (one JSON object per line) and TensorBoard.
 
-Every writer and every reader (reports, tests) uses these constants, so a rename happens in one place.
+Every writer and reader in the package uses these constants, so a rename happens in one place
+(tests/test_metrics.py finds any other spelling of the names that mean nothing else; ``step``, ``kind``,
+``train``, ``eval``, ``lr``, ``alpha``, ``threshold``, ``cvar`` and ``mfu`` are also ordinary words of other
+files and are not checked). Tests may spell keys out: they check the file format independently.
 Units are in the names: tokens, seconds, FLOPs.
 """
 

@@ -37,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 
+from eslm import metrics as M
 from eslm.errors import ConfigError, ESLMError
 from eslm.files import name_problem
 
@@ -459,7 +460,7 @@ def _with_budget(cfg, budget: dict):
 
     t = cfg.train
     flops, max_steps = equal_flops_budget(cfg)
-    counter = budget.get("counter", "flops_paper")
+    counter = budget.get("counter", M.FLOPS_PAPER)
     return replace(cfg, train=replace(t, max_flops=flops, max_steps=max_steps, lr_decay_steps=t.lr_decay_steps or t.max_steps),
                    flops=replace(cfg.flops, budget_counter=counter))
 

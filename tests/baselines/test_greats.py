@@ -371,7 +371,7 @@ def _spy_rows(trainer, infos=None):
     def spy(model, batch, step, lr):
         kept, info = select(model, batch, step, lr)
         cand = info["gram"].shape[0]
-        assert info["val_scores"].shape == (cand,) and info["val_loss"].shape == (2,)
+        assert info["val_scores"].shape == (cand,) and info["val_row_loss"].shape == (2,)
         calls.append((batch.x.shape[0], cand, kept.x.shape[0]))
         if infos is not None:
             infos.append(info)

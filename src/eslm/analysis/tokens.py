@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from eslm import metrics as M
 from eslm.errors import DataError, ESLMError
 from eslm.objectives.cross_entropy import token_stats
 from eslm.selection.risk import at_or_above, check_alpha, var_threshold
@@ -136,8 +137,8 @@ def analyse(model, passages: list[Passage], alpha: float, scope: str, device: st
         per = [s[key] for s in scored]
         for rec, s, t in zip(out, per, thresholds(per, alpha, scope)):
             kept = at_or_above(s, t)
-            rec["variants"][key] = {"threshold": t, "kept": kept.tolist(),
-                                    "cvar": float(s[kept].mean()), "kept_frac": float(kept.float().mean())}
+            rec["variants"][key] = {M.THRESHOLD: t, "kept": kept.tolist(),
+                                    M.CVAR: float(s[kept].mean()), M.KEPT_FRAC: float(kept.float().mean())}
     return out
 
 
@@ -201,8 +202,8 @@ def render_html(records: list[dict], tok, meta: dict, pngs: dict[str, str]) -> s
              "context only. ↵ marks a newline. Hover a token for its numbers.</p>"]
     for i, rec in enumerate(records):
         texts = token_texts(tok, rec["ids"])
-        info = " | ".join(f"{title}: threshold {rec['variants'][k]['threshold']:.3f}, kept "
-                          f"{rec['variants'][k]['kept_frac']:.0%}, CVaR {rec['variants'][k]['cvar']:.3f}"
+        info = " | ".join(f"{title}: threshold {rec['variants'][k][M.THRESHOLD]:.3f}, kept "
+                          f"{rec['variants'][k][M.KEPT_FRAC]:.0%}, CVaR {rec['variants'][k][M.CVAR]:.3f}"
                           for k, title, _ in VARIANTS)
         cells = "".join(f"<td>{passage_cell(rec, texts, k, rgb)}</td>" for k, _, rgb in VARIANTS)
         parts.append(f"<h3>Passage {i + 1}: {html.escape(rec['source'])}</h3><p class='note'>{info}</p>"

@@ -338,7 +338,7 @@ def greats_gram(model: nn.Module, train_x, train_y, val_x, val_y, *, exclude_hea
     """(B, B + Bv) fp32 summed-over-layers inner products of the train rows with [train; val] rows.
 
     One forward and one activation-gradient backward on the concatenated (B + Bv, T) batch.
-    Returns the matrix and {"layer_modes": {name: ghost|materialised}, "train_loss": (B,), "val_loss": (Bv,)};
+    Returns the matrix and {"layer_modes": {name: ghost|materialised}, "row_loss": (B,), "val_row_loss": (Bv,)};
     route / memory_cap_mb choose each layer's form (``layer_route``).
     """
     B = train_x.shape[0]
@@ -358,7 +358,7 @@ def greats_gram(model: nn.Module, train_x, train_y, val_x, val_y, *, exclude_hea
 
     loss = stream_linear_io(model, x, y, accumulate, exclude_head=exclude_head, impl=impl)
     order = [n for n, _ in scored_linears(model, exclude_head)]
-    return total, {"layer_modes": {n: modes[n] for n in order}, "train_loss": loss[:B], "val_loss": loss[B:]}
+    return total, {"layer_modes": {n: modes[n] for n in order}, "row_loss": loss[:B], "val_row_loss": loss[B:]}
 
 
 def greats_select(model: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor, val_x: torch.Tensor,
@@ -371,7 +371,7 @@ def greats_select(model: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor
     Returns (kept row indices (k,) int64, ascending; info) with info =
       "val_scores" (B,) fp32 u_i = <g_i, gbar_val>; "gram" (B, B) fp32 K; "pick_order" (k,);
       "gains" (k,) marginal gains at pick time; "objective" F(S); "layer_modes" {name: ghost|materialised};
-      "n_ghost", "n_materialised"; "train_loss" (B,), "val_loss" (Bv,) per-row mean CE.
+      "n_ghost", "n_materialised"; "row_loss" (B,), "val_row_loss" (Bv,) per-row mean CE.
     Parameter ``.grad`` is left exactly as it was.
     """
     B = train_x.shape[0]

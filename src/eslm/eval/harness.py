@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from eslm import metrics as M
 from eslm.errors import ConfigError, DataError
 
 # The paper's downstream suite: task -> number of few-shot examples.
@@ -411,11 +412,11 @@ def summary_table(records: list[dict]) -> str:
     then the best result per task in the paper's layout (task, shots, value (stderr), step)."""
     records = sorted(records, key=lambda r: (r["step"] is None, r["step"] or 0))
     tasks = _task_order(records)
-    head = ["step", "flops_paper", "flops_executed"] + [
+    head = ["step", M.FLOPS_PAPER, M.FLOPS_EXECUTED] + [
         f"{t} ({next(r['tasks'][t]['metric'] for r in records if t in r['tasks'])})" for t in tasks]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for r in records:
-        cells = [str(r["step"]), _sci(r.get("flops_paper")), _sci(r.get("flops_executed"))]
+        cells = [str(r["step"]), _sci(r.get(M.FLOPS_PAPER)), _sci(r.get(M.FLOPS_EXECUTED))]
         cells += [_fmt(r["tasks"][t]["metric"], r["tasks"][t]["value"], r["tasks"][t]["stderr"])
                   if t in r["tasks"] else "" for t in tasks]
         lines.append("| " + " | ".join(cells) + " |")
@@ -503,8 +504,8 @@ def evaluate_checkpoints(paths: list[str], tasks: dict[str, int], *, all_checkpo
         results = evaluate(model, tok, tasks, limit=limit, batch_size=batch_size, include_path=include_path,
                            bootstrap_iters=bootstrap_iters, seed=seed, progress=True)
         record = {"format": EVAL_FORMAT, "source": info["source"], "step": info.get("step"),
-                  "tokenizer": tok.name, "flops_paper": info.get("flops_paper"),
-                  "flops_executed": info.get("flops_executed"), "limit": limit, "seed": seed,
+                  "tokenizer": tok.name, M.FLOPS_PAPER: info.get(M.FLOPS_PAPER),
+                  M.FLOPS_EXECUTED: info.get(M.FLOPS_EXECUTED), "limit": limit, "seed": seed,
                   "lm_eval_version": _lm_eval_version(), "tasks": results}
         json_path, md_path = output_paths(info, out)
         write_results(record, json_path, md_path)

@@ -13,6 +13,7 @@ import shutil
 import uuid
 from pathlib import Path
 
+from eslm import metrics as M
 from eslm.errors import ConfigError
 from eslm.files import foreign_entries, listing, os_error_in
 from eslm.model.hf import EXPORT_FORMAT, EXPORT_INFO_FILE, read_export_info, to_hf
@@ -100,7 +101,7 @@ def export(source: str | Path, out_dir: str | Path, keep_padded_vocab: bool = Fa
                 "vocab_size_trained": model.config.vocab_size, "vocab_size_exported": hf.config.vocab_size,
                 "tokenizer_files": bool(wrote_tok),
                 "files": sorted({p.name for p in tmp.iterdir() if p.name != TMP_MARKER} | {EXPORT_INFO_FILE})}
-        for key in ("flops_paper", "flops_executed"):
+        for key in (M.FLOPS_PAPER, M.FLOPS_EXECUTED):
             if key in info:
                 meta[key] = info[key]
         (tmp / EXPORT_INFO_FILE).write_text(json.dumps(meta, indent=2) + "\n")

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from eslm import metrics as M
 from eslm.errors import CheckpointError
 from eslm.files import RUN_MARKER, verify_checksum
 from eslm.model.gpt import GPT, ModelConfig
@@ -226,7 +227,7 @@ def _load_checkpoint_file(path: Path, device: str) -> tuple[GPT, dict]:
         "run_dir": str(run_dir) if run_dir else None,
         "model_config": cfg.to_dict(),
     }
-    for key in ("flops_paper", "flops_executed", "tokens_seen"):
+    for key in (M.FLOPS_PAPER, M.FLOPS_EXECUTED, M.TOKENS_SEEN):
         if key in ckpt:
             info[key] = ckpt[key]
     return model.to(device).eval(), info
@@ -254,7 +255,7 @@ def _load_snapshot_file(path: Path, device: str) -> tuple[GPT, dict]:
     run_dir = run_dir_of(path)
     info = {"tokenizer": meta.get("tokenizer"), "step": meta.get("step"), "source": str(path),
             "run_dir": str(run_dir) if run_dir else None, "model_config": cfg.to_dict()}
-    for key in ("flops_paper", "flops_executed", "tokens_seen"):
+    for key in (M.FLOPS_PAPER, M.FLOPS_EXECUTED, M.TOKENS_SEEN):
         if key in meta:
             info[key] = meta[key]
     return model.to(device).eval(), info
@@ -278,7 +279,7 @@ def _load_hf_dir(path: Path, device: str) -> tuple[GPT, dict]:
         "run_dir": None,
         "model_config": model.config.to_dict(),
     }
-    for key in ("flops_paper", "flops_executed"):
+    for key in (M.FLOPS_PAPER, M.FLOPS_EXECUTED):
         if key in meta:
             info[key] = meta[key]
     return model.to(device).eval(), info

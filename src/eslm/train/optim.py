@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from eslm import metrics as M
+
 
 def build_optimizer(model: torch.nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float],
                     device_type: str) -> torch.optim.AdamW:
@@ -72,8 +74,8 @@ def plan_schedule(cfg, method, fm) -> Schedule:
     rows_in = t.micro_batch_size_seqs
     n = method.rows.num_rows(rows_in) * cfg.data.seq_len
     planned = micro_batch_flops(fm, method, tokens_seen=n, tokens_kept=method.tokens.num_kept(n))
-    spent = {"flops_paper": planned.paper, "flops_executed": planned.executed,
-             "flops_dense": planned.dense}[cfg.flops.budget_counter]
+    spent = {M.FLOPS_PAPER: planned.paper, M.FLOPS_EXECUTED: planned.executed,
+             M.FLOPS_DENSE: planned.dense}[cfg.flops.budget_counter]
     ratio = fm.train_per_token * rows_in * cfg.data.seq_len / spent
     # the smallest whole step counts covering the stretched lengths; 1e-9 keeps a ratio of 1.0 exact
     return Schedule(math.ceil(warmup * ratio - 1e-9), math.ceil(decay * ratio - 1e-9), ratio)

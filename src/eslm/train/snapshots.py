@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from eslm import metrics as M
 from eslm.errors import CheckpointError
 from eslm.files import ensure_dir, fsync_dir, fsync_file, os_error_in, temp_name
 from eslm.model.snapshot_file import SNAPSHOT_DIR, SNAPSHOT_FORMAT, list_snapshots, snapshot_digest, snapshot_name
@@ -84,5 +85,5 @@ def maybe_snapshot(trainer, at_eval: bool) -> Path | None:
     from eslm.model.state import clean_state_dict
 
     meta = {"model_config": trainer.model_config.to_dict(), "tokenizer": trainer.dataset.tokenizer_name,
-            "step": trainer.step, "tokens_seen": trainer.loader_tokens_seen(), **trainer.flops.totals()}
+            "step": trainer.step, M.TOKENS_SEEN: trainer.loader_tokens_seen(), **trainer.flops.totals()}
     return save_snapshot(trainer.run_dir / SNAPSHOT_DIR, clean_state_dict(state), meta, keep=c.snapshot_keep)

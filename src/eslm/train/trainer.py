@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from eslm import metrics as M
 from eslm.config import Config
 from eslm.files import atomic_write
 from eslm.flops import FlopsCounter, FlopsModel
@@ -167,8 +168,8 @@ class Trainer:
         self.load.record_in_env(self.run_dir, self.step)
         if stopped_by != "preempted":
             atomic_write(self.run_dir / "result.json", (json.dumps(
-                {"step": self.step, "stopped_by": stopped_by, "val_loss": last_val, "elapsed_s": self.elapsed_s,
-                 "cpu_s": self.cpu_s, "load_avg": self.load.summary(), **self.flops.totals()}, indent=2) + "\n").encode())
+                {"step": self.step, "stopped_by": stopped_by, M.VAL_LOSS: last_val, M.ELAPSED_S: self.elapsed_s,
+                 M.CPU_S: self.cpu_s, "load_avg": self.load.summary(), **self.flops.totals()}, indent=2) + "\n").encode())
 
     # ------------------------------------------------------------------ records
     def _log_step(self, update: Update, dt: float, dc: float, tokens_per_s: float) -> None:
@@ -195,10 +196,10 @@ class Trainer:
                                           elapsed_s=self.elapsed_s, cpu_s=self.cpu_s,
                                           flops_totals=self.flops.totals(), val=res))
             doms = " ".join(f"{k.split('/', 1)[1]}={v:.3f}" for k, v in res.items() if "/" in k)
-            self._log(f"eval step {self.step}: val_loss {res['val_loss']:.4f} ({doms}) "
+            self._log(f"eval step {self.step}: val_loss {res[M.VAL_LOSS]:.4f} ({doms}) "
                       f"[{time.perf_counter() - t0:.1f}s]")
         snapshots.maybe_snapshot(self, at_eval=True)
-        return res["val_loss"]
+        return res[M.VAL_LOSS]
 
     @property
     def global_batch_tokens(self) -> int:
@@ -236,8 +237,8 @@ class Trainer:
         self.method.load_state_dict(state["method"])
         self.flops.load_state_dict(state["flops"])
         ckpt.set_rng_state(state["rng"])
-        self.step, self.elapsed_s = state["step"], state["elapsed_s"]
-        self.cpu_s = float(state.get("cpu_s", 0.0))  # checkpoints written before cpu_s existed: 0
+        self.step, self.elapsed_s = state["step"], state[M.ELAPSED_S]
+        self.cpu_s = float(state.get(M.CPU_S, 0.0))  # checkpoints written before cpu_s existed: 0
 
     def save(self) -> Path | None:
         """Rank 0 writes the checkpoint; under FSDP every rank must call this (the full state dicts are gathered)."""
@@ -257,7 +258,7 @@ class Trainer:
                  "model_config": self.model_config.to_dict(), "tokenizer": self.dataset.tokenizer_name,
                  "step": self.step, "optimizer": optim_sd, "loader": self.loader.state_dict(),
                  "method": self.method.state_dict(), "flops": self.flops.state_dict(), "rng": ckpt.rng_state(),
-                 "elapsed_s": self.elapsed_s, "cpu_s": self.cpu_s, "config": self.cfg.to_dict(),
+                 M.ELAPSED_S: self.elapsed_s, M.CPU_S: self.cpu_s, "config": self.cfg.to_dict(),
                  **self.flops.totals()}
         return ckpt.save_checkpoint(self.run_dir / "checkpoints", state, keep_last=c.keep_last,
                                     milestones=tuple(c.milestones))

@@ -66,7 +66,7 @@ def _summary_table(summary: dict) -> str:
                      _agg_cell(g["final_" + M.FLOPS_PAPER], ".3g"), _agg_cell(g["final_" + M.FLOPS_EXECUTED], ".3g"),
                      _agg_cell(g["step_cost_vs_clm"], ".3f"), _agg_cell(g["final_" + summary["time_key"]], ".3g")])
     time_head = "CPU s" if summary["time_key"] == M.CPU_S else "wall-clock s"
-    return _table(["group", "seeds", "final val loss", "best val loss", "steps", "flops_paper", "flops_executed",
+    return _table(["group", "seeds", "final val loss", "best val loss", "steps", M.FLOPS_PAPER, M.FLOPS_EXECUTED,
                    "executed per step / CLM step", time_head], rows)
 
 

@@ -43,13 +43,13 @@ def render_markdown(summary: dict) -> str:
     unfinished = any(g["unfinished"] for g in s["groups"])
     for g in s["groups"]:
         c, r = comp.get(g["label"]), ctrl.get(g["label"])
-        tt = g["to_target"]["flops_paper"]
+        tt = g["to_target"][M.FLOPS_PAPER]
         lines.append("| " + " | ".join([
             _md_label(g), str(g["final_val_loss"]["count"]), _md_ci(g["final_val_loss"], ".4f"),
             _md_paired(c["losses"]["final validation loss"] if c else None, False),
             _md_paired(r["losses"]["final validation loss"] if r else None, False),
-            _md_paired(c["to_target"]["flops_paper"] if c else None, True),
-            _md_paired(c["to_target"]["flops_executed"] if c else None, True),
+            _md_paired(c["to_target"][M.FLOPS_PAPER] if c else None, True),
+            _md_paired(c["to_target"][M.FLOPS_EXECUTED] if c else None, True),
             _md_paired(c["to_target"]["time_s"] if c else None, True),
             f"{tt['reached']}/{tt['n']}", _md_ci(g["step_cost_vs_clm"], ".3f")]) + " |")
     notes = [f"Target validation loss {s['target_loss']:.4f} ({s['target_source']}). Mean ± 95% Student-t "

@@ -15,7 +15,7 @@ from eslm.errors import ESLMError
 
 FLOPS_KEYS = {"paper": M.FLOPS_PAPER, "executed": M.FLOPS_EXECUTED}
 # to-target costs shown side by side: key in summary["groups"][i]["to_target"] -> (metric, words)
-COSTS = {"flops_paper": (M.FLOPS_PAPER, "paper-FLOPs"), "flops_executed": (M.FLOPS_EXECUTED, "executed FLOPs"),
+COSTS = {M.FLOPS_PAPER: (M.FLOPS_PAPER, "paper-FLOPs"), M.FLOPS_EXECUTED: (M.FLOPS_EXECUTED, "executed FLOPs"),
          "tokens": (M.TOKENS_SEEN, "tokens"), "time_s": (None, "time")}  # time: cpu_s or elapsed_s, see time_key
 LOAD_RATIO_WARN = 1.5  # warn when the mean load of compared runs differs by more than this factor
 REPORT_FORMAT = "eslm-report-v1"
@@ -121,7 +121,7 @@ def compare(g: Group, base: Group, to_target: dict, base_tt: dict) -> dict:
         else:
             out["verdicts"].append(S.cost_verdict(ci, words, base.label))
     if all(out["to_target"][k]["n"] == 0 for k in COSTS):  # one line instead of four identical ones
-        a, b = to_target["flops_paper"], base_tt["flops_paper"]
+        a, b = to_target[M.FLOPS_PAPER], base_tt[M.FLOPS_PAPER]
         out["verdicts"] = out["verdicts"][:1] + [
             f"reaches the target in {a['reached']}/{a['n']} seeds ({base.label}: {b['reached']}/{b['n']}), "
             "so no to-target cost can be compared"]
@@ -201,7 +201,7 @@ def summarize(runs: list[Run], groups: list[Group], *, target: float, target_sou
     gs, tts = [], {}
     for g in groups:
         tt = {key: to_target(g, metric or time_key, target) for key, (metric, _) in COSTS.items()}
-        tt["flops"] = tt["flops_paper" if flops == "paper" else "flops_executed"]
+        tt["flops"] = tt[M.FLOPS_PAPER if flops == "paper" else M.FLOPS_EXECUTED]
         tts[g.label] = tt
         gs.append({
             "label": g.label, "method": g.method, "settings": g.settings,
@@ -209,7 +209,7 @@ def summarize(runs: list[Run], groups: list[Group], *, target: float, target_sou
             "unfinished": [r.name for r in g.runs if not r.finished],
             "to_target": tt, **group_final(g, domains),
             "final_" + M.CPU_S: aggregate([last_value(r.eval, M.CPU_S) for r in g.runs]),
-            "load_avg_1m": aggregate([run_load(r) for r in g.runs]),
+            M.LOAD_AVG_1M: aggregate([run_load(r) for r in g.runs]),
             # executed FLOPs per dense (plain CLM) FLOPs on the same tokens: what a step of the method costs in
             # CLM steps (GREATS' scoring passes and gradient inner products, ESLM's routes, KD teachers, ...)
             "step_cost_vs_clm": aggregate([_ratio(last_value(r.eval, M.FLOPS_EXECUTED),
@@ -243,7 +243,7 @@ def summarize(runs: list[Run], groups: list[Group], *, target: float, target_sou
         "flops_gaps": gaps,
         "runs": [{"name": r.name, "path": str(r.path), "method": r.method, "seed": r.seed,
                   "group": group_of[id(r)], "finished": r.finished, "git_commit": r.env.get("git_commit"),
-                  "device": r.env.get("device"), "load_avg_1m": run_load(r)}
+                  "device": r.env.get("device"), M.LOAD_AVG_1M: run_load(r)}
                  for r in runs],
         "skipped": skipped, "warnings": warnings,
     }

@@ -1,5 +1,7 @@
 """The exact GPT-2 BPE offline, and the byte tokenizer."""
 
+from pathlib import Path
+
 import pytest
 
 from eslm.data.tokenizers import get_tokenizer
@@ -65,6 +67,42 @@ def test_matches_transformers_gpt2_if_cached():
         pytest.skip("no local HF gpt2 tokenizer")
     text = "The quick brown fox, 1234 times: über\n\n  spaced   out"
     assert get_tokenizer("gpt2").encode(text) == hf(text)["input_ids"]
+
+
+def test_matches_transformers_gpt2_built_from_the_shipped_files(tmp_path):
+    """HF's GPT-2 tokenizer (its own BPE implementation), built offline from the vocabulary files eslm ships,
+    gives the same ids on source code, prose, and the bytes GPT-2 remaps (controls, NBSP, soft hyphen)."""
+    pytest.importorskip("transformers")
+    import json
+
+    from transformers import AutoTokenizer
+
+    from eslm.model.export_hf import save_gpt2_tokenizer
+
+    assert save_gpt2_tokenizer(tmp_path)
+    hf = AutoTokenizer.from_pretrained(str(tmp_path))
+    texts = [Path(json.__file__).read_text()[:20000], "naïve café — 日本語 🙂 x\u00a0y\u00adz \x00\x07\x1b[0m\r\n",
+             "The quick brown fox, 1234 times: über\n\n  spaced   out   ", "'s 're 've 'll 'd I'm"]
+    tok = get_tokenizer("gpt2")
+    for text in texts:
+        assert tok.encode(text) == hf(text)["input_ids"]
+
+
+def test_shipped_vocabulary_is_checked(tmp_path, monkeypatch):
+    from eslm.data import tokenizers
+    from eslm.errors import DataError
+
+    shipped = {name: (tokenizers._GPT2_DIR / name).read_bytes() for name in ("encoder.json", "vocab.bpe")}
+    (tmp_path / "encoder.json").write_bytes(shipped["encoder.json"])
+    (tmp_path / "vocab.bpe").write_bytes(shipped["vocab.bpe"].replace(b"\n", b"\r\n"))
+    monkeypatch.setattr(tokenizers, "_GPT2_DIR", tmp_path)
+    with pytest.raises(DataError, match="expected GPT-2's vocab.bpe .*CRLF") as e:
+        tokenizers.gpt2_bpe_files()
+    assert "\n" not in str(e.value)
+    (tmp_path / "vocab.bpe").write_bytes(shipped["vocab.bpe"])
+    (tmp_path / "encoder.json").unlink()
+    with pytest.raises(DataError, match="encoder.json .*unreadable.*reinstall eslm"):
+        tokenizers.gpt2_bpe_files()
 
 
 def test_unknown_tokenizer_lists_valid_names():

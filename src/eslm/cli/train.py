@@ -24,13 +24,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from eslm.cli import split_config_items
     from eslm.config import build_config, to_yaml
     from eslm.study import watch_parent
     from eslm.train.trainer import train
 
     base, items, resume = _resume_args(args)
-    files = [i for i in items if "=" not in i]
-    overrides = [i for i in items if "=" in i] + (["run.resume=true"] if resume else [])
+    files, overrides = split_config_items(items)
+    overrides += ["run.resume=true"] if resume else []
     cfg = build_config(files, overrides, base=base)
     if args.print_config:
         print(to_yaml(cfg), end="")

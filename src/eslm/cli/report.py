@@ -1,4 +1,4 @@
-"""``eslm report RUN_DIR ... --out DIR``: the HTML report of run directories (``eslm.analysis.report``)."""
+"""``eslm report RUN_DIR ... [--out DIR]``: the HTML report of run directories (``eslm.analysis.report``)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,14 @@ from pathlib import Path
 
 from eslm.analysis.report import FLOPS_KEYS, build_report, print_summary
 
+DEFAULT_OUT = "report"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (runs/<name>)")
-    parser.add_argument("--out", required=True, help="output directory for index.html, PNGs and summary.json")
+    parser.add_argument("--out", default=DEFAULT_OUT,
+                        help="output directory for index.html, PNGs and summary.json (default: ./report); it must "
+                             "be new, empty or an earlier eslm report, which is replaced")
     parser.add_argument("--target", "--target-loss", dest="target_loss", type=_target_arg, default=None,
                         metavar="LOSS|baseline",
                         help="validation loss target of the to-target costs: a number, or 'baseline' (the loss "

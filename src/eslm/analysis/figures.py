@@ -8,6 +8,7 @@ curve and its spread band (min..max over seeds); ``n`` is the number of seeds (b
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 DPI = 110
@@ -58,28 +59,62 @@ def _draw_series(ax, series: list[dict], colors: dict, logx: bool, logy: bool) -
         ax.set_xscale("log")
     if logy:
         ax.set_yscale("log")
-        _plain_log_ticks(ax.yaxis)
+    _finish_log_y(ax, logy)  # again by the caller once it has drawn everything else (a target line, limits)
     ax.grid(True, which="both", alpha=0.3)
 
 
+def _fit_log_y(ax) -> None:
+    """Y limits of a log axis from the data drawn, 5% of the range as margin. A single value (one evaluation,
+    a flat curve) gets +-1% around it instead of matplotlib's decade on each side (an axis of 9 to 110)."""
+    lo, hi = ax.dataLim.intervaly
+    if not (0 < lo <= hi < math.inf):
+        return
+    if hi / lo < 1.001:
+        lo, hi = lo / 1.01, hi * 1.01
+    pad = (hi / lo) ** 0.05
+    ax.set_ylim(lo / pad, hi * pad)
+
+
 def _plain_log_ticks(axis) -> None:
-    """Label a log axis with plain numbers (3.5, 4) instead of 3.5x10^0.
+    """Label a log axis with plain numbers (3.5, 4) instead of 3.5x10^0, every label distinct.
 
     Losses usually span less than a decade, where the log locator finds only the 2..9 x 10^k minor ticks:
     between 4.05 and 5.6 that is just "4" and "5". Below a decade the ticks are therefore placed at round
-    linear steps (4.2, 4.4, ...: the axis stays logarithmic, only the tick positions change)."""
-    from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter, NullLocator
+    linear steps (4.2, 4.4, ...: the axis stays logarithmic, only the tick positions change), with as many
+    decimals as it takes to tell neighbours apart (10.52, 10.53; never 10.5, 10.5). Over more than a decade,
+    the decades are labelled, and 2 and 5 times them when the axis spans at most two decades."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter, NullLocator
 
-    fmt = FuncFormatter(lambda v, _: f"{v:.3g}")
     lo, hi = axis.get_view_interval()
-    if lo > 0 and hi / lo < 10:
-        axis.set_major_locator(MaxNLocator(nbins=8, steps=[1, 2, 2.5, 5, 10], min_n_ticks=4))
+    if not lo > 0:
+        return
+    if hi / lo < 10:
+        locator = MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10], min_n_ticks=3)
+        ticks = [t for t in locator.tick_values(lo, hi) if lo <= t <= hi]
+        decimals = next(d for d in range(12) if len({f"{t:.{d}f}" for t in ticks}) == len(ticks))
+        axis.set_major_locator(locator)
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.{decimals}f}"))
         axis.set_minor_locator(NullLocator())
         axis.set_minor_formatter(NullFormatter())
-        axis.set_major_formatter(fmt)
         return
-    axis.set_major_formatter(fmt)
-    axis.set_minor_formatter(fmt)
+    few = math.log10(hi / lo) <= 2
+
+    def minor(v, _):
+        mantissa = round(v / 10 ** math.floor(math.log10(v) + 1e-9))
+        return f"{v:g}" if few and mantissa in (2, 5) else ""
+
+    axis.set_major_locator(LogLocator(base=10))
+    axis.set_minor_locator(LogLocator(base=10, subs=tuple(range(2, 10))))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(FuncFormatter(minor))
+
+
+def _finish_log_y(ax, logy: bool, fit: bool = True) -> None:
+    """After everything is drawn (a target line included): the log y axis's limits (``fit``) and ticks."""
+    if logy:
+        if fit:
+            _fit_log_y(ax)
+        _plain_log_ticks(ax.yaxis)
 
 
 def curves(path: Path, series: list[dict], colors: dict, *, xlabel: str, ylabel: str, title: str,
@@ -90,6 +125,7 @@ def curves(path: Path, series: list[dict], colors: dict, *, xlabel: str, ylabel:
     _draw_series(ax, series, colors, logx, logy)
     if hline is not None:
         ax.axhline(hline, color="k", ls="--", lw=1, label=f"target {hline:.4g}")
+    _finish_log_y(ax, logy)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -116,6 +152,7 @@ def panels(path: Path, panel_series: dict[str, list[dict]], colors: dict, *, xla
         ax.tick_params(which="both", labelsize=7)  # minor labels too (log axes label minor ticks)
         if ylim is not None:
             ax.set_ylim(*ylim)
+        _finish_log_y(ax, logy, fit=ylim is None)
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     handles, labels = list(axes.flat)[0].get_legend_handles_labels()

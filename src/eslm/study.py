@@ -658,7 +658,7 @@ def _report(study: dict, run_dirs: list[Path], report_dir: Path, t0: float) -> i
     opts = study.get("report") or {}
     try:
         summary = build_report([str(p) for p in run_dirs], str(report_dir), target_loss=opts.get("target"),
-                               baseline=opts.get("baseline"), where="report.")
+                               baseline=opts.get("baseline"), where="report.", primary=opts.get("primary"))
     except ESLMError as e:
         raise ESLMError(f"study {study['name']}: every run finished, but the report failed: {e}; fix the study "
                         "file's report section and run the same command again (finished runs are skipped: "

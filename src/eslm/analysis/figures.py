@@ -30,11 +30,34 @@ def _plt():
     return plt
 
 
+TAB10 = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+         "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+TAB20 = ["#1f77b4", "#aec7e8", "#ff7f0e", "#ffbb78", "#2ca02c", "#98df8a", "#d62728", "#ff9896", "#9467bd",
+         "#c5b0d5", "#8c564b", "#c49c94", "#e377c2", "#f7b6d2", "#7f7f7f", "#c7c7c7", "#bcbd22", "#dbdb8d",
+         "#17becf", "#9edae5"]
+
+
 def color_map(labels: list[str]) -> dict[str, str]:
-    """One tab10 colour per label (cycling after ten)."""
-    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-               "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
-    return {lab: palette[i % len(palette)] for i, lab in enumerate(labels)}
+    """One colour per label, never reused: tab10 up to ten labels, tab20 up to twenty, beyond that hues spaced
+    by the golden angle at three lightness levels (distinct hex colours)."""
+    import colorsys
+
+    n = len(labels)
+    if n <= len(TAB10):
+        palette = TAB10
+    elif n <= len(TAB20):
+        palette = TAB20
+    else:
+        palette, seen, i = [], set(), 0
+        while len(palette) < n:
+            h = (i * 0.618033988749895) % 1.0
+            r, g, b = colorsys.hls_to_rgb(h, (0.35, 0.5, 0.65)[i % 3], 0.75)
+            c = f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
+            if c not in seen:
+                seen.add(c)
+                palette.append(c)
+            i += 1
+    return {lab: palette[i] for i, lab in enumerate(labels)}
 
 
 def _positive(s: dict, logx: bool, logy: bool) -> list[int]:
@@ -249,3 +272,53 @@ def category_points(path: Path, categories: list[str], values: dict[str, list], 
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return limits
+
+
+def differences(path: Path, panel_series: dict[str, list[dict]], colors: dict, *, xlabel: str, ylabel: str,
+                title: str) -> None:
+    """Paired differences over training: one axis per key of ``panel_series`` (e.g. against the baseline,
+    against the random control), a mean curve with its 95% band per series, and the zero line."""
+    plt = _plt()
+    n = len(panel_series)
+    fig, axes = plt.subplots(1, n, figsize=(5.6 * n, 4.2), squeeze=False)
+    for ax, (name, series) in zip(axes.flat, panel_series.items()):
+        ax.axhline(0.0, color="k", lw=1)
+        _draw_series(ax, series, colors, logx=False, logy=False)
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def kept_dropped(path: Path, per_group: dict[str, tuple[dict, dict]], colors: dict, *, xlabel: str,
+                 title: str) -> None:
+    """One axis per group: the mean score of its kept tokens (solid) and of its dropped tokens (dashed) over
+    training, each a mean curve over seeds with its band; ``per_group[label] = (kept series, dropped series)``."""
+    plt = _plt()
+    n = len(per_group)
+    cols = min(3, n)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(max(6.0, 4.4 * cols), 3.3 * rows + 0.4), squeeze=False)
+    for ax, (label, (kept, dropped)) in zip(axes.flat, per_group.items()):
+        c = colors.get(label)
+        for s, style, name in ((kept, "-", "kept"), (dropped, "--", "dropped")):
+            ax.plot(s["x"], s["mean"], color=c, ls=style, lw=1.6, label=f"{name} (n={s['n']})")
+            if s["n"] > 1:
+                ax.fill_between(s["x"], s["lo"], s["hi"], color=c, alpha=0.15, lw=0)
+        ax.set_title(label, fontsize=9)
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.set_ylabel("mean score", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)

@@ -21,13 +21,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "every seed of the baseline group reaches); default: the best loss every run reaches")
     parser.add_argument("--baseline", default=None, metavar="NAME",
                         help="group (label or method name) every other group is compared with (default: clm)")
+    parser.add_argument("--primary", nargs=2, default=None, metavar=("GROUP", "OTHER"),
+                        help="the comparison named in advance (e.g. eslm-entropy random): shown first and not "
+                             "adjusted for multiplicity; every other verdict is Holm-adjusted")
     parser.add_argument("--flops", choices=sorted(FLOPS_KEYS), default="paper",
                         help="FLOPs convention: paper (backward scaled by kept fraction) or executed")
 
 
 def run(args: argparse.Namespace) -> int:
     summary = build_report(args.run_dirs, args.out, target_loss=args.target_loss, flops=args.flops,
-                           baseline=args.baseline)
+                           baseline=args.baseline, primary=args.primary)
     print_summary(summary, Path(args.out))
     return 0
 

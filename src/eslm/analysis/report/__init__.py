@@ -50,16 +50,22 @@ def print_summary(summary: dict, out: Path) -> None:
     """Warnings to stderr; the verdicts and where the report is to stdout."""
     for w in summary["warnings"]:
         print(f"eslm report: warning: {w}", file=sys.stderr)
-    for c in summary["comparisons"]:
-        print(f"{c['group']}: " + "; ".join(c["verdicts"]))
+    if summary.get("primary"):
+        print(summary["primary"]["primary_verdict"])
+    for c in summary["comparisons"] + summary["controls"]:
+        print(f"{c['group']} vs {c['against']}: " + "; ".join(c["verdicts"]))
     print(f"wrote {Path(out) / 'index.html'} ({len(summary['groups'])} groups, {len(summary['runs'])} runs)")
 
 
 def build_report(run_dirs: list[str], out_dir: str | Path, *, target_loss: float | None = None,
-                 flops: str = "paper", baseline: str | None = None, where: str = "--") -> dict:
+                 flops: str = "paper", baseline: str | None = None, where: str = "--",
+                 primary: list[str] | None = None) -> dict:
     """Read the runs, write ``out_dir``/index.html, the PNGs and summary.json; return the summary. Errors name
     the options as ``{where}baseline`` etc.: the command line's ``--baseline`` by default, ``report.`` for the
-    report section of a study file."""
+    report section of a study file. ``primary``: the two groups of the comparison named in advance."""
+    if primary is not None and (len(primary) != 2 or primary[0] == primary[1]):
+        raise ReportError(f"expected {where}primary to name two different groups, found {list(primary)!r}; "
+                          "give the group and the one it is compared with, e.g. eslm-entropy random")
     if flops not in FLOPS_KEYS:
         raise ReportError(f"expected {where}flops in {sorted(FLOPS_KEYS)}, found {flops!r}; pick one of them")
     if target_loss is not None and target_loss != "baseline" and not (is_number(target_loss) and target_loss > 0):
@@ -89,7 +95,7 @@ def build_report(run_dirs: list[str], out_dir: str | Path, *, target_loss: float
     else:
         target, source = default_target(runs), "the lowest loss every run reaches: max over runs of min val_loss"
     summary = summarize(runs, groups, target=target, target_source=source, flops=flops,
-                        skipped=skipped, warnings=warnings, baseline=baseline, where=where)
+                        skipped=skipped, warnings=warnings, baseline=baseline, where=where, primary=primary)
     write_report_dir(Path(out_dir), lambda out: _write(out, groups, summary))
     return summary
 

@@ -70,13 +70,26 @@ def group_curve(group: Group, records_of, x_key: str, y_key: str) -> dict | None
 
 
 def to_target(group: Group, x_key: str, target: float) -> dict:
-    """Per-run crossing values and their aggregate (``reached`` = how many seeds reached the target)."""
-    per_run, per_seed = {}, {}
+    """Per-run crossing values and their aggregate over the seeds that reached the target (``reached`` = how
+    many); ``budget_per_seed``: each run's x at its last evaluation, where a run that never reached the target
+    is censored (``censored``: those seeds; ``with_censored``: the aggregate with them at their budget, a lower
+    bound on the group's mean cost)."""
+    per_run, per_seed, budget = {}, {}, {}
     for r in group.runs:
         _, xs, ys = series(r.eval, x_key, M.VAL_LOSS)
         per_run[r.name] = per_seed[str(r.seed)] = crossing(xs, ys, target)
+        budget[str(r.seed)] = float(xs[-1]) if xs else None
     agg = aggregate(list(per_run.values()))
-    return {"key": x_key, "per_run": per_run, "per_seed": per_seed, "reached": agg.pop("count"), **agg}
+    censored_values, censored = S.censor(per_seed, budget)
+    return {"key": x_key, "per_run": per_run, "per_seed": per_seed, "reached": agg.pop("count"), **agg,
+            "budget_per_seed": budget, "censored": censored,
+            "with_censored": aggregate(list(censored_values.values()))}
+
+
+def best_val_loss(r: Run):
+    """The lowest validation loss of a run's evaluations (None if it has none)."""
+    ys = series(r.eval, M.STEP, M.VAL_LOSS)[2]
+    return min(ys) if ys else None
 
 
 def domains_of(runs: list[Run]) -> list[str]:

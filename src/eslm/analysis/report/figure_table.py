@@ -126,6 +126,42 @@ def _selection(path: Path, sc: Scene) -> bool:
     return True
 
 
+def _differences(path: Path, sc: Scene) -> bool:
+    """The paired difference of the validation loss against the baseline and against the random-drop control
+    over training: does an effect grow with training?"""
+    d = sc.summary["differences_over_training"]
+    base = sc.summary["baseline"]
+    panel = {}
+    if d["baseline"]:
+        panel[f"minus {base} (baseline)"] = d["baseline"]
+    if d["control"]:
+        panel["minus random at the same alpha"] = d["control"]
+    if not panel:
+        return False
+    figures.differences(path, panel, sc.colors, xlabel="tokens seen", ylabel="Δ validation loss (nats)",
+                        title="Paired difference over training: mean and 95% interval over seeds")
+    return True
+
+
+def _kept_dropped(path: Path, sc: Scene) -> bool:
+    """Mean score of the kept and the dropped tokens per selective group (groups that log alpha: a score-based
+    selector; the random control has no score) over training."""
+    tr = lambda r: r.train  # noqa: E731
+    per_group = {}
+    for g in sc.groups:
+        if not any(M.ALPHA in rec for r in g.runs for rec in r.train):
+            continue
+        kept = group_curve(g, tr, M.STEP, M.CVAR)  # the CVaR is the mean score of the kept tokens
+        dropped = group_curve(g, tr, M.STEP, M.SCORE_DROPPED_MEAN)
+        if kept and dropped:
+            per_group[g.label] = (kept, dropped)
+    if not per_group:
+        return False
+    figures.kept_dropped(path, per_group, sc.colors, xlabel="optimizer step",
+                         title="Mean score of kept (solid) and dropped (dashed) tokens")
+    return True
+
+
 _LOSS, _COST = "Validation loss", "Cost to reach the target loss (figures)"
 FIGURES: tuple[Figure, ...] = (
     Figure("loss_vs_flops", _LOSS, "validation loss vs FLOPs (log-log)",
@@ -133,6 +169,8 @@ FIGURES: tuple[Figure, ...] = (
     Figure("loss_vs_tokens", _LOSS, "validation loss vs tokens", _loss_curves(lambda s: (M.TOKENS_SEEN, "tokens seen"), True)),
     Figure("loss_vs_time", _LOSS, "validation loss vs wall-clock",
            _loss_curves(lambda s: (s["time_key"], s["time_words"]), False)),
+    Figure("difference_over_training", "Paired differences over training",
+           "paired difference vs the baseline and vs random over training", _differences),
     Figure("flops_to_target", _COST, "paper FLOPs to target",
            _to_target_bars(M.FLOPS_PAPER, lambda s: "FLOPs (paper convention)")),
     Figure("executed_to_target", _COST, "executed FLOPs to target",
@@ -142,6 +180,8 @@ FIGURES: tuple[Figure, ...] = (
     Figure("domain_final", "Per-domain validation loss", "final loss per domain", _domain_final),
     Figure("domain_curves", "Per-domain validation loss", "per-domain curves", _domain_curves),
     Figure("selection", "Token selection", "kept fraction and alpha over training", _selection),
+    Figure("kept_dropped_scores", "Token selection", "mean score of kept and dropped tokens over training",
+           _kept_dropped),
 )
 
 

@@ -62,20 +62,33 @@ def _summary_table(summary: dict) -> str:
     rows = []
     for g in summary["groups"]:
         rows.append([_label(g), str(len(g["runs"])), _agg_cell(g["final_val_loss"], ".4f"),
+                     _agg_cell(g["equal_tokens_val_loss"], ".4f"),
                      _agg_cell(g["best_val_loss"], ".4f"), _agg_cell(g["final_" + M.STEP], ".4g"),
                      _agg_cell(g["final_" + M.FLOPS_PAPER], ".3g"), _agg_cell(g["final_" + M.FLOPS_EXECUTED], ".3g"),
                      _agg_cell(g["step_cost_vs_clm"], ".3f"), _agg_cell(g["final_" + summary["time_key"]], ".3g")])
     time_head = "CPU s" if summary["time_key"] == M.CPU_S else "wall-clock s"
-    return _table(["group", "seeds", "final val loss", "best val loss", "steps", M.FLOPS_PAPER, M.FLOPS_EXECUTED,
-                   "executed per step / CLM step", time_head], rows)
+    equal = f"val loss at {summary['baseline']}'s last eval (equal tokens)" if summary["baseline"] else \
+        "val loss at the baseline's last eval"
+    return _table(["group", "seeds", "final val loss", equal, "best val loss", "steps", M.FLOPS_PAPER,
+                   M.FLOPS_EXECUTED, "executed per step / CLM step", time_head], rows)
+
+
+def _censored_cell(t: dict, spec=".3g") -> str:
+    """The mean with every seed, a seed that never reached the target at its budget (a lower bound)."""
+    if not t["censored"]:
+        return "—"
+    a = t["with_censored"]
+    return f"≥ {_fmt(a['mean'], spec)} <small>({len(t['censored'])}/{t['n']} censored)</small>"
 
 
 def _costs_table(summary: dict) -> str:
-    """To-target costs in both FLOPs conventions, tokens and time, side by side."""
-    rows = [[_label(g)] + [_target_cell(g["to_target"][k]) for k in COSTS] for g in summary["groups"]]
+    """To-target costs in both FLOPs conventions, tokens and time, side by side; with censored seeds, the
+    paper-FLOPs mean that counts them at their budget."""
+    rows = [[_label(g)] + [_target_cell(g["to_target"][k]) for k in COSTS]
+            + [_censored_cell(g["to_target"][M.FLOPS_PAPER])] for g in summary["groups"]]
     time_head = "CPU s" if summary["time_key"] == M.CPU_S else "wall-clock s"
     return _table(["group", "flops_paper to target", "flops_executed to target", "tokens to target",
-                   f"{time_head} to target"], rows)
+                   f"{time_head} to target", "flops_paper, censored seeds at their budget"], rows)
 
 
 def _comparison_table(summary: dict, comparisons: list[dict]) -> str:
@@ -90,15 +103,26 @@ def _comparison_table(summary: dict, comparisons: list[dict]) -> str:
         return f"{ci['mean']:{spec}} [{ci['lo']:{spec}}, {ci['hi']:{spec}}]{mark} <small>(n={ci['n']})</small>"
 
     rows = [[_label_of(summary, c["group"]), _label_of(summary, c["against"]),
-             cell(c["losses"]["final validation loss"], False)]
+             cell(c["losses"]["final validation loss"], False), cell(c["losses"]["equal-token validation loss"], False)]
             + [cell(c["to_target"][k], True) for k in COSTS] for c in comparisons]
-    return _table(["group", "vs", "Δ final val loss (nats)", "Δ flops_paper", "Δ flops_executed", "Δ tokens",
-                   "Δ time"], rows)
+    return _table(["group", "vs", "Δ final val loss (nats)", "Δ equal-token val loss", "Δ flops_paper",
+                   "Δ flops_executed", "Δ tokens", "Δ time"], rows)
+
+
+def _primary_html(summary: dict) -> str:
+    """The pre-registered comparison, first on the page."""
+    p = summary.get("primary")
+    if not p:
+        return ""
+    return (f"<h2>Primary comparison</h2><p><b>{html.escape(p['primary_verdict'])}</b></p>"
+            "<p class='note'>Named before the runs (the study's <code>report.primary</code>, or "
+            "<code>--primary</code>): its final validation loss is read on its own at 5%; every other verdict "
+            f"below is Holm-adjusted over the {summary['holm_family']} comparisons of this report.</p>")
 
 
 def _verdicts_html(summary: dict) -> str:
     parts = []
-    if summary["baseline"] is None:
+    if summary["baseline"] is None and not summary.get("primary"):
         return "<p class='warn'>No baseline group: no paired comparisons.</p>"
     for title, comps in (("Against the baseline", summary["comparisons"]),
                          ("Against the random-drop control at the same alpha", summary["controls"])):
@@ -183,20 +207,28 @@ def render_html(summary: dict, written: dict) -> str:
         f"(<code>{s['flops_key']}</code>). Target validation loss: <b>{s['target_loss']:.4g}</b> "
         f"({html.escape(s['target_source'])}).</p>",
         f"<ul>{warn}</ul>" if warn else "",
+        _primary_html(s),
         "<h2>Verdicts</h2>", _verdicts_html(s),
         "<p class='note'>Paired by seed: for one seed every run saw the same data order and started from the "
         "same weights. Intervals are 95% Student-t intervals of the mean paired difference over seeds; "
-        "\"no difference detectable\" means the interval contains 0. To-target costs are compared relative to "
-        "the baseline's (−10% = 10% less).</p>",
+        f"a difference is shown when its Holm-adjusted p-value (over the {s['holm_family']} comparisons of this "
+        "report, the primary one excepted) is below 5%; \"no difference detectable\" gives the smallest "
+        "difference the comparison could have detected with 80% power (two-sided paired t test at 5%, from the "
+        "observed spread). To-target costs are compared relative to the other group's (−10% = 10% less); a seed "
+        "that never reached the target counts at its budget (censored, said in the verdict). The equal-token "
+        "read-out is the loss at the baseline's last evaluation, where every run has seen the same tokens. "
+        f"Learning-rate schedule: {html.escape(s['schedule'])}.</p>",
         "<h2>Summary</h2>", _summary_table(s),
         "<p class='note'>Mean over the seeds of a group ± the half-width of its 95% Student-t interval. "
         "<i>Executed per step / CLM step</i>: flops_executed / flops_dense, what one step of the method executes "
         "in units of a plain CLM step on the same tokens (e.g. GREATS' scoring and gradient inner products).</p>",
         f"<h2>Cost to reach validation loss {s['target_loss']:.4g}</h2>", _costs_table(s),
         f"<p class='note'>To-target values: {html.escape(s['interpolation'])}. A group mean covers only the "
-        f"seeds that reached the target. Time: {html.escape(s['time_words'])}.</p>",
+        "seeds that reached the target; the last column counts the others at their budget (their cost at their "
+        f"last evaluation, so the mean is a lower bound). Time: {html.escape(s['time_words'])}.</p>",
         "<h2>Paired differences</h2>", _comparison_table(s, s["comparisons"] + s["controls"]),
-        "<p class='note'>▼ / ▲: the interval lies below / above zero.</p>",
+        "<p class='note'>▼ / ▲: below / above zero after Holm's adjustment (the primary comparison's final loss: "
+        "its own 95% interval).</p>",
         "<h2>Groups</h2>",
         f"<p class='note'>Runs are grouped when their resolved config.yaml files are identical except for "
         f"{', '.join('<code>' + k + '</code>' for k in IGNORED_FOR_GROUPING)}; a group is drawn as the mean "

@@ -38,8 +38,9 @@ def render_markdown(summary: dict) -> str:
     t_words = "CPU s" if s["time_key"] == M.CPU_S else "wall-clock s"
     base = s["baseline"] or "baseline"
     head = (f"| group | n | final val loss | Δ final loss vs {base} | Δ vs random (same alpha) | "
-            f"to target, Δ flops_paper vs {base} | Δ flops_executed | Δ {t_words} | reached | step cost / CLM |")
-    lines = [head, "|" + "---|" * 10]
+            f"Δ equal-token loss vs {base} | to target, Δ flops_paper vs {base} | Δ flops_executed | "
+            f"Δ {t_words} | reached | step cost / CLM |")
+    lines = [head, "|" + "---|" * 11]
     unfinished = any(g["unfinished"] for g in s["groups"])
     for g in s["groups"]:
         c, r = comp.get(g["label"]), ctrl.get(g["label"])
@@ -48,18 +49,24 @@ def render_markdown(summary: dict) -> str:
             _md_label(g), str(g["final_val_loss"]["count"]), _md_ci(g["final_val_loss"], ".4f"),
             _md_paired(c["losses"]["final validation loss"] if c else None, False),
             _md_paired(r["losses"]["final validation loss"] if r else None, False),
+            _md_paired(c["losses"]["equal-token validation loss"] if c else None, False),
             _md_paired(c["to_target"][M.FLOPS_PAPER] if c else None, True),
             _md_paired(c["to_target"][M.FLOPS_EXECUTED] if c else None, True),
             _md_paired(c["to_target"]["time_s"] if c else None, True),
             f"{tt['reached']}/{tt['n']}", _md_ci(g["step_cost_vs_clm"], ".3f")]) + " |")
     notes = [f"Target validation loss {s['target_loss']:.4f} ({s['target_source']}). Mean ± 95% Student-t "
-             f"half-width over seeds; Δ: mean paired (by seed) difference [95% interval], relative for costs; "
-             f"**↓**/**↑**: the interval excludes 0. Time: {s['time_words']}."]
+             f"half-width over seeds; Δ: mean paired (by seed) difference [95% interval], relative for costs, a "
+             f"seed that never reached the target counted at its budget (censored); **↓**/**↑**: below / above 0 "
+             f"after Holm's adjustment over the {s['holm_family']} comparisons of this report (the primary "
+             f"comparison's final loss: its own interval). Equal-token loss: at {base}'s last evaluation. "
+             f"Learning-rate schedule: {s['schedule']}. Time: {s['time_words']}."]
     if unfinished:
         notes.append("**unfinished**: runs without result.json (still training, interrupted or crashed): their "
                      "\"final\" values are those of their last evaluation, not of the end of training.")
     verdicts = [f"- **{c['group']}** vs {c['against']}: " + "; ".join(c["verdicts"])
                 for c in s["comparisons"] + s["controls"]]
+    if s.get("primary"):
+        lines = [f"**{s['primary']['primary_verdict']}**", ""] + lines
     gaps = [f"- {x}." for x in s["flops_gaps"]]
     warn = [f"- warning: {w}" for w in s["warnings"]]
     return "\n".join(lines + [""] + notes + [""] + verdicts + [""] + gaps + ([""] + warn if warn else [])) + "\n"

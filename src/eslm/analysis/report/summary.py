@@ -7,8 +7,9 @@ import statistics
 from pathlib import Path
 
 from eslm import metrics as M
-from eslm.analysis import stats as S
-from eslm.analysis.report.curves import aggregate, domains_of, group_final, last_value, series, to_target
+from eslm.analysis.report import comparisons as C
+from eslm.analysis.report.curves import (aggregate, best_val_loss, domains_of, group_final, last_value, series,
+                                         to_target)
 from eslm.analysis.report.downstream import group_downstream
 from eslm.analysis.rundir import IGNORED_FOR_GROUPING, Group, Run, distinct_names, find_group, is_number, load_run
 from eslm.errors import ESLMError
@@ -63,19 +64,6 @@ def time_key_of(runs: list[Run]) -> tuple[str, str]:
     return M.ELAPSED_S, "wall-clock time (s, evaluation excluded)"
 
 
-def _per_seed(group: Group, value_of) -> dict:
-    return {str(r.seed): value_of(r) for r in group.runs}
-
-
-def _final(r: Run, key: str = M.VAL_LOSS):
-    return last_value(r.eval, key)
-
-
-def best_val_loss(r: Run):
-    ys = series(r.eval, M.STEP, M.VAL_LOSS)[2]
-    return min(ys) if ys else None
-
-
 def find_baseline(groups: list[Group], name: str | None, where: str = "--") -> tuple[Group | None, str | None]:
     """The group ``name`` names (``eslm.analysis.rundir.find_group``: a label, a study's grid point, or a method
     with one group), default clm; (None, reason) when there is no clm group and none was named. Errors name
@@ -103,29 +91,20 @@ def config_alpha(g: Group):
     return config_get(g.runs[0].config, "method.alpha")
 
 
-def compare(g: Group, base: Group, to_target: dict, base_tt: dict) -> dict:
-    """Paired (by seed) differences of ``g`` against ``base``: losses in nats, to-target costs relative."""
-    out = {"group": g.label, "against": base.label, "losses": {}, "to_target": {}, "verdicts": []}
-    for what, fn in (("final validation loss", _final), ("best validation loss", best_val_loss)):
-        ci = S.paired(_per_seed(g, fn), _per_seed(base, fn))
-        out["losses"][what] = ci
-    out["verdicts"].append(S.loss_verdict(out["losses"]["final validation loss"], "final validation loss",
-                                          base.label))
-    for key, (_, words) in COSTS.items():
-        ci = S.paired(to_target[key]["per_seed"], base_tt[key]["per_seed"], relative=True)
-        out["to_target"][key] = ci
-        if ci["n"] == 0:
-            a, b = to_target[key], base_tt[key]
-            out["verdicts"].append(f"{words}: {g.label} reaches the target in {a['reached']}/{a['n']} seeds, "
-                                   f"{base.label} in {b['reached']}/{b['n']}: no pair to compare")
-        else:
-            out["verdicts"].append(S.cost_verdict(ci, words, base.label))
-    if all(out["to_target"][k]["n"] == 0 for k in COSTS):  # one line instead of four identical ones
-        a, b = to_target[M.FLOPS_PAPER], base_tt[M.FLOPS_PAPER]
-        out["verdicts"] = out["verdicts"][:1] + [
-            f"reaches the target in {a['reached']}/{a['n']} seeds ({base.label}: {b['reached']}/{b['n']}), "
-            "so no to-target cost can be compared"]
-    return out
+def schedule_words(runs: list[Run]) -> str:
+    """How the runs' learning-rate schedules were set (``train.lr_schedule`` under a FLOPs budget)."""
+    from eslm.analysis.rundir import config_get
+
+    kinds = set()
+    for r in runs:
+        budget = is_number(config_get(r.config, "train.max_flops")) and config_get(r.config, "train.max_flops") > 0
+        kinds.add((config_get(r.config, "train.lr_schedule") or "steps") if budget else "none")
+    words = {"budget": "under the FLOPs budget each run's warmup and cosine end at its own last step "
+                       "(train.lr_schedule=budget: stretched by the steps the run takes to spend the budget)",
+             "steps": "under the FLOPs budget every run warms up and decays over the same configured steps "
+                      "(train.lr_schedule=steps): a run that takes more steps spends them at min_lr",
+             "none": "no FLOPs budget: each run's schedule spans its configured steps"}
+    return "; ".join(f"{words.get(k, k)}" for k in sorted(kinds)) + (" (runs differ)" if len(kinds) > 1 else "")
 
 
 def flops_gap(g: dict, base: dict) -> str | None:
@@ -192,8 +171,9 @@ def machine_warning(runs: list[Run]) -> str | None:
 
 def summarize(runs: list[Run], groups: list[Group], *, target: float, target_source: str,
               flops: str, skipped: list[dict], warnings: list[str], baseline: str | None = None,
-              where: str = "--") -> dict:
-    """The machine-readable summary written as summary.json."""
+              where: str = "--", primary: list[str] | None = None) -> dict:
+    """The machine-readable summary written as summary.json. ``primary``: the two groups of the comparison named
+    in advance (``--primary A B``, a study's ``report.primary``): read unadjusted and shown first."""
     flops_key = FLOPS_KEYS[flops]
     time_key, time_words = time_key_of(runs)
     domains = domains_of(runs)
@@ -221,15 +201,43 @@ def summarize(runs: list[Run], groups: list[Group], *, target: float, target_sou
     if why:
         warnings.append(why)
     by_label = {g["label"]: g for g in gs}
+    eq = {g.label: C.equal_token_losses(g, base) for g in groups}
+    for g in gs:
+        g["equal_tokens_val_loss"] = aggregate(list(eq[g["label"]].values()))
+    pairs = []  # (comparison, group, other) in the order shown
     for g in groups:
         if base is not None and g is not base:
-            comparisons.append(compare(g, base, tts[g.label], tts[base.label]))
+            comparisons.append(C.compare(g, base, tts[g.label], tts[base.label], eq[g.label], eq[base.label], COSTS))
+            pairs.append((comparisons[-1], g, base))
             gap = flops_gap(by_label[g.label], by_label[base.label])
             if gap and g.method != "clm":
                 gaps.append(gap)
         ctrl = _control_for(g, groups)
         if ctrl is not None:
-            controls.append(compare(g, ctrl, tts[g.label], tts[ctrl.label]))
+            controls.append(C.compare(g, ctrl, tts[g.label], tts[ctrl.label], eq[g.label], eq[ctrl.label], COSTS))
+            pairs.append((controls[-1], g, ctrl))
+    primary_entry = None
+    if primary:
+        a, why_a = find_group(groups, primary[0], f"{where}primary")
+        b, why_b = find_group(groups, primary[1], f"{where}primary")
+        if a is None or b is None:
+            raise ReportError(why_a or why_b)
+        primary_entry = next((c for c, g, o in pairs if g is a and o is b), None)
+        if primary_entry is None:
+            primary_entry = C.compare(a, b, tts[a.label], tts[b.label], eq[a.label], eq[b.label], COSTS)
+            pairs.insert(0, (primary_entry, a, b))
+        primary_entry["primary"] = True
+    family = C.adjust([c for c, _, _ in pairs])
+    equal_words = (f"validation loss at {base.label}'s last evaluation (equal tokens)" if base is not None
+                   else C.EQUAL)
+    for c, g, o in pairs:
+        c["verdicts"] = C.write_verdicts(c, COSTS, tts[g.label], tts[o.label], equal_words)
+    if primary_entry is not None:
+        primary_entry["primary_verdict"] = C.primary_verdict(primary_entry)
+    differences = {"baseline": [d for g in groups if base is not None and g is not base
+                                and (d := C.difference_curve(g, base)) is not None],
+                   "control": [d for g in groups if (ctrl := _control_for(g, groups)) is not None
+                               and (d := C.difference_curve(g, ctrl)) is not None]}
     warnings += [w for w in (load_warning(runs), machine_warning(runs)) if w]
     return {
         "format": REPORT_FORMAT, "flops_convention": flops, "flops_key": flops_key,
@@ -237,10 +245,15 @@ def summarize(runs: list[Run], groups: list[Group], *, target: float, target_sou
         "target_loss": target, "target_source": target_source, "interpolation": INTERPOLATION_NOTE,
         "grouping": "same resolved config except " + ", ".join(IGNORED_FOR_GROUPING),
         "statistics": ("mean over seeds with a 95% Student-t interval (n=1: no interval); comparisons are "
-                       "paired by seed (same data order and initial weights), relative for costs"),
+                       "paired by seed (same data order and initial weights), relative for costs; a 'no "
+                       "difference detectable' verdict states the smallest difference detectable at 80% power "
+                       "(two-sided paired t at 5%, from the observed spread); to-target costs count a seed that "
+                       "never reached the target at its budget (censored); the verdicts are Holm-adjusted over "
+                       "every comparison of the report except the primary one"),
         "baseline": base.label if base is not None else None,
+        "primary": primary_entry, "holm_family": family, "schedule": schedule_words(runs),
         "domains": domains, "groups": gs, "comparisons": comparisons, "controls": controls,
-        "flops_gaps": gaps,
+        "differences_over_training": differences, "flops_gaps": gaps,
         "runs": [{"name": r.name, "path": str(r.path), "method": r.method, "seed": r.seed,
                   "group": group_of[id(r)], "finished": r.finished, "git_commit": r.env.get("git_commit"),
                   "device": r.env.get("device"), M.LOAD_AVG_1M: run_load(r)}

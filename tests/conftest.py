@@ -110,3 +110,15 @@ class HostReads(TorchDispatchMode):
                                         for i in args[1]):  # a mask's nonzero runs inside the kernel, unseen here
             self._found(f"aten.{name} with a boolean mask")
         return func(*args, **(kwargs or {}))
+
+
+def read_metrics(run_dir, kind: str | None = None) -> list[dict]:
+    """metrics.jsonl of a run directory as a list (``eslm.train.run_dir.last_records``: the last line of every
+    (kind, step)), only ``kind`` ("train" / "eval") if given; [] when there is no file."""
+    from eslm.train.run_dir import last_records
+
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    recs, _ = last_records(path)
+    return [r for r in recs if kind is None or r["kind"] == kind]

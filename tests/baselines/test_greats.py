@@ -55,6 +55,19 @@ def _reference_gram(per_sample, name, has_bias):
     return g.double() @ g.double().t()
 
 
+def capture_linear_io(model, x, y, *, exclude_head=True, impl=None):
+    """All scored layers' inputs and output gradients at once (fp32), in module order, and the loss (N,): the
+    selection streams them layer by layer (``G.stream_linear_io``); a test wants them all."""
+    got = {}
+
+    def keep(name, a, d, bias):
+        if a is not None:
+            got[name] = G.LayerIO(name, a.float(), d.float(), bias)
+
+    loss = G.stream_linear_io(model, x, y, keep, exclude_head=exclude_head, impl=impl)
+    return [got[n] for n, _ in G.scored_linears(model, exclude_head) if n in got], loss
+
+
 @pytest.mark.filterwarnings("ignore:There is a performance drop")
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("mode", ["ghost", "materialised"])
@@ -62,7 +75,7 @@ def test_layer_inner_products_equal_func_per_sample_grads(bias, mode):
     model = _model(bias)
     x, y = _batch(6, seed=1)
     ref = _func_per_sample_grads(model, x, y)
-    layers, loss = G.capture_linear_io(model, x, y, exclude_head=False, impl="naive")
+    layers, loss = capture_linear_io(model, x, y, exclude_head=False, impl="naive")
     names = [io.name for io in layers]
     assert len(names) == 4 * model.config.n_layer + 1 and names[-1] == "lm_head"
     for io in layers:
@@ -77,7 +90,7 @@ def test_layer_inner_products_equal_func_per_sample_grads(bias, mode):
 def test_ghost_equals_materialised_and_memory_rule():
     model = _model()
     x, y = _batch(5, seed=2)
-    layers, _ = G.capture_linear_io(model, x, y, impl="naive")
+    layers, _ = capture_linear_io(model, x, y, impl="naive")
     for io in layers:
         a, _ = G.layer_inner_products(io, 5, "ghost")
         b, _ = G.layer_inner_products(io, 5, "materialised")
@@ -343,13 +356,12 @@ def test_errors():
 # through the real trainer: floor and pool budgets, rows trained, FLOPs, exact resume
 # ---------------------------------------------------------------------------------------------------------
 
-from conftest import tiny_overrides  # noqa: E402
+from conftest import read_metrics, tiny_overrides  # noqa: E402
 from eslm import metrics as M  # noqa: E402
 from eslm.baselines.plugins import GreatsRows  # noqa: E402
 from eslm.config import build_config  # noqa: E402
 from eslm.errors import CheckpointError  # noqa: E402
 from eslm.flops import step_flops  # noqa: E402
-from eslm.train.run_dir import read_metrics  # noqa: E402
 from eslm.train.trainer import Trainer  # noqa: E402
 
 # tiny_overrides: micro-batches of B = 4 rows of 32 tokens, 2 accumulation steps; alpha 0.1 -> budget 0.9:

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import tiny_overrides
+from conftest import read_metrics, tiny_overrides
 from eslm import metrics as M
 from eslm.train.resume import read_resumes
-from eslm.train.run_dir import read_metrics
 
 RUNNER = Path(__file__).with_name("faulty_eslm.py")
 TIME_KEYS = set(M.TIMING_KEYS)  # machine measurements (cpu_s, load average, ...): differ between identical runs

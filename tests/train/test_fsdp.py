@@ -12,9 +12,8 @@ import textwrap
 import pytest
 import torch
 
-from conftest import tiny_overrides, torchrun
+from conftest import read_metrics, tiny_overrides, torchrun
 from eslm import metrics as M
-from eslm.train.run_dir import read_metrics
 
 pytestmark = pytest.mark.slow
 

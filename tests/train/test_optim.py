@@ -6,14 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_overrides
+from conftest import read_metrics, tiny_overrides
 from eslm import metrics as M
 from eslm.config import build_config
 from eslm.flops import training_flops_model
 from eslm.methods import BuildContext, build_method
 from eslm.study import _with_budget
 from eslm.train.optim import lr_at, plan_schedule
-from eslm.train.run_dir import read_metrics
 from eslm.train.trainer import Trainer, train
 
 MIN_LR = 3e-4

@@ -11,14 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import tiny_overrides
+from conftest import read_metrics, tiny_overrides
 from eslm import metrics as M
 from eslm.cli import main as cli_main
 from eslm.config import build_config
 from eslm.errors import CheckpointError, ConfigError
 from eslm.lock import DirLock, LockHeld
 from eslm.train.resume import effective_config, read_resumes
-from eslm.train.run_dir import read_metrics
 from eslm.train.trainer import Trainer, TrainingDiverged, train
 
 TIME_KEYS = set(M.TIMING_KEYS)  # machine measurements (cpu_s, load average, ...): differ between identical runs

@@ -3,7 +3,8 @@
 import json
 
 from eslm.analysis.rundir import read_metrics as report_read
-from eslm.train.run_dir import last_records, read_metrics
+from conftest import read_metrics
+from eslm.train.run_dir import last_records
 
 
 def _write(path, lines):

@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import tiny_overrides
+from conftest import read_metrics, tiny_overrides
 from eslm import metrics as M
 from eslm.config import build_config
 from eslm.methods import METHODS
-from eslm.train.run_dir import read_metrics
 from eslm.train.trainer import Trainer, TrainingDiverged, train
 
 # methods that need a reference / teacher checkpoint are exercised in the baselines tests

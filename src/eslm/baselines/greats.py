@@ -186,20 +186,6 @@ def stream_linear_io(model: nn.Module, x: torch.Tensor, y: torch.Tensor, on_laye
     return loss.detach().float()
 
 
-def capture_linear_io(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, exclude_head: bool = True,
-                      impl: str | None = None) -> tuple[list[LayerIO], torch.Tensor]:
-    """All scored layers' inputs and output gradients at once (fp32), in module order, and the loss (N,).
-    Holds every layer's d simultaneously: for tests and inspection; the selection streams instead."""
-    got: dict[str, LayerIO] = {}
-
-    def keep(name, a, d, bias):
-        if a is not None:
-            got[name] = LayerIO(name, a.float(), d.float(), bias)
-
-    loss = stream_linear_io(model, x, y, keep, exclude_head=exclude_head, impl=impl)
-    return [got[n] for n, _ in scored_linears(model, exclude_head) if n in got], loss
-
-
 # ---------------------------------------------------------------------------------------------------------
 # per-layer inner products
 # ---------------------------------------------------------------------------------------------------------
@@ -272,11 +258,6 @@ def per_sample_grads(a: torch.Tensor, d: torch.Tensor, has_bias: bool = False) -
     """(N, out*in [+ out]) fp32: G_n = d_n^T a_n flattened, with the bias gradient sum_t d_n,t appended."""
     G = torch.einsum("nto,nti->noi", d, a).flatten(1)
     return torch.cat([G, d.sum(1)], 1) if has_bias else G
-
-
-def materialised_inner_products(a_x, d_x, a_y, d_y, has_bias: bool = False) -> torch.Tensor:
-    """(Nx, Ny) fp32 inner products of explicitly formed per-sample gradients."""
-    return per_sample_grads(a_x, d_x, has_bias) @ per_sample_grads(a_y, d_y, has_bias).t()
 
 
 def layer_inner_products(io: LayerIO, n_x: int, route: str = "flops",

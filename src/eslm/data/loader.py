@@ -271,9 +271,3 @@ def _domain_val_batches(stream: np.ndarray, domain_index: int, count: int, avail
         domain = torch.full((len(rows),), domain_index, dtype=torch.int64)
         batches.append(Batch(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous(), domain))
     return batches
-
-
-def val_token_budget(batches: dict[str, list[Batch]]) -> dict[str, int]:
-    """{domain: target tokens} actually in a validation set (after capping)."""
-    return {d: sum(b.y.numel() for b in bs) for d, bs in batches.items()}
-

@@ -149,17 +149,3 @@ def kd_per_token(s_hidden: torch.Tensor, s_weight: torch.Tensor, t_hidden: torch
     c = rho * rho if hinton_scale else 1.0
     return _ChunkedKD.apply(s_hidden, s_weight, t_hidden.detach(), t_weight.detach(), targets,
                             float(lam), float(rho), float(c), int(chunk_size))
-
-
-def naive_kd_per_token(s_hidden: torch.Tensor, s_weight: torch.Tensor, t_hidden: torch.Tensor,
-                       t_weight: torch.Tensor, targets: torch.Tensor, *, lam: float = 0.5, rho: float = 1.0,
-                       hinton_scale: bool = False) -> torch.Tensor:
-    """Oracle: full (K, V) fp32 logits and autograd. Same contract as ``kd_per_token``."""
-    zs = _logits(s_hidden, s_weight)
-    with torch.no_grad():
-        log_q = torch.log_softmax(_logits(t_hidden, t_weight) / rho, dim=-1)
-    log_p = torch.log_softmax(zs / rho, dim=-1)
-    kl = (log_q.exp() * (log_q - log_p)).sum(-1)
-    ce = torch.nn.functional.cross_entropy(zs, targets, reduction="none")
-    c = rho * rho if hinton_scale else 1.0
-    return lam * c * kl + (1.0 - lam) * ce

@@ -11,21 +11,22 @@ tokens and report the threshold as the smallest kept score, i.e. the order stati
 top (rank floor(alpha*N) + 1 from the bottom). Without ties, {s >= threshold} is exactly the kept set.
 
 Ties. The fast path (`topk_index`) keeps exactly K tokens and breaks ties at the threshold arbitrarily
-(by torch.topk's order); the threshold path (`var_mask`) keeps every token with s >= threshold, so with
-ties it may keep more than K. Scores are continuous (entropy, loss), so exact ties are rare in practice.
+(by torch.topk's order); the threshold path (`at_or_above` a shared threshold) keeps every token with
+s >= threshold, so with ties it may keep more than K. Scores are continuous (entropy, loss), so exact ties are
+rare in practice.
 
 CVaR_alpha = mean of the scores at or above VaR (the kept tokens' mean, reported by
 ``eslm.selection.stats.selection_stats`` with the other statistics of a selection). The Rockafellar-Uryasev form
     CVaR_alpha = min_eta  eta + E[max(0, S - eta)] / (1 - alpha)
 is minimised at eta = VaR and, on an empirical distribution where (1 - alpha) * N is an integer and there are
-no ties at the threshold, equals the tail mean exactly (``cvar_rockafellar_uryasev`` evaluates it; the tests
-check the agreement).
+no ties at the threshold, equals the tail mean exactly (tests/selection/test_risk.py checks the agreement).
 
 Everything here avoids host synchronisation (except where a docstring says so): K is a Python int computed from
 shapes, torch.topk has a static output shape, and nothing calls .item().
 
-This module is the ONE place where scores become kept tokens: the token selectors, the step's scope "step",
-the drop-in ``eslm.api.selective_loss`` and the token view (``eslm.analysis.tokens``) all call it. alpha is
+This module is the ONE place where scores become kept tokens: the token selectors (a micro-batch's top K, the
+selection scope "step"'s threshold), the drop-in ``eslm.api`` and the token view (``eslm.analysis.tokens``) all
+call it. alpha is
 validated once (``check_alpha``) where a selector or a call is set up, not inside the per-batch functions.
 """
 
@@ -59,14 +60,6 @@ def num_kept_tensor(n: torch.Tensor, alpha: float) -> torch.Tensor:
     """``num_kept`` of a 0-dim int64 tensor N (computed in float64 on its device, no sync); 0 when N = 0."""
     dropped = torch.floor(n.double() * alpha + FLOOR_EPS).long()
     return torch.clamp(n - dropped, min=1) * (n > 0)
-
-
-def check_finite(scores: torch.Tensor, what: str = "risk scores") -> None:
-    """Raise a clear error for NaN/inf scores (this one check syncs; the step calls it only in debug mode)."""
-    if not torch.isfinite(scores).all():
-        bad = (~torch.isfinite(scores)).sum().item()
-        raise ValueError(f"{bad} non-finite {what} (NaN or inf); expected finite scores — "
-                         "the model diverged or the inputs are corrupt")
 
 
 def topk_index(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -121,16 +114,3 @@ def var_threshold(scores: torch.Tensor, alpha: float) -> torch.Tensor:
     k = num_kept(flat.numel(), alpha)
     # the K-th largest is the (N - K + 1)-th smallest
     return torch.kthvalue(flat, flat.numel() - k + 1).values
-
-
-def var_mask(scores: torch.Tensor, alpha: float) -> torch.Tensor:
-    """Multiplicative fp32 mask (same shape as scores): 1 where score >= VaR_alpha (ties all kept)."""
-    return at_or_above(scores.float(), var_threshold(scores, alpha)).float()
-
-
-def cvar_rockafellar_uryasev(scores: torch.Tensor, alpha: float, eta: torch.Tensor | float | None = None):
-    """The Rockafellar-Uryasev objective eta + mean(max(0, s - eta)) / (1 - alpha), at eta (default: VaR)."""
-    flat = scores.reshape(-1).float()
-    if eta is None:
-        eta = var_threshold(flat, alpha)
-    return eta + torch.clamp(flat - eta, min=0).mean() / (1.0 - alpha)

@@ -71,23 +71,6 @@ def resolve_device(pref: str, local_rank: int = 0) -> torch.device:
     return device
 
 
-def all_reduce_mean(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
-    if info.enabled:
-        import torch.distributed as dist
-
-        t = t.clone()
-        dist.all_reduce(t)
-        t /= info.world_size
-    return t
-
-
-def barrier(info: DistInfo) -> None:
-    if info.enabled:
-        import torch.distributed as dist
-
-        dist.barrier()
-
-
 def shutdown(info: DistInfo) -> None:
     if info.enabled:
         import torch.distributed as dist

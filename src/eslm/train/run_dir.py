@@ -118,7 +118,7 @@ class MetricsWriter:
     """Appends one JSON object per line to metrics.jsonl (flushed each line) and mirrors scalars to TensorBoard.
 
     After a resume the lines of steps past the checkpoint are written again; readers keep the last line of
-    each (kind, step) — see ``read_metrics``.
+    each (kind, step) — see ``last_records``.
     """
 
     def __init__(self, run_dir: Path, tensorboard: bool):
@@ -190,12 +190,3 @@ def last_records(path: Path) -> tuple[list[dict], int]:
 
 def _is_step(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def read_metrics(run_dir: Path, kind: str | None = None) -> list[dict]:
-    """metrics.jsonl of a run directory as a list (see ``last_records``), only ``kind`` ("train" / "eval") if given."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    recs, _ = last_records(path)
-    return [r for r in recs if kind is None or r[M.KIND] == kind]

@@ -7,12 +7,15 @@ Steps, in order. Each writes DIR/<n>-<step>.json and .md the moment it ends, and
 rewritten after every step (with ``--bundle``, so is a .tar.gz of DIR), so a time-out leaves what finished:
 
 1. ``env``: GPU name, torch / CUDA versions, the peak bf16 TFLOP/s of a large matmul (8192^3 on CUDA);
-   it is the MFU denominator only for a GPU the trainer's peak table lacks (and in the CPU smoke mode);
+   it is the MFU denominator only for a GPU the trainer's peak table lacks (and in the CPU smoke mode); and the
+   LM-head route chooser's coefficients measured on the device (``eslm calibrate``) into DIR/head_costs.json,
+   which the later steps use (ESLM_HEAD_COSTS);
 2. ``pytest``: ``pytest -m gpu`` in a subprocess (fused head vs the oracle, one step of every method, no host
    sync in the selection), its output in DIR/2-pytest.log;
 3. ``loss_path``: ``benchmarks/loss_path.py`` at 124M, 12 x 1024 tokens, bf16 autocast: CLM naive / fused,
-   ESLM-entropy naive / fused / fused-nocache, ESLM-loss fused at alpha 0.1, 0.2, 0.5: step time (CUDA
-   events), peak memory (torch.cuda.max_memory_allocated), tokens/s, MFU, selection cost;
+   ESLM-entropy naive / fused on the chooser's route / fused with each head route forced, ESLM-loss fused at
+   alpha 0.1, 0.2, 0.5: step time (CUDA events), peak memory (torch.cuda.max_memory_allocated), tokens/s, MFU,
+   selection cost, the route each ran;
 4. ``loss_path_compile``: the same with torch.compile (on CPU only with --compile yes);
 5. ``train_clm``, 6. ``train_eslm_entropy``: the real ``eslm train`` command with a config written to DIR
    (a few hundred 124M steps on the built-in corpus, eager, bf16): progress lines with MFU in DIR/<n>-*.log,
@@ -65,9 +68,11 @@ STEPS = ("env", "pytest", "loss_path", "loss_path_compile", "train_clm", "train_
 PRESETS = {
     "gpt2-124m": dict(seq_len=1024, micro_batch=12, matmul_n=8192, bench_steps=10, bench_warmup=3, train_steps=300,
                       log_interval=25, eval_tokens=4096, budget_s=530, alphas=("0.1", "0.2", "0.5"), memory=True,
+                      calib_reps=5,
                       limits=dict(pytest=180, loss_path=150, loss_path_compile=220, train=120)),
     "tiny": dict(seq_len=16, micro_batch=2, matmul_n=256, bench_steps=1, bench_warmup=1, train_steps=8,
                  log_interval=2, eval_tokens=256, budget_s=3600, alphas=("0.1", "0.5"), memory=False,
+                 calib_reps=1,
                  limits=dict(pytest=600, loss_path=600, loss_path_compile=900, train=600)),
 }
 
@@ -198,6 +203,16 @@ def step_env(ctx) -> tuple[dict, list[str]]:
     env.update(matmul_tflops=float(f"{tflops:.4g}"), matmul=f"{ctx.cfg['matmul_n']}^3 {ctx.dtype}")
     ctx.matmul_peak = tflops * 1e12
     md = [f"- {k}: {v}" for k, v in env.items()]
+    # the head route chooser's coefficients, measured here (eslm calibrate); the later steps use them
+    from eslm.ops.calibrate import calibrate, write
+
+    costs = calibrate(ctx.device, ["bf16", "fp32"] if dev.type == "cuda" else ["fp32"], ctx.cfg["calib_reps"])
+    ctx.head_costs = ctx.out / "head_costs.json"
+    write(str(ctx.head_costs), dev.type, costs)
+    env["head_costs"] = {k: {f: getattr(c, f) for f in ("matmul_s_per_flop", "copy_s_per_byte",
+                                                        "softmax_s_per_elem", "entropy_s_per_elem")}
+                           for k, c in costs.items()}
+    md.append(f"- head route costs measured into {ctx.head_costs.name} (ESLM_HEAD_COSTS of the later steps)")
     return {"environment": env}, md
 
 
@@ -253,7 +268,7 @@ def step_loss_path(ctx, compile: bool) -> tuple[dict, list[str]]:
     if ctx.peak_flops_arg():
         cmd += ["--peak-flops", str(ctx.peak_flops_arg())]
     log = ctx.report.path(ctx.n, name, ".log")
-    rc, wall = run_logged(cmd, log, ctx.limit(name), env={"ESLM_BENCH_RESULTS": str(ctx.out)})
+    rc, wall = run_logged(cmd, log, ctx.limit(name), env={"ESLM_BENCH_RESULTS": str(ctx.out), **ctx.costs_env()})
     rec = {"status": status_of(rc), "returncode": rc, "command": " ".join(cmd[1:]), "log": log.name}
     result = ctx.report.path(ctx.n, name, ".json")  # written by loss_path.py; this step's record goes beside it
     if rc == 0 and result.exists():
@@ -261,6 +276,7 @@ def step_loss_path(ctx, compile: bool) -> tuple[dict, list[str]]:
         result.rename(ctx.report.path(ctx.n, name, "-bench.json"))
         ctx.report.path(ctx.n, name, ".md").rename(ctx.report.path(ctx.n, name, "-bench.md"))
         rec["targets"] = {f"{k}{' (compile)' if compile else ''}": v for k, v in loss_path_targets(bench).items()}
+        rec["head_costs"] = bench.get("head_costs")
         rec["rows"] = {r["variant"]: {k: r[k] for k in ("step_s", "tokens_per_s", "mfu", "peak_bytes",
                                                          "time_vs_clm_fused", "mem_vs_naive_twin")}
                        for r in bench["rows"]}
@@ -329,7 +345,7 @@ def step_train(ctx, method: str) -> tuple[dict, list[str]]:
     cfg_path.write_text(yaml.safe_dump(train_config(ctx, method, run_dir), sort_keys=False))
     log = ctx.report.path(ctx.n, name, ".log")
     cmd = [sys.executable, "-m", "eslm.cli", "train", str(cfg_path)]
-    rc, wall = run_logged(cmd, log, ctx.limit("train"))
+    rc, wall = run_logged(cmd, log, ctx.limit("train"), env=ctx.costs_env())
     for src in ("metrics.jsonl", "result.json"):  # what exists so far, even after a time-out
         if (run_dir / src).exists():
             shutil.copy(run_dir / src, ctx.report.path(ctx.n, name, "-" + src))
@@ -380,7 +396,11 @@ class Context:
         # run directories (with a checkpoint of GBs at 124M) stay out of --out and the bundle
         self.scratch = a.scratch or Path(tempfile.mkdtemp(prefix="gpu_suite_runs_"))
         self.deadline = time.monotonic() + (a.budget_s or self.cfg["budget_s"])
-        self.matmul_peak, self.n = None, 0
+        self.matmul_peak, self.n, self.head_costs = None, 0, None
+
+    def costs_env(self) -> dict:
+        """ESLM_HEAD_COSTS for the benchmark and training steps, once step 1 has measured the coefficients."""
+        return {"ESLM_HEAD_COSTS": str(self.head_costs)} if self.head_costs else {}
 
     def limit(self, kind: str) -> float:
         return min(self.cfg["limits"][kind], self.deadline - time.monotonic())

@@ -66,6 +66,16 @@ def route_of(bench: Bench, v: Variant) -> str | None:
     return method.objective._last_route
 
 
+def head_costs(bench: Bench) -> dict:
+    """Which coefficients the chooser used here: their source line, and the ESLM_HEAD_COSTS file if one was set."""
+    import os
+
+    from eslm.ops.head_costs import ENV, costs_for
+
+    c = costs_for(bench.device.type, "bfloat16" if bench.dtype == "bf16" else "float32")
+    return {"source": c.source, "file": os.environ.get(ENV)}
+
+
 def model_seconds(bench: Bench, route: str | None, kept: float, scored: bool) -> float | None:
     """The cost model's prediction for the head of one step on this route (eslm.ops.head_route)."""
     if route is None:
@@ -210,11 +220,13 @@ def main(argv=None) -> int:
     payload = {"command": cmd.strip(), "settings": vars(a), "tokens_per_step": tokens,
                "environment": environment(bench), "flops_per_token": bench.flops_per_token,
                "peak_flops": peak, "peak_source": peak_source, "rows": rows,
-               "selection_overhead": {str(k): v for k, v in overhead.items()}}
+               "selection_overhead": {str(k): v for k, v in overhead.items()}, "head_costs": head_costs(bench)}
     md = [f"# Loss-path benchmark: {a.preset}, {a.micro_batch}x{a.seq_len} tokens, {a.device} {a.dtype}"
           f"{', torch.compile' if a.compile else ''}", "",
           f"Command: `{payload['command']}`  ",
           f"Environment: {payload['environment']}  ",
+          f"Route chooser's coefficients: {payload['head_costs']['source']}"
+          f"{' (from ' + payload['head_costs']['file'] + ')' if payload['head_costs']['file'] else ''}  ",
           f"Median of {a.steps} round-robin rounds after {a.warmup} warm-up; peak = step's peak memory above "
           "what was resident before it (MB). Route: the head route the variant ran (eslm.ops.head_route). Model "
           "vs CLM fused: the cost model's head time for the route in place of its head time for CLM's, the rest "

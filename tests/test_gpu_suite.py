@@ -35,6 +35,8 @@ def test_smoke_mode_runs_every_step(tiny_data, tmp_path):
     env = _json(out / "1-env.json")
     assert env["status"] == "ok" and env["environment"]["torch"] == torch.__version__
     assert env["environment"]["matmul_tflops"] > 0 and env["environment"]["matmul"] == "256^3 fp32"
+    costs = json.loads((out / "head_costs.json").read_text())  # measured here, used by the later steps
+    assert set(costs["costs"]) == {"cpu/float32"} and env["environment"]["head_costs"]["float32"]["matmul_s_per_flop"] > 0
 
     pt = _json(out / "2-pytest.json")
     assert pt["status"] == "ok" and pt["counts"].get("skipped", 0) > 0 and "-m gpu" in pt["command"]
@@ -46,6 +48,7 @@ def test_smoke_mode_runs_every_step(tiny_data, tmp_path):
                                   "eslm_entropy_vs_clm_fused_time@0.5", "fused_vs_naive_peak_memory",
                                   "selection_fraction_of_step"}
     assert lp["targets"]["clm_fused_mfu"]["value"] > 0  # against the matmul rate measured in step 1
+    assert lp["head_costs"]["file"] == str(out / "head_costs.json")  # the chooser used step 1's coefficients
     assert all(t["met"] in (True, False) for t in lp["targets"].values() if t["value"] is not None)
     for v in ("clm-naive", "clm-fused", "eslm-entropy-fused@0.1", "eslm-loss-fused@0.5"):
         assert lp["rows"][v]["step_s"] > 0 and lp["rows"][v]["tokens_per_s"] > 0

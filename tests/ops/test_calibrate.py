@@ -13,7 +13,7 @@ from eslm.ops.head_costs import ENV, FILE_KIND, costs_for
 
 def test_measure_gives_positive_finite_coefficients():
     c = measure(torch.device("cpu"), torch.float32, reps=1, shape=(64, 32, 1024))
-    for x in (c.matmul_s_per_flop, c.copy_s_per_byte, c.softmax_s_per_elem):
+    for x in (c.matmul_s_per_flop, c.copy_s_per_byte, c.softmax_s_per_elem, c.entropy_s_per_elem):
         assert math.isfinite(x) and x > 0
     assert c.source.startswith("measured ") and "R,C,V=64,32,1024" in c.source
 

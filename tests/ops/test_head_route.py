@@ -28,7 +28,7 @@ def test_route_work_counts_what_each_route_runs():
 def test_the_cost_model_in_head_matmul_units():
     """With the FLOPs term alone, each route costs what the docs say, in u = one N-row head matmul:
     all_rows 3u, kept_cached 1 + 2k, grads_in_pass 3 + 2(1-k), kept_recompute 1 + 3k (3k without scores)."""
-    costs, g, n = HeadCosts(1.0, 0.0, 0.0), Geometry(1, 1), 1000
+    costs, g, n = HeadCosts(1.0, 0.0, 0.0, 0.0), Geometry(1, 1), 1000
     u = 2.0 * n
     for k in (1, 100, 500, 800, 1000):
         kf = k / n
@@ -40,19 +40,19 @@ def test_the_cost_model_in_head_matmul_units():
     assert moved_rows(10, 3) == 3 and moved_rows(10, 7) == 3 and moved_rows(10, 10) == 0
 
 
-@pytest.mark.parametrize("costs", [HeadCosts(1e-11, 1e-10, 1e-8), HeadCosts(1e-11, 3e-9, 1e-8),
-                                   HeadCosts(1e-15, 3e-13, 8e-12), HeadCosts(1.0, 0.0, 0.0)])
+@pytest.mark.parametrize("costs", [HeadCosts(1e-11, 1e-10, 1e-8, 1e-9), HeadCosts(1e-11, 3e-9, 1e-8, 5e-9),
+                                   HeadCosts(1e-15, 3e-13, 8e-12, 5e-12), HeadCosts(1.0, 0.0, 0.0, 0.0)])
 @pytest.mark.parametrize("geom", [SMALL, GPT2, Geometry(8, 1031), Geometry(4, 50304, "cuda", "bfloat16")])
 @pytest.mark.parametrize("cache", [True, False])
-@pytest.mark.parametrize("scored", [True, False])
-def test_the_chooser_picks_the_cheapest_allowed_route(costs, geom, cache, scored):
+@pytest.mark.parametrize("scored,entropy", [(True, False), (True, True), (False, False)])
+def test_the_chooser_picks_the_cheapest_allowed_route(costs, geom, cache, scored, entropy):
     """For every (N, K) of a grid the chooser's route is the cheapest of the allowed routes by the model, it
     picks kept_cached exactly where that is the cheapest, and it never picks a cached route it may not use."""
     for n in (1, 7, 512, 4096):
         for k in sorted({1, max(1, n // 5), n // 2 or 1, (4 * n) // 5 or 1, n - 1 or 1, n}):
             allowed = allowed_routes(n, k, scored=scored, cache=cache)
-            cost = {r: route_seconds(r, n, k, geom, costs, scored=scored) for r in allowed}
-            got = choose_route(n, k, geom, scored=scored, cache=cache, costs=costs)
+            cost = {r: route_seconds(r, n, k, geom, costs, scored=scored, entropy=entropy) for r in allowed}
+            got = choose_route(n, k, geom, scored=scored, cache=cache, costs=costs, entropy=entropy)
             assert got in allowed and cost[got] == min(cost.values()), (n, k, cost)
             if "kept_cached" in allowed and cost["kept_cached"] < min(c for r, c in cost.items() if r != "kept_cached"):
                 assert got == "kept_cached"
@@ -77,9 +77,29 @@ def test_the_chooser_at_the_presets_with_the_built_in_cpu_costs():
 def test_a_tiny_head_on_slow_copies_keeps_all_rows():
     """Where moving rows costs more than the matmuls it saves (a narrow head, copies at 1 GB/s against 100
     GFLOP/s matmuls), the model prefers all_rows, and the chooser follows it; a wide head still saves."""
-    costs = HeadCosts(1e-11, 1e-9, 1e-9)
+    costs = HeadCosts(1e-11, 1e-9, 1e-9, 1e-10)
     assert choose_route(512, 256, Geometry(8, 50304), scored=True, costs=costs) == "all_rows"
     assert choose_route(512, 256, GPT2, scored=True, costs=costs) == "kept_cached"
+    # the H100 data-sheet defaults: tensor-core FLOPs are cheap against moving rows, so the same holds for the
+    # small preset's C = 128 in bf16, not for 124M's C = 768
+    assert choose_route(512, 256, Geometry(128, 50304, "cuda", "bfloat16"), scored=True) == "all_rows"
+    assert choose_route(12288, 6144, Geometry(768, 50304, "cuda", "bfloat16"), scored=True) == "kept_cached"
+
+
+def test_the_entropy_is_priced_where_the_route_pays_it():
+    """With fp32 matmuls all_rows gets the entropy from the P W it forms anyway; kept_cached pays an elementwise
+    pass for it. Where that pass costs more than the dropped rows' matmuls, entropy scores keep all_rows while
+    loss scores take kept_cached; in bf16 (P W too coarse, both pay) the entropy changes nothing."""
+    costs, n, k = HeadCosts(1e-11, 1e-11, 1e-9, 5e-9), 1000, 900
+    ent = {r: route_seconds(r, n, k, SMALL, costs, scored=True, entropy=True) -
+           route_seconds(r, n, k, SMALL, costs, scored=True) for r in ROUTES}
+    assert ent["all_rows"] == ent["grads_in_pass"] == 0.0
+    assert ent["kept_cached"] == pytest.approx(n * 50304 * 5e-9) == ent["kept_recompute"]
+    assert choose_route(n, k, SMALL, scored=True, costs=costs) == "kept_cached"
+    assert choose_route(n, k, SMALL, scored=True, costs=costs, entropy=True) == "all_rows"
+    bf16 = Geometry(128, 50304, "cpu", "bfloat16")
+    assert choose_route(n, k, bf16, scored=True, costs=costs, entropy=True) == choose_route(
+        n, k, bf16, scored=True, costs=costs)
 
 
 def test_forced_and_per_token_routes():
@@ -110,9 +130,10 @@ def test_costs_table_and_the_env_file(tmp_path, monkeypatch):
     assert costs_for("mps", "float16") == costs_for("cpu", "float16") or costs_for("mps", "float16") == cpu
     f = tmp_path / "costs.json"
     f.write_text(json.dumps({"kind": FILE_KIND, "costs": {"cuda/bfloat16": {
-        "matmul_s_per_flop": 2e-15, "copy_s_per_byte": 4e-13, "softmax_s_per_elem": 1e-11, "source": "mine"}}}))
+        "matmul_s_per_flop": 2e-15, "copy_s_per_byte": 4e-13, "softmax_s_per_elem": 1e-11, "entropy_s_per_elem": 5e-12,
+        "source": "mine"}}}))
     monkeypatch.setenv(ENV, str(f))
-    assert costs_for("cuda", "bfloat16") == HeadCosts(2e-15, 4e-13, 1e-11, "mine")
+    assert costs_for("cuda", "bfloat16") == HeadCosts(2e-15, 4e-13, 1e-11, 5e-12, "mine")
     assert costs_for("cpu", "float32") == cpu  # entries the file lacks stay built in
     for bad, says in (("{", "expected JSON"), ('{"kind": "other"}', "head-costs file"),
                       (json.dumps({"kind": FILE_KIND, "costs": {"cuda": {}}}), "device/dtype")):
@@ -123,3 +144,37 @@ def test_costs_table_and_the_env_file(tmp_path, monkeypatch):
     monkeypatch.setenv(ENV, str(tmp_path / "missing.json"))
     with pytest.raises(ConfigError, match="cannot read"):
         costs_for("cpu", "float32")
+
+
+def test_the_drop_in_api_and_greats_ask_the_chooser(monkeypatch):
+    """eslm.api.selective_loss(hidden=, lm_weight=) and GREATS' per-sample losses reach the one chooser: the API
+    with its scores (per-token route), GREATS without scores and with a detached head weight (grads_in_pass)."""
+    import torch
+
+    import eslm.ops.head_route as hr
+    from eslm.api import selective_loss
+    from eslm.baselines.greats import _per_sample_loss
+    from eslm.model.gpt import GPT, preset
+
+    calls, real = [], hr.choose_route
+
+    def spy(*args, **kw):
+        calls.append((kw, real(*args, **kw)))
+        return calls[-1][1]
+
+    monkeypatch.setattr(hr, "choose_route", spy)
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(2, 16, 8, generator=g, requires_grad=True)
+    w = torch.randn(50, 8, generator=g, requires_grad=True)
+    y = torch.randint(0, 50, (2, 16), generator=g)
+    selective_loss(y, hidden=h, lm_weight=w, alpha=0.5, impl="fused")[0].backward()
+    assert [(kw["per_token"], kw["scored"], route) for kw, route in calls] == [(True, True, "kept_recompute")]
+    calls.clear()
+    model = GPT(preset("tiny", vocab_size=50))
+    x = torch.randint(0, 50, (3, 12), generator=g)
+    _per_sample_loss(model, model(x), x.roll(-1, 1), exclude_head=True, impl="fused").sum().backward()
+    assert [(kw["per_token"], kw["weight_grad"], route) for kw, route in calls] == [(True, False, "grads_in_pass")]
+    calls.clear()
+    with torch.no_grad():  # no backward will run: the forward alone, no gradient formed in it
+        _per_sample_loss(model, model(x), x.roll(-1, 1), exclude_head=True, impl="fused")
+    assert calls == []

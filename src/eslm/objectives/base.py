@@ -83,11 +83,13 @@ class CrossEntropy(Objective):
         self._geometry = None  # the head's shape and device, known from the first micro-batch
         self._last_route = None  # the route the last micro-batch ran, for head_work
 
-    def choose(self, n: int, k: int, *, scored: bool) -> str:
-        """The route of a micro-batch of n tokens with k kept (the one chooser, ``eslm.ops.head_route``)."""
+    def choose(self, n: int, k: int, *, scored: bool, entropy: bool = False) -> str:
+        """The route of a micro-batch of n tokens with k kept (the one chooser, ``eslm.ops.head_route``);
+        ``entropy``: the selection scores include the entropy."""
         from eslm.ops.head_route import choose_route
 
-        return choose_route(n, k, self._geometry, scored=scored, cache=self.cache_probs, forced=self.route)
+        return choose_route(n, k, self._geometry, scored=scored, cache=self.cache_probs, forced=self.route,
+                            entropy=entropy)
 
     def score(self, hidden, weight, targets, *, need_scores, need_entropy, keep_fraction, for_loss=True):
         if self.impl == "naive" or not for_loss:  # scores only: the plain pass, no softmax kept, no gradients
@@ -98,7 +100,7 @@ class CrossEntropy(Objective):
         n = hidden.shape[0]
         k = min(n, max(1, round(keep_fraction * n)))
         self._geometry = geometry(hidden, weight)
-        self._last_route = self.choose(n, k, scored=need_scores)
+        self._last_route = self.choose(n, k, scored=need_scores, entropy=need_scores and need_entropy)
         return route_pass(self._last_route, hidden, weight, targets, scored=need_scores, need_entropy=need_entropy,
                           chunk_size=self.chunk_size)
 

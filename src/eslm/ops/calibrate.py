@@ -10,7 +10,8 @@ other work on the machine), on head-shaped work:
 the three matmuls of a head step ((R, C) x (C, V), (R, V) x (V, C), (V, R) x (R, C)) for seconds per FLOP;
 moving fp32 rows of V floats with index_select / index_copy_ (what ``kept_cached``'s compaction does) for
 seconds per byte (read + write counted); the softmax chain over (R, V) fp32 logits (max, subtract, exp, sum,
-divide) for seconds per element. Timings on a busy machine are slower than the machine; the chooser only
+divide) for seconds per element; the entropy's extra work over the same block (the product of the shifted
+logits with their exponentials, and its row sums) for seconds per element of the entropy. Timings on a busy machine are slower than the machine; the chooser only
 compares routes, so a uniform slowdown changes nothing, but calibrate on an idle machine.
 """
 
@@ -81,6 +82,12 @@ def measure(device: torch.device, dtype: torch.dtype, reps: int = 5, shape=None)
         p.div_(p.sum(-1, keepdim=True))
 
     t_sm = _timed(softmax, device, reps)
+    scratch_e = torch.empty_like(z)
+
+    def entropy():  # what _softmax_rows adds for the entropy: t * e (t = z - m, in a scratch) and its sum
+        torch.mul(z, p, out=scratch_e).sum(-1)
+
+    t_ent = _timed(entropy, device, reps)
 
     moved = rows // 2
     src = torch.arange(rows - moved, rows, device=device)
@@ -99,7 +106,8 @@ def measure(device: torch.device, dtype: torch.dtype, reps: int = 5, shape=None)
     src_line = (f"measured {datetime.date.today().isoformat()} by eslm calibrate on {name} "
                 f"(torch {torch.__version__}, {torch.get_num_threads()} threads{load}), R,C,V={rows},{c},{v}")
     return HeadCosts(matmul_s_per_flop=t_mm / flops, copy_s_per_byte=t_cp / (8.0 * moved * v),
-                     softmax_s_per_elem=t_sm / (rows * v), source=src_line)
+                     softmax_s_per_elem=t_sm / (rows * v), entropy_s_per_elem=t_ent / (rows * v),
+                     source=src_line)
 
 
 def write(path: str, device_type: str, entries: dict[str, HeadCosts]) -> None:
@@ -127,9 +135,11 @@ def write(path: str, device_type: str, entries: dict[str, HeadCosts]) -> None:
             os.unlink(tmp)
 
 
-def calibrate(device: str, dtypes: list[str], reps: int = 5) -> dict[str, HeadCosts]:
+def calibrate(device: str, dtypes: list[str], reps: int = 5, threads: int = 0) -> dict[str, HeadCosts]:
     """{compute dtype name ("float32", "bfloat16"): measured coefficients} on ``device`` ("cpu", "cuda[:N]")
-    for each of ``dtypes`` ("fp32", "bf16")."""
+    for each of ``dtypes`` ("fp32", "bf16"), with ``threads`` torch CPU threads (0: as set). The chooser
+    compares routes, so only the coefficients' ratios matter: on a busy machine one thread measures them with
+    less disturbance than threads that wait for each other."""
     try:
         dev = torch.device(device)
     except RuntimeError as e:
@@ -141,4 +151,12 @@ def calibrate(device: str, dtypes: list[str], reps: int = 5) -> dict[str, HeadCo
         raise ESLMError(f"--device {device}: CUDA is not available here; fix: --device cpu, or run on the GPU")
     if reps < 1:
         raise ESLMError(f"--reps must be >= 1; found {reps}; fix: --reps 5")
-    return {str(DTYPES[n]).replace("torch.", ""): measure(dev, DTYPES[n], reps) for n in dtypes}
+    if threads < 0:
+        raise ESLMError(f"--threads must be >= 0; found {threads}; fix: --threads 0 (torch's default)")
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        return {str(DTYPES[n]).replace("torch.", ""): measure(dev, DTYPES[n], reps) for n in dtypes}
+    finally:
+        torch.set_num_threads(before)

@@ -473,9 +473,12 @@ def fused_selected_ce(hidden: torch.Tensor, weight: torch.Tensor, targets: torch
 
     n = hidden.shape[0]
     k = n if index is None else index.numel()
-    weight_grad = torch.is_grad_enabled() and weight.requires_grad
-    route = "kept_recompute" if k == 0 else choose_route(
-        n, k, geometry(hidden, weight), scored=lse is not None, per_token=True, weight_grad=weight_grad)
+    grad = torch.is_grad_enabled()
+    if k == 0 or not (grad and (hidden.requires_grad or weight.requires_grad)):
+        route = "kept_recompute"  # no backward will run: the forward alone (the lse, or one scores pass)
+    else:
+        route = choose_route(n, k, geometry(hidden, weight), scored=lse is not None, per_token=True,
+                             weight_grad=weight.requires_grad)
     if index is not None:
         hidden, targets = hidden[index], targets[index]
         lse = lse[index] if lse is not None else None

@@ -1,14 +1,16 @@
 """The head route chooser's coefficients per device and compute dtype (``eslm.ops.head_route``).
 
-Three coefficients price a route: seconds per FLOP of a head-shaped matmul, seconds per byte of copying fp32
+Four coefficients price a route: seconds per FLOP of a head-shaped matmul, seconds per byte of copying fp32
 rows (the compaction of ``kept_cached``, the bf16 conversion), seconds per element of the softmax chain over
-fp32 logits (what a recompute repeats). ``python -m eslm.ops.calibrate`` measures them on the machine it runs
+fp32 logits (what a recompute repeats), and seconds per element of the entropy's extra elementwise work (the
+product of the shifted logits with their exponentials and its sum), which the routes that do not form P W over
+every row pay for the entropy scores. ``python -m eslm.ops.calibrate`` measures them on the machine it runs
 on; ``ESLM_HEAD_COSTS=FILE`` (a file that command wrote with ``--out``) replaces the built-in entries below for
 the devices it has.
 
-Built-in entries. CPU: measured by the command in ``source`` on a 2-core CPU that other work was loading (its
-row copies came out ~15x slower than the same copies on one idle thread, so the model prices the compaction
-of ``kept_cached`` high; its choice at the presets' shapes does not change, tests/ops/test_head_route.py). CUDA: NOT measured (no GPU was
+Built-in entries. CPU: measured by the command in ``source`` on a 2-core CPU that other work was loading, with
+one thread: with two, every parallel op waited for a descheduled partner thread and the row copies came out 20x
+slower than on one thread (the chooser compares routes, so the coefficients' ratios are what matters). CUDA: NOT measured (no GPU was
 available to the session that wrote this): defaults derived from the H100 SXM data sheet, labelled as such;
 run the calibration on the GPU and set ``ESLM_HEAD_COSTS`` to use measured ones.
 """
@@ -30,24 +32,26 @@ class HeadCosts:
     matmul_s_per_flop: float
     copy_s_per_byte: float
     softmax_s_per_elem: float
+    entropy_s_per_elem: float
     source: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-FLOPS_ONLY = HeadCosts(1.0, 0.0, 0.0, "FLOPs only (no geometry known)")
+FLOPS_ONLY = HeadCosts(1.0, 0.0, 0.0, 0.0, "FLOPs only (no geometry known)")
 
 # H100 SXM data sheet: 989 TFLOP/s dense bf16, 67 TFLOP/s fp32 (no TF32: PyTorch's default for fp32 matmuls),
-# 3.35 TB/s HBM3. The softmax chain reads and writes its fp32 row about seven times (28 bytes per element).
+# 3.35 TB/s HBM3. The softmax chain reads and writes its fp32 row about seven times (28 bytes per element), the
+# entropy's product and sum four times (16 bytes).
 _H100 = "H100 SXM data-sheet default, NOT measured (run python -m eslm.ops.calibrate on the GPU)"
-_CPU = ("measured 2026-11-24 by eslm calibrate --device cpu --reps 15 on the 2-core AMD EPYC CI machine (torch "
-        "2.13.0+cpu, 2 threads) UNDER LOAD (load average 11: six other sessions were running), R,C,V=512,256,16384")
+_CPU = ("measured 2026-11-24 by eslm calibrate --device cpu --reps 15 --threads 1 on the 2-core AMD EPYC CI "
+        "machine (torch 2.13.0+cpu) UNDER LOAD (load average 9: six other sessions were running), R,C,V=512,256,16384")
 BUILTIN: dict[tuple[str, str], HeadCosts] = {
-    ("cpu", "float32"): HeadCosts(3.172e-11, 8.347e-10, 1.001e-08, _CPU),
-    ("cpu", "bfloat16"): HeadCosts(6.941e-12, 8.341e-10, 1.056e-08, _CPU),
-    ("cuda", "bfloat16"): HeadCosts(1 / 989e12, 1 / 3.35e12, 28 / 3.35e12, _H100),
-    ("cuda", "float32"): HeadCosts(1 / 67e12, 1 / 3.35e12, 28 / 3.35e12, _H100),
+    ("cpu", "float32"): HeadCosts(3.293e-11, 4.689e-11, 2.606e-09, 3.541e-10, _CPU),
+    ("cpu", "bfloat16"): HeadCosts(7.088e-12, 4.809e-11, 2.993e-09, 3.377e-10, _CPU),
+    ("cuda", "bfloat16"): HeadCosts(1 / 989e12, 1 / 3.35e12, 28 / 3.35e12, 16 / 3.35e12, _H100),
+    ("cuda", "float32"): HeadCosts(1 / 67e12, 1 / 3.35e12, 28 / 3.35e12, 16 / 3.35e12, _H100),
 }
 
 
@@ -69,11 +73,11 @@ def _from_file(path: str) -> dict[tuple[str, str], HeadCosts]:
             device, dtype = key.split("/")
             c = HeadCosts(**entry)
             ok = all(isinstance(v, (int, float)) and v >= 0 for v in (c.matmul_s_per_flop, c.copy_s_per_byte,
-                                                                       c.softmax_s_per_elem))
+                                                                       c.softmax_s_per_elem, c.entropy_s_per_elem))
         except (TypeError, ValueError):
             ok = False
         if not ok:
-            raise ConfigError(f"{ENV}={path}: entry {key!r} is not 'device/dtype' with three non-negative "
+            raise ConfigError(f"{ENV}={path}: entry {key!r} is not 'device/dtype' with four non-negative "
                               f"coefficients; {fix}")
         out[(device, dtype)] = c
     return out

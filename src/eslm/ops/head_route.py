@@ -21,8 +21,10 @@ kept rows formed again in the backward), or ``grads_in_pass`` when the head weig
 scoring pass ran (GREATS: the one pass forms each row's hidden-state gradient, which the backward only scales).
 
 Cost (seconds) = FLOPs x ``matmul_s_per_flop`` + moved bytes x ``copy_s_per_byte`` + softmax elements x
-``softmax_s_per_elem`` (+ the fp32 -> compute-dtype conversion of the gradient rows, as bytes, in bf16); the
-coefficients are measured per device and dtype by ``python -m eslm.ops.calibrate`` (``eslm.ops.head_costs``).
+``softmax_s_per_elem`` (+ the fp32 -> compute-dtype conversion of the gradient rows, as bytes, in bf16) + with
+entropy scores, on the routes that do not get the entropy from a P W they form anyway (``all_rows`` and
+``grads_in_pass`` with fp32 matmuls do), entropy elements x ``entropy_s_per_elem``. The coefficients are
+measured per device and dtype by ``eslm calibrate`` (``eslm.ops.head_costs``).
 The cheapest route among those allowed wins; ties go to the route listed first above that is allowed. The
 cached routes are allowed only when the caller allows the (N, V) buffer (``train.loss_cache_probs``).
 
@@ -78,13 +80,21 @@ def moved_rows(n: int, k: int) -> int:
     return min(k, n - k)
 
 
+def entropy_from_pw(route: str, geom: Geometry) -> bool:
+    """Whether the route's pass gets the entropy as h . (P W) from a P W over every row it forms anyway (fp32
+    matmuls, ``all_rows`` or ``grads_in_pass``); otherwise the entropy is an elementwise sum over the logits."""
+    return not geom.lowp and route in ("all_rows", "grads_in_pass")
+
+
 def route_seconds(route: str, n: int, k: int, geom: Geometry, costs, *, scored: bool, per_token: bool = False,
-                  weight_grad: bool = True) -> float:
-    """Predicted seconds of a route for one micro-batch (the scoring pass included when it runs).
+                  weight_grad: bool = True, entropy: bool = False) -> float:
+    """Predicted seconds of a route for one micro-batch (the scoring pass included when it runs; ``entropy``:
+    the scores include the entropy).
 
     One row of one head matmul is 2CV FLOPs; the softmax chain (max, exp, sum, normalise) is V elements per
     row; a moved fp32 row is read and written (8V bytes); in bf16 the gradient rows' fp32 softmax is converted
-    to the compute dtype (6V bytes: read 4, write 2)."""
+    to the compute dtype (6V bytes: read 4, write 2); the entropy's elementwise work is V elements per scored
+    row, unless the route gets it from P W (``entropy_from_pw``)."""
     f = 2.0 * geom.n_embd * geom.vocab * costs.matmul_s_per_flop  # one row of one head matmul
     sm = geom.vocab * costs.softmax_s_per_elem  # one row's softmax chain
     conv = 6.0 * geom.vocab * costs.copy_s_per_byte if geom.lowp else 0.0
@@ -95,7 +105,9 @@ def route_seconds(route: str, n: int, k: int, geom: Geometry, costs, *, scored: 
     def grads(rows, matmuls=2):  # the gradient matmuls of ``rows`` rows (and their conversion in bf16)
         return rows * (matmuls * f + conv)
 
-    score = passes(n) if scored else 0.0
+    ent = (n * geom.vocab * costs.entropy_s_per_elem  # the entropy's elementwise work, where the route pays it
+           if scored and entropy and not per_token and not entropy_from_pw(route, geom) else 0.0)
+    score = passes(n) + ent if scored else 0.0
     if per_token:
         if route == "kept_recompute":
             first = score if scored else passes(k)  # the forward's lse (given by the scoring pass when it ran)
@@ -104,11 +116,11 @@ def route_seconds(route: str, n: int, k: int, geom: Geometry, costs, *, scored: 
             return score + passes(k) + grads(k, 1)
         raise ValueError(f"expected a per-token head route in {PER_TOKEN_ROUTES}; found {route!r}")
     if route == "all_rows":
-        return passes(n) + grads(n)
+        return passes(n) + ent + grads(n)
     if route == "kept_cached":
-        return passes(n) + grads(k) + moved_rows(n, k) * 8.0 * geom.vocab * costs.copy_s_per_byte
+        return passes(n) + ent + grads(k) + moved_rows(n, k) * 8.0 * geom.vocab * costs.copy_s_per_byte
     if route == "grads_in_pass":
-        return passes(n) + grads(n) + (n - k) * (f + sm + f)
+        return passes(n) + ent + grads(n) + (n - k) * (f + sm + f)
     if route == "kept_recompute":
         return score + passes(k) + grads(k)
     raise ValueError(f"expected a head route in {ROUTES}; found {route!r}")
@@ -125,7 +137,8 @@ def allowed_routes(n: int, k: int, *, scored: bool, cache: bool, per_token: bool
 
 
 def choose_route(n: int, k: int, geom: Geometry | None, *, scored: bool, cache: bool = True,
-                 per_token: bool = False, weight_grad: bool = True, forced: str = "auto", costs=None) -> str:
+                 per_token: bool = False, weight_grad: bool = True, forced: str = "auto", costs=None,
+                 entropy: bool = False) -> str:
     """The route for a micro-batch of ``n`` rows with ``k`` kept: ``forced`` when it is not "auto" and can run
     here (a cached route needs scores and ``cache``), else the cheapest allowed route by ``route_seconds``
     with ``costs`` (default: ``eslm.ops.head_costs.costs_for`` the geometry's device and dtype). Without a
@@ -148,6 +161,6 @@ def choose_route(n: int, k: int, geom: Geometry | None, *, scored: bool, cache: 
         from eslm.ops.head_costs import costs_for
 
         costs = costs_for(geom.device, geom.dtype)
-    cost = {r: route_seconds(r, n, k, geom, costs, scored=scored, per_token=per_token, weight_grad=weight_grad)
-            for r in options}
+    cost = {r: route_seconds(r, n, k, geom, costs, scored=scored, per_token=per_token, weight_grad=weight_grad,
+                             entropy=entropy) for r in options}
     return min(options, key=lambda r: (cost[r], options.index(r)))

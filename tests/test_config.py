@@ -68,14 +68,21 @@ def test_keys_have_help():
     assert all(h for _, h in keys.values())
 
 
-def test_a_stored_config_without_lr_schedule_keeps_the_fixed_schedule():
-    # a run directory written before train.lr_schedule existed ran the fixed schedule: read so, it resumes and
-    # groups as what it was; a config that names the key keeps it
-    from eslm.config import upgrade_stored
+def test_a_stored_config_of_an_earlier_eslm_names_its_problem():
+    # a run directory's config.yaml is resolved by the eslm that wrote it: this version reads its own format only
+    from eslm.config import stored_config_problem
 
-    assert from_dict(upgrade_stored({"train": {"lr": 1e-3}})).train.lr_schedule == "steps"
-    assert from_dict(upgrade_stored({"train": {"lr_schedule": "budget"}})).train.lr_schedule == "budget"
-    assert build_config().train.lr_schedule == "budget"
+    assert stored_config_problem(build_config().to_dict()) is None
+    assert stored_config_problem({}) is None and stored_config_problem({"method": {"alpha": 0.2}}) is None
+    assert stored_config_problem({"train": {"lr": 1e-3}}) is None  # a report reads what there is
+    old = build_config().to_dict()
+    del old["train"]["lr_schedule"]
+    assert stored_config_problem(old) is None
+    assert stored_config_problem(old, complete=True) == "no train.lr_schedule: written before the key existed"
+    assert stored_config_problem({"train": {"lr": 1e-3}}, complete=True).startswith("no run.name (and ")
+    assert stored_config_problem({"method": {"kd_lambda": 0.3}}) == (
+        "unknown config key 'method.kd_lambda'; did you mean 'method.kd.lambda'?")
+    assert stored_config_problem({"train": {"lr": "fast", "lr_schedule": "steps"}}) == "train.lr: expected float, got 'fast'"
 
 
 def test_config_choices_are_the_constants_of_the_code_that_reads_them():

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import math
 import typing
 import warnings
@@ -35,23 +34,6 @@ from eslm.selection.scores import STANDARDIZE_MODES
 from eslm.selection.selectors import SCOPES
 from eslm.settings import Section, key_of, section
 from eslm.settings import setting as _f
-
-# Method settings that were flat keys of ``method`` before they were nested by method: old key -> new key.
-# User-written configs and overrides with an old key are refused with the new one suggested; a run directory's
-# stored config.yaml written before the change is read with them moved (``upgrade_stored``).
-RENAMED = {
-    "method.reference": "method.rho1.reference",
-    "method.teacher": "method.kd.teacher",
-    "method.kd_lambda": "method.kd.lambda",
-    "method.kd_temperature": "method.kd.temperature",
-    "method.salt_kd_steps": "method.salt.kd_steps",
-    "method.greats_val_fraction": "method.greats.val_fraction",
-    "method.greats_pool": "method.greats.pool",
-    "method.greats_exclude_head": "method.greats.exclude_head",
-    "method.greats_route": "method.greats.route",
-    "method.greats_memory_cap_mb": "method.greats.memory_cap_mb",
-}
-
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -265,7 +247,7 @@ def _apply(cfg, delta: dict, prefix: str, problems: list[str]):
     for k, v in delta.items():
         key = prefix + str(k)
         if k not in names:
-            problems.append(_unknown_key_message(key))
+            problems.append(unknown_key_message(key))
             continue
         k = names[k]
         cur = getattr(cfg, k)
@@ -281,9 +263,8 @@ def _apply(cfg, delta: dict, prefix: str, problems: list[str]):
     return replace(cfg, **changes)
 
 
-def _unknown_key_message(key: str) -> str:
-    if key in RENAMED:
-        return f"{key} was renamed: did you mean {RENAMED[key]}?"  # method settings are nested by method
+def unknown_key_message(key: str) -> str:
+    """One line for a key the config does not have, with the nearest key that it has."""
     close = difflib.get_close_matches(key, list(all_keys()), n=1, cutoff=0.5)
     hint = f"; did you mean {close[0]!r}?" if close else "; see `eslm train --help` for the keys"
     return f"unknown config key {key!r}{hint}"
@@ -360,31 +341,29 @@ def config_warnings(cfg: Config) -> list[str]:
     return out
 
 
-def upgrade_stored(d: dict) -> dict:
-    """A stored config mapping (a run directory's config.yaml) with every ``RENAMED`` key moved to its new place,
-    and ``train.lr_schedule: steps`` where it is missing (a run written before the key existed ran that rule).
+def stored_config_problem(d: dict, *, complete: bool = False) -> str | None:
+    """Why a run directory's stored config mapping (config.yaml as eslm wrote it) is not in this version's format,
+    or None: a key this version does not have (e.g. the flat method keys eslm wrote before they were nested by
+    method) or a value of the wrong type; with ``complete`` (a resume, which rebuilds the run's whole config) also a
+    key of this version that it lacks (e.g. ``train.lr_schedule``, which runs written before it existed lack:
+    filled with today's default they would be misread). eslm 0.x reads only its own format: no upgrade path."""
+    problems: list[str] = []
+    _apply(Config(), d, "", problems)
+    if not problems and complete:
+        missing = [k for k in all_keys() if not _has_key(d, k)]
+        if missing:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            problems.append(f"no {missing[0]}{more}: written before the key existed")
+    return problems[0] if problems else None
 
-    Run directories written before the method settings were nested hold the old flat keys; reading them through
-    this keeps such runs resumable and comparable with new ones. Returns a new mapping; ``d`` is not changed.
-    A mapping holding both an old key and its new one keeps both, so that ``from_dict`` reports the old one."""
-    out = json.loads(json.dumps(d))  # a deep copy of plain YAML data
-    for old, new in RENAMED.items():
-        *parents, leaf = old.split(".")
-        node = out
-        for p in parents:
-            node = node.get(p) if isinstance(node, dict) else None
-        if not isinstance(node, dict) or leaf not in node:
-            continue
-        *new_parents, new_leaf = new.split(".")
-        target = out
-        for p in new_parents:
-            target = target.setdefault(p, {}) if isinstance(target, dict) else None
-        if isinstance(target, dict) and new_leaf not in target:
-            target[new_leaf] = node.pop(leaf)
-    train = out.get("train")
-    if isinstance(train, dict) and train and "lr_schedule" not in train:
-        train["lr_schedule"] = "steps"  # written before train.lr_schedule existed: the fixed schedule it ran with
-    return out
+
+def _has_key(d: dict, dotted: str) -> bool:
+    node = d
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
 
 
 def from_dict(d: dict) -> Config:
@@ -494,5 +473,5 @@ def describe_keys() -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Config", "build_config", "config_warnings", "from_dict", "upgrade_stored", "validate", "to_yaml", "describe_keys", "all_keys",
-           "RENAMED", "dataclasses"]
+__all__ = ["Config", "build_config", "config_warnings", "from_dict", "stored_config_problem", "validate", "to_yaml",
+           "describe_keys", "all_keys", "dataclasses"]

@@ -19,7 +19,7 @@ import json
 import time
 from pathlib import Path
 
-from eslm.config import RENAMED, Config, all_keys, from_dict, to_yaml, upgrade_stored
+from eslm.config import Config, all_keys, from_dict, stored_config_problem, to_yaml, unknown_key_message
 from eslm.errors import ConfigError, OwnershipError
 from eslm.files import open_nofollow
 
@@ -76,8 +76,11 @@ def effective_config(run_dir: Path) -> Config:
     except yaml.YAMLError as e:
         raise ConfigError(f"{path} is not valid YAML ({str(e).splitlines()[0]}); it is the run's own config: "
                           "restore it from a checkpoint's 'config' entry or start a new run.name") from None
+    config = apply_resumes(stored, run_dir)  # refuses a config.yaml of an earlier eslm in one line
+    if problem := stored_config_problem(config, complete=True):  # a resume rebuilds the whole config
+        raise ConfigError(earlier_eslm(path, problem))
     try:
-        return from_dict(apply_resumes(stored, run_dir))
+        return from_dict(config)
     except ConfigError as e:
         raise ConfigError(f"{path} (the run's own config) does not fit this version of eslm: {e}; "
                           "resume with the eslm version that created the run, or start a new run.name") from None
@@ -86,30 +89,32 @@ def effective_config(run_dir: Path) -> Config:
 def apply_resumes(config: dict, run_dir: Path) -> dict:
     """A config.yaml mapping with the recorded resume changes applied (plain dicts; for readers like reports).
 
-    A run written before the method settings were nested stores their old flat keys (in config.yaml and in
-    resumes.jsonl): they are read as the new keys (``eslm.config.RENAMED``), so such a run still resumes and
-    still groups with new runs of the same settings."""
-    out = upgrade_stored(config)
+    A config written by an earlier eslm (``eslm.config.stored_config_problem``: e.g. the flat method keys of
+    before their nesting) is refused with one line: eslm 0.x reads its own format only."""
+    out = json.loads(json.dumps(config))  # a deep copy of plain YAML data
     for rec in read_resumes(run_dir):
         for key, change in (rec.get("changed") or {}).items():
-            key = RENAMED.get(key, key)
             node = out
             *parents, leaf = key.split(".")
             for p in parents:
                 node = node.setdefault(p, {})
             node[leaf] = change[1]
+    if out and (problem := stored_config_problem(out)):
+        raise ConfigError(earlier_eslm(Path(run_dir) / "config.yaml", problem))
     return out
+
+
+def earlier_eslm(path: Path, problem: str) -> str:
+    return (f"{path} was written by an earlier eslm: {problem}; this eslm reads only run directories in its own "
+            "format: train the run again with this version, or read it with the eslm that wrote it")
 
 
 def allowed_changes(cfg: Config) -> set[str]:
     extra = {k.strip() for k in cfg.run.allow_change.split(",") if k.strip()}
     unknown = sorted(extra - set(all_keys()))
-    renamed = [f"{k} was renamed: did you mean {RENAMED[k]}?" for k in unknown if k in RENAMED]
-    if renamed:
-        raise ConfigError("run.allow_change: " + "; ".join(renamed))
     if unknown:
-        raise ConfigError(f"run.allow_change: unknown config key(s) {', '.join(unknown)}; "
-                          "expected dotted keys such as train.lr")
+        raise ConfigError("run.allow_change: " + "; ".join(unknown_key_message(k) for k in unknown)
+                          + " (expected dotted keys such as train.lr)")
     return set(RESUME_MAY_CHANGE) | extra
 
 

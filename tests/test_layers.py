@@ -181,3 +181,44 @@ def test_every_command_is_its_own_module_of_the_commands_package():
 
     for name, (module, _) in COMMANDS.items():
         assert module == "eslm.cli." + name.replace("-", "_") and _exists(module), (name, module)
+
+
+def stale_references(src: Path) -> list[str]:
+    """Every ``eslm.<module>...`` name and every ``eslm/...py`` / ``docs/...md`` path written in the package's
+    text (docstrings, comments, messages) that does not exist: a moved or deleted function leaves text that lies.
+    Names are checked when their first part is one of eslm's own modules (``eslm.remove()`` in an example is a
+    variable, not a module)."""
+    import importlib
+    import re
+
+    top = {p.stem for p in src.glob("*.py")} | {p.name for p in src.iterdir() if (p / "__init__.py").is_file()}
+    out = []
+
+    def resolves(dotted: str) -> bool:
+        parts = dotted.split(".")
+        for i in range(len(parts), 1, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:i]))
+            except ImportError:
+                continue
+            for attr in parts[i:]:
+                if not hasattr(obj, attr):
+                    return False
+                obj = getattr(obj, attr)
+            return True
+        return False
+
+    for path in sorted(src.rglob("*.py")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            for ref in re.findall(r"\beslm(?:\.[A-Za-z_]\w*)+", line):
+                if ref.split(".")[1] in top and not resolves(ref):
+                    out.append(f"{path.relative_to(src)}:{n} {ref}")
+            for rel in re.findall(r"\b(?:eslm/[\w/]+\.py|docs/\w+\.md)\b", line):
+                target = src.parent / rel if rel.startswith("eslm/") else src.parents[1] / rel
+                if not target.is_file():
+                    out.append(f"{path.relative_to(src)}:{n} {rel}")
+    return out
+
+
+def test_the_package_names_only_what_exists():
+    assert stale_references(SRC) == []

@@ -145,7 +145,7 @@ def step_flops(fm: FlopsModel, *, tokens_seen: int, tokens_kept: int, head_backw
     tokens_kept:           tokens whose loss is backpropagated (the realised K)
     head_backward_tokens:  rows whose LM-head backward ran: K for the fused loss, tokens_seen for a masked loss
     head_recompute_tokens: rows whose logits the fused loss recomputed in its backward (0 if cached)
-    extra_forward_tokens:  further forward tokens of the trained model (a scoring pre-pass, GREATS' validation rows)
+    extra_forward_tokens:  further forward tokens of the trained model (the selection scope "step"'s scoring forward)
     extra_flops_paper / extra_flops_executed: FLOPs outside the trained model (reference / teacher forwards,
                            e.g. ``forward_flops(ref_fm, tokens_seen)``), as counted by each convention
     """

@@ -2,9 +2,9 @@
 
     excess_j = loss_current(x_j) - loss_reference(x_j)          (signed; high = learnable, not yet learnt)
 
-The token selector (``eslm.selection.selectors``) keeps the top k% by this score (paper: 90%) and the step
-averages the CE over the kept tokens. This module holds the score; the reference is an
-``eslm.objectives.frozen.ReferenceModel`` (re-exported here), shared with the KD teacher.
+``eslm.baselines.plugins.Rho1Selector`` (a ``VaRSelector``) keeps the top 1-alpha of the tokens by this score
+(paper: 90%) and the step averages the CE over the kept tokens. This module holds the score and Rho-1's settings;
+the reference is an ``eslm.objectives.frozen.ReferenceModel`` (re-exported here), shared with the KD teacher.
 
 The reference is a frozen GPT: eval mode (no dropout), every parameter ``requires_grad=False``, always run
 under ``torch.no_grad``. ``ReferenceModel`` is deliberately not an ``nn.Module``: it can never become a

@@ -20,8 +20,8 @@ import sys
 
 # Large CPU tensors on transparent huge pages (PyTorch's allocator madvises them when this is set before its
 # first allocation). The fused loss allocates tokens x vocab blocks each step; with 4 KiB pages their page
-# faults cost about as much as the softmax over them (measured: 200 ms -> 40 ms for a fresh 412 MB block on the
-# 2-core CI machine). No effect on CUDA; set THP_MEM_ALLOC_ENABLE=0 to turn it off.
+# faults can cost about as much as the softmax over them. No effect on CUDA; set THP_MEM_ALLOC_ENABLE=0 to
+# turn it off.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 # command -> (module, one-line help)

@@ -1,4 +1,6 @@
-"""Cross-entropy from hidden states: the one place where logits become losses.
+"""Cross-entropy from hidden states: the per-token loss, entropy and log-sum-exp of the LM head, for the
+objectives' scoring pass and kept-token loss, GREATS' per-row losses, the frozen models and the drop-in API.
+(The KD loss forms its own logits: ``eslm.objectives.distill``.)
 
 Two implementations behind one interface:
 

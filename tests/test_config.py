@@ -109,7 +109,7 @@ def test_the_registry_and_the_flops_ledger_annotate_the_typed_config():
     assert typing.get_type_hints(methods.BuildContext, {**vars(methods), **names})["cfg"] is Config
     assert typing.get_type_hints(methods.MethodSpec, {**vars(methods), **names})["validate"] == \
         typing.Callable[[Config], list[str]]
-    for fn in (flops.equal_flops_budget, flops.training_flops_model, flops.greats_cost_ratio):
+    for fn in (flops.equal_flops_budget, flops.training_flops_model):
         assert typing.get_type_hints(fn, {**vars(flops), **names})["cfg"] is Config, fn.__name__
 
 

@@ -203,3 +203,30 @@ def test_savings_table_rows():
     # larger models: the head is a smaller share, so the fused path saves less
     by = {(r["model"], r["alpha"]): r["fused_cached"] for r in rows}
     assert by[("gpt2-124m", 0.5)] < by[("gpt2-350m", 0.5)] < by[("gpt2-774m", 0.5)]
+
+
+def test_the_ledger_prices_work_a_component_prices_itself_and_imports_no_baseline():
+    # the generic ledger knows no baseline: a component declares work with its own formula (PricedWork) and
+    # the ledger counts it in both conventions; GREATS' cost lives beside GREATS' algorithm
+    import ast
+    from dataclasses import dataclass
+    from pathlib import Path
+
+    import eslm.contracts as C
+    from eslm import flops as F
+
+    @dataclass(frozen=True)
+    class Probe:
+        per_forward_token: float
+
+        def flops(self, fm):
+            return self.per_forward_token * fm.forward_per_token
+
+    fm = FlopsModel.from_config(SMALL, T)
+    assert F.extra_flops([C.ExtraWork(priced=(Probe(3.0),))], fm) == (3.0 * fm.forward_per_token,) * 2 + (0,)
+    with pytest.raises(ValueError, match="FlopsModel"):
+        F.extra_flops([C.ExtraWork(priced=(Probe(1.0),))])
+    imported = {n.module for n in ast.walk(ast.parse(Path(F.__file__).read_text())) if isinstance(n, ast.ImportFrom)}
+    assert not any(m.startswith("eslm.baselines") for m in imported)
+    assert not [n for n in vars(C) if "greats" in n.lower() or "gradient" in n.lower()]
+    assert not [n for n in vars(F) if "greats" in n.lower()]

@@ -222,3 +222,14 @@ def stale_references(src: Path) -> list[str]:
 
 def test_the_package_names_only_what_exists():
     assert stale_references(SRC) == []
+
+
+def test_module_docstrings_stay_short():
+    # a module docstring says what the module does and points to docs/ for essays and measured figures (a code
+    # change silently falsifies a figure kept beside the code); GREATS' held 86 lines
+    long = {}
+    for path in sorted(SRC.rglob("*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text()), clean=False) or ""
+        if len(doc.splitlines()) > 45:
+            long[str(path.relative_to(SRC))] = len(doc.splitlines())
+    assert long == {}

@@ -9,7 +9,8 @@ only what it changes.
 
 Cost is part of the contract: every component returns an ``ExtraWork`` per micro-batch (``extra_work``), and
 ``eslm.flops`` turns the declarations into the paper's and the executed FLOPs. A component names the passes it
-ran (tokens through which model); it never multiplies per-token costs itself.
+ran (tokens through which model); only work that has no such form (GREATS' per-layer inner products) is priced
+by the component's own formula, kept beside its algorithm (``PricedWork``).
 """
 
 from __future__ import annotations
@@ -60,19 +61,12 @@ class ModelPass:
     tokens: int
 
 
-@dataclass(frozen=True)
-class GradientScoring:
-    """Per-sample gradient scoring on the trained model (GREATS): a forward and an activation-gradient backward
-    of ``rows + val_rows`` rows of ``seq_len`` tokens, then the inner products of ``rows`` candidate rows
-    against ``rows + val_rows`` rows in every scored Linear layer, ``layer_shapes`` (in, out, has_bias) each
-    in the form it took, ``routes`` ("ghost" | "materialised" | "unused"). Priced by
-    ``eslm.flops.greats_extra_flops``."""
+class PricedWork(Protocol):
+    """Work a component prices by its own formula, from the trained model's per-token FLOPs (an
+    ``eslm.flops.FlopsModel``), beside the algorithm it prices (GREATS' gradient scoring:
+    ``eslm.baselines.greats.GradientScoring``); both conventions count it."""
 
-    rows: int
-    val_rows: int
-    seq_len: int
-    layer_shapes: tuple[tuple[int, int, bool], ...]
-    routes: tuple[str, ...]
+    def flops(self, fm) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -84,7 +78,8 @@ class ExtraWork:
     trained_forward_tokens: further tokens through the trained model's forward (the selection scope "step"'s
                      scoring forward); only the executed count includes them (the paper counts one forward
                      per training token)
-    gradient_scoring: per-sample gradient scoring passes (GREATS), counted by both conventions
+    priced: work the component prices itself (``PricedWork``: GREATS' gradient scoring), counted by both
+                     conventions
     repeated_frozen_forwards: forwards of frozen models run again over tokens already in ``frozen_forwards``
                      (Rho-1's reference in the selection scope "step"'s scoring forward); only the executed
                      count includes them
@@ -92,7 +87,7 @@ class ExtraWork:
 
     frozen_forwards: tuple[ModelPass, ...] = ()
     trained_forward_tokens: int = 0
-    gradient_scoring: tuple[GradientScoring, ...] = ()
+    priced: tuple[PricedWork, ...] = ()
     repeated_frozen_forwards: tuple[ModelPass, ...] = ()
 
 

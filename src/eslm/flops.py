@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from eslm import metrics as M
-from eslm.baselines import greats as G
 from eslm.errors import ConfigError
 from eslm.model.gpt import ModelConfig, model_config_for, preset
 
@@ -175,17 +174,16 @@ def frozen_forward_flops(config: ModelConfig, seq_len: int, tokens: int) -> floa
 
 def extra_flops(work, fm: FlopsModel | None = None) -> tuple[float, float, int]:
     """(paper FLOPs, executed FLOPs, extra forward tokens of the trained model) of components' declared extra
-    work (an iterable of ``eslm.contracts.ExtraWork``) on one micro-batch; ``fm``: the trained model's, needed
-    to price gradient scoring (GREATS)."""
+    work (an iterable of ``eslm.contracts.ExtraWork``) on one micro-batch; ``fm``: the trained model's, which
+    work a component prices itself (``ExtraWork.priced``, e.g. GREATS' gradient scoring) needs."""
     paper = executed = 0.0
     tokens = 0
     for w in work:
         f = 0.0
-        for g in w.gradient_scoring:
+        for priced in w.priced:
             if fm is None:
-                raise ValueError("expected the trained model's FlopsModel to price gradient scoring, found None")
-            f = f + greats_extra_flops(fm.forward_per_token, fm.backward_per_token, g.layer_shapes, g.rows,
-                                       g.val_rows, g.seq_len, routes=g.routes)
+                raise ValueError("expected the trained model's FlopsModel to price a component's own work, found None")
+            f = f + priced.flops(fm)
         for p in w.frozen_forwards:
             f = frozen_forward_flops(p.config, p.seq_len, p.tokens) + f
         again = sum(frozen_forward_flops(p.config, p.seq_len, p.tokens) for p in w.repeated_frozen_forwards)
@@ -325,83 +323,3 @@ if __name__ == "__main__":  # python -m eslm.flops
     steps = micro_steps_for_budget(fm, 3e17, 12 * 1024)
     print(f"\n124M: {fm.train_per_token:.4g} FLOPs/token; 3E17 FLOPs = {steps:,.0f} steps of 12x1024 tokens "
           f"counted per micro-batch, {steps / 40:,.0f} steps counted per global batch (x40)")
-
-# ---------------------------------------------------------------------------------------------------------
-# GREATS (eslm.baselines.greats, the algorithm; its module doc has the cost model). The per-layer formula
-# ``greats.layer_flops`` stays beside the algorithm, which picks each layer's route by it; the FLOPs of a
-# micro-batch and GREATS' cost in CLM micro-batches are priced here.
-# ---------------------------------------------------------------------------------------------------------
-
-
-def inner_product_flops(layer_shapes: Sequence[tuple[int, int, bool]], routes: Sequence[str], B: int, Bv: int,
-                        T: int) -> float:
-    """FLOPs of the inner products: B candidate rows against B + Bv rows, each layer by its route ("ghost",
-    "materialised", or "unused": a layer the loss does not reach costs nothing), by ``greats.layer_flops``."""
-    if len(routes) != len(layer_shapes):
-        raise ValueError(f"expected one route per scored layer ({len(layer_shapes)}), found {len(routes)}")
-    total = 0.0
-    for (n_in, n_out, bias), r in zip(layer_shapes, routes):
-        ghost, mat = G.layer_flops(T, n_in, n_out, bias, B, B + Bv)
-        total += {G.GHOST: ghost, G.MATERIALISED: mat, "unused": 0.0}[r]
-    return total
-
-
-def greats_extra_flops(forward_per_token: float, backward_per_token: float,
-                       layer_shapes: Sequence[tuple[int, int, bool]], B: int, Bv: int, T: int, *,
-                       act_backward_fraction: float = 0.5, route: str = "flops",
-                       memory_cap_mb: float = G.DEFAULT_MEMORY_CAP_MB, routes: Sequence[str] | None = None) -> float:
-    """FLOPs GREATS spends per micro-batch beyond the update pass on the kept rows:
-
-        (B + Bv) T forward_per_token                               scoring forward, train + validation rows
-      + (B + Bv) T backward_per_token * act_backward_fraction      activation-gradient backward (no weight
-                                                                   gradients: about half of a backward)
-      + inner_product_flops(layer_shapes, routes, B, Bv, T)        the inner products
-
-    forward_per_token / backward_per_token: the trained model's per-token FLOPs (``FlopsModel``'s
-    forward_per_token / backward_per_token); layer_shapes from ``greats.scored_layer_shapes``; routes: the form each
-    layer took (``greats_select``'s info["layer_modes"]), or None for ``greats.layer_routes(..., route, memory_cap_mb)``.
-    The greedy itself (O(k B)) is negligible and not counted.
-    """
-    if routes is None:
-        routes = G.layer_routes(layer_shapes, B, Bv, T, route, memory_cap_mb)
-    tokens = (B + Bv) * T
-    return (tokens * forward_per_token + tokens * backward_per_token * act_backward_fraction
-            + inner_product_flops(layer_shapes, routes, B, Bv, T))
-
-
-def greats_micro_batch_cost(fm, layer_shapes: Sequence[tuple[int, int, bool]], B: int, Bv: int, *,
-                            budget: float = 0.9, pool: str = "floor", route: str = "flops",
-                            memory_cap_mb: float = G.DEFAULT_MEMORY_CAP_MB) -> dict:
-    """GREATS' FLOPs per micro-batch in CLM micro-batches: {"paper": r, "executed": r, "routes": [...]}.
-
-    fm: the ``FlopsModel`` of the trained model at T = fm.seq_len; B: the loader's rows per micro-batch
-    (a CLM micro-batch is B T tokens), Bv validation rows; budget, pool: ``greats.greats_pool_size`` (n candidates
-    scored, k kept). GREATS' FLOPs are ``step_flops`` of the update pass on the k T kept tokens (every token
-    of a kept row trains; the CE's head backward runs on those rows, nothing recomputed, as
-    ``CrossEntropy.head_work`` books fully kept rows) plus ``greats_extra_flops`` on n + Bv rows, the same
-    in both conventions. CLM's micro-batch is ``fm.train_per_token * B T`` (its paper = executed = dense).
-    The ratio per optimizer step is the same: both take the same number of micro-batches.
-    """
-    T = fm.seq_len
-    n, k = G.greats_pool_size(B, budget, pool)
-    routes = G.layer_routes(layer_shapes, n, Bv, T, route, memory_cap_mb)
-    extra = greats_extra_flops(fm.forward_per_token, fm.backward_per_token, layer_shapes, n, Bv, T, routes=routes)
-    sf = step_flops(fm, tokens_seen=k * T, tokens_kept=k * T, head_backward_tokens=k * T,
-                    extra_flops_paper=extra, extra_flops_executed=extra)
-    clm = fm.train_per_token * B * T
-    return {"paper": sf.paper / clm, "executed": sf.executed / clm, "routes": routes}
-
-
-def greats_cost_ratio(cfg: Config, model_config: ModelConfig | None = None) -> dict:
-    """GREATS' cost per micro-batch (= per optimizer step) in CLM micro-batches for an eslm Config:
-    {"paper": r, "executed": r, "routes": [ghost|materialised per scored layer]} ("GREATS costs r CLM
-    micro-batches per step"), by ``greats_micro_batch_cost`` with the config's micro-batch, seq_len, alpha,
-    method.greats.* keys. model_config: the run's ``ModelConfig``; None: ``eslm.model.gpt.model_config_for(cfg)``.
-    """
-    m, g, T = cfg.method, cfg.method.greats, cfg.data.seq_len
-    model_config = model_config or model_config_for(cfg)
-    B = cfg.train.micro_batch_size_seqs
-    return greats_micro_batch_cost(FlopsModel.from_config(model_config, T),
-                                   G.scored_layer_shapes(model_config, g.exclude_head), B,
-                                   G.greats_val_rows(B, g.val_fraction), budget=1.0 - m.alpha,
-                                   pool=g.pool, route=g.route, memory_cap_mb=g.memory_cap_mb)

@@ -295,14 +295,14 @@ def test_extra_flops_formula():
     fwd, bwd = 1e6, 2e6
     base = (B124 + BV124) * T124 * (fwd + bwd / 2)  # scoring forward + activation backward
     for route, block in [("memory", [MAT, MAT, GHO, GHO]), ("flops", [MAT] * 4), ("ghost", [GHO] * 4)]:
-        got = flops.greats_extra_flops(fwd, bwd, shapes, B124, BV124, T124, route=route)
+        got = G.greats_extra_flops(fwd, bwd, shapes, B124, BV124, T124, route=route)
         assert got == pytest.approx(base + _hand_ip_flops(block), rel=1e-12), route
         # the routes actually taken override the route rule
-        taken = flops.greats_extra_flops(fwd, bwd, shapes, B124, BV124, T124, routes=block * 12)
+        taken = G.greats_extra_flops(fwd, bwd, shapes, B124, BV124, T124, routes=block * 12)
         assert taken == pytest.approx(got, rel=1e-12)
-    assert flops.greats_extra_flops(fwd, bwd, shapes, B124, BV124, T124) == pytest.approx(
+    assert G.greats_extra_flops(fwd, bwd, shapes, B124, BV124, T124) == pytest.approx(
         base + _hand_ip_flops([MAT] * 4), rel=1e-12)  # default: flops
-    assert flops.greats_extra_flops(fwd, bwd, [], B124, BV124, T124) == pytest.approx(base)
+    assert G.greats_extra_flops(fwd, bwd, [], B124, BV124, T124) == pytest.approx(base)
     mlp_ghost, mlp_mat = G.layer_flops(T124, 768, 3072, False, B124, B124 + BV124)
     assert 19 < mlp_ghost / mlp_mat < 20  # the issue's "about 20x fewer FLOPs"
 
@@ -318,12 +318,16 @@ def test_cost_in_clm_micro_batches_at_the_papers_124m_shape():
     for route, block in [("flops", [MAT] * 4), ("memory", [MAT, MAT, GHO, GHO])]:
         extra = 18 * T124 * (fm.forward_per_token + fm.backward_per_token / 2) + _hand_ip_flops(block)
         want = (10 * T124 * fm.train_per_token + extra) / (12 * T124 * fm.train_per_token)
-        got = flops.greats_cost_ratio(_with_route(cfg, route))
+        got = _ratio(_with_route(cfg, route))
         assert got["paper"] == pytest.approx(want, rel=1e-12) and got["executed"] == pytest.approx(want, rel=1e-12)
         assert got["routes"][:4] == block
-    assert round(flops.greats_cost_ratio(cfg)["paper"], 2) == 2.13  # the figures quoted in docs/flops.md
+    assert round(_ratio(cfg)["paper"], 2) == 2.13  # the figures quoted in docs/flops.md
     old = _with_route(cfg, "memory")
-    assert round(flops.greats_cost_ratio(old)["paper"], 2) == 5.91
+    assert round(_ratio(old)["paper"], 2) == 5.91
+
+
+def _ratio(cfg, model_config=None):
+    return G.greats_cost_ratio(cfg, flops.training_flops_model(cfg), model_config)
 
 
 def _with_route(cfg, route: str):
@@ -413,7 +417,7 @@ def test_trainer_rows_tokens_and_flops(pool, tiny_data, tmp_path):
         assert r[M.TOKENS_SEEN] == r[M.STEP] * 2 * n_cand * T
         assert r[M.KEPT_FRAC] == 1.0  # every token of a kept row trains
     # per micro-batch: scoring n_cand candidates + 2 validation rows, then the update pass on the n_keep rows
-    extra = flops.greats_extra_flops(fm.forward_per_token, fm.backward_per_token, rows.layer_shapes, n_cand, 2, T,
+    extra = G.greats_extra_flops(fm.forward_per_token, fm.backward_per_token, rows.layer_shapes, n_cand, 2, T,
                                  routes=[G.MATERIALISED] * len(rows.layer_shapes))
     sf = step_flops(fm, tokens_seen=n_keep * T, tokens_kept=n_keep * T, head_backward_tokens=n_keep * T,
                     extra_flops_paper=extra, extra_flops_executed=extra)
@@ -422,12 +426,12 @@ def test_trainer_rows_tokens_and_flops(pool, tiny_data, tmp_path):
     assert last[M.FLOPS_PAPER] == pytest.approx(3 * 2 * sf.paper, rel=1e-12)
     assert last[M.FLOPS_EXECUTED] == pytest.approx(3 * 2 * sf.executed, rel=1e-12)
     assert last[M.FLOPS_PAPER] > last[M.FLOPS_DENSE]  # GREATS' scoring costs more than it saves
-    # the helper the report quotes: FLOPs per micro-batch / a CLM micro-batch of the loader's 4 rows
-    ratio = flops.greats_cost_ratio(trainer.cfg, trainer.model_config)
+    # GREATS' cost per micro-batch / a CLM micro-batch of the loader's 4 rows (greats.greats_cost_ratio)
+    ratio = _ratio(trainer.cfg, trainer.model_config)
     clm = fm.train_per_token * 4 * T
     assert ratio["paper"] == pytest.approx(last[M.FLOPS_PAPER] / 6 / clm, rel=1e-12)
     assert ratio["executed"] == pytest.approx(last[M.FLOPS_EXECUTED] / 6 / clm, rel=1e-12)
-    assert flops.greats_cost_ratio(trainer.cfg)["paper"] == ratio["paper"]  # model config rebuilt from the config
+    assert _ratio(trainer.cfg)["paper"] == ratio["paper"]  # model config rebuilt from the config
 
 
 def test_trainer_routes_change_flops_not_selection(tiny_data, tmp_path):

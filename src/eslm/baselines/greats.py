@@ -26,58 +26,14 @@ gradient is G_i = d_i^T a_i (out, in) and
     <G_i, G_v> = sum_t sum_s (a_i,t . a_v,s) (d_i,t . d_v,s)          (the "ghost" inner product)
 
 (+1 inside the first factor for a bias: the bias gradient is sum_t d_i,t). Per layer we either form the two
-T x T Gram matrices per pair (ghost) or materialise G_i per sample and take dot products. Cost model, for
-Nx rows scored against N rows (Nx N pairs), p = out * (in + bias) numbers per per-sample gradient
-(``layer_flops`` and ``layer_memory_bytes``, the one place these formulas live):
-
-    ghost         memory 2 T^2 per pair, computed one row against all: 2 N T^2 fp32 at a time
-                  FLOPs  Nx N (2 T^2 (in + out) + 2 T^2 [+ T^2 for a bias])
-    materialised  memory p per sample: N p fp32 (4 N p bytes)
-                  FLOPs  N (2 T in out [+ T out]) + Nx N 2 p
-
-The route per layer (``method.greats.route``, ``layer_route``):
-
-    flops (default)  the cheaper by FLOPs, materialised only if its 4 N p bytes fit ``method.greats.memory_cap_mb``
-    memory           the old rule (and the ghost-clipping literature's): ghost iff 2 T^2 < p, whichever holds
-                     fewer numbers per pair / per sample
-    ghost            every layer ghost
-    materialised     every layer materialised that fits the memory cap (the others ghost)
-
-Both routes give the same inner products up to floating-point reassociation, so the route changes the cost,
-not the selection. Materialising is cheaper roughly when T < in out / (Nx (in + out)): the ghost form pays
-2 T^2 (in + out) per pair, materialising 2 T in out per row. For GPT-2 124M at T = 1024, Nx = 12, N = 18
-(2 T^2 = 2.10M): under "memory" the attention's c_attn (p = 1.77M) and c_proj (0.59M) are materialised and
-the MLP's c_fc and c_proj (p = 2.36M) take the ghost form, which costs ~20x the FLOPs of materialising them
-(1.74e12 against 8.8e10 per layer); under "flops" every layer is materialised (at most 170 MB per layer).
-The ghost form wins on FLOPs only for short rows (T below ~30-50 at this width), GREATS' fine-tuning setting.
-Per micro-batch of 12 x 1024 tokens this is GREATS costing 5.9 CLM micro-batches ("memory") against 2.1
-("flops"): ``eslm.flops.greats_cost_ratio`` and docs/flops.md (eslm/flops.py prices GREATS: ``greats_extra_flops``).
-
-The tied LM head / token embedding (``exclude_head``, default True): the head is a (V, C) Linear on the final
-hidden states, so scoring it means output gradients of shape (B, T, V) (the full logits gradient, 50304 wide)
-and, materialised, V*C = 38.6M numbers per sample; its other use, the embedding, is a gather, not a Linear,
-so its per-sample gradient is a scatter that the ghost form does not cover. Excluding it follows GREATS'
-practice of scoring the transformer's Linear layers and keeps memory bounded. With ``exclude_head=False`` the
-head is scored as a Linear on the final hidden states (its embedding-side gradient is still left out).
-The position embedding and the LayerNorms are never scored.
-
-The budget (``method.greats.pool``, ``greats_pool_size``). The paper keeps a "batch selection budget" of 0.9
-(= 1 - ESLM's alpha 0.1) of a micro-batch of B = 12 rows, and 0.9 x 12 = 10.8 rows is not an integer. Two
-readings are offered:
-
-    floor (default)  the loader's B rows are the candidates; keep floor(0.9 B) = 10 of 12
-    pool             draw ceil(B / 0.9) = 14 candidates (the loader's 12 + 2 from GREATS' own candidate stream,
-                     ``plugins.GreatsRows``), keep B = 12
-
-Default floor, because (1) GREATS (Wang et al., 2024) selects a subset of each incoming batch, its budget
-being the selected fraction of that batch, which is floor's reading; (2) the paper aligns the budget with
-ESLM's alpha, and ESLM keeps a fraction of a fixed micro-batch drawn from the same data stream as CLM: under
-floor every method consumes the same B x T training tokens per micro-batch and differs only in what trains
-on them; (3) the paper's hyperparameter table gives one mini-batch size (12 x 1024 tokens at 124M) for the
-baselines and mentions no larger draw for GREATS. The paper does not say how 10.8 was rounded, so pool --
-every update has CLM's row count, at the price of scoring and consuming ceil(B / budget) rows per
-micro-batch -- is there to test the other reading. Both round the kept fraction down: 10/12 = 0.833 (floor),
-12/14 = 0.857 (pool), against 0.9.
+T x T Gram matrices per pair (ghost) or materialise G_i per sample and take dot products; both give the same
+inner products up to floating-point reassociation, so the form changes the cost, not the selection. Their FLOPs
+and memory are ``layer_flops`` and ``layer_memory_bytes`` (the one place these formulas live); ``layer_route``
+picks the form per layer by ``method.greats.route`` (flops | memory | ghost | materialised, within
+``method.greats.memory_cap_mb``), and GREATS' cost per micro-batch (``greats_extra_flops``, declared to the
+FLOPs ledger as ``GradientScoring``) sits at the end of this module. The cost model's figures, the budget's two
+readings (``method.greats.pool``: floor | pool) and why the tied LM head is left out (``exclude_head``) are in
+docs/flops.md, "GREATS' cost per step".
 
 Everything here uses ``torch.autograd.grad`` with respect to a Linear output: the model's parameter
 ``.grad`` is never touched, so the caller can run its update pass afterwards. Each layer's inner products
@@ -191,14 +147,14 @@ def stream_linear_io(model: nn.Module, x: torch.Tensor, y: torch.Tensor, on_laye
 # ---------------------------------------------------------------------------------------------------------
 
 
-ROUTES = ("flops", "memory", "ghost", "materialised")  # method.greats.route; module doc
+ROUTES = ("flops", "memory", "ghost", "materialised")  # method.greats.route (layer_route)
 GHOST, MATERIALISED = "ghost", "materialised"  # the form a layer takes (info["layer_modes"])
-DEFAULT_MEMORY_CAP_MB = 1024.0  # method.greats.memory_cap_mb: 124M at T = 1024 needs at most 170 MB per layer
+DEFAULT_MEMORY_CAP_MB = 1024.0  # method.greats.memory_cap_mb (what layers need: docs/flops.md)
 _MB = 2.0 ** 20
 
 
 def layer_flops(T: int, n_in: int, n_out: int, has_bias: bool, n_x: int, n_rows: int) -> tuple[float, float]:
-    """(ghost, materialised) FLOPs of one layer's (n_x, n_rows) inner products (module doc's cost model)."""
+    """(ghost, materialised) FLOPs of one layer's (n_x, n_rows) inner products (docs/flops.md's cost model)."""
     pairs = n_x * n_rows
     ghost = pairs * (2.0 * T * T * (n_in + n_out) + 2.0 * T * T + (T * T if has_bias else 0))
     mat = n_rows * (2.0 * T * n_in * n_out + (T * n_out if has_bias else 0)) + pairs * 2.0 * n_out * (n_in + has_bias)
@@ -222,7 +178,7 @@ def check_route(route: str, memory_cap_mb: float) -> None:
 
 def layer_route(T: int, n_in: int, n_out: int, has_bias: bool = False, route: str = "flops", n_x: int = 1,
                 n_rows: int = 1, memory_cap_mb: float = DEFAULT_MEMORY_CAP_MB) -> str:
-    """'ghost' or 'materialised' for one layer scoring n_x rows against n_rows rows (module doc).
+    """'ghost' or 'materialised' for one layer scoring n_x rows against n_rows rows.
 
     route "flops": the cheaper by ``layer_flops``; "memory": ghost iff 2 T^2 < out * (in + bias);
     "ghost": ghost; "materialised": materialised. Every route but "ghost" falls back to the ghost form when
@@ -375,7 +331,7 @@ def greats_select(model: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor
 def greats_pool_size(B: int, budget: float, mode: str = "floor") -> tuple[int, int]:
     """(candidate rows scored, rows kept) for a micro-batch of B rows and a selection budget in (0, 1].
 
-    "floor" (default, module doc): score the B rows, keep floor(budget * B) (at least 1). Paper: B = 12,
+    "floor" (default, docs/flops.md): score the B rows, keep floor(budget * B) (at least 1). Paper: B = 12,
         budget 0.9 -> keep 10. It trains on fewer rows than CLM from the same data stream, as ESLM trains on
         fewer tokens, which is how the paper aligns GREATS' budget with ESLM's alpha; the loader is unchanged.
     "pool": score ceil(B / budget), keep B: every update has CLM's row count, but ceil(B / budget) - B extra
@@ -401,3 +357,98 @@ def layer_routes(layer_shapes: Sequence[tuple[int, int, bool]], B: int, Bv: int,
                  memory_cap_mb: float = DEFAULT_MEMORY_CAP_MB) -> list[str]:
     """The form ``greats_gram`` takes per layer (``layer_route``): B candidate rows against B + Bv rows."""
     return [layer_route(T, i, o, bias, route, B, B + Bv, memory_cap_mb) for i, o, bias in layer_shapes]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GREATS' cost: its scoring per micro-batch (declared to the FLOPs ledger as ``GradientScoring``) and its cost in
+# CLM micro-batches for a config. ``fm`` is the trained model's ``eslm.flops.FlopsModel`` (its per-token FLOPs).
+# ---------------------------------------------------------------------------------------------------------
+
+
+def inner_product_flops(layer_shapes: Sequence[tuple[int, int, bool]], routes: Sequence[str], B: int, Bv: int,
+                        T: int) -> float:
+    """FLOPs of the inner products: B candidate rows against B + Bv rows, each layer by its route ("ghost",
+    "materialised", or "unused": a layer the loss does not reach costs nothing), by ``layer_flops``."""
+    if len(routes) != len(layer_shapes):
+        raise ValueError(f"expected one route per scored layer ({len(layer_shapes)}), found {len(routes)}")
+    total = 0.0
+    for (n_in, n_out, bias), r in zip(layer_shapes, routes):
+        ghost, mat = layer_flops(T, n_in, n_out, bias, B, B + Bv)
+        total += {GHOST: ghost, MATERIALISED: mat, "unused": 0.0}[r]
+    return total
+
+
+def greats_extra_flops(forward_per_token: float, backward_per_token: float,
+                       layer_shapes: Sequence[tuple[int, int, bool]], B: int, Bv: int, T: int, *,
+                       act_backward_fraction: float = 0.5, route: str = "flops",
+                       memory_cap_mb: float = DEFAULT_MEMORY_CAP_MB, routes: Sequence[str] | None = None) -> float:
+    """FLOPs GREATS spends per micro-batch beyond the update pass on the kept rows:
+
+        (B + Bv) T forward_per_token                               scoring forward, train + validation rows
+      + (B + Bv) T backward_per_token * act_backward_fraction      activation-gradient backward (no weight
+                                                                   gradients: about half of a backward)
+      + inner_product_flops(layer_shapes, routes, B, Bv, T)        the inner products
+
+    forward_per_token / backward_per_token: the trained model's per-token FLOPs; layer_shapes from
+    ``scored_layer_shapes``; routes: the form each layer took (``greats_select``'s info["layer_modes"]), or None
+    for ``layer_routes(..., route, memory_cap_mb)``. The greedy itself (O(k B)) is negligible and not counted.
+    """
+    if routes is None:
+        routes = layer_routes(layer_shapes, B, Bv, T, route, memory_cap_mb)
+    tokens = (B + Bv) * T
+    return (tokens * forward_per_token + tokens * backward_per_token * act_backward_fraction
+            + inner_product_flops(layer_shapes, routes, B, Bv, T))
+
+
+@dataclass(frozen=True)
+class GradientScoring:
+    """What one micro-batch's selection ran, for the FLOPs ledger (an ``eslm.contracts.PricedWork``): a forward
+    and an activation-gradient backward of ``rows + val_rows`` rows of ``seq_len`` tokens, then the inner
+    products of ``rows`` candidate rows against ``rows + val_rows`` rows in every scored Linear layer,
+    ``layer_shapes`` (in, out, has_bias) each in the form it took, ``routes``."""
+
+    rows: int
+    val_rows: int
+    seq_len: int
+    layer_shapes: tuple[tuple[int, int, bool], ...]
+    routes: tuple[str, ...]
+
+    def flops(self, fm) -> float:
+        """Its FLOPs at the trained model's per-token costs (the same in both conventions)."""
+        return greats_extra_flops(fm.forward_per_token, fm.backward_per_token, self.layer_shapes, self.rows,
+                                  self.val_rows, self.seq_len, routes=self.routes)
+
+
+def greats_micro_batch_cost(fm, layer_shapes: Sequence[tuple[int, int, bool]], B: int, Bv: int, *,
+                            budget: float = 0.9, pool: str = "floor", route: str = "flops",
+                            memory_cap_mb: float = DEFAULT_MEMORY_CAP_MB) -> dict:
+    """GREATS' FLOPs per micro-batch in CLM micro-batches: {"paper": r, "executed": r, "routes": [...]}.
+
+    fm: the trained model's ``FlopsModel`` at T = fm.seq_len; B: the loader's rows per micro-batch (a CLM
+    micro-batch is B T tokens, ``fm.train_per_token * B T`` FLOPs in every convention), Bv validation rows;
+    budget, pool: ``greats_pool_size`` (n candidates scored, k kept). GREATS trains every token of its k kept
+    rows (``fm.train_per_token * k T``: no head work to skip, in both conventions) and scores n + Bv rows
+    (``greats_extra_flops``), which both conventions count, so "paper" and "executed" are equal. The ratio per
+    optimizer step is the same: both take the same number of micro-batches.
+    """
+    T = fm.seq_len
+    n, k = greats_pool_size(B, budget, pool)
+    routes = layer_routes(layer_shapes, n, Bv, T, route, memory_cap_mb)
+    extra = greats_extra_flops(fm.forward_per_token, fm.backward_per_token, layer_shapes, n, Bv, T, routes=routes)
+    r = (fm.train_per_token * k * T + extra) / (fm.train_per_token * B * T)
+    return {"paper": r, "executed": r, "routes": routes}
+
+
+def greats_cost_ratio(cfg, fm, model_config=None) -> dict:
+    """GREATS' cost per micro-batch (= per optimizer step) in CLM micro-batches for an eslm Config, by
+    ``greats_micro_batch_cost`` with the config's micro-batch, alpha and method.greats.* keys: {"paper": r,
+    "executed": r, "routes": [ghost|materialised per scored layer]} ("GREATS costs r CLM micro-batches per step").
+    fm: the trained model's FlopsModel (``eslm.flops.training_flops_model(cfg)``); model_config: its ModelConfig
+    (None: ``eslm.model.gpt.model_config_for(cfg)``)."""
+    from eslm.model.gpt import model_config_for
+
+    g, B = cfg.method.greats, cfg.train.micro_batch_size_seqs
+    model_config = model_config or model_config_for(cfg)
+    return greats_micro_batch_cost(fm, scored_layer_shapes(model_config, g.exclude_head), B,
+                                   greats_val_rows(B, g.val_fraction), budget=1.0 - cfg.method.alpha, pool=g.pool,
+                                   route=g.route, memory_cap_mb=g.memory_cap_mb)

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
-from eslm.baselines.greats import (DEFAULT_MEMORY_CAP_MB, ROUTES, check_route, greats_pool_size, greats_select,
-                                   scored_layer_shapes)
+from eslm.baselines.greats import (DEFAULT_MEMORY_CAP_MB, ROUTES, GradientScoring, check_route, greats_pool_size,
+                                   greats_select, scored_layer_shapes)
 from eslm.baselines.rho1 import ReferenceModel, excess_loss
-from eslm.contracts import ExtraWork, GradientScoring, ModelPass
+from eslm.contracts import ExtraWork, ModelPass
 from eslm.data.batch import Batch
 from eslm.errors import CheckpointError, ConfigError
 from eslm.selection.rows import AllRows
@@ -132,14 +132,14 @@ class GreatsRows(AllRows):
         return pool.rows(index.to(pool.x.device)), info
 
     def extra_work(self, tokens_seen: int) -> ExtraWork:
-        """Scoring the last micro-batch's candidates (priced by ``eslm.flops.greats_extra_flops``): forward +
+        """Scoring the last micro-batch's candidates (priced by ``greats.greats_extra_flops``): forward +
         activation backward on candidates + validation rows, and the inner products in the form each layer
         took. The update pass on the kept rows is the trainer's ``tokens_seen``; the validation rows' forward
         is inside this figure, hence no extra tokens."""
         n, Bv, T = self._last_shape
         if n == 0:
             return ExtraWork()
-        return ExtraWork(gradient_scoring=(GradientScoring(n, Bv, T, tuple(self.layer_shapes),
+        return ExtraWork(priced=(GradientScoring(n, Bv, T, tuple(self.layer_shapes),
                                                            tuple(self._last_routes)),))
 
     def state_dict(self) -> dict:

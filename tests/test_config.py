@@ -173,3 +173,8 @@ def test_warmup_longer_than_the_run_warns_once_in_one_line():
     assert len(caught) == 1 and "\n" not in str(caught[0].message)
     assert "train.warmup_steps=30 exceeds train.max_steps=10" in str(caught[0].message)
     assert "fix: set train.warmup_steps below train.max_steps" in str(caught[0].message)
+
+
+def test_an_override_without_equals_shows_the_fix():
+    with pytest.raises(ConfigError, match=r"got 'train.max_steps'; fix: write train.max_steps=VALUE as one argument"):
+        build_config(overrides=["train.max_steps"])

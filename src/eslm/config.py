@@ -273,7 +273,8 @@ def unknown_key_message(key: str) -> str:
 def parse_override(text: str) -> dict:
     """'method.alpha=0.2' -> {'method': {'alpha': '0.2'}} (values are coerced later by type)."""
     if "=" not in text:
-        raise ConfigError(f"expected an override of the form section.key=value, got {text!r}")
+        raise ConfigError(f"expected an override of the form section.key=value, got {text!r}; fix: write "
+                          f"{text.strip().rstrip(':') or 'section.key'}=VALUE as one argument, no spaces")
     key, value = text.split("=", 1)
     out: dict = {}
     node = out

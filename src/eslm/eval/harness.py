@@ -326,7 +326,7 @@ def evaluate(model, tokenizer, tasks: dict[str, int], *, limit: int | float | No
 def _run_harness(lm, tm, names: list[str], shots: int, *, limit, bootstrap_iters: int, seed: int) -> dict:
     """lm-eval's results dict for ``names`` at ``shots``.
 
-    Where the TaskManager can load tasks itself (lm-eval >= 0.4.10) this calls ``evaluator.evaluate``
+    Where the TaskManager can load tasks itself (lm-eval >= 0.4.12) this calls ``evaluator.evaluate``
     directly: ``simple_evaluate`` would add an environment report that runs ``pip list`` in a subprocess
     on every call (seconds each; we record our own environment in the run directory). The seeding and
     few-shot settings are those ``simple_evaluate`` applies, except that the shot count asked for always

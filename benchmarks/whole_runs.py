@@ -102,6 +102,10 @@ def profile_steps(a, reps: int = 3) -> dict:
 
     from harness import Bench, Variant
 
+    import torch
+
+    if a.threads:  # as the runs (train.num_threads)
+        torch.set_num_threads(a.threads)
     bench = Bench(preset=a.preset, seq_len=a.seq_len, micro_batch=a.micro_batch)
     vocab = bench.model_config.vocab_size
     out = {}

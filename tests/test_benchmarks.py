@@ -59,3 +59,28 @@ def test_whole_runs_benchmark_interleaves_real_runs(tmp_path):
     assert 0 < s["bound"]["flops_ratio"] < 1 and "1 - 0.5 * 2/3" in s["bound"]["arithmetic"]
     assert set(res["profile_ms"]) == {"clm", "eslm-loss@0.5"} and res["profile_ms"]["clm"]["head matmuls"] > 0
     assert res["command"].startswith("python benchmarks/whole_runs.py --preset tiny")
+
+
+def test_restat_recomputes_the_new_statistics_from_an_old_summary(tmp_path):
+    # reproduce-cpu's committed summary.json: MDEs from its per-seed differences, censored costs where the runs'
+    # budgets are known, Holm over every recomputed comparison; what needs the curves is said to be missing
+    import statistics
+
+    from eslm.analysis import stats as S
+
+    src = ROOT / "docs" / "results" / "reproduce-cpu-summary.json"
+    out = tmp_path / "restat"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "restat_summary.py"), str(src), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads((tmp_path / "restat.json").read_text())
+    summary = json.loads(src.read_text())
+    first = summary["comparisons"][0]  # eslm-entropy at alpha 0.1 vs clm
+    d = list(first["losses"]["final validation loss"]["per_seed"].values())
+    mine = r["comparisons"][0]["losses"]["final validation loss"]
+    assert mine["mde"] == pytest.approx(S.mde(statistics.stdev(d), 5)) and mine["mde"] == pytest.approx(0.0349, abs=1e-4)
+    loss03 = next(x for x in r["comparisons"] if x["group"] == "eslm-loss (method.alpha=0.3)" and x["kind"] == "baseline")
+    paper = loss03["to_target"]["flops_paper"]  # no seed of it reached the target: all 5 at their budget
+    assert paper["n"] == 5 and len(paper["censored_x"]) == 5 and paper["bias"] == "x"
+    assert r["holm_family"] == 70 and len(r["not_recomputable"]) == 2
+    assert "not recomputable" in (tmp_path / "restat.md").read_text()

@@ -27,6 +27,6 @@ def test_counts_are_the_loader_rows():
 def test_no_extra_work_and_empty_state():
     rows = AllRows()
     assert isinstance(rows, RowSelector)
-    assert rows.extra_work(1024) == ExtraWork() and rows.extra_work(0).gradient_scoring == ()
+    assert rows.extra_work(1024) == ExtraWork() and rows.extra_work(0).priced == ()
     assert rows.state_dict() == {}
     rows.load_state_dict({})

@@ -129,3 +129,23 @@ def test_every_forward_a_method_runs_is_declared_in_its_extra_work():
     for name, (tokens, objective) in cases.items():
         run, declared = _passes_run_and_declared(tokens, objective)
         assert run == declared, name
+
+
+def test_each_hook_is_declared_once():
+    # the protocols in eslm.contracts declare and document every hook; the default base classes subclass them and
+    # only implement (no near-copies of the docstrings), and every component is torch's Stateful as well
+    from torch.distributed.checkpoint.stateful import Stateful as TorchStateful
+
+    from eslm.objectives.base import Objective
+    from eslm.selection.rows import AllRows
+    from eslm.selection.selectors import TokenSelector
+
+    for base, protocol in ((AllRows, C.RowSelector), (TokenSelector, C.TokenSelector), (Objective, C.Objective)):
+        assert protocol in base.__mro__ and base is not protocol
+        hooks = {n for n, v in vars(protocol).items() if callable(v) and not n.startswith("_")}
+        hooks |= {"state_dict", "load_state_dict"}
+        documented_again = sorted(n for n, v in vars(base).items() if n in hooks and v.__doc__)
+        assert documented_again == [], f"{base.__name__} repeats {documented_again}"
+    for parts in _components().values():
+        for part in parts:
+            assert isinstance(part, TorchStateful), type(part).__name__

@@ -3,7 +3,8 @@ objective and a controller must do, and how each declares the extra work it adds
 
 A method (``eslm.methods.Method``) is one ``RowSelector``, one ``TokenSelector``, one ``Objective`` and any number
 of ``Controller``s. The step (``eslm.train.step``) and the trainer call exactly the hooks declared here and
-nothing else: no ``hasattr`` probing. Base classes give the no-op defaults (``eslm.selection.rows.AllRows``,
+nothing else: no ``hasattr`` probing. Each hook is declared once, here, with its documentation; the base classes
+that give the no-op defaults subclass their protocol and only implement (``eslm.selection.rows.AllRows``,
 ``eslm.selection.selectors.TokenSelector``, ``eslm.objectives.base.Objective``), so a new component overrides
 only what it changes.
 
@@ -95,7 +96,9 @@ NO_EXTRA_WORK = ExtraWork()
 
 
 class Stateful(Protocol):
-    """What every component has: the state a checkpoint keeps (a resumed run continues it bit for bit)."""
+    """What every component has: the state a checkpoint keeps (a resumed run continues it bit for bit). The same
+    shape as torch's ``torch.distributed.checkpoint.stateful.Stateful`` (every component is one: tested), declared
+    here because importing torch's loads all of torch.distributed.checkpoint at every start."""
 
     def state_dict(self) -> dict: ...
 
@@ -110,10 +113,14 @@ class RowSelector(Stateful, Protocol):
         """(the rows that train, info for the logs). ``step`` is 1-based, ``lr`` the step's learning rate."""
 
     def candidate_rows(self, batch_rows: int) -> int:
-        """Rows scored per loader micro-batch of ``batch_rows`` rows (counted as tokens seen)."""
+        """Rows scored per loader micro-batch of ``batch_rows`` rows (counted as tokens seen). The trainer's
+        loader always yields ``batch_rows`` rows; a selector that wants a larger pool (GREATS' ``pool`` mode)
+        draws the extra candidates itself, from a loader it owns and checkpoints in its ``state_dict``, so the
+        step and the trainer stay method-agnostic and resume stays exact."""
 
     def num_rows(self, batch_rows: int) -> int:
-        """Rows that train per loader micro-batch (known before the forward, for global normalisation)."""
+        """Rows that train per loader micro-batch (known before the forward, for global normalisation); at most
+        ``candidate_rows(batch_rows)``."""
 
     def extra_work(self, tokens_seen: int) -> ExtraWork:
         """Work of the last micro-batch's selection beyond the trained model's pass over the kept rows."""
@@ -167,7 +174,7 @@ class Objective(Stateful, Protocol):
         """Work beyond the trained model per micro-batch (e.g. a teacher forward)."""
 
     def on_step_end(self, step: int) -> None:
-        """After optimizer step ``step`` (1-based)."""
+        """After optimizer step ``step`` (1-based) (SALT's switch from KD to CE)."""
 
 
 @runtime_checkable

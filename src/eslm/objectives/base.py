@@ -7,25 +7,25 @@ from __future__ import annotations
 
 import torch
 
+from eslm import contracts
 from eslm.contracts import NO_EXTRA_WORK, ExtraWork
 from eslm.errors import ConfigError
 from eslm.data.batch import Batch
 from eslm.objectives.cross_entropy import TokenStats, naive_selected_ce, selected_ce, token_stats
 
 
-class Objective:
-    """Base class of the ``eslm.contracts.Objective`` protocol: ``score`` is the plain scoring pass; ``loss_sum``
-    sums ``per_token``. Subclasses define ``per_token(hidden, weight, batch, index, stats) -> (K,)`` fp32 with
-    gradient (or override ``loss_sum``)."""
+class Objective(contracts.Objective):
+    """The ``eslm.contracts.Objective`` protocol's defaults (its hooks are documented there): ``score`` is the plain
+    scoring pass (None when no scores are needed); ``loss_sum`` sums ``per_token``, which subclasses define as
+    ``per_token(hidden, weight, batch, index, stats) -> (K,)`` fp32 with gradient (or they override ``loss_sum``);
+    ``head_work`` books a chunked loss on the kept rows that recomputes their logits in its backward; no extra
+    work, no state."""
 
     def __init__(self, impl: str = "fused", chunk_size: int = 1024):
         self.impl, self.chunk_size = impl, chunk_size
 
     def score(self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, need_scores: bool,
               need_entropy: bool, keep_fraction: float, for_loss: bool = True) -> TokenStats | None:
-        """Detached fp32 per-token statistics of all N tokens (hidden (N, C) detached), or None when the token
-        selector needs no scores. ``keep_fraction`` K/N lets an objective choose its cheapest route; with
-        ``for_loss`` False only the scores are wanted (no ``loss_sum`` follows on this pass)."""
         if not need_scores:
             return None
         return token_stats(hidden, weight, targets, need_entropy=need_entropy, impl=self.impl,
@@ -33,18 +33,13 @@ class Objective:
 
     def loss_sum(self, hidden: torch.Tensor, weight: torch.Tensor, batch: Batch, index: torch.Tensor | None,
                  stats: TokenStats | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(sum of the kept tokens' losses, 0-dim with gradient; their per-token losses (K,) detached)."""
         per_token = self.per_token(hidden, weight, batch, index, stats)
         return per_token.sum(), per_token.detach()
 
     def extra_work(self, tokens_seen: int) -> ExtraWork:
-        """Work beyond the trained model per micro-batch: none."""
         return NO_EXTRA_WORK
 
     def head_work(self, n: int, k: int, *, scored: bool) -> tuple[float, float]:
-        """For ``eslm.flops.step_flops``: (rows whose head backward ran, rows whose logits were formed again)
-        of a micro-batch of n tokens with k kept. Default: a chunked loss on the kept rows that recomputes
-        their logits in its backward."""
         return float(k), float(k)
 
     def on_step_end(self, step: int) -> None:

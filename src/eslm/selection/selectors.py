@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from eslm import contracts
 from eslm.contracts import NO_EXTRA_WORK, ExtraWork, Selection, StepThreshold
 from eslm.data.batch import Batch
 from eslm.errors import ConfigError
@@ -39,8 +40,9 @@ def _stats(raw: torch.Tensor, ranked: torch.Tensor, index: torch.Tensor, batch: 
     return selection_stats(raw, kept, ranked=ranked, domain=batch.domain, n_domains=n_domains)
 
 
-class TokenSelector:
-    """Base class of the ``eslm.contracts.TokenSelector`` protocol and the do-nothing default: keep all tokens."""
+class TokenSelector(contracts.TokenSelector):
+    """The ``eslm.contracts.TokenSelector`` protocol's default (its hooks are documented there): keep every token,
+    rank nothing, no step threshold, no extra work; its state is alpha."""
 
     score: str | None = None  # which score the selector needs: None | "loss" | "entropy" | "excess_loss"
     scope: str = "micro"  # selection scope: "micro" (per micro-batch) | "step" (one threshold per optimizer step)
@@ -50,16 +52,12 @@ class TokenSelector:
         self.n_domains = n_domains
 
     def num_kept(self, n_tokens: int) -> int:
-        """K for a micro-batch of n_tokens (known before the forward pass, for global normalisation)."""
         return n_tokens
 
     def rank(self, stats: TokenStats | None, batch: Batch) -> torch.Tensor | None:
-        """The scores (B, T) fp32 the selection ranks (None when it ranks nothing)."""
         return None
 
     def step_threshold(self, ranked: list[torch.Tensor], world_size: int = 1) -> StepThreshold | None:
-        """Selection scope "step": the threshold over ``ranked`` (``rank`` of every micro-batch of the step on
-        this rank) and the same of every other rank (None: the selector keeps no threshold)."""
         return None
 
     def select(self, stats: TokenStats | None, batch: Batch, threshold: torch.Tensor | None = None) -> Selection:
@@ -67,7 +65,6 @@ class TokenSelector:
         return Selection(index=None, num_kept=n, num_tokens=n)
 
     def extra_work(self, tokens_seen: int) -> ExtraWork:
-        """Work of scoring beyond the objective's scoring pass: none."""
         return NO_EXTRA_WORK
 
     def state_dict(self) -> dict:

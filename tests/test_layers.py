@@ -233,3 +233,68 @@ def test_module_docstrings_stay_short():
         if len(doc.splitlines()) > 45:
             long[str(path.relative_to(SRC))] = len(doc.splitlines())
     assert long == {}
+
+
+# Called only by tests today: their owners' issues (21, 24) add them; call them from the package or move them into
+# the tests. The check below fails when one of these is called, so that the entry is removed.
+KNOWN_UNUSED = {"eslm.analysis.stats.fmt_ci", "eslm.analysis.stats.paired_power", "eslm.files.check_name"}
+
+
+def unused_public_definitions(root: Path) -> list[str]:
+    """Module-level public functions and classes of ``eslm`` that nothing uses: no reference in the package, the
+    benchmarks or the examples other than their own definition, and no mention in docs/ or README.md (a documented
+    function is used by its readers). Tests do not count: a function only a test calls is code kept alive by its
+    test and belongs in the test. The public API packages (eslm.api, eslm.integrations) are used by their users,
+    and each command module's add_arguments / run by the dispatcher (eslm.cli.COMMANDS)."""
+    import re
+
+    src = root / "src" / "eslm"
+    users = [*src.rglob("*.py"), *(root / "benchmarks").rglob("*.py"), *(root / "examples").rglob("*.py")]
+    docs = "\n".join(p.read_text() for p in [root / "README.md", *(root / "docs").glob("*.md")])
+    refs = set()
+    for path in users:
+        tree = ast.parse(path.read_text())
+        here = _module_name(path) if path.is_relative_to(src) else ""
+        alias = {}
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Import):
+                alias.update({a.asname or a.name.split(".")[0]: a.asname and a.name or a.name.split(".")[0]
+                              for a in n.names})
+            elif isinstance(n, ast.ImportFrom) and n.module:
+                mod = n.module if not n.level else ".".join(
+                    here.split(".")[:len(here.split(".")) - n.level + (path.name == "__init__.py")] + [n.module])
+                for a in n.names:
+                    if _exists(f"{mod}.{a.name}"):
+                        alias[a.asname or a.name] = f"{mod}.{a.name}"
+                    else:
+                        refs.add(f"{mod}.{a.name}")
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Attribute):
+                chain, v = [n.attr], n.value
+                while isinstance(v, ast.Attribute):
+                    chain.append(v.attr)
+                    v = v.value
+                if isinstance(v, ast.Name) and v.id in alias:
+                    parts = [alias[v.id], *reversed(chain)]
+                    refs.update(".".join(parts[:i + 1]) for i in range(1, len(parts)))
+            elif isinstance(n, ast.Name) and here:
+                refs.add(f"{here}.{n.id}")
+    out = []
+    for path in sorted(src.rglob("*.py")):
+        mod = _module_name(path)
+        if mod.startswith(("eslm.api", "eslm.integrations")):
+            continue
+        for n in ast.parse(path.read_text()).body:
+            if not isinstance(n, (ast.FunctionDef, ast.ClassDef)) or n.name.startswith("_"):
+                continue
+            if mod.startswith("eslm.cli.") and n.name in ("add_arguments", "run"):
+                continue
+            if f"{mod}.{n.name}" not in refs and not re.search(rf"\b{n.name}\(|{re.escape(mod)}\.{n.name}\b", docs):
+                out.append(f"{mod}.{n.name}")
+    return out
+
+
+def test_every_public_function_is_used():
+    unused = set(unused_public_definitions(SRC.parents[1]))
+    assert unused - KNOWN_UNUSED == set()
+    assert KNOWN_UNUSED - unused == set(), "called now: remove them from KNOWN_UNUSED"

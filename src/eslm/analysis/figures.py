@@ -30,6 +30,16 @@ def _plt():
     return plt
 
 
+def _finish(plt, fig, axes, used: int, title: str, path: Path, rect: tuple | None = None) -> None:
+    """Blank the axes past the first ``used``, title the figure, lay it out, write the PNG and close it."""
+    for ax in list(axes.flat)[used:]:
+        ax.axis("off")
+    fig.suptitle(title)
+    fig.tight_layout(**({"rect": rect} if rect else {}))
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
 TAB10 = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
          "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
 TAB20 = ["#1f77b4", "#aec7e8", "#ff7f0e", "#ffbb78", "#2ca02c", "#98df8a", "#d62728", "#ff9896", "#9467bd",
@@ -176,14 +186,9 @@ def panels(path: Path, panel_series: dict[str, list[dict]], colors: dict, *, xla
         if ylim is not None:
             ax.set_ylim(*ylim)
         _finish_log_y(ax, logy, fit=ylim is None)
-    for ax in list(axes.flat)[n:]:
-        ax.axis("off")
     handles, labels = list(axes.flat)[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(4, max(1, len(labels))), fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    _finish(plt, fig, axes, n, title, path, rect=(0, 0.08, 1, 1))
 
 
 def target_bars(path: Path, bars: list[dict], colors: dict, *, ylabel: str, title: str) -> None:
@@ -265,12 +270,7 @@ def category_points(path: Path, categories: list[str], values: dict[str, list], 
         ax.grid(True, axis="y", alpha=0.3)
         if i % cols == 0:
             ax.set_ylabel(ylabel, fontsize=8)
-    for ax in list(axes.flat)[n:]:
-        ax.axis("off")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    _finish(plt, fig, axes, n, title, path)
     return limits
 
 
@@ -289,10 +289,7 @@ def differences(path: Path, panel_series: dict[str, list[dict]], colors: dict, *
         ax.set_ylabel(ylabel, fontsize=8)
         ax.tick_params(labelsize=7)
         ax.legend(fontsize=7)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    _finish(plt, fig, axes, n, title, path)
 
 
 def kept_dropped(path: Path, per_group: dict[str, tuple[dict, dict]], colors: dict, *, xlabel: str,
@@ -316,9 +313,4 @@ def kept_dropped(path: Path, per_group: dict[str, tuple[dict, dict]], colors: di
         ax.tick_params(labelsize=7)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
-    for ax in list(axes.flat)[n:]:
-        ax.axis("off")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    _finish(plt, fig, axes, n, title, path)

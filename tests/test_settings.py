@@ -115,7 +115,8 @@ def test_sections_live_next_to_their_components():
     pairs = {"ada": (AdaSection, AdaController), "rho1": (Rho1Section, Rho1Section), "kd": (KDSection, Distill),
              "salt": (SaltSection, Salt), "greats": (GreatsSection, GreatsRows)}
     sections = method_sections(MethodSection())
-    assert set(sections) == set(pairs)
+    assert set(pairs) <= set(sections)  # a new method's section joins them without editing this test
+    assert all(type(sec).__module__ != "eslm.config" for sec in sections.values())
     for name, (cls, component) in pairs.items():
         assert type(sections[name]) is cls and cls.__module__ == component.__module__
 

@@ -351,20 +351,20 @@ def stored_config_problem(d: dict, *, complete: bool = False) -> str | None:
     problems: list[str] = []
     _apply(Config(), d, "", problems)
     if not problems and complete:
-        missing = [k for k in all_keys() if not _has_key(d, k)]
+        have = _leaf_keys(d)
+        missing = [k for k in all_keys() if k not in have]
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
             problems.append(f"no {missing[0]}{more}: written before the key existed")
     return problems[0] if problems else None
 
 
-def _has_key(d: dict, dotted: str) -> bool:
-    node = d
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
-    return True
+def _leaf_keys(d: dict, prefix: str = "") -> set[str]:
+    """The dotted keys of a nested mapping's leaves."""
+    out: set[str] = set()
+    for k, v in d.items():
+        out |= _leaf_keys(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}"}
+    return out
 
 
 def from_dict(d: dict) -> Config:

@@ -92,14 +92,15 @@ def best_val_loss(r: Run):
     return min(ys) if ys else None
 
 
-def domains_of(runs: list[Run]) -> list[str]:
-    """Domain names that appear in any eval line as val_loss/<domain>, in first-seen order."""
+def domains_of(runs: list[Run], prefix: str = M.VAL_LOSS_DOMAIN_PREFIX, records_of=lambda r: r.eval) -> list[str]:
+    """Domain names that appear in any record (``records_of(run)``: eval lines by default) as ``prefix``<domain>
+    (val_loss/<domain> by default), in first-seen order."""
     seen: dict[str, None] = {}
     for r in runs:
-        for rec in r.eval:
+        for rec in records_of(r):
             for k in rec:
-                if k.startswith(M.VAL_LOSS_DOMAIN_PREFIX):
-                    seen.setdefault(k[len(M.VAL_LOSS_DOMAIN_PREFIX):], None)
+                if k.startswith(prefix):
+                    seen.setdefault(k[len(prefix):], None)
     return list(seen)
 
 

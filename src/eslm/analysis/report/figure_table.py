@@ -11,7 +11,7 @@ from pathlib import Path
 
 from eslm import metrics as M
 from eslm.analysis import figures
-from eslm.analysis.report.curves import group_curve
+from eslm.analysis.report.curves import domains_of, group_curve
 from eslm.analysis.rundir import Group, Run
 
 
@@ -100,22 +100,11 @@ def _domain_curves(path: Path, sc: Scene) -> bool:
     return True
 
 
-def _train_domains(runs: list[Run]) -> list[str]:
-    """Domains with a kept_frac/<domain> metric in any train line, first seen first."""
-    seen: dict[str, None] = {}
-    for r in runs:
-        for rec in r.train:
-            for k in rec:
-                if k.startswith(M.KEPT_FRAC_DOMAIN_PREFIX):
-                    seen.setdefault(k[len(M.KEPT_FRAC_DOMAIN_PREFIX):], None)
-    return list(seen)
-
-
 def _selection(path: Path, sc: Scene) -> bool:
     tr = lambda r: r.train  # noqa: E731
     keys = [("kept fraction", M.KEPT_FRAC), ("alpha", M.ALPHA)]
     keys += [(f"kept fraction: {d}", M.kept_frac_key(d))
-             for d in _train_domains([r for g in sc.groups for r in g.runs])]
+             for d in domains_of([r for g in sc.groups for r in g.runs], M.KEPT_FRAC_DOMAIN_PREFIX, tr)]
     panel = {name: _curve_set(sc.groups, tr, M.STEP, key) for name, key in keys}
     panel = {k: v for k, v in panel.items() if v}
     if not panel:

@@ -194,13 +194,40 @@ def stale_references(src: Path) -> list[str]:
     top = {p.stem for p in src.glob("*.py")} | {p.name for p in src.iterdir() if (p / "__init__.py").is_file()}
     out = []
 
+    def module_file(module: str) -> Path | None:
+        """The source file of an eslm module, found without importing it."""
+        base = src.parent.joinpath(*module.split("."))
+        for f in (base.with_suffix(".py"), base / "__init__.py"):
+            if f.is_file():
+                return f
+        return None
+
+    def defined_in_source(file: Path, name: str) -> bool:
+        """``name`` is defined at the top of ``file`` (read, not imported)."""
+        import ast
+
+        for node in ast.parse(file.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+                return True
+            if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                    return True
+        return False
+
     def resolves(dotted: str) -> bool:
         parts = dotted.split(".")
         for i in range(len(parts), 1, -1):
+            module = ".".join(parts[:i])
             try:
-                obj = importlib.import_module(".".join(parts[:i]))
+                obj = importlib.import_module(module)
             except ImportError:
-                continue
+                file = module_file(module)
+                if file is None:
+                    continue
+                # the module exists but cannot be imported here: it needs an extra that is not installed
+                # (transformers for eslm.integrations.hf). Read its first named attribute from its source.
+                return len(parts) == i or defined_in_source(file, parts[i])
             for attr in parts[i:]:
                 if not hasattr(obj, attr):
                     return False

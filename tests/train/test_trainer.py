@@ -197,3 +197,17 @@ def test_progress_line_follows_a_binding_flops_budget(tiny_data, tmp_path, capsy
     lines = [x for x in out.splitlines() if x.startswith("step ")]
     assert lines and all(f"/~{res.step} " in x or "of the FLOPs budget" in x for x in lines)
     assert "/50 " not in out
+
+
+def test_the_banner_splits_the_parameters_into_blocks_and_tied_embedding(tiny_data, tmp_path):
+    # with GPT-2's vocabulary the tied embedding is most of a small model: calling the total "non-embedding"
+    # made a 0.79M-parameter trunk read as 7.2M
+    cfg = build_config(overrides=tiny_overrides(tiny_data, tmp_path, **{"train.max_steps": 1}))
+    t = Trainer(cfg)
+    model = t.raw_model
+    emb = model.transformer.wte.weight.numel()
+    blocks = sum(p.numel() for n, p in model.named_parameters() if n.startswith(("transformer.h.", "transformer.ln_f")))
+    banner = t._banner()
+    assert f"{model.num_params() / 1e6:.2f}M params: " in banner
+    assert f"{blocks / 1e6:.2f}M in the blocks + {emb / 1e6:.2f}M tied embedding/head" in banner
+    assert "non-embedding" not in banner

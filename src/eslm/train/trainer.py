@@ -285,12 +285,19 @@ class Trainer:
     def _banner(self) -> str:
         t = self.cfg.train
         return (f"run directory: {self.run_dir}  | method {self.cfg.method.name} | model {self.cfg.model.preset} "
-                f"({self.raw_model.num_params() / 1e6:.2f}M non-embedding params) | "
+                f"({self._param_summary()}) | "
                 f"{t.micro_batch_size_seqs}x{self.cfg.data.seq_len} tokens x {t.grad_accum_steps} micro-steps "
                 f"x {self.dist.world_size} ranks = {self.global_batch_tokens} tokens/step | lr warmup "
                 f"{self.schedule.warmup_steps} steps, cosine to step {self.schedule.decay_steps}"
                 + (f" (x{self.schedule.ratio:.4f}: this run's steps at the FLOPs budget)"
                    if self.schedule.ratio != 1.0 else ""))
+
+    def _param_summary(self) -> str:
+        """N as the FLOPs model counts it (all but the position embedding), split so that the tied token
+        embedding / LM head, which dominates a small model with GPT-2's vocabulary, is not read as trunk."""
+        n = self.raw_model.num_params()
+        emb = self.raw_model.head_weight.numel()
+        return f"{n / 1e6:.2f}M params: {(n - emb) / 1e6:.2f}M in the blocks + {emb / 1e6:.2f}M tied embedding/head"
 
     def _log(self, msg: str) -> None:
         if self.dist.is_main:

@@ -25,6 +25,7 @@ SCRIPT = textwrap.dedent('''
     torch.save({"grad": z.grad, "kept": tok.kept, "k": int(st.num_kept), "n": int(st.num_tokens),
                 "threshold": float(st.threshold), "counted": int(k), "logits": logits, "targets": targets},
                f"{sys.argv[1]}/rank{rank}.pt")
+    dist.barrier()  # both ranks leave together: gloo torn down under a peer can abort it
     dist.destroy_process_group()
 ''')
 

@@ -50,6 +50,7 @@ GRAD_SCRIPT = textwrap.dedent('''
     if info.rank == 0:
         torch.save({n: p.grad.clone() for n, p in model.named_parameters()}, out_path)
     if info.world_size > 1:
+        torch.distributed.barrier()  # no rank tears gloo down while its peer still saves (SIGABRT)
         torch.distributed.destroy_process_group()
 ''')
 

@@ -143,7 +143,8 @@ def step_flops(fm: FlopsModel, *, tokens_seen: int, tokens_kept: int, head_backw
     tokens_seen:           tokens through the forward of the trained model (B*T)
     tokens_kept:           tokens whose loss is backpropagated (the realised K)
     head_backward_tokens:  rows whose LM-head backward ran: K for the fused loss, tokens_seen for a masked loss
-    head_recompute_tokens: rows whose logits the fused loss recomputed in its backward (0 if cached)
+    head_recompute_tokens: rows whose logits the fused loss recomputed in its backward (0 if cached); negative
+                           for rows whose head forward never ran (the random control's dropped rows)
     extra_forward_tokens:  further forward tokens of the trained model (the selection scope "step"'s scoring forward)
     extra_flops_paper / extra_flops_executed: FLOPs outside the trained model (reference / teacher forwards,
                            e.g. ``forward_flops(ref_fm, tokens_seen)``), as counted by each convention

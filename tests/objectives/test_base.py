@@ -85,3 +85,20 @@ def test_entropy_scores_are_priced_in_the_route(tmp_path, monkeypatch):
     monkeypatch.setenv(ENV, str(f))
     assert _step("eslm-entropy", 0.5, [])[2].objective._last_route == "all_rows"
     assert _step("eslm-loss", 0.5, [])[2].objective._last_route == "kept_cached"
+
+
+def test_the_random_controls_executed_flops_count_only_the_head_forwards_that_ran():
+    """Without a scoring pass the random control forms the logits of its kept rows only (kept_recompute): its
+    dropped rows' head forward and backward never run, so its executed FLOPs are CLM's less 6CV per dropped
+    token (2CV forward + 4CV backward) and nothing else."""
+    from eslm.flops import FlopsModel, micro_batch_flops
+    from eslm.model.gpt import preset
+
+    res, _, method = _step("random", 0.5, [])
+    assert method.objective._last_route == "kept_recompute"
+    n, k = res.tokens_seen // 2, res.tokens_kept // 2
+    assert 0 < k < n
+    fm = FlopsModel.from_config(preset("tiny", vocab_size=131), 24)
+    got = micro_batch_flops(fm, method, tokens_seen=n, tokens_kept=k)
+    head_matmul_per_row = 2 * fm.n_embd * fm.vocab_size
+    assert got.executed == pytest.approx(got.dense - (n - k) * 3 * head_matmul_per_row)

@@ -20,7 +20,7 @@ def test_route_work_counts_what_each_route_runs():
     assert route_work("grads_in_pass", 100, 90, scored=True) == (100.0, 20.0)  # dropped rows subtracted
     assert route_work("grads_in_pass", 100, 100, scored=False) == (100.0, 0.0)  # CLM: one pass
     assert route_work("kept_recompute", 100, 50, scored=True) == (50.0, 50.0)   # after a scoring pass
-    assert route_work("kept_recompute", 100, 50, scored=False) == (50.0, 0.0)   # random control, no scores
+    assert route_work("kept_recompute", 100, 50, scored=False) == (50.0, -50.0)  # random control: no scores, the dropped rows' head forward never runs
     with pytest.raises(ValueError):
         route_work("masked", 100, 50, scored=True)
 

@@ -57,13 +57,14 @@ class Geometry:
 
 
 def route_work(route: str, n: int, k: int, *, scored: bool) -> tuple[float, float]:
-    """What a route runs at the head beyond the one forward of every row, in rows, for ``eslm.flops``:
-    (rows whose two gradient matmuls ran, rows whose logits-sized matmul ran once more).
+    """What a route runs at the head beside the one forward of every row that ``eslm.flops`` counts, in rows:
+    (rows whose two gradient matmuls ran, rows whose logits-sized matmul ran once more; negative: rows whose
+    head forward never ran).
 
     ``grads_in_pass`` recomputes the N-K dropped rows' logits and forms their weight gradient again to subtract
-    it (two matmuls each); ``kept_recompute`` forms the kept rows' logits again after a scoring pass (without
-    one, the kept rows' logits are their only forward: the dropped rows' forward never runs but is counted
-    as run, an overcount of N-K head forwards)."""
+    it (two matmuls each); ``kept_recompute`` forms the kept rows' logits again after a scoring pass; without
+    one (the random-drop control), the kept rows' logits are their only forward and the N-K dropped rows' head
+    forward never runs: -(N-K)."""
     if route == "all_rows":
         return float(n), 0.0
     if route == "kept_cached":
@@ -71,7 +72,7 @@ def route_work(route: str, n: int, k: int, *, scored: bool) -> tuple[float, floa
     if route == "grads_in_pass":
         return float(n), 2.0 * (n - k)
     if route == "kept_recompute":
-        return float(k), float(k) if scored else 0.0
+        return float(k), float(k) if scored else -float(n - k)
     raise ValueError(f"expected a head route in {ROUTES}; found {route!r}")
 
 

@@ -46,10 +46,11 @@ FLOPS_ONLY = HeadCosts(1.0, 0.0, 0.0, 0.0, "FLOPs only (no geometry known)")
 # entropy's product and sum four times (16 bytes).
 _H100 = "H100 SXM data-sheet default, NOT measured (run python -m eslm.ops.calibrate on the GPU)"
 _CPU = ("measured 2026-11-24 by eslm calibrate --device cpu --reps 15 --threads 1 on the 2-core AMD EPYC CI "
-        "machine (torch 2.13.0+cpu) UNDER LOAD (load average 9: six other sessions were running), R,C,V=512,256,16384")
+        "machine (torch 2.13.0+cpu), idle (load average 1.57, the decay of a finished benchmark), R,C,V=512,256,16384; "
+        "a second run agreed within 6%")
 BUILTIN: dict[tuple[str, str], HeadCosts] = {
-    ("cpu", "float32"): HeadCosts(3.293e-11, 4.689e-11, 2.606e-09, 3.541e-10, _CPU),
-    ("cpu", "bfloat16"): HeadCosts(7.088e-12, 4.809e-11, 2.993e-09, 3.377e-10, _CPU),
+    ("cpu", "float32"): HeadCosts(9.468e-12, 4.26e-11, 1.002e-09, 3.099e-10, _CPU),
+    ("cpu", "bfloat16"): HeadCosts(2.219e-12, 4.231e-11, 9.784e-10, 3.033e-10, _CPU),
     ("cuda", "bfloat16"): HeadCosts(1 / 989e12, 1 / 3.35e12, 28 / 3.35e12, 16 / 3.35e12, _H100),
     ("cuda", "float32"): HeadCosts(1 / 67e12, 1 / 3.35e12, 28 / 3.35e12, 16 / 3.35e12, _H100),
 }

@@ -33,8 +33,7 @@ def test_every_path_in_the_readme_exists():
     paths = set(re.findall(r"`((?:src|configs|docs|tests|benchmarks|examples|constraints)/[^`\s]*)`", README))
     paths |= set(re.findall(r"\]\(((?:docs|benchmarks)/[^)]+)\)", README))
     assert len(paths) > 20
-    pending = {"benchmarks/RESULTS.md"}  # written by other work in progress
-    missing = sorted(p for p in paths - pending if not (ROOT / p.split("#")[0]).exists())
+    missing = sorted(p for p in paths if not (ROOT / p.split("#")[0]).exists())
     assert not missing, missing
 
 

@@ -99,6 +99,7 @@ def selection_overhead(bench: Bench, alphas: list[float], chunk: int, reps: int)
     (N, C) row dot; otherwise the pass keeps the logits beside the softmax for a batched dot per row over
     (N, V). The pass and the gradients themselves are not counted: CLM runs them too."""
     from eslm.ops.fused_head import _compute_dtype, _rowdot, _scratch_rows, head_pass
+    from eslm.selection.risk import num_kept
 
     batch = bench.batches[0]
     autocast = bench.autocast() or contextlib.nullcontext()  # the pass runs in the step's precision (bf16 on GPU)
@@ -106,7 +107,7 @@ def selection_overhead(bench: Bench, alphas: list[float], chunk: int, reps: int)
     with torch.no_grad(), autocast:
         hidden = bench.raw(batch.x).flatten(0, 1)
         w, y = bench.raw.head_weight.detach(), batch.y.reshape(-1)
-        route = auto.objective.choose(hidden.shape[0], hidden.shape[0] - int(alphas[0] * hidden.shape[0]),
+        route = auto.objective.choose(hidden.shape[0], num_kept(hidden.shape[0], alphas[0]),
                                       scored=True)
         stats = head_pass(hidden, w, y, need_entropy=True, keep_probs=True, softmax_w=route == "all_rows",
                           chunk_size=chunk)

@@ -59,13 +59,11 @@ def restat(summary: dict) -> dict:
                 row["to_target"][key] = S.paired_censored(x, y, bx or {}, by or {})
             members += [row["losses"][FINAL]] + list(row["to_target"].values())
             rows.append(row)
-    with_p = [ci for ci in members if ci.get("p") is not None]
-    for ci, adj in zip(with_p, S.holm([ci["p"] for ci in with_p])):
-        ci["p_adjusted"], ci["family"] = adj, len(with_p)
+    family = S.holm_adjust(members)
     for row in rows:
         row["verdicts"] = [S.loss_verdict(row["losses"][FINAL], FINAL, row["against"])] + [
             S.cost_verdict(ci, COSTS[k][1], row["against"], row["group"]) for k, ci in row["to_target"].items()]
-    return {"source_target_loss": summary["target_loss"], "holm_family": len(with_p), "comparisons": rows,
+    return {"source_target_loss": summary["target_loss"], "holm_family": family, "comparisons": rows,
             "not_recomputable": ["the equal-token read-out (the loss at the baseline's last evaluation) and the "
                                  "paired differences over training: summary.json holds no evaluation curves",
                                  "time to target where a seed never reached it: the runs' CPU seconds differ per "

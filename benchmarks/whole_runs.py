@@ -76,14 +76,15 @@ def bound(a, arm: str) -> dict:
     the trunk backward on every token, the head backward (4CV per token) on the kept tokens only."""
     from eslm.flops import FlopsModel, step_flops
     from eslm.model.gpt import preset
+    from eslm.selection.risk import num_kept
 
     name, alpha = parse_arm(arm)
     cfg = preset(a.preset, vocab_size=50304)
     fm = FlopsModel.from_config(cfg, a.seq_len)
     n = a.seq_len * a.micro_batch
-    k = n - int(alpha * n)
+    k = num_kept(n, alpha)
     s = step_flops(fm, tokens_seen=n, tokens_kept=k, head_backward_tokens=k)
-    head = 6.0 * cfg.n_embd * cfg.vocab_size
+    head = fm.head_forward_per_token + fm.head_backward_per_token
     share = head / fm.train_per_token
     return {"flops_ratio": s.executed / s.dense, "head_share": share,
             "arithmetic": (f"head 6CV = 6*{cfg.n_embd}*{cfg.vocab_size} = {head:.4g} of {fm.train_per_token:.4g} "

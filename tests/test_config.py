@@ -90,9 +90,10 @@ def test_config_choices_are_the_constants_of_the_code_that_reads_them():
     from eslm import config, flops
     from eslm.data.tokenizers import TOKENIZER_NAMES
     from eslm.selection.scores import STANDARDIZE_MODES
+    from eslm.ops.head_route import ROUTE_CHOICES
     from eslm.selection.selectors import SCOPES
 
-    owners = {"data.tokenizer": TOKENIZER_NAMES, "method.standardize": STANDARDIZE_MODES, "method.scope": SCOPES,
+    owners = {"train.loss_route": ROUTE_CHOICES, "data.tokenizer": TOKENIZER_NAMES, "method.standardize": STANDARDIZE_MODES, "method.scope": SCOPES,
               "flops.count_per": flops.COUNT_PER, "flops.budget_counter": flops.COUNTER_KEYS}
     assert all(config._CHOICES[k] is v for k, v in owners.items())
 

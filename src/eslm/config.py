@@ -30,6 +30,7 @@ from eslm.files import name_problem
 from eslm.flops import COUNT_PER, COUNTER_KEYS
 from eslm.methods import METHODS
 from eslm.model.gpt import PRESETS, model_config_for
+from eslm.ops.head_route import CACHED_ROUTES, ROUTE_CHOICES
 from eslm.selection.scores import STANDARDIZE_MODES
 from eslm.selection.selectors import SCOPES
 from eslm.settings import Section, key_of, section
@@ -383,7 +384,7 @@ _CHOICES = {  # the constants of the code that reads each key, where it has one
     "train.device": None,  # checked separately
     "train.dtype": ("auto", "fp32", "bf16"),
     "train.loss_impl": ("fused", "naive"),
-    "train.loss_route": ("auto", "kept_cached", "all_rows", "grads_in_pass", "kept_recompute"),
+    "train.loss_route": ROUTE_CHOICES,
     "train.normalize": ("paper", "global"),
     "train.lr_schedule": ("budget", "steps"),
     "method.standardize": STANDARDIZE_MODES,
@@ -443,7 +444,7 @@ def validate(cfg: Config) -> list[str]:
         problems.append(problem)
     if cfg.run.resume_from and not cfg.run.resume:
         problems.append("run.resume_from: needs run.resume=true (--resume-from STEP sets both)")
-    if cfg.train.loss_route in ("kept_cached", "all_rows") and not cfg.train.loss_cache_probs:
+    if cfg.train.loss_route in CACHED_ROUTES and not cfg.train.loss_cache_probs:
         problems.append(f"train.loss_route: {cfg.train.loss_route} keeps the softmax, which "
                         f"train.loss_cache_probs=false forbids; set train.loss_cache_probs=true or loss_route=auto")
     if cfg.train.min_lr > cfg.train.lr:

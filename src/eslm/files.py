@@ -221,7 +221,8 @@ def os_error_in(e: BaseException, path: Path) -> OSError | None:
 CHECKSUM_SUFFIX = ".sha256"
 
 
-def sha256_file(path: Path, chunk_bytes: int = 1 << 22) -> str:
+def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> str:
+    """The SHA-256 of a file's bytes, read in blocks (checkpoints, snapshots, data shards)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(chunk_bytes):

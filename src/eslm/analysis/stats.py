@@ -340,6 +340,15 @@ def holm(pvalues: list) -> list:
     return out
 
 
+def holm_adjust(cis: list[dict]) -> int:
+    """Holm-adjust, in place, the intervals of ``cis`` that have a p-value (``p_adjusted``, and ``family``: how
+    many they are); returns that number."""
+    members = [ci for ci in cis if ci.get("p") is not None]
+    for ci, adj in zip(members, holm([ci["p"] for ci in members])):
+        ci["p_adjusted"], ci["family"] = adj, len(members)
+    return len(members)
+
+
 # ---------------------------------------------------------------- censoring of to-target costs
 
 

@@ -32,6 +32,7 @@ import os
 from pathlib import Path
 
 from eslm.errors import DataError
+from eslm.files import sha256_file  # noqa: F401  (mf.sha256_file: the shards' checksums)
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "eslm-tokens"
@@ -103,14 +104,6 @@ def _check_schema(m: object, path: Path, fix: str) -> None:
             raise DataError(f"expected one file per (split in {list(SPLITS)}, domain in {m['domains']}) in {path}; "
                             f"found {f.get('path')!r} with {key}; {fix}")
         seen.add(key)
-
-
-def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk_bytes):
-            h.update(block)
-    return h.hexdigest()
 
 
 def verify_shards(data_dir: str | os.PathLike, manifest: dict, verify: str = "auto") -> None:

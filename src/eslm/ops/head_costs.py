@@ -17,6 +17,7 @@ run the calibration on the GPU and set ``ESLM_HEAD_COSTS`` to use measured ones.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -89,8 +90,23 @@ def table() -> dict[tuple[str, str], HeadCosts]:
     out = dict(BUILTIN)
     path = os.environ.get(ENV)
     if path:
-        out.update(_from_file(path))
+        out.update(_file_entries(path))
     return out
+
+
+def _file_entries(path: str) -> dict[tuple[str, str], HeadCosts]:
+    """``_from_file``, read again only when the file changes (the chooser asks at every micro-batch); its errors
+    are never cached."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return _from_file(path)  # its one-line error
+    return _cached_file(path, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_file(path: str, mtime_ns: int, size: int) -> dict[tuple[str, str], HeadCosts]:
+    return _from_file(path)
 
 
 def costs_for(device: str, dtype: str) -> HeadCosts:

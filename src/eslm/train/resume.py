@@ -231,12 +231,12 @@ def lock_run_dir(run_dir: Path, resume: bool, log):
     return lock
 
 
-def version_change(run_dir: Path) -> dict:
+def version_change(run_dir: Path, last: dict | None = None) -> dict:
     """{key: [old, new]} of the eslm version and commit between the run's last segment and this process (empty
     when the same). A commit counts as changed only when both are known (an installed package has none)."""
     from eslm.train.run_dir import code_version
 
-    last, now = last_segment(run_dir), code_version()
+    last, now = last_segment(run_dir) if last is None else last, code_version()
     return {k: [last.get(k), now[k]] for k in ("eslm_version", "git_commit")
             if last.get(k) is not None and now[k] is not None and last.get(k) != now[k]}
 
@@ -244,8 +244,8 @@ def version_change(run_dir: Path) -> dict:
 def check_provenance(run_dir: Path, cfg: Config) -> None:
     """Refuse (one line) a resume by another eslm version or commit than the run's last segment, unless
     ``run.allow_version_change``."""
-    changed = version_change(run_dir)
     last = last_segment(run_dir)
+    changed = version_change(run_dir, last)
     if changed and not cfg.run.allow_version_change:
         diff = ", ".join(f"{k} {_short(old)!r} -> {_short(new)!r}" for k, (old, new) in changed.items())
         raise ConfigError(f"resume of {str(run_dir)!r} refused: eslm changed since the run's last segment "

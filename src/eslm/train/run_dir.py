@@ -8,6 +8,7 @@ and gets its marker (``"adopted": true``) when it is resumed.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import platform
@@ -25,8 +26,10 @@ WHOLE_FILES = ("config.yaml", "env.json", "result.json", RUN_MARKER, "wandb_run_
 LINK_FREE = ("metrics.jsonl", "resumes.jsonl", "eslm.lock", "checkpoints", "snapshots", "tb", "wandb", "eval")
 
 
+@functools.lru_cache(maxsize=1)
 def git_info() -> dict:
-    """Commit and dirty flag of the eslm source tree (None outside a git checkout)."""
+    """Commit and dirty flag of the eslm source tree (None outside a git checkout); asked of git once per process
+    (callers unpack the dict, never change it)."""
     root = Path(__file__).resolve().parents[3]
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)

@@ -78,10 +78,7 @@ def family(comparisons: list[dict]) -> list[dict]:
 def adjust(comparisons: list[dict]) -> int:
     """Holm-adjust the p-values of ``family(comparisons)`` in place (``p_adjusted``, ``family``: its size, the
     intervals with a p-value); returns the family's size."""
-    members = [ci for ci in family(comparisons) if ci.get("p") is not None]
-    for ci, adj in zip(members, S.holm([ci["p"] for ci in members])):
-        ci["p_adjusted"], ci["family"] = adj, len(members)
-    return len(members)
+    return S.holm_adjust(family(comparisons))
 
 
 def write_verdicts(c: dict, costs: dict, tt: dict, other_tt: dict, equal_words: str) -> list[str]:

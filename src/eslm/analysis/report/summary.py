@@ -204,18 +204,25 @@ def summarize(runs: list[Run], groups: list[Group], *, target: float, target_sou
     eq = {g.label: C.equal_token_losses(g, base) for g in groups}
     for g in gs:
         g["equal_tokens_val_loss"] = aggregate(list(eq[g["label"]].values()))
+    def compare(g, o) -> dict:
+        return C.compare(g, o, tts[g.label], tts[o.label], eq[g.label], eq[o.label], COSTS)
+
     pairs = []  # (comparison, group, other) in the order shown
+    differences = {"baseline": [], "control": []}  # the paired difference over training of each pair
     for g in groups:
         if base is not None and g is not base:
-            comparisons.append(C.compare(g, base, tts[g.label], tts[base.label], eq[g.label], eq[base.label], COSTS))
+            comparisons.append(compare(g, base))
             pairs.append((comparisons[-1], g, base))
+            differences["baseline"].append(C.difference_curve(g, base))
             gap = flops_gap(by_label[g.label], by_label[base.label])
             if gap and g.method != "clm":
                 gaps.append(gap)
         ctrl = _control_for(g, groups)
         if ctrl is not None:
-            controls.append(C.compare(g, ctrl, tts[g.label], tts[ctrl.label], eq[g.label], eq[ctrl.label], COSTS))
+            controls.append(compare(g, ctrl))
             pairs.append((controls[-1], g, ctrl))
+            differences["control"].append(C.difference_curve(g, ctrl))
+    differences = {kind: [d for d in curves if d is not None] for kind, curves in differences.items()}
     primary_entry = None
     if primary:
         a, why_a = find_group(groups, primary[0], f"{where}primary")
@@ -224,7 +231,7 @@ def summarize(runs: list[Run], groups: list[Group], *, target: float, target_sou
             raise ReportError(why_a or why_b)
         primary_entry = next((c for c, g, o in pairs if g is a and o is b), None)
         if primary_entry is None:
-            primary_entry = C.compare(a, b, tts[a.label], tts[b.label], eq[a.label], eq[b.label], COSTS)
+            primary_entry = compare(a, b)
             pairs.insert(0, (primary_entry, a, b))
         primary_entry["primary"] = True
     family = C.adjust([c for c, _, _ in pairs])
@@ -234,10 +241,6 @@ def summarize(runs: list[Run], groups: list[Group], *, target: float, target_sou
         c["verdicts"] = C.write_verdicts(c, COSTS, tts[g.label], tts[o.label], equal_words)
     if primary_entry is not None:
         primary_entry["primary_verdict"] = C.primary_verdict(primary_entry)
-    differences = {"baseline": [d for g in groups if base is not None and g is not base
-                                and (d := C.difference_curve(g, base)) is not None],
-                   "control": [d for g in groups if (ctrl := _control_for(g, groups)) is not None
-                               and (d := C.difference_curve(g, ctrl)) is not None]}
     warnings += [w for w in (load_warning(runs), machine_warning(runs)) if w]
     return {
         "format": REPORT_FORMAT, "flops_convention": flops, "flops_key": flops_key,

@@ -26,7 +26,7 @@ from typing import Any
 from eslm import metrics as M
 from eslm.data.tokenizers import TOKENIZER_NAMES
 from eslm.errors import ConfigError
-from eslm.files import name_problem
+from eslm.files import name_problem, read_yaml
 from eslm.flops import COUNT_PER, COUNTER_KEYS
 from eslm.methods import METHODS
 from eslm.model.gpt import PRESETS, model_config_for
@@ -287,20 +287,12 @@ def parse_override(text: str) -> dict:
 
 
 def load_yaml(path: str | Path) -> dict:
-    import yaml
-
     p = Path(path)
     if not p.is_file() and p.parts[:1] == ("configs",):  # the copy inside the package (a pip install)
         p = Path(__file__).resolve().parent / p if (Path(__file__).parent / p).is_file() else p
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} not found; expected a YAML file of config deltas")
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {str(p)!r} must hold a mapping of sections, got {type(data).__name__}")
-    return data
+    return read_yaml(p, "config file", fix="fix the file (a mapping of sections: run, model, data, train, method)")
 
 
 def build_config(files: list[str] = (), overrides: list[str] = (), base: Config | None = None) -> Config:

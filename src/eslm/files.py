@@ -291,3 +291,122 @@ def listing(names: list[str], n: int = 3) -> str:
     """'a, b, c and 4 more'"""
     more = f" and {len(names) - n} more" if len(names) > n else ""
     return ", ".join(repr(x) for x in names[:n]) + more
+
+
+# ------------------------------------------------------------------ the one YAML reader
+
+MAX_YAML_DEPTH = 64  # nested mappings/lists; eslm's own files use at most 4
+MAX_YAML_NODES = 100_000  # nodes after aliases are expanded (an "alias bomb" expands to billions)
+MAX_YAML_BYTES = 16 << 20
+
+
+class YAMLProblem(ValueError):
+    """What is wrong with a YAML text, one line (``read_yaml`` adds the file and the fix)."""
+
+
+def _yaml_loader():
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        """SafeLoader that refuses duplicate keys and nests at most ``MAX_YAML_DEPTH`` deep."""
+
+        depth = 0
+
+        def compose_node(self, parent, index):
+            self.depth += 1
+            if self.depth > MAX_YAML_DEPTH:
+                mark = self.peek_event().start_mark
+                raise YAMLProblem(f"nesting deeper than {MAX_YAML_DEPTH} levels at line {mark.line + 1}")
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, yaml.MappingNode):
+                seen: dict = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    if key in seen:
+                        raise YAMLProblem(f"the key {key!r} appears twice (lines {seen[key]} and "
+                                          f"{key_node.start_mark.line + 1}); YAML would silently keep the last")
+                    seen[key] = key_node.start_mark.line + 1
+            return super().construct_mapping(node, deep=deep)
+
+    return Loader
+
+
+def _expanded_size(node, memo: dict) -> int:
+    """The number of nodes ``node`` stands for once every alias is expanded (shared nodes counted each time)."""
+    import yaml
+
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    memo[key] = MAX_YAML_NODES + 1  # a node that contains itself (a recursive alias) counts as too large
+    if isinstance(node, yaml.MappingNode):
+        n = 1 + sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
+    elif isinstance(node, yaml.SequenceNode):
+        n = 1 + sum(_expanded_size(v, memo) for v in node.value)
+    else:
+        n = 1
+    memo[key] = min(n, MAX_YAML_NODES + 1)
+    return memo[key]
+
+
+def parse_yaml(text: str):
+    """The value of a YAML text, safely: plain data only (SafeLoader), no duplicate keys, at most
+    ``MAX_YAML_DEPTH`` levels, at most ``MAX_YAML_NODES`` nodes with aliases expanded. Raises YAMLProblem (one
+    line) for anything else, a syntax error included."""
+    import yaml
+
+    loader = _yaml_loader()(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node, {}) > MAX_YAML_NODES:
+            raise YAMLProblem(f"more than {MAX_YAML_NODES} values once its aliases (*name) are expanded")
+        return loader.construct_document(node)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        what = "; ".join(x for x in (e.context, e.problem) if x)
+        raise YAMLProblem(f"{what or type(e).__name__}{at}") from None
+    except yaml.YAMLError as e:
+        raise YAMLProblem(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+    except RecursionError:
+        raise YAMLProblem(f"nesting too deep to read (at most {MAX_YAML_DEPTH} levels)") from None
+    finally:
+        loader.dispose()
+
+
+def read_yaml(path: str | os.PathLike, what: str = "YAML file", error=ConfigError,
+              fix: str = "fix the file", mapping: bool = True):
+    """The YAML file at ``path`` read as UTF-8 through ``parse_yaml`` (the one YAML reader of eslm: configs,
+    studies, run directories). Every problem is one ``error`` line naming ``what`` and the file and ending with
+    ``fix``: not UTF-8, not valid YAML, duplicate keys, too deep, an alias bomb, too large, or (``mapping``) not
+    a mapping. An empty file is an empty mapping. OSErrors pass through (the command line names their file)."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        raw = f.read(MAX_YAML_BYTES + 1)
+    where = f"{what} {str(path)!r}"
+    if len(raw) > MAX_YAML_BYTES:
+        raise error(f"{where}: expected at most {MAX_YAML_BYTES >> 20} MiB of YAML, found a larger file; {fix}")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise error(f"{where}: expected UTF-8 text, found the byte 0x{raw[e.start]:02x} on line {line} (another "
+                    f"encoding, e.g. Latin-1); save the file as UTF-8") from None
+    try:
+        data = parse_yaml(text)
+    except YAMLProblem as e:
+        raise error(f"{where} is not valid YAML for eslm: {e}; {fix}") from None
+    if data is None and mapping:
+        return {}
+    if mapping and not isinstance(data, dict):
+        raise error(f"{where}: expected a mapping (key: value lines), found {type(data).__name__}; {fix}")
+    return data

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from eslm import metrics as M
 from eslm.errors import ConfigError, ESLMError
-from eslm.files import name_problem
+from eslm.files import name_problem, read_yaml
 
 # Study files ship inside the package: src/eslm/configs is a link to the repository's configs/, so a
 # checkout, an editable install and a wheel all find them next to this module (the wheel holds a copy).
@@ -59,18 +59,10 @@ def study_dirs() -> list[Path]:
 
 
 def _read_study_yaml(path: Path) -> dict:
-    import yaml
-
     try:
-        study = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"study {str(path)!r} is not valid YAML ({str(e).splitlines()[0]}); fix the file") from None
+        return read_yaml(path, "study", fix="fix the file (a mapping with methods, seeds and config)")
     except OSError as e:
         raise ConfigError(f"study {str(path)!r} could not be read ({e.strerror}); check the path") from None
-    if not isinstance(study, dict):
-        raise ConfigError(f"study {str(path)!r} must be a mapping with methods, seeds and config; "
-                          f"found {type(study).__name__}")
-    return study
 
 
 def load_study(name: str) -> dict:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from eslm import metrics as M
 from eslm.errors import ESLMError
+from eslm.files import read_yaml
 from eslm.train.resume import RESUME_MAY_CHANGE, apply_resumes
 from eslm.train.run_dir import last_records
 
@@ -116,16 +117,7 @@ def is_run_dir(path: Path) -> bool:
 
 
 def _read_yaml(path: Path) -> dict:
-    import yaml
-
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise RunDirError(f"expected valid YAML in {path}, found a parse error ({str(e).splitlines()[0]}); "
-                          "fix or regenerate the file") from None
-    if not isinstance(data, dict):
-        raise RunDirError(f"expected a mapping in {path}, found {type(data).__name__}; regenerate the file")
-    return data
+    return read_yaml(path, "run file", error=RunDirError, fix="fix or regenerate the file")
 
 
 def _read_json(path: Path, warnings: list[str]) -> dict:

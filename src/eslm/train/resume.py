@@ -21,7 +21,7 @@ from pathlib import Path
 
 from eslm.config import Config, all_keys, from_dict, stored_config_problem, to_yaml, unknown_key_message
 from eslm.errors import ConfigError, OwnershipError
-from eslm.files import open_nofollow
+from eslm.files import open_nofollow, read_yaml
 
 RESUMES_FILE = "resumes.jsonl"
 
@@ -68,14 +68,9 @@ def read_resumes(run_dir: Path) -> list[dict]:
 
 def effective_config(run_dir: Path) -> Config:
     """The config the run holds now: config.yaml with every recorded resume change applied in order."""
-    import yaml
-
     path = Path(run_dir) / "config.yaml"
-    try:
-        stored = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path} is not valid YAML ({str(e).splitlines()[0]}); it is the run's own config: "
-                          "restore it from a checkpoint's 'config' entry or start a new run.name") from None
+    stored = read_yaml(path, "the run's own config", fix="restore it from a checkpoint's 'config' entry or start "
+                       "a new run.name")
     config = apply_resumes(stored, run_dir)  # refuses a config.yaml of an earlier eslm in one line
     if problem := stored_config_problem(config, complete=True):  # a resume rebuilds the whole config
         raise ConfigError(earlier_eslm(path, problem))

@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 from eslm import metrics as M
-from eslm.files import RUN_FORMAT, RUN_MARKER, new_marker, open_nofollow, read_marker
+from eslm.errors import ESLMError
+from eslm.files import RUN_FORMAT, RUN_MARKER, new_marker, open_nofollow, read_marker, read_yaml
 # The files eslm writes whole (temporary file + rename) at the top of a run directory.
 WHOLE_FILES = ("config.yaml", "env.json", "result.json", RUN_MARKER, "wandb_run_id")
 # What eslm appends to, or keeps as subdirectories: never written through a symbolic link.
@@ -60,12 +61,10 @@ def new_run_marker(**extra) -> bytes:
 def written_by_earlier_eslm(run_dir: Path) -> bool:
     """A run directory without marker that an earlier eslm wrote: its config.yaml has eslm's sections and its
     env.json names an eslm version, or its metrics.jsonl starts with an eslm record."""
-    import yaml
-
     run_dir = Path(run_dir)
     try:
-        cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        cfg = read_yaml(run_dir / "config.yaml", "config")
+    except (OSError, ESLMError):
         return False
     if not (isinstance(cfg, dict) and {"run", "train", "model", "method"} <= set(cfg)):
         return False

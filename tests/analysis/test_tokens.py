@@ -89,6 +89,26 @@ def test_top_tokens_counts_kept_tokens():
     assert tv.top_tokens([rec], Tok(), "loss") == [("␣the", 2), ("x", 1)]
 
 
+def test_kept_dropped_by_domain_counts_each_domain_apart():
+    class Tok:
+        def decode(self, ids):
+            return {1: " the", 2: "\n", 3: "x", 4: "("}[ids[0]]
+
+    recs = [{"domain": "code", "ids": [3, 4, 2, 4, 2, 1], "variants": {"e": {"kept": [True, False, True, False, True]}}},
+            {"domain": "prose", "ids": [3, 1, 1, 2], "variants": {"e": {"kept": [True, False, True]}}},
+            {"domain": "code", "ids": [1, 4], "variants": {"e": {"kept": [False]}}}]
+    got = tv.kept_dropped_by_domain(recs, Tok(), "e", k=5)
+    assert list(got) == ["code", "prose"]
+    code = got["code"]
+    # code scores "(", "\n", "(", "\n", " the" and "(": "(" kept 2 of 3, "\n" kept 0 of 2, " the" kept 1 of 1
+    assert code["tokens"] == 6 and code["kept_frac"] == 3 / 6
+    assert code["kept"] == [["(", 2, 3], ["␣the", 1, 1]]
+    assert code["dropped"] == [["↵", 2, 2], ["(", 1, 3]]
+    assert got["prose"] == {"tokens": 3, "kept_frac": 2 / 3, "kept": [["↵", 1, 1], ["␣the", 1, 2]],  # tie: the higher rate first
+                            "dropped": [["␣the", 1, 2]]}
+    assert tv.kept_dropped_by_domain(recs, Tok(), "e", k=1)["code"]["kept"] == [["(", 2, 3]]
+
+
 def test_stream_passages_start_at_documents():
     eot = 9
     stream = [1, 2, 3, eot, 4, 5, 6, 7, eot, eot, 8, 1]
@@ -108,7 +128,20 @@ def test_data_dir_passages(ckpt, tmp_path, monkeypatch):
                     val_fraction=0.5, workers=1, progress=False)
     res = tv.build_token_view(str(ckpt[0]), tmp_path / "v", data=str(data), num_passages=2, max_tokens=30)
     domains = {p["source"].split(" @")[0] for p in res["passages"]}
-    assert domains == {"prose", "code"}
+    assert domains == {"prose", "code"} and {p["domain"] for p in res["passages"]} == domains
+    # per domain and variant: the kept and dropped counts add up to the domain's scored tokens and kept flags
+    assert set(res["by_domain"]) == domains
+    for d in domains:
+        recs = [p for p in res["passages"] if p["domain"] == d]
+        for key in ("entropy", "loss"):
+            flags = [f for p in recs for f in p["variants"][key]["kept"]]
+            entry = res["by_domain"][d][key]
+            assert entry["tokens"] == len(flags) and entry["kept_frac"] == pytest.approx(sum(flags) / len(flags))
+            kept_counts = [c for _, c, _ in entry["kept"]]
+            assert kept_counts == sorted(kept_counts, reverse=True)
+            assert all(0 < c <= n for _, c, n in entry["kept"] + entry["dropped"])
+    page = (tmp_path / "v" / "index.html").read_text()
+    assert "Most often kept and dropped tokens per domain" in page and "<h3>code</h3>" in page
 
 
 def test_errors(ckpt, tmp_path):

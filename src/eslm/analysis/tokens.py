@@ -11,8 +11,10 @@ the VaR rule of ``eslm.selection.risk`` at confidence level alpha (keep score >=
 By default (``--scope batch``) the threshold is computed over all displayed passages together, as one batch
 is during training; ``--scope passage`` uses one threshold per passage. The page shows each passage twice,
 side by side (entropy left, loss right): background intensity grows with the score, kept tokens are
-underlined and dark, dropped tokens grey. Per variant, a PNG charts the 20 most frequent kept tokens.
-``tokens.json`` holds every number shown.
+underlined and dark, dropped tokens grey. Per variant, a PNG charts the 20 most frequent kept tokens. Per
+domain (``--data``: each domain of the dataset; ``--text``: one domain, ``text``) and variant, a table lists
+the tokens most often kept and most often dropped, each with how often it was kept (dropped) and how often it
+occurred (``kept_dropped_by_domain``). ``tokens.json`` holds every number shown.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class Passage:
 
     source: str
     ids: list[int]
+    domain: str = "text"
 
 
 class TokensViewError(ESLMError):
@@ -89,7 +92,7 @@ def stream_passages(stream, eot_id: int, num: int, max_tokens: int, domain: str)
         if eot_id in window:
             window = window[: window.index(eot_id)]
         if len(window) >= 2:
-            out.append(Passage(f"{domain} @ token {s}", [int(t) for t in window]))
+            out.append(Passage(f"{domain} @ token {s}", [int(t) for t in window], domain))
     return out
 
 
@@ -131,8 +134,8 @@ def thresholds(scores: list[torch.Tensor], alpha: float, scope: str) -> list[flo
 def analyse(model, passages: list[Passage], alpha: float, scope: str, device: str = "cpu") -> list[dict]:
     """Per passage: scores and, per variant, the threshold and the kept flags (score >= threshold)."""
     scored = [score_passage(model, p.ids, device) for p in passages]
-    out = [{"source": p.source, "ids": p.ids, "scores": {k: s[k].tolist() for k, *_ in VARIANTS}, "variants": {}}
-           for p, s in zip(passages, scored)]
+    out = [{"source": p.source, "domain": p.domain, "ids": p.ids, "scores": {k: s[k].tolist() for k, *_ in VARIANTS},
+            "variants": {}} for p, s in zip(passages, scored)]
     for key, *_ in VARIANTS:
         per = [s[key] for s in scored]
         for rec, s, t in zip(out, per, thresholds(per, alpha, scope)):
@@ -188,8 +191,9 @@ padding:6px;vertical-align:top}.p{font-family:monospace;font-size:13px;white-spa
 .note{color:#555;font-size:0.9em}img{max-width:49%;border:1px solid #eee}"""
 
 
-def render_html(records: list[dict], tok, meta: dict, pngs: dict[str, str]) -> str:
-    """The page: settings, legend, one two-column table per passage, the frequency charts."""
+def render_html(records: list[dict], tok, meta: dict, pngs: dict[str, str], by_domain: dict | None = None) -> str:
+    """The page: settings, legend, one two-column table per passage, the frequency charts, and per domain the
+    most often kept and dropped tokens (``by_domain``: {domain: {variant: kept_dropped_by_domain's entry}})."""
     head = "".join(f"<th>{title}</th>" for _, title, _ in VARIANTS)
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>eslm tokens</title><style>{CSS}</style>"
              "</head><body><h1>Token selection view</h1>",
@@ -210,6 +214,10 @@ def render_html(records: list[dict], tok, meta: dict, pngs: dict[str, str]) -> s
                      f"<table class='v'><tr>{head}</tr><tr>{cells}</tr></table>")
     parts.append(f"<h2>Top-{TOP_K} selected tokens</h2><p>"
                  + "".join(f"<img src='{pngs[k]}' alt='top tokens {t}'>" for k, t, _ in VARIANTS) + "</p>")
+    if by_domain:
+        parts.append("<h2>Most often kept and dropped tokens per domain</h2><p class='note'>Over the passages "
+                     "shown: each token's count of kept (dropped) predictions and its number of occurrences.</p>")
+        parts += [domain_table(d, v) for d, v in by_domain.items()]
     return "\n".join(parts) + "</body></html>"
 
 
@@ -220,6 +228,52 @@ def top_tokens(records: list[dict], tok, key: str, k: int = TOP_K) -> list[tuple
         texts = token_texts(tok, rec["ids"])[1:]
         counts.update(visible(t) for t, kept in zip(texts, rec["variants"][key]["kept"]) if kept)
     return counts.most_common(k)
+
+
+def kept_dropped_by_domain(records: list[dict], tok, key: str, k: int = TOP_K) -> dict[str, dict]:
+    """Per domain (in first-seen order), for variant ``key``: the ``k`` tokens most often kept and the ``k`` most
+    often dropped, as {"tokens": scored tokens of the domain, "kept_frac": their kept fraction,
+    "kept": [[visible text, times kept, occurrences]], "dropped": [[visible text, times dropped, occurrences]]}.
+    A token is a token id shown by its text; ties in the count go to the rarer token (a higher rate), then to
+    the text, so the lists are deterministic."""
+    seen: dict[str, Counter] = {}
+    kept: dict[str, Counter] = {}
+    for rec in records:
+        texts = [visible(t) for t in token_texts(tok, rec["ids"])[1:]]
+        d = rec.get("domain", "text")
+        seen.setdefault(d, Counter()).update(texts)
+        kept.setdefault(d, Counter()).update(t for t, f in zip(texts, rec["variants"][key]["kept"]) if f)
+    out = {}
+    for d, n in seen.items():
+        dropped = Counter({t: c - kept[d][t] for t, c in n.items() if c > kept[d][t]})
+
+        def ranked(counts: Counter) -> list[list]:
+            order = sorted(counts.items(), key=lambda tc: (-tc[1], n[tc[0]], tc[0]))
+            return [[t, c, n[t]] for t, c in order[:k]]
+
+        total = sum(n.values())
+        out[d] = {"tokens": total, "kept_frac": sum(kept[d].values()) / total if total else 0.0,
+                  "kept": ranked(+kept[d]), "dropped": ranked(dropped)}
+    return out
+
+
+def domain_table(domain: str, by_variant: dict[str, dict]) -> str:
+    """HTML: one domain's most often kept and dropped tokens, two columns per variant."""
+    head = "".join(f"<th colspan='2'>{title}</th>" for _, title, _ in VARIANTS)
+    sub = "<th>kept (times kept / occurrences)</th><th>dropped (times dropped / occurrences)</th>" * len(VARIANTS)
+    rows = max(len(by_variant[k][side]) for k, *_ in VARIANTS for side in ("kept", "dropped"))
+
+    def cell(items: list, i: int) -> str:
+        if i >= len(items):
+            return "<td></td>"
+        t, c, n = items[i]
+        return f"<td><code>{html.escape(t)}</code> {c}/{n}</td>"
+
+    body = "".join("<tr>" + "".join(cell(by_variant[k][side], i) for k, *_ in VARIANTS for side in ("kept", "dropped"))
+                   + "</tr>" for i in range(rows))
+    info = ", ".join(f"{title}: {by_variant[k]['kept_frac']:.0%} kept" for k, title, _ in VARIANTS)
+    return (f"<h3>{html.escape(domain)}</h3><p class='note'>{by_variant[VARIANTS[0][0]]['tokens']} scored tokens; "
+            f"{info}</p><table class='v kd'><tr>{head}</tr><tr>{sub}</tr>{body}</table>")
 
 
 def frequency_chart(path: Path, items: list[tuple[str, int]], title: str, rgb) -> None:
@@ -265,11 +319,11 @@ def _passages(data, text, tok_name, num, max_tokens):
     return text_passages(p.read_text(encoding="utf-8", errors="replace"), get_tokenizer(name), num, max_tokens), name
 
 
-def _check_options(alpha: float, num: int, max_tokens: int) -> None:
+def _check_options(alpha: float, num: int, max_tokens: int, top: int = TOP_K) -> None:
     check_alpha(alpha)
-    if num < 1 or max_tokens < 1:
-        raise TokensViewError(f"expected --num-passages and --max-tokens >= 1, found {num} and {max_tokens}; "
-                              "pass positive values")
+    if num < 1 or max_tokens < 1 or top < 1:
+        raise TokensViewError(f"expected --num-passages, --max-tokens and --top >= 1, found {num}, {max_tokens} "
+                              f"and {top}; pass positive values")
 
 
 def _check_vocab(model, passages: list[Passage]) -> None:
@@ -283,11 +337,12 @@ def _check_vocab(model, passages: list[Passage]) -> None:
 
 def build_token_view(checkpoint: str, out_dir: str | Path, *, data: str | None = None, text: str | None = None,
                      alpha: float = 0.1, num_passages: int = 4, max_tokens: int = 256, scope: str = "batch",
-                     tokenizer: str | None = None, device: str = "cpu") -> dict:
-    """Score, select, and write index.html, top_tokens_<variant>.png and tokens.json; returns the JSON dict."""
+                     tokenizer: str | None = None, device: str = "cpu", top: int = TOP_K) -> dict:
+    """Score, select, and write index.html, top_tokens_<variant>.png and tokens.json; returns the JSON dict
+    (``by_domain``: per domain and variant, the ``top`` tokens most often kept and most often dropped)."""
     from eslm.data.tokenizers import get_tokenizer
 
-    _check_options(alpha, num_passages, max_tokens)
+    _check_options(alpha, num_passages, max_tokens, top)
     model, info = load_checkpoint_model(checkpoint, device)
     max_tokens = min(max_tokens, model.config.block_size)  # inputs are the first max_tokens ids
     passages, tok_name = _passages(data, text, tokenizer or info.get("tokenizer"), num_passages, max_tokens)
@@ -303,7 +358,10 @@ def build_token_view(checkpoint: str, out_dir: str | Path, *, data: str | None =
                         f"{title}: top-{TOP_K} selected tokens (alpha={alpha})", rgb)
     meta = {"checkpoint": str(checkpoint), "step": info.get("step"), "tokenizer": tok_name,
             "alpha": alpha, "scope": scope}
-    (out / "index.html").write_text(render_html(records, tok, meta, pngs), encoding="utf-8")
-    result = {**meta, "passages": records, "top_tokens": {k: top_tokens(records, tok, k) for k, *_ in VARIANTS}}
+    by_variant = {k: kept_dropped_by_domain(records, tok, k, top) for k, *_ in VARIANTS}
+    by_domain = {d: {k: by_variant[k][d] for k, *_ in VARIANTS} for d in by_variant[VARIANTS[0][0]]}
+    (out / "index.html").write_text(render_html(records, tok, meta, pngs, by_domain), encoding="utf-8")
+    result = {**meta, "passages": records, "top_tokens": {k: top_tokens(records, tok, k) for k, *_ in VARIANTS},
+              "by_domain": by_domain}
     (out / "tokens.json").write_text(json.dumps(result))
     return result

@@ -21,6 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=256, help="scored tokens per passage at most")
     parser.add_argument("--scope", choices=("batch", "passage"), default="batch",
                         help="one VaR threshold over all passages (batch, as in training) or one per passage")
+    parser.add_argument("--top", type=int, default=20,
+                        help="tokens listed per domain and variant in the most often kept / dropped tables")
     parser.add_argument("--tokenizer", default=None, help="override the checkpoint's tokenizer (gpt2 | byte)")
     parser.add_argument("--device", default="cpu", help="cpu | cuda")
 
@@ -28,6 +30,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     view = build_token_view(args.checkpoint, args.out, data=args.data, text=args.text, alpha=args.alpha,
                             num_passages=args.num_passages, max_tokens=args.max_tokens, scope=args.scope,
-                            tokenizer=args.tokenizer, device=args.device)
+                            tokenizer=args.tokenizer, device=args.device, top=args.top)
     print(f"wrote {Path(args.out) / 'index.html'} ({len(view['passages'])} passages, alpha={args.alpha})")
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from eslm import study
+from eslm.study import launch, report
 from eslm.errors import ConfigError, ESLMError
 
 STUDY = """methods: [clm, eslm-entropy]
@@ -24,7 +25,7 @@ def test_builtin_demo_is_found_by_name():
 
 def test_installed_without_source_tree_falls_back_to_cwd(tmp_path, monkeypatch):
     # a non-editable install: the package's parents hold no configs/studies; the repository root is the cwd
-    monkeypatch.setattr(study, "STUDIES_DIR", tmp_path / "site-packages" / "configs" / "studies")
+    monkeypatch.setattr(study.schema, "STUDIES_DIR", tmp_path / "site-packages" / "configs" / "studies")
     (tmp_path / "repo" / "configs" / "studies").mkdir(parents=True)
     (tmp_path / "repo" / "configs" / "studies" / "mine.yaml").write_text(STUDY)
     monkeypatch.chdir(tmp_path / "repo")
@@ -34,14 +35,14 @@ def test_installed_without_source_tree_falls_back_to_cwd(tmp_path, monkeypatch):
 
 
 def test_no_study_files_anywhere_gives_a_fix(tmp_path, monkeypatch):
-    monkeypatch.setattr(study, "STUDIES_DIR", tmp_path / "nowhere")
+    monkeypatch.setattr(study.schema, "STUDIES_DIR", tmp_path / "nowhere")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match=r"looked in: .*fix: pass a path .*put demo.yaml in ./configs/studies"):
         study.load_study("demo")
 
 
 def test_a_path_always_works(tmp_path, monkeypatch):
-    monkeypatch.setattr(study, "STUDIES_DIR", tmp_path / "nowhere")
+    monkeypatch.setattr(study.schema, "STUDIES_DIR", tmp_path / "nowhere")
     f = tmp_path / "grid.yaml"
     f.write_text(STUDY)
     runs = study.plan(study.load_study(str(f)), tmp_path / "out")
@@ -374,7 +375,7 @@ def test_plan_files_are_replaced_whole_and_a_planted_link_is_not_followed(tmp_pa
     plan_file = tmp_path / "plan" / "clm-s1.yaml"
     plan_file.parent.mkdir()
     plan_file.symlink_to(outside)
-    study._write_text_atomic(plan_file, "run: {name: clm-s1}\n")
+    launch._write_text_atomic(plan_file, "run: {name: clm-s1}\n")
     assert outside.read_text() == "mine\n" and not plan_file.is_symlink()
     assert plan_file.read_text() == "run: {name: clm-s1}\n" and [p.name for p in plan_file.parent.iterdir()] == [
         "clm-s1.yaml"]  # no temporary file left
@@ -385,7 +386,7 @@ def test_a_report_failing_after_training_says_so_and_names_the_study_files_keys(
 
     runs = [make_run(tmp_path / "r", "clm-s1", "clm", 1), make_run(tmp_path / "r", "eslm-s1", "eslm-entropy", 1)]
     with pytest.raises(ESLMError) as e:
-        study._report({"name": "grid", "report": {"baseline": "nope"}}, runs, tmp_path / "rep", 0.0)
+        report._report({"name": "grid", "report": {"baseline": "nope"}}, runs, tmp_path / "rep", 0.0)
     msg = str(e.value)
     assert msg.startswith("study grid: every run finished, but the report failed: report.baseline: no group 'nope'")
     assert "finished runs are skipped" in msg and "--" not in msg

@@ -11,7 +11,7 @@ from eslm import metrics as M
 from eslm.config import build_config
 from eslm.flops import training_flops_model
 from eslm.methods import BuildContext, build_method
-from eslm.study import _with_budget
+from eslm.study.grid import _with_budget
 from eslm.train.optim import lr_at, plan_schedule
 from eslm.train.trainer import Trainer, train
 

@@ -1,0 +1,106 @@
+"""``eslm study NAME|FILE``: a grid of runs (methods x sweep axes x seeds) at an equal FLOPs budget, then the report.
+
+A study file (configs/studies/NAME.yaml, or any path) holds:
+
+* ``methods``: method names, or mappings ``{name: METHOD, label: TEXT, section.key: value, ...}`` for a
+  variant of a method (e.g. ``{name: eslm-entropy, method.standardize: domain}``);
+* ``seeds``: the seeds every grid point is run with;
+* ``sweep`` (optional): axes ``section.key: [v1, v2, ...]`` expanded to the full grid; an axis that applies to
+  some methods only is ``section.key: {values: [...], methods: [m1, m2]}`` (e.g. ``method.alpha`` means
+  nothing to CLM, so CLM is not repeated for each alpha);
+* ``config``: a config delta shared by every run;
+* ``budget``: ``steps_of: METHOD`` sets the FLOPs budget to what that method's dense training spends in
+  ``config.train.max_steps`` steps, measured on ``counter`` (default flops_paper, the paper's convention), and
+  every run stops at that budget (so a method whose steps count fewer FLOPs runs more steps);
+* ``report`` (optional): ``{baseline: clm, target: 4.3 | baseline, primary: [GROUP, GROUP]}`` for the report;
+* ``jobs`` (optional): how many runs train at once (``--jobs`` overrides it).
+
+Run names are readable: ``<method or label>[-<key><value> ...]-s<seed>``, e.g. ``eslm-loss-alpha0.3-s2``.
+
+Pairing: for one seed, every run sees the same data order and the same initial weights (the model is
+initialised from ``run.seed`` before any method component exists, and the training stream is seeded by
+``run.seed`` alone), so differences between methods can be paired per seed; tests/test_study.py checks it.
+
+Runs are resumable: a finished run (it has result.json) is skipped, an interrupted one resumes. Runs go
+seed by seed, so a study stopped half-way holds complete paired comparisons for its first seeds. With
+``--jobs N`` N runs train at once in child processes (each with cpu_count // N threads unless
+train.num_threads is set), their output in ``<study>/logs/<run>.log``.
+
+The package: ``schema`` (finding and checking the study file), ``grid`` (the grid, each run's Config, the
+equal-FLOPs budget, the stages runs train in), ``launch`` (the ``Launcher`` seam and the local launcher: in
+this process, or a pool of child processes with the study's lifeline and signal handling), ``report`` (the
+report of the finished runs). ``run_study`` ties them together.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from eslm.errors import ConfigError
+from eslm.study.grid import Stage, plan, stages
+from eslm.study.launch import PARENT_FD_ENV, Launched, Launcher, LocalLauncher, Outcome, watch_parent
+from eslm.study.report import _report, mark_earlier_report_stale
+from eslm.study.schema import STUDIES_DIR, _is_int, load_study, study_dirs, study_problems
+
+__all__ = ["PARENT_FD_ENV", "STUDIES_DIR", "Launched", "Launcher", "LocalLauncher", "Outcome", "Stage",
+           "load_study", "plan", "run_study", "stages", "study_dirs", "study_problems", "watch_parent"]
+
+
+def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int] | None = None,
+              jobs: int | None = None, dry_run: bool = False, overrides: list[str] | tuple = (),
+              launcher: Launcher | None = None) -> int:
+    """``eslm study``: plan the study ``preset`` (a name in configs/studies or a path) under ``out``/NAME, print
+    the plan, train the unfinished runs (``jobs`` at once; default: the study file's, else 1), then the
+    report. ``launcher`` trains them (default: ``LocalLauncher(jobs)``, on this machine). Returns the exit
+    code: 0, 143 when stopped by SIGTERM, else that of the failed run."""
+    if jobs is not None and not (_is_int(jobs) and jobs >= 1):
+        raise ConfigError(f"--jobs: expected an integer >= 1, found {jobs!r}")
+    study = load_study(preset)
+    out = Path(out)
+    configs = plan(study, out, seeds, overrides)
+    jobs = jobs or study.get("jobs") or 1
+    print(f"study {study['name']}: {len(configs)} runs -> {out / study['name']}"
+          + (f" ({jobs} at a time)" if jobs > 1 else ""))
+    for c in configs:
+        print(f"  {c.run.name}: method={c.method.name} seed={c.run.seed} budget {c.train.max_flops:.3g} "
+              f"{c.flops.budget_counter}")
+    if dry_run:
+        return 0
+    from eslm.lock import DirLock
+
+    study_dir = out / study["name"]
+    study_dir.mkdir(parents=True, exist_ok=True)
+    with DirLock(study_dir, what="study directory"):  # a second eslm study on this directory is refused
+        return _train_and_report(study, configs, launcher or LocalLauncher(jobs), study_dir)
+
+
+def _train_and_report(study: dict, configs: list, launcher: Launcher, study_dir: Path) -> int:
+    """Train the unfinished runs of every stage, one stage after another, with ``launcher``, then the report
+    of ``configs`` (the grid's runs). Returns the exit code."""
+    t0 = time.perf_counter()
+    run_dirs = [Path(c.run.out_dir) / c.run.name for c in configs]
+    plan_stages = stages(study, configs)
+
+    def finished(c) -> bool:
+        return (Path(c.run.out_dir) / c.run.name / "result.json").is_file()
+
+    runs = [c for s in plan_stages for c in s.runs]
+    for c in runs:
+        if finished(c):
+            print(f"== {c.run.name}: finished earlier, skipped")
+    if unfinished := sum(not finished(c) for c in runs):
+        mark_earlier_report_stale(study, study_dir, unfinished)
+    for stage in plan_stages:
+        todo = [c for c in stage.runs if not finished(c)]
+        if not todo:
+            continue
+        if len(plan_stages) > 1:
+            print(f"study {study['name']}: {stage.name}: {len(todo)} run(s)", flush=True)
+        code = launcher.launch(todo, study_dir).code
+        if code:
+            print(f"study {study['name']}: stopped; run the same command again to resume the unfinished runs",
+                  file=sys.stderr)
+            return code
+    return _report(study, run_dirs, study_dir / "report", t0)

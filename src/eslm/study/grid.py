@@ -1,0 +1,162 @@
+"""The plan of a study: its grid of runs (methods x sweep axes x seeds), each run's resolved and checked
+Config (``plan``), the equal-FLOPs budget (``_with_budget``), and the stages the runs train in (``stages``).
+
+A stage is a list of runs that may train in any order or at once; every run of a stage finishes before the
+next stage starts. A plain study is one stage. Runs that others start from (a shared trunk, a model trained
+once per study) form a stage of their own before the runs that need them: a launcher
+(``eslm.study.launch.Launcher``) is handed one stage at a time and needs no notion of dependencies."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+from eslm import metrics as M
+from eslm.errors import ConfigError
+from eslm.study.schema import _entry, _flatten, _refuse, _seeds_problems, _slug
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Runs (resolved Configs) that train together, in this order of priority; ``name`` is what the study's
+    output calls them ("runs")."""
+
+    name: str
+    runs: tuple
+
+
+def stages(study: dict, configs: list) -> list[Stage]:
+    """The stages the planned runs ``configs`` train in, first to last (a plain study: one stage)."""
+    return [Stage("runs", tuple(configs))]
+
+def _axes(study: dict) -> list[tuple[str, list, set | None]]:
+    """``sweep`` -> [(dotted key, values, methods it applies to or None for all)] (checked by ``study_problems``)."""
+    out = []
+    for key, spec in (study.get("sweep") or {}).items():
+        methods = None
+        if isinstance(spec, dict):
+            methods = set(spec["methods"]) if "methods" in spec else None
+            spec = spec.get("values")
+        out.append((str(key), spec, methods))
+    return out
+
+
+def grid(study: dict, seeds=None) -> list[tuple[str, str, list[str], int]]:
+    """Every run of the study as (method, run name, overrides, seed): seeds outermost, then methods in file
+    order, then the sweep axes' product. Two grid points with one name are refused."""
+    points: list[tuple[str, str, list[str]]] = []
+    axes = _axes(study)
+    for item in study["methods"]:
+        method, label, over = _entry(item)
+        # a restricted axis names methods by label: a labelled variant is its own entry, not its method's
+        applicable = [(k, vals) for k, vals, ms in axes if ms is None or label in ms]
+        for combo in itertools.product(*[vals for _, vals in applicable]):
+            sweep = [f"{k}={v}" for (k, _), v in zip(applicable, combo)]
+            name = "-".join([label] + [_slug(o) for o in sweep])
+            points.append((method, name, over + sweep))
+    names = [p[1] for p in points]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"study: the grid names {dup[0]!r} twice; give one of the method entries a 'label'")
+    return [(m, f"{name}-s{seed}", over, seed) for seed in (seeds or study["seeds"]) for m, name, over in points]
+
+
+def _by_message(failures: list[tuple[str, str]], total: int) -> list[str]:
+    """[(run name, problem)] -> one line per distinct problem, naming its runs ("every run" when all have it)."""
+    runs: dict[str, list[str]] = {}
+    for name, text in failures:
+        runs.setdefault(text, []).append(name)
+    out = []
+    for text, names in runs.items():
+        who = "every run" if len(names) == total > 1 else ", ".join(names[:3]) + (
+            f" and {len(names) - 3} more" if len(names) > 3 else "")
+        out.append(f"{who}: {text}")
+    return out
+
+
+def plan(study: dict, out: Path, seeds=None, overrides=()) -> list:
+    """The resolved Config of every run of the study, checked before any run starts, every problem at once:
+    each run's config (keys, values, the method's own checks), ``seeds`` given on the command line, two runs
+    that would train the same thing (the report would count them as one group's seed twice), and the
+    report section's group names against the groups the planned runs form."""
+    from eslm.config import build_config
+
+    where = f"study {study['name']}"
+    if seeds:
+        _refuse(where, _seeds_problems(list(seeds), "--seeds"))
+    base = _flatten(study["config"] or {})
+    budget = study.get("budget") or {}
+    points = grid(study, seeds)
+    configs, failures = [], []
+    for method, name, over, seed in points:
+        items = base + over + list(overrides) + [f"method.name={method}", f"run.seed={seed}",
+                                                 f"run.out_dir={out / study['name']}", f"run.name={name}"]
+        try:
+            configs.append(build_config(overrides=items))
+        except ConfigError as e:
+            failures.append((name, str(e)))
+    problems = _by_message(failures, len(points))
+    if not failures:
+        if budget.get("steps_of"):
+            configs = [_with_budget(c, budget) for c in configs]
+        problems += _same_run_problems(configs) + _report_group_problems(study.get("report") or {}, configs)
+    _refuse(where, problems)
+    return configs
+
+
+def _same_run_problems(configs: list) -> list[str]:
+    """Grid points whose runs' resolved configs are equal but for their names: the same training twice."""
+    from eslm.analysis.rundir import experiment_key
+
+    seen: dict[tuple[str, int], str] = {}
+    pairs: dict[tuple[str, str], None] = {}
+    for c in configs:
+        key = (experiment_key(c.to_dict()), c.run.seed)
+        point = c.run.name.removesuffix(f"-s{c.run.seed}")
+        if key in seen:
+            pairs[(seen[key], point)] = None
+        else:
+            seen[key] = point
+    return [f"{a} and {b} plan the same runs (equal configs, the same seeds): the report would count each seed "
+            "twice in one group; remove one entry or make them differ" for a, b in pairs]
+
+
+def _report_group_problems(report: dict, configs: list) -> list[str]:
+    """Names in the report section that would not name one group of the planned runs (``find_group``), and
+    runs the report could not put on one target (``comparable_sets_problem``: data, tokenizer, model)."""
+    from eslm.analysis.rundir import comparable_sets_problem, find_group, planned_groups
+
+    groups = planned_groups([c.to_dict() for c in configs])
+    why = comparable_sets_problem(groups)
+    fix = "; run one study per set"
+    out = [] if why is None else [f"the study's report would refuse its runs: "
+                                  f"{why.replace('; report each set separately', fix)}"]
+    names = [("report.baseline", report["baseline"])] if "baseline" in report else []
+    names += [("report.primary", n) for n in report.get("primary") or []]
+    for option, name in names:
+        _, why = find_group(groups, name, option)
+        if why:
+            out.append(why)
+    if report.get("target") == "baseline" and "baseline" not in report:
+        _, why = find_group(groups, "clm", "report.target: baseline uses the default baseline, which")
+        if why:
+            out.append(why + "; add report.baseline")
+    return out
+
+
+def _with_budget(cfg, budget: dict):
+    """Equal FLOPs: max_flops = dense FLOPs of max_steps steps; max_steps raised so the budget binds
+    (``eslm.flops.equal_flops_budget``); lr_decay_steps = the dense run's length, which the trainer stretches to
+    each run's own step count under ``train.lr_schedule: budget`` (``eslm.train.optim.plan_schedule``)."""
+    from dataclasses import replace
+
+    from eslm.flops import equal_flops_budget
+
+    t = cfg.train
+    flops, max_steps = equal_flops_budget(cfg)
+    counter = budget.get("counter", M.FLOPS_PAPER)
+    return replace(cfg, train=replace(t, max_flops=flops, max_steps=max_steps, lr_decay_steps=t.lr_decay_steps or t.max_steps),
+                   flops=replace(cfg.flops, budget_counter=counter))
+
+

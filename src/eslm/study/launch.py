@@ -1,0 +1,227 @@
+"""Launching a study's runs: the ``Launcher`` seam and the local launcher.
+
+A launcher is handed the resolved Configs of one stage of a study (``eslm.study.grid.stages``) and the study
+directory; it trains the unfinished ones (each Config says whether it resumes: ``run.resume``), and answers
+what became of each (``Launched``: one ``Outcome`` per run, and the study's exit code). It never plans,
+skips finished runs or writes the report: ``eslm.study.run_study`` does. Another executor (a cluster
+scheduler) is one more class with a ``launch`` method, in its own module beside this one.
+
+``LocalLauncher`` trains on this machine: one run after another in this process (``jobs`` 1), or up to
+``jobs`` child processes at once (``_Pool``), each ``python -m eslm.cli train PLAN.yaml``, its output in
+``<study>/logs/<run>.log``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Protocol, Sequence
+
+FINISHED, PREEMPTED, STOPPED, FAILED, NOT_STARTED = "finished", "preempted", "stopped", "failed", "not started"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one run: ``state`` one of FINISHED, PREEMPTED (stopped after a step with a checkpoint),
+    STOPPED (by SIGTERM before its first step), FAILED, NOT_STARTED; ``words`` says it to the user."""
+
+    name: str
+    state: str
+    words: str
+
+    @property
+    def finished(self) -> bool:
+        return self.state == FINISHED
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A launcher's answer: each run's outcome, and the study's exit code (0 every run finished, 143 the
+    study was stopped by SIGTERM, else a failure's)."""
+
+    outcomes: tuple[Outcome, ...]
+    code: int
+
+
+class Launcher(Protocol):
+    """Trains the runs ``configs`` (resolved Configs, ``run.resume`` set for the ones that resume) of one stage
+    under ``study_dir``, and reports each one's outcome."""
+
+    def launch(self, configs: Sequence, study_dir: Path) -> Launched: ...
+
+
+def with_resume_flag(c):
+    """(``c`` with ``run.resume`` set when its run directory already holds metrics, whether it resumes)."""
+    resume = (Path(c.run.out_dir) / c.run.name / "metrics.jsonl").is_file()
+    return replace(c, run=replace(c.run, resume=resume)), resume
+
+
+@dataclass(frozen=True)
+class LocalLauncher:
+    """Runs on this machine, ``jobs`` at a time (1: in this process, one after another)."""
+
+    jobs: int = 1
+
+    def launch(self, configs: Sequence, study_dir: Path) -> Launched:
+        if self.jobs == 1:
+            return _run_serial(list(configs))
+        return _Pool(list(configs), self.jobs, study_dir).run()
+
+
+def _run_serial(configs: list) -> Launched:
+    from eslm.train.trainer import train
+
+    outcomes = []
+    for i, c in enumerate(configs):
+        c, resume = with_resume_flag(c)
+        print(f"== {c.run.name}{' (resuming)' if resume else ''}", flush=True)
+        if train(c).stopped_by == "preempted":  # SIGTERM: the run saved a checkpoint; stop here, no report
+            outcomes.append(Outcome(c.run.name, PREEMPTED, "preempted (checkpoint saved; the same command "
+                                                           "resumes it)"))
+            outcomes += [Outcome(x.run.name, NOT_STARTED, "not started") for x in configs[i + 1:]]
+            return Launched(tuple(outcomes), 143)
+        outcomes.append(Outcome(c.run.name, FINISHED, "finished"))
+    return Launched(tuple(outcomes), 0)
+
+
+# The study parent's lifeline: its children inherit the read end of a pipe whose write end only the parent holds.
+# When the parent ends, however it ends (SIGKILL included), the kernel closes the write end, the child reads EOF
+# and stops as on SIGTERM: after its current step, with a checkpoint (``watch_parent``).
+PARENT_FD_ENV = "ESLM_STUDY_PARENT_FD"
+
+
+def watch_parent() -> None:
+    """In a study's child (``eslm train`` started by ``eslm study``): SIGTERM this process when the study's
+    process is gone. Does nothing in a process the study did not start."""
+    import threading
+
+    fd = os.environ.pop(PARENT_FD_ENV, None)  # popped: the run's own subprocesses are not study children
+    if fd is None or not fd.isdigit():
+        return
+
+    def wait() -> None:
+        try:
+            while os.read(int(fd), 1):
+                pass
+        except OSError:
+            pass
+        print("eslm study: the study process is gone: this run stops after its current step (checkpoint saved)",
+              file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=wait, name="eslm-study-parent", daemon=True).start()
+
+
+def _child_outcome(name: str, code: int, finished: bool, sent_term: bool) -> Outcome:
+    """The outcome of a child that exited with ``code``."""
+    if code == 0 and finished:
+        return Outcome(name, FINISHED, "finished")
+    if code == 0:  # eslm train exits 0 when SIGTERM stopped it after a step and its checkpoint
+        return Outcome(name, PREEMPTED, "preempted (checkpoint saved; the same command resumes it)")
+    if code in (-signal.SIGTERM, 128 + signal.SIGTERM) and sent_term:
+        return Outcome(name, STOPPED, "stopped by SIGTERM before its first step (the same command starts it again)")
+    return Outcome(name, FAILED, f"failed (exit {code})")
+
+
+class _Pool:
+    """Train up to ``jobs`` runs at once, each as ``python -m eslm.cli train PLAN.yaml`` with its resolved
+    config. The children run in their own sessions, so a terminal's Ctrl-C or a signal to the study's process
+    group reaches the study only, which passes SIGTERM on once to each child (each saves a checkpoint and
+    exits) and waits for them; they also stop by themselves if the study's process dies (``watch_parent``)."""
+
+    def __init__(self, configs: list, jobs: int, study_dir: Path):
+        self.queue, self.jobs, self.study_dir = list(configs), jobs, study_dir
+        self.threads = max(1, (os.cpu_count() or 1) // jobs)
+        self.running: dict[str, tuple] = {}  # run name -> (process, log file, SIGTERM sent)
+        self.outcomes: list[Outcome] = []
+        self.stop = False
+
+    def _on_sigterm(self, *_) -> None:
+        self.stop = True
+
+    def start(self, c, lifeline_r: int, env: dict) -> None:
+        from eslm.config import to_yaml
+
+        c, resume = with_resume_flag(c)
+        if c.train.num_threads == 0:
+            c = replace(c, train=replace(c.train, num_threads=self.threads))
+        plan_file = self.study_dir / "plan" / f"{c.run.name}.yaml"
+        _write_text_atomic(plan_file, to_yaml(c))
+        log = open(self.study_dir / "logs" / f"{c.run.name}.log", "a")
+        cmd = [sys.executable, "-m", "eslm.cli", "train", str(plan_file)]
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, pass_fds=(lifeline_r,),
+                                start_new_session=True)
+        self.running[c.run.name] = (proc, log, False)
+        print(f"== {c.run.name}{' (resuming)' if resume else ''} started", flush=True)
+
+    def terminate_all(self) -> None:
+        for name, (proc, log, sent) in self.running.items():
+            if not sent and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                self.running[name] = (proc, log, True)
+
+    def reap(self) -> None:
+        for name, (proc, log, sent) in list(self.running.items()):
+            if proc.poll() is not None:
+                log.close()
+                del self.running[name]
+                outcome = _child_outcome(name, proc.returncode, (self.study_dir / name / "result.json").is_file(),
+                                         sent)
+                print(f"== {name} {outcome.words}", flush=True)
+                self.outcomes.append(outcome)
+
+    def run(self) -> Launched:
+        (self.study_dir / "plan").mkdir(parents=True, exist_ok=True)
+        (self.study_dir / "logs").mkdir(parents=True, exist_ok=True)
+        old = signal.signal(signal.SIGTERM, self._on_sigterm) if _main_thread() else None
+        lifeline_r, lifeline_w = os.pipe()  # not inheritable: a child gets the read end only, through pass_fds
+        env = {**os.environ, PARENT_FD_ENV: str(lifeline_r)}
+        try:
+            while self.queue or self.running:
+                while self.queue and len(self.running) < self.jobs and not self.stop:
+                    self.start(self.queue.pop(0), lifeline_r, env)
+                if self.stop:
+                    self.terminate_all()
+                time.sleep(0.5)
+                self.reap()
+                if self.stop and not self.running:
+                    rest = [Outcome(c.run.name, NOT_STARTED, "not started") for c in self.queue]
+                    return Launched(tuple(self.outcomes + rest), 143)
+        finally:
+            if self.running:  # an exception or Ctrl-C in the study: its children stop cleanly before it goes
+                self.terminate_all()
+                for proc, log, _ in self.running.values():
+                    proc.wait()
+                    log.close()
+            os.close(lifeline_r)
+            os.close(lifeline_w)
+            if old is not None:
+                signal.signal(signal.SIGTERM, old)
+        failed = [o.name for o in self.outcomes if not o.finished]
+        if failed:
+            print(f"study: {len(failed)} run(s) did not finish: {', '.join(failed)}; see {self.study_dir / 'logs'}",
+                  file=sys.stderr)
+            return Launched(tuple(self.outcomes), 1)
+        return Launched(tuple(self.outcomes), 0)
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    """Write through a temporary file beside ``path`` and a rename: a reader (a child starting, a second look
+    at the plan) never sees half a file, and a link at ``path`` is replaced, not followed."""
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()

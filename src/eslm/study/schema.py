@@ -1,0 +1,297 @@
+"""The study file: where ``eslm study NAME`` finds it, and the check of its structure (``study_problems``),
+every problem at once, one line each, before anything is planned or run. The file's keys are described in
+``eslm.study`` (the package's docstring) and docs/study.md."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from eslm.errors import ConfigError
+from eslm.files import name_problem, read_yaml
+
+# Study files ship inside the package: src/eslm/configs is a link to the repository's configs/, so a
+# checkout, an editable install and a wheel all find them beside this package (the wheel holds a copy).
+# ./configs/studies is searched next, for a user's own studies kept in the working directory.
+STUDIES_DIR = Path(__file__).resolve().parents[1] / "configs" / "studies"
+
+_ENTRY_KEYS = ("name", "label")
+
+
+def study_dirs() -> list[Path]:
+    """Where ``eslm study NAME`` looks for NAME.yaml, in order (duplicates removed)."""
+    out: list[Path] = []
+    for d in (STUDIES_DIR, Path.cwd() / "configs" / "studies"):
+        if d.resolve() not in [o.resolve() for o in out]:
+            out.append(d)
+    return out
+
+
+def _read_study_yaml(path: Path) -> dict:
+    try:
+        return read_yaml(path, "study", fix="fix the file (a mapping with methods, seeds and config)")
+    except OSError as e:
+        raise ConfigError(f"study {str(path)!r} could not be read ({e.strerror}); check the path") from None
+
+
+def load_study(name: str) -> dict:
+    """The study file ``name`` (a path, or NAME.yaml in ``study_dirs()``), checked whole (``study_problems``):
+    every problem of its structure is refused at once, one line each, before anything runs."""
+    path = Path(name)
+    dirs = study_dirs()
+    if not path.is_file():
+        path = next((d / f"{name}.yaml" for d in dirs if (d / f"{name}.yaml").is_file()), path)
+    if not path.is_file():
+        known = sorted({p.stem for d in dirs for p in d.glob("*.yaml")})
+        where = ", ".join(str(d) for d in dirs)
+        if known:
+            raise ConfigError(f"unknown study {name!r}; expected a study file or one of: {', '.join(known)}")
+        raise ConfigError(f"expected the study {name!r} as a file or in configs/studies, found no study files "
+                          f"(looked in: {where}); fix: pass a path (eslm study path/to/study.yaml), put "
+                          f"{name}.yaml in ./configs/studies, or reinstall eslm (its wheel ships the studies in "
+                          "eslm/configs/studies)")
+    study = _read_study_yaml(path)
+    problems = study_problems(study)
+    if (why := name_problem(path.stem, "the study's name (its file name, the folder of its runs)")) is not None:
+        problems.insert(0, why)
+    _refuse(f"study {str(path)!r}", problems)
+    study["name"] = path.stem
+    return study
+
+
+def _refuse(where: str, problems: list[str]) -> None:
+    """Raise one ConfigError listing every problem, one per line."""
+    if problems:
+        lines = "".join(f"\n  - {p}" for p in problems)
+        raise ConfigError(f"{where}: {len(problems)} problem(s), nothing was run:{lines}")
+
+
+# ---------------------------------------------------------------- checking a study file
+
+STUDY_KEYS = ("description", "methods", "seeds", "sweep", "config", "budget", "report", "jobs")
+AXIS_KEYS = ("values", "methods")
+BUDGET_KEYS = ("steps_of", "counter")
+REPORT_KEYS = ("baseline", "target", "primary")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _name_list(v) -> str:
+    return ", ".join(repr(x) for x in v)
+
+
+def _method_problem(name) -> str | None:
+    import difflib
+
+    from eslm.methods import METHODS
+
+    if not isinstance(name, str):
+        return f"expected a method name, found {name!r}"
+    if name not in METHODS:
+        close = difflib.get_close_matches(name, list(METHODS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return f"unknown method {name!r}{hint}; expected one of {', '.join(METHODS)}"
+    return None
+
+
+def _entries_problems(methods) -> tuple[list[str], list[str], list[str]]:
+    """(problems, method names, labels) of the ``methods`` list."""
+    if isinstance(methods, str):
+        return [f"methods: expected a list, found the text {methods!r}; write methods: [{methods}]"], [], []
+    if not isinstance(methods, list) or not methods:
+        return [f"methods: expected a non-empty list of method names or {{name: METHOD, label: TEXT, "
+                f"section.key: value}} mappings, found {methods!r}"], [], []
+    problems, names, labels = [], [], []
+    for i, item in enumerate(methods, 1):
+        where = f"methods entry {i}"
+        if isinstance(item, dict):
+            if "name" not in item:
+                problems.append(f"{where}: a mapping needs 'name' (the method), found keys {_name_list(item)}")
+                continue
+            if (why := _method_problem(item["name"])) is not None:
+                problems.append(f"{where}: {why}")
+                continue
+            if "label" in item and (why := name_problem(item["label"], f"{where}: label")) is not None:
+                problems.append(why)
+                continue
+        elif isinstance(item, str):
+            if (why := _method_problem(item)) is not None:
+                problems.append(f"{where}: {why}")
+                continue
+        else:
+            problems.append(f"{where}: expected a method name or a mapping with 'name', found {item!r}")
+            continue
+        method, label, _ = _entry(item)
+        names.append(method)
+        labels.append(label)
+    twice = sorted({x for x in labels if labels.count(x) > 1})
+    if twice:
+        problems.append(f"methods: the entry {twice[0]!r} is listed {labels.count(twice[0])} times; list it once, "
+                        "or give each variant its own 'label'")
+    return problems, names, labels
+
+
+def _seeds_problems(seeds, where: str) -> list[str]:
+    if _is_int(seeds):
+        return [f"{where}: expected a list of integer seeds, found {seeds!r}; write seeds: [{seeds}]"]
+    if not isinstance(seeds, list) or not seeds:
+        return [f"{where}: expected a non-empty list of integer seeds, found {seeds!r}"]
+    bad = [s for s in seeds if not _is_int(s)]
+    if bad:
+        return [f"{where}: expected integer seeds, found {_name_list(bad)}"]
+    twice = sorted({s for s in seeds if seeds.count(s) > 1})
+    if twice:
+        return [f"{where}: seed {twice[0]} is listed {seeds.count(twice[0])} times; list each seed once "
+                "(a repeated seed would train the same run twice and be counted twice in the report)"]
+    return []
+
+
+def _sweep_problems(sweep, labels: list[str]) -> list[str]:
+    if sweep is None:
+        return []
+    if not isinstance(sweep, dict):
+        return [f"sweep: expected a mapping of axes (section.key: [v1, v2]), found {sweep!r}"]
+    problems = []
+    for key, spec in sweep.items():
+        where = f"sweep {key!r}"
+        if isinstance(spec, dict):
+            extra = [k for k in spec if k not in AXIS_KEYS]
+            if extra:
+                problems.append(f"{where}: unknown key(s) {_name_list(extra)}; expected {_name_list(AXIS_KEYS)}")
+            ms = spec.get("methods")
+            if "methods" in spec:
+                if isinstance(ms, str):
+                    problems.append(f"{where}: methods: expected a list, found the text {ms!r}; write methods: [{ms}]")
+                elif not isinstance(ms, list) or not ms:
+                    problems.append(f"{where}: methods: expected a non-empty list of method entries (leave "
+                                    f"'methods' out to sweep every entry), found {ms!r}")
+                else:
+                    unknown = [m for m in ms if m not in labels]
+                    if unknown and labels:
+                        problems.append(f"{where}: methods names {_name_list(unknown)}, which is no entry of the "
+                                        f"study's methods; expected some of {_name_list(labels)} (a labelled "
+                                        "variant is named by its label)")
+            spec = spec.get("values")
+        if not isinstance(spec, list) or not spec:
+            problems.append(f"{where}: expected a non-empty list of values (or {{values: [...], methods: [...]}}), "
+                            f"found {spec!r}")
+            continue
+        texts = [str(v) for v in spec]
+        twice = sorted({t for t in texts if texts.count(t) > 1})
+        if twice:
+            problems.append(f"{where}: the value {twice[0]} is listed twice; list each value once")
+    return problems
+
+
+def _budget_problems(budget, names: list[str], labels: list[str]) -> list[str]:
+    from eslm.config import build_config
+
+    if budget is None:
+        return []
+    if not isinstance(budget, dict):
+        return [f"budget: expected a mapping {{steps_of: METHOD, counter: COUNTER}}, found {budget!r}"]
+    problems = []
+    extra = [k for k in budget if k not in BUDGET_KEYS]
+    if extra:
+        problems.append(f"budget: unknown key(s) {_name_list(extra)}; expected {_name_list(BUDGET_KEYS)}")
+    steps_of = budget.get("steps_of")
+    if "steps_of" in budget and (not isinstance(steps_of, str) or steps_of not in names + labels):
+        known = _name_list(dict.fromkeys(names + labels))
+        problems.append(f"budget.steps_of: expected one of the study's methods ({known}), found {steps_of!r}")
+    if "counter" in budget:
+        try:  # the config's own check of flops.budget_counter (its choices live there)
+            build_config(overrides=[f"flops.budget_counter={budget['counter']}"])
+        except ConfigError as e:
+            problems.append(f"budget.counter: {str(e).partition('flops.budget_counter: ')[2] or e}")
+        else:
+            if "steps_of" not in budget:
+                problems.append("budget.counter applies with budget.steps_of only; add steps_of: METHOD, or "
+                                "set flops.budget_counter and train.max_flops under config")
+    return problems
+
+
+def _report_problems(report) -> list[str]:
+    """The report section's form (whether its names are groups of the study is checked by ``plan``)."""
+    if report is None:
+        return []
+    if not isinstance(report, dict):
+        return [f"report: expected a mapping {{baseline: GROUP, target: LOSS|baseline, primary: [GROUP, GROUP]}}, "
+                f"found {report!r}"]
+    problems = []
+    extra = [k for k in report if k not in REPORT_KEYS]
+    if extra:
+        problems.append(f"report: unknown key(s) {_name_list(extra)}; expected {_name_list(REPORT_KEYS)}")
+    if "baseline" in report and (not isinstance(report["baseline"], str) or not report["baseline"]):
+        problems.append(f"report.baseline: expected a group or method name, found {report['baseline']!r}")
+    target = report.get("target")
+    if "target" in report and target != "baseline" and not (
+            isinstance(target, (int, float)) and not isinstance(target, bool) and 0 < target < float("inf")):
+        problems.append(f"report.target: expected a positive validation loss or 'baseline', found {target!r}")
+    primary = report.get("primary")
+    if "primary" in report and not (isinstance(primary, list) and len(primary) == 2
+                                    and all(isinstance(x, str) and x for x in primary) and primary[0] != primary[1]):
+        problems.append(f"report.primary: expected two different group names [GROUP, GROUP], found {primary!r}")
+    return problems
+
+
+def study_problems(study: dict) -> list[str]:
+    """Every problem of a study file's structure (one phrase each; empty when it is well-formed): its keys,
+    ``methods`` (known methods, path-safe labels, no entry twice), ``seeds`` (integers, each once), ``sweep``
+    (non-empty value lists; ``methods`` naming entries of the study), ``config`` (a mapping), ``budget``
+    (``steps_of`` a method of the study, a known ``counter``), ``report`` (its keys and values) and ``jobs``.
+    Config keys and values, and the report's group names, are checked when the runs are planned (``plan``)."""
+    problems = []
+    unknown = [k for k in study if k not in STUDY_KEYS]
+    if unknown:
+        problems.append(f"unknown key(s) {_name_list(unknown)}; expected some of {_name_list(STUDY_KEYS)}")
+    missing = [k for k in ("methods", "seeds", "config") if k not in study]
+    if missing:
+        problems.append(f"missing key(s) {_name_list(missing)}; a study needs methods, seeds and config")
+    names, labels = [], []
+    if "methods" in study:
+        found, names, labels = _entries_problems(study["methods"])
+        problems += found
+    if "seeds" in study:
+        problems += _seeds_problems(study["seeds"], "seeds")
+    if "config" in study and study["config"] is not None and not isinstance(study["config"], dict):
+        problems.append(f"config: expected a mapping of config sections (e.g. {{train: {{max_steps: 90}}}}), "
+                        f"found {study['config']!r}")
+    problems += _sweep_problems(study.get("sweep"), labels)
+    problems += _budget_problems(study.get("budget"), names, labels)
+    problems += _report_problems(study.get("report"))
+    if "jobs" in study and not (_is_int(study["jobs"]) and study["jobs"] >= 1):
+        problems.append(f"jobs: expected an integer >= 1, found {study['jobs']!r}")
+    if "description" in study and not isinstance(study["description"], str):
+        problems.append(f"description: expected a text, found {study['description']!r}")
+    return problems
+
+
+def _flatten(d: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out += _flatten(v, f"{prefix}{k}.")
+        else:
+            out.append(f"{prefix}{k}={list(v) if isinstance(v, (list, tuple)) else v}")
+    return out
+
+
+def _entry(item) -> tuple[str, str, list[str]]:
+    """A ``methods`` entry -> (method name, label, overrides)."""
+    if isinstance(item, str):
+        return item, item, []
+    if not isinstance(item, dict) or "name" not in item:
+        raise ConfigError(f"study methods: expected a method name or a mapping with 'name', got {item!r}")
+    over = _flatten({k: v for k, v in item.items() if k not in _ENTRY_KEYS})
+    label = item.get("label") or "-".join([item["name"]] + [_slug(o) for o in over])
+    return str(item["name"]), str(label), over
+
+
+def _slug(override: str) -> str:
+    """'method.alpha=0.3' -> 'alpha0.3' (readable, path-safe)."""
+    key, _, value = override.partition("=")
+    text = key.rsplit(".", 1)[-1] + value
+    return "".join(c if c.isalnum() or c in "._" else "_" for c in text)
+
+

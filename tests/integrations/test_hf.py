@@ -39,10 +39,13 @@ def hand_step_grads(model, micro, alpha, score="entropy"):
     return out
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "gemma2", "cohere", "granite"])
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "gemma2", "cohere", "granite", "hyperclovax", "minicpm3",
+                                  "falcon_h1", "mixtral", "qwen3_moe"])
 def test_alpha_zero_equals_the_models_own_loss(kind):
-    """The patched forward reads the head's softcap (Gemma 2), logit scale (Cohere) or logits scaling (Granite)
-    from the config: at alpha = 0 loss and gradients are the model's own."""
+    """The patched forward reads the head's softcap (Gemma 2), logit scale (Cohere), logits scaling (Granite and
+    MiniCPM3 divide, HyperCLOVA X multiplies), lm_head_multiplier (Falcon-H1) from the config and adds the MoE
+    load-balancing loss when the model returns router logits (Mixtral, Qwen3-MoE): at alpha = 0 loss and
+    gradients are the model's own."""
     model = tiny(kind)
     model.train()
     b = batch(1, pad=3)
@@ -116,3 +119,43 @@ def test_refuses_what_it_cannot_normalise(tmp_path):
     trainer = _trainer(tiny(), tmp_path, label_smoothing_factor=0.1)
     with pytest.raises(ConfigError, match="label smoothing"):
         use_eslm(trainer)
+
+
+def test_an_lm_head_eslm_does_not_reproduce_is_refused():
+    """A model whose forward transforms its logits in a way the config does not say (here x 3 in the forward)
+    is refused on the first training forward, in one line; a config naming a transform eslm does not apply is
+    refused when patching."""
+    from eslm.errors import ConfigError
+
+    class Mystery(transformers.LlamaForCausalLM):
+        def forward(self, *args, labels=None, **kwargs):
+            out = super().forward(*args, **kwargs)
+            out.logits = out.logits * 3.0
+            if labels is not None:
+                out.loss = F.cross_entropy(out.logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1))
+            return out
+
+    model = Mystery(tiny("llama").config)
+    model.train()
+    patch_causal_lm(model, alpha=0.1)
+    with pytest.raises(ConfigError, match="apart") as e:
+        model(**batch(1))
+    assert "\n" not in str(e.value)
+    assert model.training  # the probe ran in eval mode and restored training mode
+    capped = tiny("llama")
+    capped.config.logits_soft_cap = 30.0
+    with pytest.raises(ConfigError, match="logits_soft_cap"):
+        patch_causal_lm(capped)
+
+
+def test_moe_without_a_findable_aux_loss_is_refused(monkeypatch):
+    import sys
+
+    from eslm.errors import ConfigError
+
+    model = tiny("mixtral")
+    model.train()
+    patch_causal_lm(model, alpha=0.0)
+    monkeypatch.delattr(sys.modules[type(model).__module__], "load_balancing_loss_func")
+    with pytest.raises(ConfigError, match="output_router_logits = False"):
+        model(**batch(1))

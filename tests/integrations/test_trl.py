@@ -79,3 +79,24 @@ def test_sft_trainer_trains_and_logs_both_metrics(tmp_path):
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h]
     assert len(logs) == 2 and all("eslm/kept_frac" in h and "mean_token_accuracy" in h for h in logs)
+
+
+def test_trl_fused_head_keeps_the_moe_aux_loss():
+    """On TRL's fused head (its own per-token log-probabilities) the selective loss keeps the MoE load-balancing
+    term TRL adds: at alpha 0 the loss is TRL's own."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    from eslm.integrations.hf import patch_causal_lm
+
+    from .tiny import batch
+
+    model = tiny("mixtral")
+    add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+    model.train()
+    b = batch(1)
+    own = model(**b, fused_lm_head=True)
+    assert own.aux_loss is not None and float(own.aux_loss) > 0
+    sel = patch_causal_lm(model, alpha=0.0)
+    got = model(**b, fused_lm_head=True).loss
+    sel.remove()
+    assert float(got) == pytest.approx(float(own.loss), rel=1e-6)

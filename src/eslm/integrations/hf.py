@@ -8,8 +8,9 @@
 
 * the model's forward, in training mode with labels, runs the backbone and sends its last hidden states and the
   LM head through ``eslm.api.selective_loss`` (hidden x lm_head, chunked: no (B, T, V) logits; the head's bias,
-  logit scale and final softcap are read from the config as the model applies them). Pre-shifted
-  ``shift_labels`` (context parallelism, padding-free collators) are used as they are; ``labels`` are shifted.
+  logit transform (softcap, scale, multiplier) are read from the config as TRL's fused head reads them and checked
+  against the model's own logits on the first training forward; an MoE model's load-balancing loss is added as
+  its forward adds it). Pre-shifted ``shift_labels`` (context parallelism, padding-free collators) are used as they are; ``labels`` are shifted.
   Under TRL's ``SFTTrainer`` the forward it already patched (its own chunked per-token log-probabilities) is
   kept and only the selection is added on top: its dropped tokens' log-probabilities become 0. In eval mode
   the model's own forward runs, so ``eval_loss`` stays the plain cross-entropy;
@@ -40,18 +41,35 @@ IGNORE_INDEX = -100
 METRICS = ("eslm/kept_frac", "eslm/var", "eslm/cvar")
 
 
+# The logit transforms a causal LM's forward applies after its LM head, read from its (text) config as TRL's
+# fused head reads them (``trl.trainer.utils.add_fused_lm_head``): a multiplier under one of four names, a
+# divisor, a final softcap. Names that transform the logits in a way eslm does not apply are refused; a
+# model whose head matches none of these is caught by the check on the first training forward (``_verify_head``).
+SCALE_NAMES = ("logit_scale", "output_multiplier", "lm_head_multiplier")  # logits * x: Cohere, Muse, Falcon-H1
+UNSUPPORTED_HEAD = {"logits_soft_cap": "RecurrentGemma", "output_logit_soft_cap": "xLSTM",
+                    "logits_mup_width_multiplier": "Inkling"}
+
+
 def head_transform(config) -> dict:
-    """bias-free keyword arguments for ``selective_loss`` from a causal LM's config: ``softcap`` from
-    ``final_logit_softcapping`` (Gemma 2/3), ``logit_scale`` from ``logit_scale`` (Cohere) or
-    1 / ``logits_scaling`` (Granite)."""
+    """``softcap`` and ``logit_scale`` for ``selective_loss`` from a causal LM's config, as the model applies
+    them: softcap from ``final_logit_softcapping`` (Gemma 2/3); the scale from ``logit_scale`` (Cohere),
+    ``output_multiplier`` (Muse Glimmer), ``lm_head_multiplier`` (Falcon-H1), else ``logits_scaling`` (HyperCLOVA X
+    multiplies by it; Granite and MiniCPM3 divide). An unsupported transform is a ConfigError."""
     cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for name, model in UNSUPPORTED_HEAD.items():
+        if getattr(cfg, name, None) is not None:
+            raise ConfigError(f"expected an LM head eslm can reproduce; found config.{name} = "
+                              f"{getattr(cfg, name)!r} ({model}'s logit transform, not supported); "
+                              "fix: train this model with its own loss")
     out = {}
     if getattr(cfg, "final_logit_softcapping", None) is not None:
         out["softcap"] = float(cfg.final_logit_softcapping)
-    if getattr(cfg, "logit_scale", None) is not None:
-        out["logit_scale"] = float(cfg.logit_scale)
-    elif getattr(cfg, "logits_scaling", None) is not None:
-        out["logit_scale"] = 1.0 / float(cfg.logits_scaling)
+    scale = next((getattr(cfg, n) for n in SCALE_NAMES if getattr(cfg, n, None) is not None), None)
+    if scale is None and getattr(cfg, "logits_scaling", None) is not None:
+        scaling = float(cfg.logits_scaling)
+        scale = scaling if getattr(cfg, "model_type", None) == "hyperclovax" else 1.0 / scaling
+    if scale is not None and float(scale) != 1.0:
+        out["logit_scale"] = float(scale)
     return out
 
 
@@ -82,10 +100,12 @@ class SelectiveCausalLM:
         self.model, self.score, self.scope, self.ada = model, score, scope, ada
         self.impl, self.chunk_size = impl, chunk_size
         self._alpha = alpha
+        self._verified = False
         self.metrics = _Metrics()
         self._original_forward = model.__dict__.get("forward")  # an instance patch (TRL's) or None
         self._undo: list = []
         wrapped = model.forward
+        self._original_call = wrapped
         model.forward = types.MethodType(functools.wraps(type(model).forward)(
             lambda _self, *a, **kw: self._forward(wrapped, *a, **kw)), model)
 
@@ -116,10 +136,15 @@ class SelectiveCausalLM:
         return self._hidden_forward(*args, **kwargs)
 
     def _hidden_forward(self, *args, labels=None, shift_labels=None, num_items_in_batch=None, **kwargs):
-        from transformers.modeling_outputs import CausalLMOutputWithPast
-
         kwargs.pop("logits_to_keep", None)
         kwargs["use_cache"] = False
+        cfg = self.model.config.get_text_config()
+        router = kwargs.get("output_router_logits")
+        router = bool(getattr(cfg, "output_router_logits", False)) if router is None else bool(router)
+        if router:
+            kwargs["output_router_logits"] = True
+        if not self._verified:
+            self._verify_head(args, kwargs)
         out = self.model.base_model(*args, **kwargs)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         if shift_labels is None:
@@ -133,7 +158,69 @@ class SelectiveCausalLM:
             position_ids=kwargs.get("position_ids") if self.scope == "sequence" else None,
             num_items_in_batch=num_items_in_batch, impl=self.impl, chunk_size=self.chunk_size)
         self._observe(stats)
-        return CausalLMOutputWithPast(loss=loss)
+        if not router:
+            from transformers.modeling_outputs import CausalLMOutputWithPast
+
+            return CausalLMOutputWithPast(loss=loss)
+        from transformers.modeling_outputs import MoeCausalLMOutputWithPast
+
+        aux, coef = self._aux_loss(out, kwargs.get("attention_mask"))
+        return MoeCausalLMOutputWithPast(loss=loss + coef * aux.to(loss.device), aux_loss=aux)
+
+    def _aux_loss(self, out, attention_mask):
+        """The MoE load-balancing loss and its coefficient, as the model's own forward adds them when it returns
+        router logits; a model whose loss eslm cannot find is refused (no loss is silently dropped)."""
+        import sys
+
+        cfg = self.model.config.get_text_config()
+        func = getattr(sys.modules.get(type(self.model).__module__), "load_balancing_loss_func", None)
+        experts = next((v for v in (getattr(self.model, "num_experts", None), getattr(cfg, "num_local_experts", None),
+                                    getattr(cfg, "num_experts", None)) if v is not None), None)
+        top_k = getattr(self.model, "num_experts_per_tok", getattr(cfg, "num_experts_per_tok", None))
+        coef = getattr(self.model, "router_aux_loss_coef", getattr(cfg, "router_aux_loss_coef", None))
+        logits = getattr(out, "router_logits", None)
+        if func is None or experts is None or top_k is None or coef is None or logits is None:
+            raise ConfigError(f"{type(self.model).__name__} returns router logits (config.output_router_logits) but "
+                              "eslm cannot find its load-balancing loss (load_balancing_loss_func, num_experts, "
+                              "num_experts_per_tok, router_aux_loss_coef); fix: set "
+                              "model.config.output_router_logits = False to train without the auxiliary loss")
+        return func(logits, experts, top_k, attention_mask), float(coef)
+
+    @torch.no_grad()
+    def _verify_head(self, args, kwargs) -> None:
+        """Once, on the first training forward: the model's own logits for a few positions of the first row
+        must be what eslm computes from the hidden states and the head transform read from the config. A head
+        eslm does not reproduce (a multiplier under a name it does not know) is refused here, not trained on."""
+        ids = args[0] if args else kwargs.get("input_ids")
+        if ids is None:
+            return  # inputs_embeds only: nothing cheap to probe with (the config check still ran)
+        probe = {"input_ids": ids[:1, :8], "use_cache": False}
+        if hasattr(self.model.config.get_text_config(), "output_router_logits"):
+            probe["output_router_logits"] = False  # the logits alone
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            own = self._original_call(**probe).logits.float()
+            out = self.model.base_model(**probe)
+        finally:
+            self.model.train(was_training)
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        head = self.model.get_output_embeddings()
+        from eslm.api.head import Head
+
+        mine = Head(getattr(head, "bias", None), **head_transform(self.model.config)).logits(
+            hidden.reshape(-1, hidden.shape[-1]).to(head.weight.device), head.weight)
+        own = own.reshape(mine.shape).to(mine.device)
+        tol = (1e-4 if head.weight.dtype == torch.float32 else 2e-2) * (1.0 + float(own.abs().max()))
+        err = float((own - mine).abs().max())
+        if not err <= tol:
+            cfg = self.model.config.get_text_config()
+            names = sorted(k for k in cfg.to_dict() if any(w in k for w in ("logit", "multiplier", "scal", "cap")))
+            raise ConfigError(f"expected {type(self.model).__name__}'s logits to be its LM head with the transform "
+                              f"eslm reads from its config {head_transform(self.model.config) or '(none)'}; found "
+                              f"them {err:.3g} apart (config keys that may transform them: {', '.join(names) or 'none'}); "
+                              "fix: train this model with its own loss, or report the model")
+        self._verified = True
 
     def _select_on_trl(self, wrapped, *args, num_items_in_batch=None, **kwargs):
         """TRL's fused forward gives per-token log-probabilities (with gradient), entropies and a label mask of
@@ -153,6 +240,8 @@ class SelectiveCausalLM:
         out.log_probs = torch.where(kept, out.log_probs, torch.zeros_like(out.log_probs))
         denom = num_items_in_batch if num_items_in_batch is not None else stats.num_kept.clamp(min=1)
         out.loss = -out.log_probs.sum() / denom
+        if getattr(out, "aux_loss", None) is not None:  # TRL's fused forward adds the MoE loss; keep it
+            out.loss = out.loss + getattr(self.model.config.get_text_config(), "router_aux_loss_coef", 0.0) * out.aux_loss
         self._observe(stats)
         return out
 
@@ -166,6 +255,7 @@ def patch_causal_lm(model, *, alpha: float = 0.1, score: str = "entropy", scope:
     if model.get_output_embeddings() is None or not hasattr(model, "base_model"):
         raise ConfigError(f"expected a causal LM with an LM head (get_output_embeddings()); found "
                           f"{type(model).__name__}; fix: pass an AutoModelForCausalLM model")
+    head_transform(model.config)  # an LM head eslm cannot reproduce is refused now, not at the first step
     return SelectiveCausalLM(model, alpha=alpha if ada is None else ada.alpha, score=score, scope=scope, ada=ada,
                              impl=impl, chunk_size=chunk_size)
 

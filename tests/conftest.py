@@ -54,6 +54,36 @@ def tiny_overrides(data_dir: Path, run_dir: Path, **extra) -> list[str]:
     return [f"{k}={v}" for k, v in base.items()]
 
 
+@pytest.fixture(scope="session")
+def frozen_run(tiny_data, tmp_path_factory) -> Path:
+    """A 3-step clm run directory on the tiny corpus: the frozen reference / teacher model of the methods that
+    need one (``eslm.methods.Need`` with a config key)."""
+    from eslm.config import build_config
+    from eslm.train.trainer import train
+
+    out = tmp_path_factory.mktemp("frozen")
+    return train(build_config(overrides=tiny_overrides(tiny_data, out, **{"method.name": "clm",
+                                                                           "train.max_steps": 3}))).run_dir
+
+
+def needs_overrides(name: str, frozen: Path) -> dict:
+    """{config key: value} that supplies every need of the registered method ``name`` that a run must name (its
+    frozen models, each ``frozen``); held-out data is the run's own validation split."""
+    from eslm.methods import METHODS
+
+    return {need.key: str(frozen) for need in METHODS[name].frozen_models}
+
+
+def build_registered(name: str, data_dir: Path, run_dir: Path, frozen: Path, **extra):
+    """The registered method ``name`` built as a tiny run builds it (``eslm.train.trainer.Trainer``: its data,
+    model and validation stream), every need supplied; nothing is trained or written."""
+    from eslm.config import build_config
+    from eslm.train.trainer import Trainer
+
+    over = {"method.name": name, **needs_overrides(name, frozen), **extra}
+    return Trainer(build_config(overrides=tiny_overrides(data_dir, run_dir, **over))).method
+
+
 def torchrun(args, timeout=300) -> str:
     """Run ``python -m torch.distributed.run --standalone --nproc_per_node 2 ARGS`` (gloo, 1 thread per
     process, a free port chosen by torchrun); fail the test with the output's tail if it fails."""

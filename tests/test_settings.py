@@ -107,12 +107,12 @@ def test_required_models_name_the_nested_key():
 
 
 def test_sections_live_next_to_their_components():
-    from eslm.baselines.plugins import GreatsSection, GreatsRows
-    from eslm.baselines.rho1 import Rho1Section
+    from eslm.baselines.greats import GreatsRows, GreatsSection
+    from eslm.baselines.rho1 import Rho1Section, Rho1Selector
     from eslm.objectives.kd_objective import Distill, KDSection, Salt, SaltSection
     from eslm.selection.ada import AdaController, AdaSection
 
-    pairs = {"ada": (AdaSection, AdaController), "rho1": (Rho1Section, Rho1Section), "kd": (KDSection, Distill),
+    pairs = {"ada": (AdaSection, AdaController), "rho1": (Rho1Section, Rho1Selector), "kd": (KDSection, Distill),
              "salt": (SaltSection, Salt), "greats": (GreatsSection, GreatsRows)}
     sections = method_sections(MethodSection())
     assert set(pairs) <= set(sections)  # a new method's section joins them without editing this test

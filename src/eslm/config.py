@@ -449,7 +449,7 @@ def validate(cfg: Config) -> list[str]:
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         problems.append(f"method.name: unknown method {cfg.method.name!r}{hint}; expected one of {', '.join(METHODS)}")
     else:
-        problems += METHODS[cfg.method.name].validate(cfg)
+        problems += METHODS[cfg.method.name].problems(cfg)
     return problems
 
 

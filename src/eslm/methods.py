@@ -1,8 +1,15 @@
-"""The method registry: the ONLY place that maps method names to components.
+"""The method registry: the ONLY place that maps method names to components, and the one source of what a
+method is.
 
 A method = row selector (which rows train) + token selector (which tokens count) + objective (per-token
 loss) + optional controllers (e.g. Ada-ESLM's alpha controller); their contracts are ``eslm.contracts``. The
 training step only ever sees these components; it never branches on a name.
+
+Each registry line (``MethodSpec``) also says what the method is to the rest of the package: its ``role`` (the
+baseline every method is compared with, a control, or a method), the ``control`` it must beat at the same alpha,
+and what it ``needs`` beyond the training stream (a frozen reference or teacher model, held-out data). The report,
+the study and the tests read these fields (``baseline``, ``role_of``, ``control_of``) instead of method names.
+Adding a method is its module (components and config section) and one ``MethodSpec`` line here.
 """
 
 from __future__ import annotations
@@ -13,10 +20,11 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from eslm import contracts, seeds
-from eslm.baselines.plugins import GreatsSection
-from eslm.baselines.rho1 import Rho1Section
+from eslm.baselines.greats import GreatsRows, GreatsSection
+from eslm.baselines.rho1 import Rho1Section, Rho1Selector
 from eslm.objectives.base import CrossEntropy
-from eslm.objectives.kd_objective import KDSection, SaltSection
+from eslm.objectives.frozen import ReferenceModel
+from eslm.objectives.kd_objective import Distill, KDSection, Salt, SaltSection
 from eslm.selection.ada import AdaController, AdaSection
 from eslm.selection.rows import AllRows
 from eslm.selection.selectors import RandomSelector, TokenSelector, VaRSelector
@@ -80,18 +88,62 @@ class Method:
             c.load_state_dict(s)
 
 
+ROLES = ("baseline", "control", "method")  # MethodSpec.role
+
+
+@dataclass(frozen=True)
+class Need:
+    """What a method needs beyond the training stream. ``kind``: reference | teacher | held_out; ``words``: how an
+    error names it; ``key``: the config key that supplies it (a frozen model's RUN_DIR|CHECKPOINT, required), or
+    "" when the trainer supplies it (held-out data: the run's validation split, ``BuildContext.val_loader_factory``)."""
+
+    kind: str
+    words: str
+    key: str = ""
+
+
+REFERENCE = Need("reference", "a reference model", "method.rho1.reference")
+TEACHER = Need("teacher", "a teacher model", "method.kd.teacher")
+HELD_OUT = Need("held_out", "held-out data (the validation split)")
+
+
 @dataclass(frozen=True)
 class MethodSpec:
-    """One registry line: a method's name, help, builder, the checks that span sections (``validate``) and its
-    own config sections (``settings``: ``eslm.settings.Section`` classes, each at ``method.<its key>.*``; the
-    config's ``method`` tree is assembled from the registered ones, so a new method with settings edits its own
-    module and its line here)."""
+    """One registry line: a method's name, help, builder, its role and needs, the checks that span sections
+    (``validate``) and its own config sections (``settings``: ``eslm.settings.Section`` classes, each at
+    ``method.<its key>.*``; the config's ``method`` tree is assembled from the registered ones, so a new method
+    with settings edits its own module and its line here).
+
+    role: "baseline" (the one every method is compared with; one line has it), "control" (a reference point that
+          selects without a score, e.g. random drop) or "method".
+    control: the control this method must beat: the report pairs its runs with that method's runs at the same
+          ``method.alpha``; "" = none.
+    needs: ``Need``s; one with a config key makes that key required (``problems``)."""
 
     name: str
     help: str
     build: Callable[[BuildContext], Method]
     validate: Callable[[Config], list[str]] = lambda cfg: []
     settings: tuple[type[Section], ...] = ()
+    role: str = "method"
+    control: str = ""
+    needs: tuple[Need, ...] = ()
+
+    @property
+    def frozen_models(self) -> tuple[Need, ...]:
+        """The needs a run supplies by a config key (a frozen reference or teacher model)."""
+        return tuple(n for n in self.needs if n.key)
+
+    def problems(self, cfg: Config) -> list[str]:
+        """This method's problems with ``cfg``: a needed model whose key is unset, then ``validate``'s."""
+        out = []
+        for need in self.frozen_models:
+            value = cfg
+            for part in need.key.split("."):
+                value = getattr(value, part)
+            if not value:
+                out.append(f"{need.key}: {self.name} needs {need.words}; set {need.key}=RUN_DIR|CHECKPOINT")
+        return out + self.validate(cfg)
 
 
 def _ce(ctx: BuildContext) -> CrossEntropy:
@@ -132,18 +184,44 @@ METHODS: dict[str, MethodSpec] = {}
 
 
 def register(spec: MethodSpec) -> None:
+    """Add a registry line; a role or need that the registry cannot honour is a programming error (that each
+    ``control`` names a line of role "control" is tests/test_methods.py's check)."""
+    if spec.role not in ROLES:
+        raise TypeError(f"method {spec.name!r}: role {spec.role!r} is not one of {', '.join(ROLES)}")
+    if spec.role == "baseline" and any(s.role == "baseline" for s in METHODS.values()):
+        raise TypeError(f"method {spec.name!r}: {baseline()!r} is already the baseline; one line has that role")
+    for need in spec.needs:
+        if not isinstance(need, Need):
+            raise TypeError(f"method {spec.name!r}: needs {need!r}, expected eslm.methods.Need values")
     METHODS[spec.name] = spec
 
 
+def baseline() -> str:
+    """The name of the baseline method (the registry line of role "baseline")."""
+    return next(name for name, spec in METHODS.items() if spec.role == "baseline")
+
+
+def role_of(name: str) -> str:
+    """A method's role; "method" for a name this version does not register (a run written by another version)."""
+    return METHODS[name].role if name in METHODS else "method"
+
+
+def control_of(name: str) -> str | None:
+    """The control a method's runs are compared with at the same alpha, or None (none, or an unknown name)."""
+    return (METHODS[name].control or None) if name in METHODS else None
+
+
 for _spec in [
-    MethodSpec("clm", "causal LM: every token counts (the baseline)", _clm),
-    MethodSpec("eslm-entropy", "ESLM VaR-entropy: keep the top 1-alpha tokens by predictive entropy", _var("entropy")),
-    MethodSpec("eslm-loss", "ESLM CVaR-loss: keep the top 1-alpha tokens by loss (minimises CVaR_alpha)", _var("loss")),
-    MethodSpec("random", "control: keep 1-alpha of the tokens uniformly at random", _random),
+    MethodSpec("clm", "causal LM: every token counts (the baseline)", _clm, role="baseline"),
+    MethodSpec("eslm-entropy", "ESLM VaR-entropy: keep the top 1-alpha tokens by predictive entropy", _var("entropy"),
+               control="random"),
+    MethodSpec("eslm-loss", "ESLM CVaR-loss: keep the top 1-alpha tokens by loss (minimises CVaR_alpha)", _var("loss"),
+               control="random"),
+    MethodSpec("random", "control: keep 1-alpha of the tokens uniformly at random", _random, role="control"),
     MethodSpec("ada-eslm-entropy", "Ada-ESLM on entropy: alpha adapted by the CVaR controller", _ada("entropy"),
-               settings=(AdaSection,)),
+               settings=(AdaSection,), control="random"),
     MethodSpec("ada-eslm-loss", "Ada-ESLM on loss: alpha adapted by the CVaR controller", _ada("loss"),
-               settings=(AdaSection,)),
+               settings=(AdaSection,), control="random"),
 ]:
     register(_spec)
 
@@ -160,15 +238,11 @@ def describe_methods() -> str:
 
 
 def _frozen(path: str, ctx: BuildContext):
-    from eslm.objectives.frozen import ReferenceModel
-
     return ReferenceModel.from_path(path, ctx.device, impl=ctx.cfg.train.loss_impl,
                                     chunk_size=ctx.cfg.train.loss_chunk_size)
 
 
 def _rho1(ctx: BuildContext) -> Method:
-    from eslm.baselines.plugins import Rho1Selector
-
     m = ctx.cfg.method
     sel = Rho1Selector(_frozen(m.rho1.reference, ctx), m.alpha, ctx.cfg.data.seq_len, m.standardize, ctx.n_domains,
                        m.scope)
@@ -176,35 +250,14 @@ def _rho1(ctx: BuildContext) -> Method:
 
 
 def _greats(ctx: BuildContext) -> Method:
-    from eslm.baselines.greats import greats_pool_size, greats_val_rows
-    from eslm.baselines.plugins import GreatsRows
-
-    m, t = ctx.cfg.method, ctx.cfg.train
-    B = t.micro_batch_size_seqs
-    g = m.greats
-    bv = greats_val_rows(B, g.val_fraction)
-    val = ctx.val_loader_factory(bv)
-    extra = greats_pool_size(B, 1.0 - m.alpha, g.pool)[0] - B
-    rows = GreatsRows(val, alpha=m.alpha, exclude_head=g.exclude_head,
-                      model_config=ctx.model_config, device=ctx.device, pool=g.pool,
-                      route=g.route, memory_cap_mb=g.memory_cap_mb,
-                      candidate_loader=_candidate_loader(val, extra, ctx.cfg.run.seed) if extra else None)
+    m = ctx.cfg.method
+    rows = GreatsRows.from_settings(m.greats, alpha=m.alpha, micro_batch_size_seqs=ctx.cfg.train.micro_batch_size_seqs,
+                                    seed=ctx.cfg.run.seed, val_loader_factory=ctx.val_loader_factory,
+                                    model_config=ctx.model_config, device=ctx.device)
     return Method(name="greats", rows=rows, objective=_ce(ctx))
 
 
-def _candidate_loader(val_loader, rows: int, seed: int):
-    """GREATS pool mode's extra candidates: an independent stream of TRAINING windows with the validation
-    stream's dataset, mixture (the training mixture), seq_len and rank (both are ``TrainLoader``s)."""
-    from eslm.data.loader import TrainLoader
-
-    v = val_loader
-    return TrainLoader(v.dataset, seq_len=v.seq_len, micro_batch_size_seqs=rows, weights=v.weights,
-                       seed=seeds.greats_candidates(seed), rank=v.rank, world_size=v.world_size, split="train")
-
-
 def _distill(ctx: BuildContext):
-    from eslm.objectives.kd_objective import Distill
-
     kd = ctx.cfg.method.kd
     return Distill(_frozen(kd.teacher, ctx), lam=kd.lambda_, rho=kd.temperature, seq_len=ctx.cfg.data.seq_len,
                    chunk_size=ctx.cfg.train.loss_chunk_size, impl=ctx.cfg.train.loss_impl)
@@ -223,18 +276,7 @@ def _eslm_kd(score: str):
 
 
 def _salt(ctx: BuildContext) -> Method:
-    from eslm.objectives.kd_objective import Salt
-
     return Method(name="salt", objective=Salt(_distill(ctx), _ce(ctx), ctx.cfg.method.salt.kd_steps))
-
-
-def _needs(section: str, key: str, what: str):
-    def validate(cfg: Config) -> list[str]:
-        if not getattr(getattr(cfg.method, section), key):
-            return [f"method.{section}.{key}: {cfg.method.name} needs {what}; "
-                    f"set method.{section}.{key}=RUN_DIR|CHECKPOINT"]
-        return []
-    return validate
 
 
 def _greats_validate(cfg: Config) -> list[str]:
@@ -246,16 +288,16 @@ def _greats_validate(cfg: Config) -> list[str]:
 
 for _spec in [
     MethodSpec("rho1", "Rho-1: keep the top 1-alpha tokens by excess loss against a frozen reference model",
-               _rho1, _needs("rho1", "reference", "a reference model"), settings=(Rho1Section,)),
+               _rho1, settings=(Rho1Section,), control="random", needs=(REFERENCE,)),
     MethodSpec("dense-kd", "dense distillation: lambda*KL(teacher||student) + (1-lambda)*CE on every token",
-               _dense_kd, _needs("kd", "teacher", "a teacher model"), settings=(KDSection,)),
+               _dense_kd, settings=(KDSection,), control="random", needs=(TEACHER,)),
     MethodSpec("eslm-kd-entropy", "ESLM-KD: KD on the top 1-alpha tokens by the student's entropy",
-               _eslm_kd("entropy"), _needs("kd", "teacher", "a teacher model"), settings=(KDSection,)),
+               _eslm_kd("entropy"), settings=(KDSection,), control="random", needs=(TEACHER,)),
     MethodSpec("eslm-kd-loss", "ESLM-KD: KD on the top 1-alpha tokens by the student's loss",
-               _eslm_kd("loss"), _needs("kd", "teacher", "a teacher model"), settings=(KDSection,)),
+               _eslm_kd("loss"), settings=(KDSection,), control="random", needs=(TEACHER,)),
     MethodSpec("salt", "SALT: dense KD for method.salt.kd_steps steps, then plain CE",
-               _salt, _needs("kd", "teacher", "a teacher model"), settings=(KDSection, SaltSection)),
+               _salt, settings=(KDSection, SaltSection), control="random", needs=(TEACHER,)),
     MethodSpec("greats", "GREATS: greedy online row selection by ghost gradient inner products with a validation batch",
-               _greats, _greats_validate, settings=(GreatsSection,)),
+               _greats, _greats_validate, settings=(GreatsSection,), control="random", needs=(HELD_OUT,)),
 ]:
     register(_spec)

@@ -3,7 +3,7 @@ and checks).
 
 The lowest layer, so that each method's config section can be declared next to its components
 (``eslm.selection.ada.AdaSection``, ``eslm.baselines.rho1.Rho1Section``, ``eslm.objectives.kd_objective.KDSection``,
-``eslm.baselines.plugins.GreatsSection``). A method names its sections in its registry line
+``eslm.baselines.greats.GreatsSection``). A method names its sections in its registry line
 (``MethodSpec.settings`` in ``eslm.methods``); ``eslm.config`` assembles ``method.*`` from the registry (one field
 per section) and runs each section's ``problems``, so a new section edits no central file.
 """

@@ -362,7 +362,7 @@ def test_errors():
 
 from conftest import read_metrics, tiny_overrides  # noqa: E402
 from eslm import metrics as M  # noqa: E402
-from eslm.baselines.plugins import GreatsRows  # noqa: E402
+from eslm.baselines.greats import GreatsRows  # noqa: E402
 from eslm.config import build_config  # noqa: E402
 from eslm.errors import CheckpointError  # noqa: E402
 from eslm.flops import step_flops  # noqa: E402

@@ -95,7 +95,7 @@ def test_from_path_uses_loading_module(monkeypatch):
 
 
 def test_reference_forward_is_declared_and_priced_as_a_third_of_palm():
-    from eslm.baselines.plugins import Rho1Selector
+    from eslm.baselines.rho1 import Rho1Selector
     from eslm.flops import extra_flops
 
     for name, kw in [("tiny", {}), ("small", {"bias": True})]:

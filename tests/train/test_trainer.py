@@ -11,14 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import read_metrics, tiny_overrides
+from conftest import needs_overrides, read_metrics, tiny_overrides
 from eslm import metrics as M
 from eslm.config import build_config
 from eslm.methods import METHODS
 from eslm.train.trainer import Trainer, TrainingDiverged, train
 
-# methods that need a reference / teacher checkpoint are exercised in the baselines tests
-SELF_CONTAINED = [n for n in METHODS if n not in ("rho1", "dense-kd", "eslm-kd-entropy", "eslm-kd-loss", "salt")]
+# the registry says which methods need a frozen model (a reference or teacher checkpoint named by a config key)
+SELF_CONTAINED = [n for n, spec in METHODS.items() if not spec.frozen_models]
+WITH_FROZEN_MODEL = [n for n, spec in METHODS.items() if spec.frozen_models]
 TIME_KEYS = set(M.TIMING_KEYS)
 
 
@@ -141,17 +142,10 @@ def test_checkpoint_of_another_model_is_rejected(tiny_data, tmp_path):
     assert {p: p.read_bytes() for p in (tmp_path / "t").rglob("*") if p.is_file()} == before
 
 
-@pytest.fixture(scope="module")
-def teacher_run(tiny_data, tmp_path_factory):
-    out = tmp_path_factory.mktemp("teacher")
-    res = train(build_config(overrides=tiny_overrides(tiny_data, out, **{"method.name": "clm", "train.max_steps": 3})))
-    return res.run_dir
-
-
-@pytest.mark.parametrize("name", ["rho1", "dense-kd", "eslm-kd-entropy", "eslm-kd-loss", "salt"])
-def test_reference_and_teacher_methods_train_and_resume(name, tiny_data, tmp_path, teacher_run):
-    extra = {"method.name": name, "method.rho1.reference": str(teacher_run), "method.kd.teacher": str(teacher_run),
-             "method.salt.kd_steps": 2, "train.max_steps": 2}
+@pytest.mark.parametrize("name", WITH_FROZEN_MODEL)
+def test_reference_and_teacher_methods_train_and_resume(name, tiny_data, tmp_path, frozen_run):
+    extra = {"method.name": name, **needs_overrides(name, frozen_run), "method.salt.kd_steps": 2,
+             "train.max_steps": 2}
     res = train(build_config(overrides=tiny_overrides(tiny_data, tmp_path, **extra)))
     first = read_metrics(res.run_dir, "train")
     assert first[-1][M.FLOPS_PAPER] > 0

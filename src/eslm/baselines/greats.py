@@ -51,9 +51,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from eslm.errors import ConfigError
+from eslm import seeds
+from eslm.contracts import ExtraWork
+from eslm.data.batch import Batch
+from eslm.data.loader import TrainLoader
+from eslm.errors import CheckpointError, ConfigError
 from eslm.ops import default_impl
 from eslm.selection.risk import FLOOR_EPS
+from eslm.selection.rows import AllRows
+from eslm.settings import Section, setting
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -335,7 +341,7 @@ def greats_pool_size(B: int, budget: float, mode: str = "floor") -> tuple[int, i
         budget 0.9 -> keep 10. It trains on fewer rows than CLM from the same data stream, as ESLM trains on
         fewer tokens, which is how the paper aligns GREATS' budget with ESLM's alpha; the loader is unchanged.
     "pool": score ceil(B / budget), keep B: every update has CLM's row count, but ceil(B / budget) - B extra
-        rows are drawn per micro-batch (by ``plugins.GreatsRows`` from its own candidate stream) and the
+        rows are drawn per micro-batch (by ``GreatsRows`` below, from its own candidate stream) and the
         data is consumed faster (12 / 0.9 -> 14 candidates).
     """
     if not (0.0 < budget <= 1.0):
@@ -452,3 +458,145 @@ def greats_cost_ratio(cfg, fm, model_config=None) -> dict:
     return greats_micro_batch_cost(fm, scored_layer_shapes(model_config, g.exclude_head), B,
                                    greats_val_rows(B, g.val_fraction), budget=1.0 - cfg.method.alpha, pool=g.pool,
                                    route=g.route, memory_cap_mb=g.memory_cap_mb)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the plug-in of the step: GREATS' settings and its row selector
+# ---------------------------------------------------------------------------------------------------------
+
+
+POOLS = ("floor", "pool")  # greats_pool_size's modes
+
+
+@dataclass(frozen=True)
+class GreatsSection(Section):
+    """``method.greats.*``: GREATS' settings (``GreatsRows`` below reads them; the maths above)."""
+
+    key, help = "greats", "GREATS"
+
+    val_fraction: float = setting(0.5, "GREATS validation batch size as a fraction of the micro-batch")
+    pool: str = setting("floor", "GREATS budget 1-alpha of a micro-batch of B rows: floor (score the B rows, keep floor((1-alpha)B); default: GREATS' budget is the kept fraction of each batch and every method then consumes the same B rows per micro-batch) | pool (score ceil(B/(1-alpha)) rows, the B loader rows + extra training rows drawn by GREATS, keep B). The paper (0.9 of 12) does not say which; see eslm/baselines/greats.py")
+    exclude_head: bool = setting(True, "GREATS: leave the tied LM head out of the gradient inner products")
+    route: str = setting("flops", "GREATS per-layer inner products: flops (default: ghost or materialised per-sample gradients, whichever needs fewer FLOPs) | memory (ghost iff 2T^2 < the layer's weights, the old rule) | ghost | materialised; every route but ghost stays ghost where materialising exceeds method.greats.memory_cap_mb; see eslm/baselines/greats.py")
+    memory_cap_mb: float = setting(DEFAULT_MEMORY_CAP_MB, "GREATS: most MiB of one layer's materialised fp32 per-sample gradients (candidate + validation rows x weights); above it the layer takes the ghost form")
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.pool not in POOLS:
+            out.append(f"pool: expected one of {', '.join(POOLS)}, got {self.pool!r}")
+        if self.route not in ROUTES:
+            out.append(f"route: expected one of {', '.join(ROUTES)}, got {self.route!r}")
+        if not (0.0 < self.val_fraction <= 4.0):
+            out.append(f"val_fraction: expected in (0, 4], got {self.val_fraction}")
+        if not self.memory_cap_mb > 0:
+            out.append(f"memory_cap_mb: expected > 0 MiB, got {self.memory_cap_mb}")
+        return out
+
+
+class GreatsRows(AllRows):
+    """GREATS: per micro-batch, score every candidate row by its gradient's alignment with a fresh validation
+    batch (ghost inner products) and keep the greedy best rows for the update pass.
+
+    ``route``, ``memory_cap_mb`` (``method.greats.route``, ``method.greats.memory_cap_mb``): each layer's form of
+    the inner products (``layer_route``); the FLOPs declared follow the forms actually taken.
+
+    ``pool`` (``method.greats.pool``, see ``greats_pool_size``) for a loader micro-batch of B rows:
+      "floor" (default): the B loader rows are the candidates; keep floor(budget B).
+      "pool":  the B loader rows plus ceil(B / budget) - B extra rows drawn from ``candidate_loader`` (an
+               independent stream of training windows, same dataset, mixture, seq_len and rank, its own seed)
+               are the candidates; keep B. The training sampler draws every window independently and
+               uniformly (``eslm.data.loader``), so this pool has the distribution of ceil(B / budget) rows of
+               one stream; the trainer's loader and the step are unchanged. The candidate loader's position is
+               part of ``state_dict``, so a resumed run draws the same candidates.
+    """
+
+    def __init__(self, val_loader, *, alpha: float, exclude_head: bool, model_config, device,
+                 pool: str = "floor", candidate_loader=None, route: str = "flops",
+                 memory_cap_mb: float = DEFAULT_MEMORY_CAP_MB):
+        self.val_loader, self.budget, self.pool = val_loader, 1.0 - alpha, pool
+        self.candidate_loader = candidate_loader
+        self.exclude_head, self.device = exclude_head, device
+        self.layer_shapes = scored_layer_shapes(model_config, exclude_head)
+        self.route, self.memory_cap_mb = route, memory_cap_mb
+        self._last_shape = (0, 0, 0)  # (candidate rows, validation rows, T) of the last selection
+        self._last_routes: list[str] = []  # the form each scored layer took in the last selection
+        greats_pool_size(1, self.budget, pool)  # a bad budget, pool mode, route or cap fails at construction
+        check_route(route, memory_cap_mb)
+
+    @classmethod
+    def from_settings(cls, g: GreatsSection, *, alpha: float, micro_batch_size_seqs: int, seed: int,
+                      val_loader_factory, model_config, device) -> GreatsRows:
+        """GREATS as a run configures it: its validation stream of ``greats_val_rows`` rows per micro-batch from
+        ``val_loader_factory`` (rows -> ``TrainLoader`` of validation windows) and, in pool mode, its stream of
+        extra training candidates (``candidate_loader``)."""
+        B = micro_batch_size_seqs
+        val = val_loader_factory(greats_val_rows(B, g.val_fraction))
+        extra = greats_pool_size(B, 1.0 - alpha, g.pool)[0] - B
+        return cls(val, alpha=alpha, exclude_head=g.exclude_head, model_config=model_config, device=device,
+                   pool=g.pool, route=g.route, memory_cap_mb=g.memory_cap_mb,
+                   candidate_loader=candidate_loader(val, extra, seed) if extra else None)
+
+    def candidate_rows(self, batch_rows: int) -> int:
+        return greats_pool_size(batch_rows, self.budget, self.pool)[0]
+
+    def num_rows(self, batch_rows: int) -> int:
+        return greats_pool_size(batch_rows, self.budget, self.pool)[1]
+
+    def _candidates(self, batch):
+        """The loader's rows followed by the extra candidates (pool mode)."""
+        extra = self.candidate_rows(batch.x.shape[0]) - batch.x.shape[0]
+        if extra == 0:
+            return batch
+        if self.candidate_loader is None or self.candidate_loader.micro_batch_size_seqs != extra:
+            have = None if self.candidate_loader is None else self.candidate_loader.micro_batch_size_seqs
+            raise ConfigError(f"GREATS pool mode: a micro-batch of {batch.x.shape[0]} rows needs a candidate "
+                              f"loader of {extra} extra rows; found {have}; build it for train.micro_batch_size_seqs")
+        more = self.candidate_loader.next_batch().to(batch.x.device)
+        return Batch(torch.cat([batch.x, more.x]), torch.cat([batch.y, more.y]),
+                     torch.cat([batch.domain, more.domain]))
+
+    def select(self, model, batch, step: int, lr: float):
+        k = self.num_rows(batch.x.shape[0])
+        pool = self._candidates(batch)
+        val = self.val_loader.next_batch().to(self.device)
+        with torch.autocast(device_type=self.device.type, enabled=False):
+            index, info = greats_select(model, pool.x, pool.y, val.x, val.y, lr=lr, k=k,
+                                        exclude_head=self.exclude_head, route=self.route,
+                                        memory_cap_mb=self.memory_cap_mb)
+        self._last_shape = (pool.x.shape[0], val.x.shape[0], pool.x.shape[1])
+        self._last_routes = list(info["layer_modes"].values())
+        return pool.rows(index.to(pool.x.device)), info
+
+    def extra_work(self, tokens_seen: int) -> ExtraWork:
+        """Scoring the last micro-batch's candidates (priced by ``greats_extra_flops``): forward +
+        activation backward on candidates + validation rows, and the inner products in the form each layer
+        took. The update pass on the kept rows is the trainer's ``tokens_seen``; the validation rows' forward
+        is inside this figure, hence no extra tokens."""
+        n, Bv, T = self._last_shape
+        if n == 0:
+            return ExtraWork()
+        return ExtraWork(priced=(GradientScoring(n, Bv, T, tuple(self.layer_shapes),
+                                                           tuple(self._last_routes)),))
+
+    def state_dict(self) -> dict:
+        sd = {"val_loader": self.val_loader.state_dict()}
+        if self.candidate_loader is not None:
+            sd["candidate_loader"] = self.candidate_loader.state_dict()
+        return sd
+
+    def load_state_dict(self, sd: dict) -> None:
+        if ("candidate_loader" in sd) != (self.candidate_loader is not None):
+            was = "pool" if "candidate_loader" in sd else "floor"
+            raise CheckpointError(f"expected a GREATS checkpoint of method.greats.pool={self.pool}; found one of "
+                                  f"pool={was}; fix: resume with method.greats.pool={was}")
+        self.val_loader.load_state_dict(sd["val_loader"])
+        if self.candidate_loader is not None:
+            self.candidate_loader.load_state_dict(sd["candidate_loader"])
+
+
+def candidate_loader(val_loader: TrainLoader, rows: int, seed: int) -> TrainLoader:
+    """GREATS pool mode's extra candidates: an independent stream of TRAINING windows with the validation
+    stream's dataset, mixture (the training mixture), seq_len and rank (both are ``TrainLoader``s)."""
+    v = val_loader
+    return TrainLoader(v.dataset, seq_len=v.seq_len, micro_batch_size_seqs=rows, weights=v.weights,
+                       seed=seeds.greats_candidates(seed), rank=v.rank, world_size=v.world_size, split="train")

@@ -2,9 +2,9 @@
 
     excess_j = loss_current(x_j) - loss_reference(x_j)          (signed; high = learnable, not yet learnt)
 
-``eslm.baselines.plugins.Rho1Selector`` (a ``VaRSelector``) keeps the top 1-alpha of the tokens by this score
-(paper: 90%) and the step averages the CE over the kept tokens. This module holds the score and Rho-1's settings;
-the reference is an ``eslm.objectives.frozen.ReferenceModel`` (re-exported here), shared with the KD teacher.
+``Rho1Selector`` (a ``VaRSelector``, the plug-in of the step) keeps the top 1-alpha of the tokens by this score
+(paper: 90%) and the step averages the CE over the kept tokens. This module holds Rho-1 whole: its settings, the
+score and the selector; the reference is an ``eslm.objectives.frozen.ReferenceModel`` (re-exported here), shared with the KD teacher.
 
 The reference is a frozen GPT: eval mode (no dropout), every parameter ``requires_grad=False``, always run
 under ``torch.no_grad``. ``ReferenceModel`` is deliberately not an ``nn.Module``: it can never become a
@@ -23,10 +23,12 @@ from dataclasses import dataclass
 
 import torch
 
+from eslm.contracts import ExtraWork, ModelPass
 from eslm.objectives.frozen import ReferenceModel
+from eslm.selection.selectors import VaRSelector
 from eslm.settings import Section, setting
 
-__all__ = ["ReferenceModel", "Rho1Section", "excess_loss"]
+__all__ = ["ReferenceModel", "Rho1Section", "Rho1Selector", "excess_loss"]
 
 
 @dataclass(frozen=True)
@@ -44,3 +46,24 @@ def excess_loss(current: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"excess_loss: shapes differ, current {tuple(current.shape)} vs reference "
                          f"{tuple(reference.shape)}")
     return current.float() - reference.float()
+
+
+class Rho1Selector(VaRSelector):
+    """Rho-1: keep the top 1-alpha tokens by excess loss = current loss - frozen reference loss (signed)."""
+
+    def __init__(self, reference: ReferenceModel, alpha: float, seq_len: int, standardize: str = "none",
+                 n_domains: int = 1, scope: str = "micro"):
+        super().__init__("excess_loss", alpha, standardize, n_domains, scope)
+        self.reference, self.seq_len = reference, seq_len
+
+    def scores(self, stats, batch) -> torch.Tensor:
+        """(B, T) fp32 excess loss; runs the reference forward (no grad, eval mode, never in DDP)."""
+        return excess_loss(stats.loss.view(batch.x.shape), self.reference.token_loss(batch.x, batch.y))
+
+    def extra_work(self, tokens_seen: int) -> ExtraWork:
+        """The reference's forward over every token of the micro-batch; in the scope "step" also the scoring
+        forward, in which ``scores`` runs the reference a second time over the same tokens."""
+        ref = (ModelPass(self.reference.config, self.seq_len, tokens_seen),)
+        if self.scope != "step":
+            return ExtraWork(frozen_forwards=ref)
+        return ExtraWork(frozen_forwards=ref, trained_forward_tokens=tokens_seen, repeated_frozen_forwards=ref)

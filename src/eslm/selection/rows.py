@@ -1,7 +1,7 @@
 """Row selectors: which sequences of a micro-batch train. Default: all rows.
 
 ``AllRows`` implements the ``eslm.contracts.RowSelector`` protocol (every hook declared and documented there) as
-its do-nothing default. GREATS (``eslm.baselines.greats``, adapter ``eslm.baselines.plugins.GreatsRows``) is the
+its do-nothing default. GREATS (``eslm.baselines.greats.GreatsRows``) is the
 one non-trivial row selector in the paper's comparison.
 """
 

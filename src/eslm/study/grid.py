@@ -126,6 +126,7 @@ def _report_group_problems(report: dict, configs: list) -> list[str]:
     """Names in the report section that would not name one group of the planned runs (``find_group``), and
     runs the report could not put on one target (``comparable_sets_problem``: data, tokenizer, model)."""
     from eslm.analysis.rundir import comparable_sets_problem, find_group, planned_groups
+    from eslm.methods import baseline
 
     groups = planned_groups([c.to_dict() for c in configs])
     why = comparable_sets_problem(groups)
@@ -139,7 +140,7 @@ def _report_group_problems(report: dict, configs: list) -> list[str]:
         if why:
             out.append(why)
     if report.get("target") == "baseline" and "baseline" not in report:
-        _, why = find_group(groups, "clm", "report.target: baseline uses the default baseline, which")
+        _, why = find_group(groups, baseline(), "report.target: baseline uses the default baseline, which")
         if why:
             out.append(why + "; add report.baseline")
     return out

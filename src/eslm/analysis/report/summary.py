@@ -13,6 +13,7 @@ from eslm.analysis.report.curves import (aggregate, best_val_loss, domains_of, g
 from eslm.analysis.report.downstream import group_downstream
 from eslm.analysis.rundir import IGNORED_FOR_GROUPING, Group, Run, distinct_names, find_group, is_number, load_run
 from eslm.errors import ESLMError
+from eslm.methods import baseline, control_of, role_of
 
 FLOPS_KEYS = {"paper": M.FLOPS_PAPER, "executed": M.FLOPS_EXECUTED}
 # to-target costs shown side by side: key in summary["groups"][i]["to_target"] -> (metric, words)
@@ -66,22 +67,26 @@ def time_key_of(runs: list[Run]) -> tuple[str, str]:
 
 def find_baseline(groups: list[Group], name: str | None, where: str = "--") -> tuple[Group | None, str | None]:
     """The group ``name`` names (``eslm.analysis.rundir.find_group``: a label, a study's grid point, or a method
-    with one group), default clm; (None, reason) when there is no clm group and none was named. Errors name
-    the option as ``{where}baseline`` (``--baseline`` on the command line, ``report.baseline`` in a study)."""
-    group, why = find_group(groups, name or "clm", f"{where}baseline")
+    with one group), default the registry's baseline method (``eslm.methods.baseline``: clm); (None, reason) when
+    there is no group of it and none was named. Errors name the option as ``{where}baseline`` (``--baseline`` on
+    the command line, ``report.baseline`` in a study)."""
+    default = baseline()
+    group, why = find_group(groups, name or default, f"{where}baseline")
     if group is not None:
         return group, None
-    if name or any(g.method == "clm" for g in groups):
+    if name or any(g.method == default for g in groups):
         raise ReportError(why)
-    return None, f"no clm group among the runs: no paired comparisons (set {where}baseline to compare)"
+    return None, f"no {default} group among the runs: no paired comparisons (set {where}baseline to compare)"
 
 
 def _control_for(g: Group, groups: list[Group]) -> Group | None:
-    """The random-drop group at the same alpha (the control a selective method must beat), if any."""
-    if g.method in ("clm", "random"):
+    """The group of the control that ``g``'s method must beat (its registry line's ``control``: random drop) at
+    the same alpha, if any."""
+    control = control_of(g.method)
+    if control is None:
         return None
     alpha = config_alpha(g)
-    same = [c for c in groups if c.method == "random" and config_alpha(c) == alpha]
+    same = [c for c in groups if c.method == control and config_alpha(c) == alpha]
     return same[0] if same else None
 
 
@@ -215,7 +220,7 @@ def summarize(runs: list[Run], groups: list[Group], *, target: float, target_sou
             pairs.append((comparisons[-1], g, base))
             differences["baseline"].append(C.difference_curve(g, base))
             gap = flops_gap(by_label[g.label], by_label[base.label])
-            if gap and g.method != "clm":
+            if gap and role_of(g.method) != "baseline":
                 gaps.append(gap)
         ctrl = _control_for(g, groups)
         if ctrl is not None:

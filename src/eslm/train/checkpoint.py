@@ -114,15 +114,27 @@ def supersede_after(run_dir: Path, step: int) -> list[str]:
     them another branch of the run; kept, not deleted) and point ``latest`` at ``step``."""
     ckpt_dir = Path(run_dir) / "checkpoints"
     later = [s for s in kept_steps(ckpt_dir) if s > step]
+    dest = superseded_dir(ckpt_dir, [checkpoint_name(s) for s in later])
     if later:
-        ensure_dir(ckpt_dir / "superseded")
+        ensure_dir(dest)
     for s in later:
         name = checkpoint_name(s)
         if checksum_path(ckpt_dir / name).exists():  # the checksum first: a kill between leaves no orphan file
-            os.replace(checksum_path(ckpt_dir / name), checksum_path(ckpt_dir / "superseded" / name))
-        os.replace(ckpt_dir / name, ckpt_dir / "superseded" / name)
+            os.replace(checksum_path(ckpt_dir / name), checksum_path(dest / name))
+        os.replace(ckpt_dir / name, dest / name)
     _atomic_write(ckpt_dir / "latest", checkpoint_name(step).encode())
     return [checkpoint_name(s) for s in later]
+
+
+def superseded_dir(ckpt_dir: Path, names: list[str]) -> Path:
+    """Where checkpoints set aside by a --resume-from go: checkpoints/superseded/, or superseded/2/, 3/, ... when
+    an earlier --resume-from set aside a file of the same name there (never overwritten: each is a branch)."""
+    base = dest = Path(ckpt_dir) / "superseded"
+    k = 1
+    while any((dest / n).exists() or (dest / (n + CHECKSUM_SUFFIX)).exists() for n in names):
+        k += 1
+        dest = base / str(k)
+    return dest
 
 
 def _prune(ckpt_dir: Path, keep_last: int, milestones: set) -> None:

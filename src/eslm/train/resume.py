@@ -28,7 +28,7 @@ RESUMES_FILE = "resumes.jsonl"
 # Keys that do not change what is trained: they may differ on resume (applied and recorded).
 RESUME_MAY_CHANGE = (
     "train.max_steps", "train.max_flops", "eval.interval", "log.interval", "log.tensorboard",
-    "checkpoint.interval", "checkpoint.keep_last", "checkpoint.milestones",
+    "checkpoint.interval", "checkpoint.keep_last", "checkpoint.milestones", "checkpoint.snapshot_keep",
     "train.device", "train.num_threads", "train.compile", "train.loss_chunk_size", "train.loss_cache_probs",
     "train.loss_route",
     "distributed.backend", "distributed.fsdp",
@@ -172,6 +172,10 @@ def check_owner(run_dir: Path, resume: bool) -> str:
     for name in LINK_FREE:
         if (run_dir / name).is_symlink():
             raise link_refused(run_dir / name)
+    for name in ("checkpoints", "snapshots", "eval", "tb"):
+        if (run_dir / name).exists() and not (run_dir / name).is_dir():
+            raise OwnershipError(f"{str(run_dir / name)!r} is a file; eslm keeps a directory of that name in a "
+                                 "run directory: move the file away, or choose another run.name")
     if run_marker(run_dir) is not None:
         return "ours"
     if written_by_earlier_eslm(run_dir):
@@ -227,25 +231,111 @@ def lock_run_dir(run_dir: Path, resume: bool, log):
 
 
 def version_change(run_dir: Path, last: dict | None = None) -> dict:
-    """{key: [old, new]} of the eslm version and commit between the run's last segment and this process (empty
-    when the same). A commit counts as changed only when both are known (an installed package has none)."""
+    """{key: [old, new]} of the eslm version, commit and uncommitted changes between the run's last segment and
+    this process (empty when the same). A commit counts as changed only when both are known (an installed
+    package has none); on one commit, uncommitted changes count as a change when either side has some and their
+    ``git diff HEAD`` differs (``git_diff_sha256``; a segment of an earlier eslm without it: any now differ)."""
     from eslm.train.run_dir import code_version
 
     last, now = last_segment(run_dir) if last is None else last, code_version()
-    return {k: [last.get(k), now[k]] for k in ("eslm_version", "git_commit")
-            if last.get(k) is not None and now[k] is not None and last.get(k) != now[k]}
+    out = {k: [last.get(k), now[k]] for k in ("eslm_version", "git_commit")
+           if last.get(k) is not None and now[k] is not None and last.get(k) != now[k]}
+    same_commit = "git_commit" not in out and last.get("git_commit") is not None and now["git_commit"] is not None
+    if same_commit and (last.get("git_dirty") or now.get("git_dirty")):
+        old, new = (d.get("git_diff_sha256") if d.get("git_dirty") else "clean" for d in (last, now))
+        if old is None or old != new:
+            out["uncommitted_changes"] = [_diff_label(old), _diff_label(new)]
+    return out
+
+
+def _diff_label(v):
+    return "none" if v == "clean" else "unknown" if v is None else f"diff {v[:12]}"
+
+
+ENV_FILE = "env.json"
 
 
 def check_provenance(run_dir: Path, cfg: Config) -> None:
-    """Refuse (one line) a resume by another eslm version or commit than the run's last segment, unless
+    """Refuse (one line) a resume by another eslm version or commit, or with other uncommitted changes, than the
+    run's last segment, and a resume of a run whose env.json (its start's provenance) is gone, unless
     ``run.allow_version_change``."""
+    if not (Path(run_dir) / ENV_FILE).is_file() and not cfg.run.allow_version_change:
+        raise ConfigError(f"resume of {str(run_dir)!r} refused: its {ENV_FILE} (which eslm and code started the "
+                          f"run) is missing, so the code it ran cannot be compared; restore {ENV_FILE}, or pass "
+                          f"run.allow_version_change=true to continue without that check (recorded in "
+                          f"{RESUMES_FILE})")
     last = last_segment(run_dir)
     changed = version_change(run_dir, last)
     if changed and not cfg.run.allow_version_change:
         diff = ", ".join(f"{k} {_short(old)!r} -> {_short(new)!r}" for k, (old, new) in changed.items())
         raise ConfigError(f"resume of {str(run_dir)!r} refused: eslm changed since the run's last segment "
-                          f"(step {last.get('step', 0)}): {diff}; resume with the eslm the run used, or pass "
+                          f"(step {last.get('step', 0)}): {diff}; resume with the eslm (and code) the run used, or pass "
                           f"run.allow_version_change=true to continue with this one (recorded in {RESUMES_FILE})")
+
+
+def check_resume_point(run_dir: Path, cfg: Config) -> None:
+    """Before anything is written: the checkpoint a resume continues from is there, and train.max_steps is not
+    below its step. A run with no checkpoint left that had written one (result.json, or metrics past the first
+    save step) is refused: starting again from step 0 would replace its results."""
+    from eslm.train import checkpoint as ckpt
+    from eslm.train.run_dir import last_records
+
+    run_dir = Path(run_dir)
+    rf = cfg.run.resume_from
+    path = ckpt.checkpoint_at(run_dir, rf) if rf else ckpt.latest_checkpoint(run_dir)
+    if path is not None:
+        step = ckpt.step_of(path)
+        if cfg.train.max_steps < step:
+            raise ConfigError(f"train.max_steps={cfg.train.max_steps} is below step {step}, where the resume "
+                              f"continues ({path.name}); expected train.max_steps >= {step}: set it so (or use "
+                              f"--resume-from STEP with an earlier kept checkpoint)")
+        return
+    found = []
+    if (run_dir / "result.json").is_file():
+        found.append("result.json (a finished run)")
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file():
+        steps = [r.get("step", 0) for r in last_records(metrics)[0]]
+        interval = cfg.checkpoint.interval
+        if steps and interval > 0 and max(steps) >= interval:
+            found.append(f"metrics.jsonl up to step {max(steps)}")
+    if found:
+        raise ConfigError(f"resume of {str(run_dir)!r} refused: found {' and '.join(found)} but no checkpoint in "
+                          f"{run_dir / 'checkpoints'} (deleted or moved?); a resume continues only from a "
+                          "checkpoint, and starting again from step 0 would replace the run's results: restore "
+                          "its checkpoints, or train again on purpose as a new run (run.name=NEW, without --resume)")
+
+
+def check_checkpoint_of_run(state: dict, cfg: Config, run_dir: Path, path) -> None:
+    """A checkpoint resumed into a run must be that run's: its config (method, seed, data, model, ...) equals
+    the run's except for keys a resume may change, keys the resume allows (run.allow_change) and keys changed
+    by earlier resumes. A checkpoint without a config (an earlier eslm) is not compared."""
+    theirs = state.get("config")
+    if not isinstance(theirs, dict):
+        return
+    ours = flat(cfg)
+    changed_before = {k for rec in read_resumes(run_dir) for k in (rec.get("changed") or {})}
+    skip = set(INVOCATION_KEYS) | allowed_changes(cfg) | changed_before
+    diffs = []
+    for key, value in ours.items():
+        if key in skip:
+            continue
+        node, present = theirs, True
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                present = False
+                break
+            node = node[part]
+        if present and _plain(node) != _plain(value):
+            diffs.append(f"{key}={node!r} (run: {value!r})")
+    if diffs:
+        raise ConfigError(f"checkpoint {str(path)!r} is not of this run: {', '.join(diffs[:4])}"
+                          f"{f' and {len(diffs) - 4} more' if len(diffs) > 4 else ''}; it was written by another "
+                          "run (copied in?): remove it from checkpoints/, or resume the run it belongs to")
+
+
+def _plain(v):
+    return [_plain(x) for x in v] if isinstance(v, (list, tuple)) else v
 
 
 def _short(v):
@@ -260,7 +350,7 @@ def last_segment(run_dir: Path) -> dict:
         if "eslm_version" in rec:
             return rec
     env = read_env(run_dir)
-    return {"step": 0, **{k: env.get(k) for k in ("eslm_version", "git_commit", "git_dirty")}} \
+    return {"step": 0, **{k: env.get(k) for k in ("eslm_version", "git_commit", "git_dirty", "git_diff_sha256")}} \
         if isinstance(env, dict) else {}
 
 
@@ -279,6 +369,7 @@ def open_run_dir(run_dir: Path, cfg: Config, *, device, world_size: int, num_par
     changes = check_resume(run_dir, cfg) if cfg.run.resume else None
     if cfg.run.resume:
         check_provenance(run_dir, cfg)
+        check_resume_point(run_dir, cfg)
     if not cfg.run.resume and owner != "new" and holds_run(run_dir):
         _refuse_existing(run_dir)
     lock = lock_run_dir(run_dir, cfg.run.resume, log)
@@ -316,13 +407,19 @@ def record_resumed_at(run_dir: Path, cfg: Config, changes: dict | None, step: in
     extra = {}
     if cfg.run.resume_from:
         extra["resume_from"] = step
+        dest = ckpt.superseded_dir(run_dir / "checkpoints", [ckpt.checkpoint_name(s) for s in
+                                                             ckpt.kept_steps(run_dir / "checkpoints") if s > step])
         extra["superseded"] = ckpt.supersede_after(run_dir, step)
         if extra["superseded"]:
-            log(f"later checkpoints moved to {run_dir / 'checkpoints' / 'superseded'}: "
-                f"{', '.join(extra['superseded'])}")
+            extra["superseded_to"] = str(dest.relative_to(run_dir))
+            log(f"later checkpoints moved to {dest}: {', '.join(extra['superseded'])}")
     from eslm.train.run_dir import code_version
 
     changed_code = version_change(run_dir)  # allowed by check_provenance: run.allow_version_change
+    if not (Path(run_dir) / ENV_FILE).is_file():
+        extra["env_missing"] = True
+        log(f"resumed without {ENV_FILE}: the code of the run's start is unknown (run.allow_version_change; "
+            "recorded in resumes.jsonl)")
     if changed_code:
         extra["version_change"] = changed_code
         log("resumed with another eslm: " + ", ".join(f"{k} {_short(a)!r} -> {_short(b)!r}"

@@ -9,6 +9,7 @@ and gets its marker (``"adopted": true``) when it is resumed.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 import platform
@@ -37,14 +38,21 @@ def git_info() -> dict:
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
                                capture_output=True, text=True, timeout=10)
         if sha.returncode == 0:
-            return {"git_commit": sha.stdout.strip(), "git_dirty": bool(dirty.stdout.strip())}
+            out = {"git_commit": sha.stdout.strip(), "git_dirty": bool(dirty.stdout.strip())}
+            if out["git_dirty"]:  # which uncommitted change: a resume compares it like a commit
+                diff = subprocess.run(["git", "diff", "HEAD", "--no-ext-diff", "--no-color"], cwd=root,
+                                      capture_output=True, timeout=30)
+                if diff.returncode == 0:
+                    out["git_diff_sha256"] = hashlib.sha256(diff.stdout).hexdigest()
+            return out
     except (OSError, subprocess.SubprocessError):
         pass
     return {"git_commit": None, "git_dirty": None}
 
 
 def code_version() -> dict:
-    """The eslm that runs now: ``eslm_version``, ``git_commit``, ``git_dirty`` (a run segment's provenance)."""
+    """The eslm that runs now: ``eslm_version``, ``git_commit``, ``git_dirty`` and, with uncommitted changes,
+    ``git_diff_sha256`` (the SHA-256 of ``git diff HEAD``): a run segment's provenance."""
     from eslm import __version__
 
     return {"eslm_version": __version__, **git_info()}

@@ -32,7 +32,7 @@ from eslm.train.distributed import full_state_dicts, init_distributed, load_full
 from eslm.train.optim import build_optimizer, plan_schedule
 from eslm.train.progress import progress_line
 from eslm.train.records import Update, eval_record, selection_metrics, train_record
-from eslm.train.resume import open_run_dir, record_resumed_at
+from eslm.train.resume import check_checkpoint_of_run, open_run_dir, record_resumed_at
 from eslm.train.step import StepOptions, forward_backward
 from eslm.train.stopping import Budget, Preemption, TrainingDiverged, check_update, last_good_hint
 from eslm.train.timing import LoadSampler, Throughput, mfu, timed
@@ -228,6 +228,7 @@ class Trainer:
         # FSDP: every rank reads the full file memory-mapped on CPU (one page cache) and keeps its shard
         state = ckpt.load_checkpoint(path, map_location="cpu" if self.fsdp else self.device, mmap=self.fsdp)
         ckpt.check_model_matches(state, self.model_config.to_dict(), path)
+        check_checkpoint_of_run(state, self.cfg, self.run_dir, path)  # method, seed, data: this run's
         if self.fsdp:
             load_full_state_dicts(self.raw_model, self.optimizer, state["model"], state["optimizer"])
         else:

@@ -367,7 +367,7 @@ def test_transform_arguments_are_checked():
 
 # --- torch.compile and autocast ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("route", ["logits", "fused", "naive", "sequence", "softcap"])
+@pytest.mark.parametrize("route", ["logits", "fused", "naive", "sequence", "softcap", "z_loss"])
 def test_one_graph_without_host_sync(route):
     """fullgraph=True fails on any graph break; with capture_scalar_outputs off (the default), a host read of a
     tensor (.item(), bool(), data-dependent shapes) is a graph break, so this is also the no-sync check."""
@@ -385,6 +385,8 @@ def test_one_graph_without_host_sync(route):
             kw["scope"] = "sequence"
         if route == "softcap":
             kw["softcap"] = 4.0
+        if route == "z_loss":
+            kw.update(label_smoothing=0.1, z_loss=1e-3)
         loss, st = selective_loss(targets, alpha=0.3, chunk_size=8, **kw)
         return loss, st.threshold
 
@@ -417,3 +419,89 @@ def test_bf16_autocast(route):
     assert int(st.num_kept) == int(ref_st.num_kept)
     assert (tok.kept == ref_tok.kept).float().mean() > 0.95  # bf16 matmul rounding may swap near-ties
     assert float(loss) == pytest.approx(float(ref), rel=2e-2)
+
+
+# --- the loss features people pass: label smoothing, z-loss, ignore_index, logit chunks, refusals ---------
+
+def _hand_terms(z, t, rows, eps, zl):
+    """float64 by hand on the kept rows: (1 - eps) CE + eps mean_v(-log p_v) + zl logsumexp^2, their mean."""
+    z = z.reshape(-1, z.shape[-1]).double()[rows]
+    lse = torch.logsumexp(z, -1)
+    logp = z - lse[:, None]
+    ce = -logp.gather(1, t.reshape(-1)[rows][:, None]).squeeze(1)
+    return ((1 - eps) * ce + eps * (-logp).mean(-1) + zl * lse ** 2).mean()
+
+
+@pytest.mark.parametrize("route", ["logits", "hidden"])
+@pytest.mark.parametrize("eps,zl", [(0.1, 0.0), (0.0, 1e-2), (0.2, 1e-3)])
+def test_label_smoothing_and_z_loss_match_a_hand_computation(route, eps, zl):
+    g = torch.Generator().manual_seed(21)
+    hidden = torch.randn(2, 13, 8, generator=g, requires_grad=True)
+    w = torch.randn(19, 8, generator=g, requires_grad=True)
+    _, targets = _inputs(2, 13, 19, seed=21)
+    kw = {"logits": hidden @ w.t()} if route == "logits" else {"hidden": hidden, "lm_weight": w, "chunk_size": 5}
+    loss, st = selective_loss(targets, alpha=0.3, label_smoothing=eps, z_loss=zl, **kw)
+    loss.backward()
+    got = hidden.grad.clone()
+    hidden.grad = None
+    z = hidden @ w.t()
+    # the selection is unchanged by the loss terms: the kept rows are those of the plain entropy score
+    rows = sorted(_numpy_reference(z.detach(), targets, "entropy", 0.3)["kept_rows"])
+    assert int(st.num_kept) == len(rows)
+    want = _hand_terms(z, targets, torch.tensor(rows), eps, zl)
+    want.backward()
+    assert float(loss) == pytest.approx(float(want), rel=1e-6)
+    assert torch.allclose(got, hidden.grad.float(), atol=1e-6)
+    if route == "hidden":
+        with pytest.raises(ConfigError, match="label smoothing"):
+            selective_loss(targets, hidden=hidden, lm_weight=w, label_smoothing=eps or 0.1, impl="fused")
+
+
+def test_nanogpt_ignore_index_minus_one():
+    """nanoGPT marks ignored targets -1: passing ignore_index=-1 gives F.cross_entropy's loss at alpha 0;
+    forgetting it is one line naming the fix (it was a raw 'index -1 is out of bounds')."""
+    logits, targets = _inputs(2, 11, 9, seed=22)
+    targets[targets == IGNORE] = -1
+    loss, _ = selective_loss(targets, logits=logits, alpha=0.0, ignore_index=-1)
+    want = F.cross_entropy(logits.reshape(-1, 9), targets.reshape(-1), ignore_index=-1)
+    assert float(loss) == pytest.approx(float(want), rel=1e-6)
+    with pytest.raises(ConfigError, match="ignore_index=-1") as e:
+        selective_loss(targets, logits=logits)
+    assert "\n" not in str(e.value)
+    targets[0, 0] = 9
+    with pytest.raises(ConfigError, match=r"found 9 .*vocabulary has 9"):
+        selective_loss(targets, logits=logits, ignore_index=-1)
+
+
+@pytest.mark.parametrize("scope", ["batch", "sequence"])
+@pytest.mark.parametrize("score", ["entropy", "loss"])
+def test_a_list_of_logit_chunks_is_the_concatenated_logits(scope, score):
+    """litgpt's chunked logits ((B, t_i, V) pieces along the sequence) give the loss, statistics, per-token
+    outputs and gradients of the whole (B, T, V) tensor."""
+    logits, targets = _inputs(3, 17, 11, seed=23)
+    whole = logits.clone().requires_grad_(True)
+    chunks = [c.clone().requires_grad_(True) for c in logits.split([8, 8, 1], dim=1)]
+    ref, ref_st, ref_tok = selective_loss(targets, logits=whole, score=score, scope=scope, alpha=0.3,
+                                          label_smoothing=0.1, return_tokens=True)
+    got, st, tok = selective_loss(targets, logits=chunks, score=score, scope=scope, alpha=0.3,
+                                  label_smoothing=0.1, return_tokens=True)
+    assert float(got) == pytest.approx(float(ref), rel=1e-6)
+    assert int(st.num_kept) == int(ref_st.num_kept) and torch.equal(tok.kept, ref_tok.kept)
+    (ref + got).backward()
+    assert torch.allclose(torch.cat([c.grad for c in chunks], 1), whole.grad, atol=1e-7)
+    with pytest.raises(ConfigError, match="chunks"):
+        selective_loss(targets, logits=list(logits.split([8, 8, 1], dim=1))[:2])
+
+
+def test_weight_with_logits_and_unknown_keywords_are_refused_in_one_line():
+    """weight= reads like F.cross_entropy's class weights but is the LM-head weight of the hidden path: with
+    logits= it was silently ignored. An unknown keyword was a TypeError naming only itself."""
+    logits, targets = _inputs(2, 5, 7)
+    for name in ("weight", "lm_weight"):
+        with pytest.raises(ConfigError, match=f"{name}= is the LM-head weight"):
+            selective_loss(targets, logits=logits, **{name: torch.rand(7)})
+    with pytest.raises(ConfigError, match="unsupported keyword.*lse_square_scale.*z_loss") as e:
+        selective_loss(targets, logits=logits, lse_square_scale=1e-4)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="label_smoothing"):
+        selective_loss(targets, logits=logits, label_smoothing=1.5)

@@ -68,15 +68,27 @@ def token_stats(head: Head, hidden: torch.Tensor, weight: torch.Tensor, targets:
     return torch.cat(loss), (torch.cat(ent) if need_entropy else None)
 
 
-def _chunk_ce(h, weight, bias, targets, head: Head):
-    return F.cross_entropy(Head(bias, head.logit_scale, head.softcap).logits(h, weight), targets, reduction="none")
+def row_loss(z: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0,
+             z_loss: float = 0.0) -> torch.Tensor:
+    """Per-row training loss of fp32 logits z (n, V): cross-entropy, with label smoothing as
+    ``F.cross_entropy`` defines it ((1 - eps) CE + eps x mean over the vocabulary of -log p), plus
+    z_loss x logsumexp(z)^2 (PaLM's z-loss; Liger's lse_square_scale)."""
+    loss = F.cross_entropy(z, targets, reduction="none", label_smoothing=label_smoothing)
+    if z_loss:
+        loss = loss + z_loss * torch.logsumexp(z, dim=-1).square()
+    return loss
+
+
+def _chunk_ce(h, weight, bias, targets, head: Head, label_smoothing: float, z_loss: float):
+    return row_loss(Head(bias, head.logit_scale, head.softcap).logits(h, weight), targets, label_smoothing, z_loss)
 
 
 def selected_ce(head: Head, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                index: torch.Tensor, *, chunk_size: int) -> torch.Tensor:
-    """Per-token CE (K,) fp32 of the rows ``index``, with gradient to hidden, weight and bias; each chunk is
-    checkpointed, so its (chunk, V) logits are rebuilt in the backward instead of kept."""
+                index: torch.Tensor, *, chunk_size: int, label_smoothing: float = 0.0,
+                z_loss: float = 0.0) -> torch.Tensor:
+    """Per-token loss (K,) fp32 of the rows ``index`` (``row_loss``), with gradient to hidden, weight and bias;
+    each chunk is checkpointed, so its (chunk, V) logits are rebuilt in the backward instead of kept."""
     h, t = hidden[index], targets[index]
     out = [checkpoint(_chunk_ce, h[s:s + chunk_size], weight, head.bias, t[s:s + chunk_size], head,
-                      use_reentrant=False) for s in range(0, h.shape[0], chunk_size)]
+                      label_smoothing, z_loss, use_reentrant=False) for s in range(0, h.shape[0], chunk_size)]
     return torch.cat(out) if out else h.new_zeros(0, dtype=torch.float32)

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from eslm.api import select
-from eslm.api.head import Head
+from eslm.api.head import Head, row_loss
 from eslm.api.head import selected_ce as head_selected_ce
 from eslm.api.head import token_stats as head_token_stats
 from eslm.errors import ConfigError
@@ -40,6 +40,10 @@ SCORES = ("entropy", "loss")
 SCOPES = ("batch", "sequence")
 REDUCTIONS = ("mean", "sum")
 IMPLS = ("auto", "naive", "fused")
+# every keyword selective_loss takes, for the one-line refusal of one it does not
+KEYWORDS = ("logits", "hidden", "lm_weight", "bias", "logit_scale", "softcap", "score", "scores", "alpha", "scope",
+            "position_ids", "group", "reduction", "num_items_in_batch", "return_tokens", "ignore_index",
+            "label_smoothing", "z_loss", "impl", "chunk_size")
 
 
 @dataclass
@@ -80,7 +84,7 @@ def shift_for_causal_lm(logits_or_hidden: torch.Tensor, labels: torch.Tensor, ig
     return logits_or_hidden, targets
 
 
-def _resolve_impl(impl: str, have_logits: bool, head: Head) -> str:
+def _resolve_impl(impl: str, have_logits: bool, head: Head, extras: bool = False) -> str:
     if impl not in IMPLS:
         raise ConfigError(f"impl must be one of {' | '.join(IMPLS)}; found {impl!r}; fix: use impl='auto'")
     if have_logits:
@@ -91,14 +95,20 @@ def _resolve_impl(impl: str, have_logits: bool, head: Head) -> str:
             raise ConfigError("bias=, logit_scale= and softcap= apply to hidden= (they transform the logits "
                               "eslm builds); found logits=; fix: apply them to your logits, or pass hidden=")
         return "naive"
-    if not head.plain:
+    if not head.plain or extras:
         if impl == "fused":
-            raise ConfigError("impl='fused' has no bias, logit scale or softcap; found one; fix: impl='auto'")
+            raise ConfigError("impl='fused' has no bias, logit scale, softcap, label smoothing or z-loss; found one; "
+                              "fix: impl='auto'")
         return "transformed"
     return default_impl() if impl == "auto" else impl
 
 
-def _lm_weight(lm_weight, weight):
+def _lm_weight(lm_weight, weight, logits):
+    if logits is not None and (weight is not None or lm_weight is not None):
+        name = "weight" if weight is not None else "lm_weight"
+        raise ConfigError(f"{name}= is the LM-head weight that goes with hidden= (not F.cross_entropy's class "
+                          f"weights, which selective_loss does not take); found it with logits=, where it would be "
+                          f"ignored; fix: drop {name}=, or pass hidden= instead of logits=")
     if weight is None:
         return lm_weight
     if lm_weight is not None:
@@ -107,6 +117,23 @@ def _lm_weight(lm_weight, weight):
     warnings.warn("selective_loss(weight=...) is deprecated: the name reads like F.cross_entropy's class "
                   "weight; pass the LM-head weight as lm_weight=", FutureWarning, stacklevel=3)
     return weight
+
+
+def _logit_chunks(logits, targets) -> list | None:
+    """A list of logit chunks (litgpt's chunked output: (..., t_i, V) pieces of the (..., T, V) logits along the
+    sequence): validated against the targets; None when ``logits`` is a tensor."""
+    if not isinstance(logits, (list, tuple)):
+        return None
+    ok = (len(logits) > 0 and all(isinstance(c, torch.Tensor) and c.dim() == targets.dim() + 1
+                                  and c.shape[:-2] == targets.shape[:-1] and c.shape[-1] == logits[0].shape[-1]
+                                  for c in logits)
+          and sum(c.shape[-2] for c in logits) == targets.shape[-1])
+    if not ok:
+        shapes = [tuple(c.shape) if isinstance(c, torch.Tensor) else type(c).__name__ for c in logits]
+        raise ConfigError(f"a list of logits must be chunks of the (..., {targets.shape[-1]}, V) logits along the "
+                          f"sequence, for targets of shape {tuple(targets.shape)}; found {shapes}; fix: pass the "
+                          "chunks in order (litgpt: model(x, lm_head_chunk_size=...))")
+    return list(logits)
 
 
 def _flatten_inputs(targets, logits, hidden, weight):
@@ -128,6 +155,27 @@ def _flatten_inputs(targets, logits, hidden, weight):
     t = targets.reshape(-1).long()
     return t, (logits.reshape(t.numel(), -1) if logits is not None else None), \
         (hidden.reshape(t.numel(), -1) if hidden is not None else None)
+
+
+def _check_loss_terms(label_smoothing, z_loss) -> None:
+    if not 0.0 <= float(label_smoothing) <= 1.0:
+        raise ConfigError(f"label_smoothing must be in [0, 1] (F.cross_entropy's); found {label_smoothing}")
+    if not 0.0 <= float(z_loss) < float("inf"):
+        raise ConfigError(f"z_loss must be a finite value >= 0 (PaLM used 1e-4); found {z_loss}")
+
+
+def _check_targets(t, valid, vocab: int, ignore_index: int) -> None:
+    """Targets outside [0, V) that are not ignore_index: one line (nanoGPT marks ignored targets -1, not
+    -100). One host read per call; skipped while torch.compile traces (a graph has no host read)."""
+    if torch.compiler.is_compiling():
+        return
+    bad = valid & ((t < 0) | (t >= vocab))
+    if bool(bad.any()):
+        value = int(t[bad][0])
+        fix = (f"pass ignore_index={value} (the value your stack marks ignored targets with)" if value < 0 else
+               f"check the targets: the model's vocabulary has {vocab} entries")
+        raise ConfigError(f"targets must be in [0, {vocab}) or ignore_index={ignore_index}; found {value} "
+                          f"({int(bad.sum())} of {t.numel()} targets); fix: {fix}")
 
 
 def _check_options(score, scores, scope, reduction, num_items_in_batch, group, position_ids):
@@ -204,11 +252,27 @@ def _stats(kept: select.Kept) -> SelectionStats:
     return selection_stats(kept.all_scores, kept_rows, valid=kept.all_valid)
 
 
-def _kept_ce(t, logits2d, hidden2d, weight, head, impl, index, lse, chunk_size):
+def _chunk_scores(chunks, t_shaped, need_entropy, chunk_size):
+    """(loss (N,), entropy (N,) | None) of a list of logit chunks, in the targets' order."""
+    loss, ent = [], []
+    for c, tc in zip(chunks, _split_targets(chunks, t_shaped)):
+        lo, en = _scores_from_logits(c.reshape(-1, c.shape[-1]), tc.reshape(-1), need_entropy, chunk_size)
+        loss.append(lo.view(tc.shape))
+        if need_entropy:
+            ent.append(en.view(tc.shape))
+    return torch.cat(loss, -1).reshape(-1), (torch.cat(ent, -1).reshape(-1) if need_entropy else None)
+
+
+def _split_targets(chunks, t_shaped):
+    return t_shaped.split([c.shape[-2] for c in chunks], dim=-1)
+
+
+def _kept_ce(t, logits2d, hidden2d, weight, head, impl, index, lse, chunk_size, label_smoothing=0.0, z_loss=0.0):
     if logits2d is not None:
-        return F.cross_entropy(logits2d[index].float(), t[index], reduction="none")
+        return row_loss(logits2d[index].float(), t[index], label_smoothing, z_loss)
     if impl == "transformed":
-        return head_selected_ce(head, hidden2d, weight, t, index, chunk_size=chunk_size)
+        return head_selected_ce(head, hidden2d, weight, t, index, chunk_size=chunk_size,
+                                label_smoothing=label_smoothing, z_loss=z_loss)
     return selected_ce(hidden2d, weight, t, index, impl=impl, chunk_size=chunk_size, lse=lse)
 
 
@@ -219,12 +283,14 @@ def selective_loss(targets: torch.Tensor, *, logits: torch.Tensor | None = None,
                    scores: torch.Tensor | Callable[[TokenScores], torch.Tensor] | None = None,
                    alpha: float = 0.1, scope: str = "batch", position_ids: torch.Tensor | None = None,
                    group=None, reduction: str = "mean", num_items_in_batch: torch.Tensor | int | None = None,
-                   return_tokens: bool = False, ignore_index: int = -100, impl: str = "auto",
-                   chunk_size: int = 1024, weight: torch.Tensor | None = None):
+                   return_tokens: bool = False, ignore_index: int = -100, label_smoothing: float = 0.0,
+                   z_loss: float = 0.0, impl: str = "auto", chunk_size: int = 1024,
+                   weight: torch.Tensor | None = None, **unsupported):
     """ESLM's selective cross-entropy: the CE of the highest-risk 1 - alpha of the tokens.
 
     targets:   (N,) or (B, T) integers, already aligned with the predictions (no shift inside).
-    logits:    (..., V) with targets.shape == logits.shape[:-1]; or
+    logits:    (..., V) with targets.shape == logits.shape[:-1], or a list of its chunks along the sequence
+               (litgpt's chunked logits: (..., t_i, V) with sum t_i = T); or
     hidden:    (..., C) final hidden states with lm_weight (V, C), the LM-head weight: the full logits are never
                built (the path for long sequences and large vocabularies); bias (V,), logit_scale and softcap
                describe heads whose logits are softcap * tanh(scale * (h W^T + b) / softcap) (Gemma, Cohere,
@@ -243,6 +309,12 @@ def selective_loss(targets: torch.Tensor, *, logits: torch.Tensor | None = None,
                given (the kept tokens of the whole optimizer step: ``kept_tokens`` counts them before the
                forward); "sum": the kept CE sum.
     return_tokens: also return ``TokenOutputs`` (per-token kept mask, score, loss).
+    ignore_index: the target value that marks an unscored position (-100: Hugging Face, PyTorch; nanoGPT
+               uses -1). Any other target outside [0, V) is a one-line ConfigError.
+    label_smoothing, z_loss: the kept tokens' loss is (1 - eps) CE + eps x mean_v(-log p_v) (F.cross_entropy's
+               label smoothing) plus z_loss x logsumexp(logits)^2 (PaLM's z-loss, Liger's lse_square_scale).
+               The risk scores stay the model's own loss or entropy. On the hidden path they take the chunked,
+               checkpointed route of the transformed heads (not impl="fused").
     impl:      "auto" (logits: naive; hidden: fused if eslm.ops.fused_head is available), "naive", "fused".
 
     Returns (loss () fp32, SelectionStats), or (loss, SelectionStats, TokenOutputs) with return_tokens. The
@@ -250,21 +322,44 @@ def selective_loss(targets: torch.Tensor, *, logits: torch.Tensor | None = None,
     the whole group with ``group=``, the same on every rank; with scope "sequence" num_kept is the sum of the K_s.
     Dropped and ignored tokens get exactly zero gradient.
     """
+    if unsupported:
+        raise ConfigError(f"selective_loss got unsupported keyword(s) {', '.join(sorted(unsupported))}; expected "
+                          f"targets and any of {', '.join(KEYWORDS)}; fix: drop them (class weights and "
+                          "reduction='none' are not supported; return_tokens=True gives per-token losses)")
     alpha = risk.check_alpha(alpha)
     _check_options(score, scores, scope, reduction, num_items_in_batch, group, position_ids)
-    weight = _lm_weight(lm_weight, weight)
-    t, logits2d, hidden2d = _flatten_inputs(targets, logits, hidden, weight)
+    _check_loss_terms(label_smoothing, z_loss)
+    weight = _lm_weight(lm_weight, weight, logits)
+    chunks = _logit_chunks(logits, targets)
+    if chunks is not None:  # validated like one tensor: the first chunk stands for the logits' shape
+        _flatten_inputs(targets[..., :chunks[0].shape[-2]], chunks[0], None, None)
+        t, logits2d, hidden2d = targets.reshape(-1).long(), None, None
+    else:
+        t, logits2d, hidden2d = _flatten_inputs(targets, logits, hidden, weight)
     head = Head(bias, logit_scale, softcap).check(weight.shape[0] if weight is not None else 0)
-    impl = _resolve_impl(impl, logits is not None, head)
+    impl = _resolve_impl(impl, logits is not None, head, extras=bool(label_smoothing or z_loss))
     valid = t != ignore_index
+    vocab = chunks[0].shape[-1] if chunks is not None else \
+        logits2d.shape[1] if logits2d is not None else weight.shape[0]
+    _check_targets(t, valid, vocab, ignore_index)
     safe_t = torch.where(valid, t, torch.zeros_like(t))  # ignored rows get a dummy in-range target
 
     need_entropy = callable(scores) or (scores is None and score == "entropy")
-    own_loss, own_entropy, lse = _token_scores(safe_t, logits2d, hidden2d, weight, head, impl, need_entropy,
-                                               chunk_size)
+    if chunks is not None:
+        own_loss, own_entropy = _chunk_scores(chunks, safe_t.view(targets.shape), need_entropy, chunk_size)
+        lse = None
+    else:
+        own_loss, own_entropy, lse = _token_scores(safe_t, logits2d, hidden2d, weight, head, impl, need_entropy,
+                                                   chunk_size)
     risk_scores = _risk_scores(score, scores, targets, own_loss, own_entropy)
     kept = _select(risk_scores, valid, targets, alpha, scope, position_ids, group)
-    ce = _kept_ce(safe_t, logits2d, hidden2d, weight, head, impl, kept.index, lse, chunk_size)
+    if chunks is not None:  # every row's loss, chunk by chunk, then the kept rows (no full-logits copy)
+        every = [row_loss(c.reshape(-1, c.shape[-1]).float(), tc.reshape(-1), label_smoothing, z_loss).view(tc.shape)
+                 for c, tc in zip(chunks, _split_targets(chunks, safe_t.view(targets.shape)))]
+        ce = torch.cat(every, -1).reshape(-1)[kept.index]
+    else:
+        ce = _kept_ce(safe_t, logits2d, hidden2d, weight, head, impl, kept.index, lse, chunk_size,
+                      label_smoothing, z_loss)
     # torch.where, not a product: a -inf/nan in an unkept row must not leak into the sum or its gradient
     loss = torch.where(kept.keep, ce, torch.zeros_like(ce)).sum()
     if reduction == "mean":

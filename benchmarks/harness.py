@@ -205,12 +205,12 @@ class Bench:
 
     def method(self, v: Variant):
         if v.label not in self._methods:
-            from eslm.config import build_config
-            from eslm.methods import BuildContext, build_method
+            from eslm.config import build_config, method_context
+            from eslm.methods import build_method
 
             base = {"data.seq_len": self.seq_len, "train.micro_batch_size_seqs": self.micro_batch}
             cfg = build_config(overrides=[f"{k}={val}" for k, val in {**base, **v.overrides}.items()])
-            ctx = BuildContext(cfg=cfg, device=self.device, n_domains=1, model_config=self.model_config,
+            ctx = method_context(cfg, device=self.device, n_domains=1, model_config=self.model_config,
                                **self.context)
             self._methods[v.label] = (cfg, build_method(ctx))
         return self._methods[v.label]

@@ -98,20 +98,22 @@ def test_config_choices_are_the_constants_of_the_code_that_reads_them():
     assert all(config._CHOICES[k] is v for k, v in owners.items())
 
 
-def test_the_registry_and_the_flops_ledger_annotate_the_typed_config():
-    # the config sits above them (it validates method names): they name its type for annotations only
+def test_method_settings_are_typed_for_a_checker():
+    # statically, cfg.method is the real dataclass SharedMethodSettings and a builder gets its own section as the
+    # class it asked for (BuildContext.section); the registry gets plain values, not the application's Config
     import typing
 
-    from eslm import flops, methods
-    from eslm.config import Config
-    from eslm.model.gpt import ModelConfig
+    from eslm import methods
+    from eslm.config import Config, method_context
+    from eslm.selection.ada import AdaSection
 
-    names = {"Config": Config, "ModelConfig": ModelConfig}
-    assert typing.get_type_hints(methods.BuildContext, {**vars(methods), **names})["cfg"] is Config
-    assert typing.get_type_hints(methods.MethodSpec, {**vars(methods), **names})["validate"] == \
-        typing.Callable[[Config], list[str]]
-    for fn in (flops.equal_flops_budget, flops.training_flops_model):
-        assert typing.get_type_hints(fn, {**vars(flops), **names})["cfg"] is Config, fn.__name__
+    assert typing.get_type_hints(Config)["method"] is methods.SharedMethodSettings
+    assert isinstance(Config().method, methods.SharedMethodSettings)
+    assert "cfg" not in typing.get_type_hints(methods.BuildContext)
+    ctx = method_context(build_config(overrides=["method.name=ada-eslm-loss", "method.ada.gamma=0.25"]),
+                         device="cpu", n_domains=1)
+    ada = ctx.section(AdaSection)
+    assert type(ada) is AdaSection and ada.gamma == 0.25
 
 
 def test_a_method_with_a_setting_edits_its_own_module_and_its_registry_line():

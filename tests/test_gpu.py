@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from conftest import HostReads
-from eslm.config import build_config
-from eslm.methods import METHODS, BuildContext, build_method
+from eslm.config import build_config, method_context
+from eslm.methods import METHODS, build_method
 from eslm.model.gpt import GPT, preset
 from eslm.objectives.cross_entropy import naive_selected_ce, naive_token_stats
 from eslm.ops.fused_head import fused_ce_sum, head_pass
@@ -149,7 +149,7 @@ def _setup(name: str, device: str, data, ckpt, **overrides):
     def loader(split: str, rows: int, seed: int):
         return TrainLoader(ds, seq_len=SEQ, micro_batch_size_seqs=rows, weights="unif", seed=seed, split=split)
 
-    method = build_method(BuildContext(cfg=cfg, device=dev, n_domains=len(ds.domains), model_config=mc,
+    method = build_method(method_context(cfg, device=dev, n_domains=len(ds.domains), model_config=mc,
                                        val_loader_factory=lambda rows: loader("val", rows, 7)))
     train = loader("train", ROWS, 0)
     batches = [train.next_batch().to(dev) for _ in range(2)]

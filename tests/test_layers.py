@@ -1,6 +1,7 @@
 """Import layering (DESIGN.md "Layers and contracts"): every import of ``src/eslm`` — function-local ones
 included — points down the layer table below or stays within a layer, and no set of modules imports itself
-around a loop. Imports under ``if TYPE_CHECKING:`` are annotations only and do not count. The commands are the
+around a loop. Imports under ``if TYPE_CHECKING:`` count like any other: an annotation that names a higher layer's
+type is the lower layer knowing that layer (the model must not know the application's Config). The commands are the
 top layer, the package ``eslm.cli``, one module per command; nothing below it imports argparse."""
 
 import ast
@@ -40,20 +41,12 @@ def _exists(name: str) -> bool:
     return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    return ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
-
-
 def _imports(tree: ast.AST, package: str) -> set[str]:
     """eslm modules imported anywhere in the tree (``from eslm.x import y`` counts as eslm.x.y when that is a
-    module), skipping ``if TYPE_CHECKING:`` blocks."""
+    module), ``if TYPE_CHECKING:`` blocks included."""
     out: set[str] = set()
 
     def visit(node):
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            for child in node.orelse:
-                visit(child)
-            return
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names if a.name.split(".")[0] == "eslm")
         elif isinstance(node, ast.ImportFrom):
@@ -159,10 +152,20 @@ def test_the_checks_catch_an_upward_import_and_a_loop():
     assert import_loops(graph) == [["eslm.objectives.cross_entropy", "eslm.ops.fused_head"]]
 
 
-def test_function_local_and_package_imports_are_seen():
+def test_function_local_type_checking_and_package_imports_are_seen():
     tree = ast.parse("def f():\n    from eslm.selection import risk\n    import eslm.flops\n"
                      "if TYPE_CHECKING:\n    from eslm.train import trainer\n")
-    assert _imports(tree, "eslm.x") == {"eslm.selection.risk", "eslm.flops"}
+    assert _imports(tree, "eslm.x") == {"eslm.selection.risk", "eslm.flops", "eslm.train.trainer"}
+
+
+def test_a_planted_upward_type_checking_import_fails():
+    # the arrow issue 31 found: the model naming the application's Config for an annotation
+    tree, package = _trees()["eslm.model.gpt"]
+    planted = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from eslm.config import Config\n")
+    tree = ast.Module(body=[*tree.body, *planted.body], type_ignores=[])
+    graph = {**_graph(), "eslm.model.gpt": _imports(tree, package)}
+    assert upward_imports(graph) == ["eslm.model.gpt (layer 2) imports eslm.config (layer 6)"]
+    assert any("eslm.model.gpt" in loop and "eslm.config" in loop for loop in import_loops(graph))
 
 
 def test_only_the_commands_import_argparse():

@@ -1,9 +1,11 @@
 """The typed, frozen config tree.
 
-It sits above the method registry (``eslm.methods``) and the model presets, which validation checks names
-against; nothing below imports it at run time (components receive the built ``Config``; the registry and the
-FLOPs ledger name its type for annotations only). The ``method`` section is assembled from the registry: the
-shared settings plus the config section each registered method names (``MethodSpec.settings``).
+It sits above the method registry (``eslm.methods``), the FLOPs ledger and the model presets, which validation
+checks names against; nothing below imports it, not even for an annotation (tests/test_layers.py): the registry's
+builders receive plain values (``method_context``), and what a config trains is answered here
+(``model_config_for``, ``training_flops_model``, ``equal_flops_budget``). The ``method`` section is assembled
+from the registry: the shared settings (``eslm.methods.SharedMethodSettings``) plus the config section each
+registered method names (``MethodSpec.settings``).
 
 Defaults live here in code. YAML files hold only deltas (nested mappings); later files and then dotted
 command-line overrides (``method.alpha=0.2``) win. Unknown keys are errors that suggest the nearest valid key,
@@ -24,12 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from eslm import metrics as M
-from eslm.data.tokenizers import TOKENIZER_NAMES
+from eslm.data.tokenizers import TOKENIZER_NAMES, tokenizer_vocab_size
 from eslm.errors import ConfigError
 from eslm.files import name_problem, read_yaml
-from eslm.flops import COUNT_PER, COUNTER_KEYS
-from eslm.methods import METHODS
-from eslm.model.gpt import PRESETS, model_config_for
+from eslm.flops import COUNT_PER, COUNTER_KEYS, FlopsModel
+from eslm.methods import METHODS, BuildContext, SharedMethodSettings
+from eslm.model.gpt import PRESETS, ModelConfig, pad_vocab, preset
 from eslm.ops.head_route import CACHED_ROUTES, ROUTE_CHOICES
 from eslm.selection.scores import STANDARDIZE_MODES
 from eslm.selection.selectors import SCOPES
@@ -92,17 +94,7 @@ class TrainSection:
     num_threads: int = _f(0, "torch CPU threads; 0 = torch's default (torchrun sets 1 per process)")
 
 
-@dataclass(frozen=True)
-class SharedMethodSettings:
-    """The ``method.*`` settings every method shares; ``MethodSection`` adds one field per registered section."""
-
-    name: str = _f("eslm-entropy", "training method; `eslm train --help` lists them")
-    alpha: float = _f(0.1, "VaR confidence level: the fraction of tokens dropped (keep the top 1-alpha)")
-    standardize: str = _f("none", "score standardisation: none | batch | sequence | domain")
-    scope: str = _f("micro", "selection scope: micro (per micro-batch per rank, the paper) | step (whole optimizer step, all ranks; one extra forward)")
-
-
-def method_section_class(specs) -> type:
+def method_section_class(specs) -> type[SharedMethodSettings]:
     """The ``method`` section's class: the shared settings, then one field ``<key>`` per config section that the
     method specs (``eslm.methods.MethodSpec.settings``) declare, in the order they first appear. Two classes
     claiming one key, or a key that is a shared setting, are programming errors."""
@@ -115,11 +107,15 @@ def method_section_class(specs) -> type:
                 raise TypeError(f"method {spec.name!r}: config section {cls.__name__} needs a key of its own, found "
                                 f"{cls.key!r} (taken by {have.__name__ if have is not cls else 'the shared settings'})")
     doc = "``method.*``: the shared settings and every registered method's section."
-    return dataclasses.make_dataclass(
+    made: type[SharedMethodSettings] = dataclasses.make_dataclass(
         "MethodSection", [(key, cls, section(cls, cls.help)) for key, cls in sections.items()],
         bases=(SharedMethodSettings,), frozen=True, namespace={"__doc__": doc, "__module__": __name__})
+    return made
 
 
+# The ``method`` section's class. Statically it is ``SharedMethodSettings`` (code reads a method's own section as
+# the class its builder receives: ``eslm.methods.BuildContext.section``); at run time it also has one field per
+# registered section, so YAML, overrides and ``--help`` reach ``method.<key>.*``.
 MethodSection = method_section_class(METHODS.values())
 
 
@@ -167,7 +163,7 @@ class Config:
     model: ModelSection = field(default_factory=ModelSection)
     data: DataSection = field(default_factory=DataSection)
     train: TrainSection = field(default_factory=TrainSection)
-    method: MethodSection = field(default_factory=MethodSection)
+    method: SharedMethodSettings = field(default_factory=MethodSection)
     eval: EvalSection = field(default_factory=EvalSection)
     log: LogSection = field(default_factory=LogSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
@@ -369,6 +365,51 @@ def from_dict(d: dict) -> Config:
     return cfg
 
 
+# ---------------------------------------------------------------- what a config trains
+
+
+def model_config_for(cfg: Config) -> ModelConfig:
+    """The ``ModelConfig`` a run of ``cfg`` trains, from the config alone: ``model.preset`` with ``model.vocab_size``
+    (0: the ``data.tokenizer``'s vocabulary padded to a multiple of 64), ``model.block_size`` (0: the preset's) and
+    ``model.dropout``. The one answer for the trainer (which also checks it against the data) and for FLOPs budgets
+    sized before the run; only ``model.init_from`` with ``model.vocab_size=0`` may later swap in the source's
+    vocabulary (``eslm.train.setup.init_from``)."""
+    m = cfg.model
+    overrides = {"vocab_size": m.vocab_size or pad_vocab(tokenizer_vocab_size(cfg.data.tokenizer)),
+                 "dropout": m.dropout}
+    if m.block_size:
+        overrides["block_size"] = m.block_size
+    return preset(m.preset, **overrides)
+
+
+def training_flops_model(cfg: Config) -> FlopsModel:
+    """The ``FlopsModel`` of the model a ``Config`` trains (``model_config_for``)."""
+    return FlopsModel.from_config(model_config_for(cfg), cfg.data.seq_len)
+
+
+def equal_flops_budget(cfg: Config) -> tuple[float, int]:
+    """(train.max_flops, train.max_steps) of an equal-FLOPs run of ``cfg`` (one process): the budget is what
+    ``cfg.train.max_steps`` dense steps cost as ``flops.count_per`` counts them, and the step cap one the budget
+    always reaches first. Every step spends at least the forward over its tokens, a third of a dense step
+    (``forward_per_token = train_per_token / 3``), so no run needs more than 3 x max_steps steps."""
+    fm, t = training_flops_model(cfg), cfg.train
+    micro_batches = t.grad_accum_steps if cfg.flops.count_per == "global" else 1
+    tokens_per_step = t.micro_batch_size_seqs * cfg.data.seq_len * micro_batches
+    return fm.train_per_token * tokens_per_step * t.max_steps, 3 * t.max_steps + 1
+
+
+def method_context(cfg: Config, *, device, n_domains: int, rank: int = 0, model_config: ModelConfig | None = None,
+                   val_loader_factory=None) -> BuildContext:
+    """What the registry's builders receive for a run of ``cfg`` (``eslm.methods.BuildContext``): the config's
+    method, loss, data and seed settings as plain values, and what the trainer built."""
+    t = cfg.train
+    return BuildContext(method=cfg.method, sections=method_sections(cfg.method), device=device, n_domains=n_domains,
+                        seq_len=cfg.data.seq_len, micro_batch_size_seqs=t.micro_batch_size_seqs, seed=cfg.run.seed,
+                        loss_impl=t.loss_impl, loss_chunk_size=t.loss_chunk_size,
+                        loss_cache_probs=t.loss_cache_probs, loss_route=t.loss_route, rank=rank,
+                        model_config=model_config, val_loader_factory=val_loader_factory)
+
+
 # ---------------------------------------------------------------- validation
 
 _CHOICES = {  # the constants of the code that reads each key, where it has one
@@ -402,7 +443,7 @@ def get(cfg: Config, dotted: str):
     return obj
 
 
-def method_sections(method) -> dict[str, Section]:
+def method_sections(method: SharedMethodSettings) -> dict[str, Section]:
     """{key: section} of the per-method sections of ``method`` (``ada``, ``rho1``, ``kd``, ...)."""
     return {key_of(f): getattr(method, f.name) for f in fields(method)
             if isinstance(getattr(method, f.name), Section)}
@@ -449,7 +490,7 @@ def validate(cfg: Config) -> list[str]:
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         problems.append(f"method.name: unknown method {cfg.method.name!r}{hint}; expected one of {', '.join(METHODS)}")
     else:
-        problems += METHODS[cfg.method.name].problems(cfg)
+        problems += METHODS[cfg.method.name].problems(cfg.method)
     return problems
 
 
@@ -468,4 +509,4 @@ def describe_keys() -> str:
 
 
 __all__ = ["Config", "build_config", "config_warnings", "from_dict", "stored_config_problem", "validate", "to_yaml",
-           "describe_keys", "all_keys", "dataclasses"]
+           "describe_keys", "all_keys", "method_context", "model_config_for", "equal_flops_budget"]

@@ -38,14 +38,11 @@ Three counters (see ``step_flops`` and docs/flops.md):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from eslm import metrics as M
 from eslm.errors import ConfigError
-from eslm.model.gpt import ModelConfig, model_config_for, preset
-
-if TYPE_CHECKING:  # the config sits above the FLOPs accounting: annotations only
-    from eslm.config import Config
+from eslm.model.gpt import ModelConfig, preset
 
 COUNT_PER = ("global", "micro")
 COUNTER_KEYS = (M.FLOPS_PAPER, M.FLOPS_EXECUTED, M.FLOPS_DENSE)
@@ -260,22 +257,6 @@ def executed_savings(fm: FlopsModel, keep: float, *, recompute: bool = False) ->
     s = step_flops(fm, tokens_seen=1, tokens_kept=keep, head_backward_tokens=keep,
                    head_recompute_tokens=keep if recompute else 0)
     return 1.0 - s.executed / s.dense
-
-
-def training_flops_model(cfg: Config) -> FlopsModel:
-    """The ``FlopsModel`` of the model an ``eslm.config.Config`` trains (``eslm.model.gpt.model_config_for``)."""
-    return FlopsModel.from_config(model_config_for(cfg), cfg.data.seq_len)
-
-
-def equal_flops_budget(cfg: Config) -> tuple[float, int]:
-    """(train.max_flops, train.max_steps) of an equal-FLOPs run of ``cfg`` (one process): the budget is what
-    ``cfg.train.max_steps`` dense steps cost as ``flops.count_per`` counts them, and the step cap one the budget
-    always reaches first. Every step spends at least the forward over its tokens, a third of a dense step
-    (``forward_per_token = train_per_token / 3``), so no run needs more than 3 x max_steps steps."""
-    fm, t = training_flops_model(cfg), cfg.train
-    micro_batches = t.grad_accum_steps if cfg.flops.count_per == "global" else 1
-    tokens_per_step = t.micro_batch_size_seqs * cfg.data.seq_len * micro_batches
-    return fm.train_per_token * tokens_per_step * t.max_steps, 3 * t.max_steps + 1
 
 
 def micro_steps_for_budget(fm: FlopsModel, budget_flops: float, micro_batch_tokens: int) -> float:

@@ -15,7 +15,7 @@ Adding a method is its module (components and config section) and one ``MethodSp
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, TypeVar
 
 import torch
 
@@ -28,25 +28,58 @@ from eslm.objectives.kd_objective import Distill, KDSection, Salt, SaltSection
 from eslm.selection.ada import AdaController, AdaSection
 from eslm.selection.rows import AllRows
 from eslm.selection.selectors import RandomSelector, TokenSelector, VaRSelector
-from eslm.settings import Section
+from eslm.data.loader import TrainLoader
+from eslm.model.gpt import ModelConfig
+from eslm.settings import Section, setting
 
-if TYPE_CHECKING:  # the config sits above the registry: annotations only
-    from eslm.config import Config
-    from eslm.model.gpt import ModelConfig
+S = TypeVar("S", bound=Section)
+
+
+@dataclass(frozen=True)
+class SharedMethodSettings:
+    """The ``method.*`` settings every method shares. ``eslm.config`` assembles the ``method`` section from it and
+    one field per config section that a registered method names (``MethodSpec.settings``)."""
+
+    name: str = setting("eslm-entropy", "training method; `eslm train --help` lists them")
+    alpha: float = setting(0.1, "VaR confidence level: the fraction of tokens dropped (keep the top 1-alpha)")
+    standardize: str = setting("none", "score standardisation: none | batch | sequence | domain")
+    scope: str = setting("micro", "selection scope: micro (per micro-batch per rank, the paper) | step (whole optimizer step, all ranks; one extra forward)")
 
 
 @dataclass
 class BuildContext:
-    """What a method's components may need at construction time."""
+    """What a method's components may need at construction time: the run's settings as plain values
+    (``eslm.config.method_context`` makes one from a ``Config``; the registry sits below the config and does not
+    know it) and what the trainer built.
 
-    cfg: Config
+    method: the shared ``method.*`` settings; ``section(cls)``: the method's own config section of class ``cls``
+    (``method.<cls.key>.*``), typed; loss_*: the cross-entropy's ``train.loss_*`` settings; seq_len
+    (``data.seq_len``), micro_batch_size_seqs (``train.``), seed (``run.seed``); model_config: the trained model's;
+    val_loader_factory: rows -> ``TrainLoader`` of validation windows (GREATS; its pool mode also builds its
+    stream of extra training candidates from this loader's dataset, mixture, seq_len and rank)."""
+
+    method: SharedMethodSettings
+    sections: dict[str, Section]
     device: torch.device
     n_domains: int
+    seq_len: int
+    micro_batch_size_seqs: int
+    seed: int
+    loss_impl: str = "fused"
+    loss_chunk_size: int = 1024
+    loss_cache_probs: bool = True
+    loss_route: str = "auto"
     rank: int = 0
-    model_config: ModelConfig | None = None  # the trained model's
-    # (batch_size_seqs) -> TrainLoader of validation windows (GREATS; its pool mode also builds its stream of
-    # extra training candidates from this loader's dataset, mixture, seq_len and rank)
-    val_loader_factory: Callable | None = None
+    model_config: ModelConfig | None = None
+    val_loader_factory: Callable[[int], TrainLoader] | None = None
+
+    def section(self, cls: type[S]) -> S:
+        """The method's config section of class ``cls`` (``method.<cls.key>``)."""
+        sec = self.sections.get(cls.key)
+        if not isinstance(sec, cls):
+            raise TypeError(f"method {self.method.name!r}: no config section {cls.__name__} at method.{cls.key}; "
+                            f"name it in the method's MethodSpec(settings=...)")
+        return sec
 
 
 @dataclass
@@ -123,7 +156,7 @@ class MethodSpec:
     name: str
     help: str
     build: Callable[[BuildContext], Method]
-    validate: Callable[[Config], list[str]] = lambda cfg: []
+    validate: Callable[[SharedMethodSettings], list[str]] = lambda method: []
     settings: tuple[type[Section], ...] = ()
     role: str = "method"
     control: str = ""
@@ -134,39 +167,41 @@ class MethodSpec:
         """The needs a run supplies by a config key (a frozen reference or teacher model)."""
         return tuple(n for n in self.needs if n.key)
 
-    def problems(self, cfg: Config) -> list[str]:
-        """This method's problems with ``cfg``: a needed model whose key is unset, then ``validate``'s."""
+    def problems(self, method: SharedMethodSettings) -> list[str]:
+        """This method's problems with the config's ``method`` section (the shared settings and every registered
+        section): a needed model whose key is unset, then ``validate``'s."""
         out = []
         for need in self.frozen_models:
-            value = cfg
-            for part in need.key.split("."):
+            value: object = method
+            for part in need.key.split(".")[1:]:  # method.<section>.<key>
                 value = getattr(value, part)
             if not value:
                 out.append(f"{need.key}: {self.name} needs {need.words}; set {need.key}=RUN_DIR|CHECKPOINT")
-        return out + self.validate(cfg)
+        return out + self.validate(method)
 
 
 def _ce(ctx: BuildContext) -> CrossEntropy:
-    t = ctx.cfg.train
-    return CrossEntropy(impl=t.loss_impl, chunk_size=t.loss_chunk_size, cache_probs=t.loss_cache_probs,
-                        route=t.loss_route)
+    return CrossEntropy(impl=ctx.loss_impl, chunk_size=ctx.loss_chunk_size, cache_probs=ctx.loss_cache_probs,
+                        route=ctx.loss_route)
 
 
-def _var(score: str):
+def _var_selector(score: str, ctx: BuildContext) -> VaRSelector:
+    m = ctx.method
+    return VaRSelector(score, m.alpha, m.standardize, ctx.n_domains, m.scope)
+
+
+def _var(score: str) -> Callable[[BuildContext], Method]:
     def build(ctx: BuildContext) -> Method:
-        m = ctx.cfg.method
-        sel = VaRSelector(score, m.alpha, m.standardize, ctx.n_domains, m.scope)
-        return Method(name=m.name, tokens=sel, objective=_ce(ctx))
+        return Method(name=ctx.method.name, tokens=_var_selector(score, ctx), objective=_ce(ctx))
     return build
 
 
-def _ada(score: str):
+def _ada(score: str) -> Callable[[BuildContext], Method]:
     def build(ctx: BuildContext) -> Method:
-        method = _var(score)(ctx)
-        a = ctx.cfg.method.ada
-        method.controllers.append(AdaController(method.tokens, gamma=a.gamma, interval=a.interval, eps=a.eps,
-                                                alpha_min=a.alpha_min, alpha_max=a.alpha_max))
-        return method
+        sel, a = _var_selector(score, ctx), ctx.section(AdaSection)
+        ada = AdaController(sel, gamma=a.gamma, interval=a.interval, eps=a.eps, alpha_min=a.alpha_min,
+                            alpha_max=a.alpha_max)
+        return Method(name=ctx.method.name, tokens=sel, objective=_ce(ctx), controllers=[ada])
     return build
 
 
@@ -175,8 +210,7 @@ def _clm(ctx: BuildContext) -> Method:
 
 
 def _random(ctx: BuildContext) -> Method:
-    m = ctx.cfg.method
-    sel = RandomSelector(m.alpha, seed=seeds.random_control(ctx.cfg.run.seed, ctx.rank), n_domains=ctx.n_domains)
+    sel = RandomSelector(ctx.method.alpha, seed=seeds.random_control(ctx.seed, ctx.rank), n_domains=ctx.n_domains)
     return Method(name="random", tokens=sel, objective=_ce(ctx))
 
 
@@ -227,7 +261,7 @@ for _spec in [
 
 
 def build_method(ctx: BuildContext) -> Method:
-    return METHODS[ctx.cfg.method.name].build(ctx)
+    return METHODS[ctx.method.name].build(ctx)
 
 
 def describe_methods() -> str:
@@ -237,53 +271,47 @@ def describe_methods() -> str:
 # ---------------------------------------------------------------- baselines and distillation
 
 
-def _frozen(path: str, ctx: BuildContext):
-    return ReferenceModel.from_path(path, ctx.device, impl=ctx.cfg.train.loss_impl,
-                                    chunk_size=ctx.cfg.train.loss_chunk_size)
+def _frozen(path: str, ctx: BuildContext) -> ReferenceModel:
+    return ReferenceModel.from_path(path, ctx.device, impl=ctx.loss_impl, chunk_size=ctx.loss_chunk_size)
 
 
 def _rho1(ctx: BuildContext) -> Method:
-    m = ctx.cfg.method
-    sel = Rho1Selector(_frozen(m.rho1.reference, ctx), m.alpha, ctx.cfg.data.seq_len, m.standardize, ctx.n_domains,
-                       m.scope)
+    m = ctx.method
+    sel = Rho1Selector(_frozen(ctx.section(Rho1Section).reference, ctx), m.alpha, ctx.seq_len, m.standardize,
+                       ctx.n_domains, m.scope)
     return Method(name="rho1", tokens=sel, objective=_ce(ctx))
 
 
 def _greats(ctx: BuildContext) -> Method:
-    m = ctx.cfg.method
-    rows = GreatsRows.from_settings(m.greats, alpha=m.alpha, micro_batch_size_seqs=ctx.cfg.train.micro_batch_size_seqs,
-                                    seed=ctx.cfg.run.seed, val_loader_factory=ctx.val_loader_factory,
-                                    model_config=ctx.model_config, device=ctx.device)
+    rows = GreatsRows.from_settings(ctx.section(GreatsSection), alpha=ctx.method.alpha,
+                                    micro_batch_size_seqs=ctx.micro_batch_size_seqs, seed=ctx.seed,
+                                    val_loader_factory=ctx.val_loader_factory, model_config=ctx.model_config,
+                                    device=ctx.device)
     return Method(name="greats", rows=rows, objective=_ce(ctx))
 
 
-def _distill(ctx: BuildContext):
-    kd = ctx.cfg.method.kd
-    return Distill(_frozen(kd.teacher, ctx), lam=kd.lambda_, rho=kd.temperature, seq_len=ctx.cfg.data.seq_len,
-                   chunk_size=ctx.cfg.train.loss_chunk_size, impl=ctx.cfg.train.loss_impl)
+def _distill(ctx: BuildContext) -> Distill:
+    kd = ctx.section(KDSection)
+    return Distill(_frozen(kd.teacher, ctx), lam=kd.lambda_, rho=kd.temperature, seq_len=ctx.seq_len,
+                   chunk_size=ctx.loss_chunk_size, impl=ctx.loss_impl)
 
 
 def _dense_kd(ctx: BuildContext) -> Method:
     return Method(name="dense-kd", objective=_distill(ctx))
 
 
-def _eslm_kd(score: str):
+def _eslm_kd(score: str) -> Callable[[BuildContext], Method]:
     def build(ctx: BuildContext) -> Method:
-        m = ctx.cfg.method
-        return Method(name=m.name, tokens=VaRSelector(score, m.alpha, m.standardize, ctx.n_domains, m.scope),
-                      objective=_distill(ctx))
+        return Method(name=ctx.method.name, tokens=_var_selector(score, ctx), objective=_distill(ctx))
     return build
 
 
 def _salt(ctx: BuildContext) -> Method:
-    return Method(name="salt", objective=Salt(_distill(ctx), _ce(ctx), ctx.cfg.method.salt.kd_steps))
+    return Method(name="salt", objective=Salt(_distill(ctx), _ce(ctx), ctx.section(SaltSection).kd_steps))
 
 
-def _greats_validate(cfg: Config) -> list[str]:
-    out = []
-    if cfg.method.scope != "micro":
-        out.append("method.scope: greats selects rows, so only scope=micro applies")
-    return out
+def _greats_validate(method: SharedMethodSettings) -> list[str]:
+    return [] if method.scope == "micro" else ["method.scope: greats selects rows, so only scope=micro applies"]
 
 
 for _spec in [

@@ -327,7 +327,9 @@ def test_cost_in_clm_micro_batches_at_the_papers_124m_shape():
 
 
 def _ratio(cfg, model_config=None):
-    return G.greats_cost_ratio(cfg, flops.training_flops_model(cfg), model_config)
+    from eslm.config import model_config_for, training_flops_model
+
+    return G.greats_cost_ratio(cfg, training_flops_model(cfg), model_config or model_config_for(cfg))
 
 
 def _with_route(cfg, route: str):

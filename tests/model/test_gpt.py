@@ -65,8 +65,8 @@ def test_one_answer_to_which_model_a_config_trains(tiny_data, over):
     # the trainer (checked against the data) and a FLOPs budget sized before the run ask the same function
     from eslm.config import build_config
     from eslm.data.loader import open_dataset
-    from eslm.flops import FlopsModel, training_flops_model
-    from eslm.model.gpt import model_config_for
+    from eslm.config import model_config_for, training_flops_model
+    from eslm.flops import FlopsModel
     from eslm.train.setup import checked_model_config
 
     cfg = build_config(overrides=[f"{k}={v}" for k, v in {"data.tokenizer": "byte", "data.seq_len": 32,

@@ -10,9 +10,9 @@ from eslm.ops.head_route import route_work
 
 
 def _step(name, alpha, overrides):
-    from eslm.config import build_config
+    from eslm.config import build_config, method_context
     from eslm.data.batch import Batch
-    from eslm.methods import BuildContext, build_method
+    from eslm.methods import build_method
     from eslm.model.gpt import GPT, preset
     from eslm.train.step import StepOptions, forward_backward
 
@@ -23,7 +23,7 @@ def _step(name, alpha, overrides):
                      domain=torch.zeros(3, dtype=torch.long)) for _ in range(2)]
     cfg = build_config(overrides=[f"method.name={name}", f"method.alpha={alpha}", "train.loss_chunk_size=17",
                                   *overrides])
-    method = build_method(BuildContext(cfg=cfg, device=torch.device("cpu"), n_domains=1))
+    method = build_method(method_context(cfg, device=torch.device("cpu"), n_domains=1))
     res = forward_backward(model, model, method, batches, StepOptions(accum_steps=2), step=1, lr=1e-3)
     return res, {n: p.grad.clone() for n, p in model.named_parameters()}, method
 

@@ -127,9 +127,9 @@ def test_fused_step_gives_the_naive_steps_gradients(name, alpha, cache):
     """The whole training step, fused vs naive loss path: same loss, same kept tokens, same parameter grads
     (every route of the fused loss: cached softmax; grads formed in the scoring pass at k >= 0.8; kept rows
     only below)."""
-    from eslm.config import build_config
+    from eslm.config import build_config, method_context
     from eslm.data.batch import Batch
-    from eslm.methods import BuildContext, build_method
+    from eslm.methods import build_method
     from eslm.model.gpt import GPT, preset
     from eslm.train.step import StepOptions, forward_backward
 
@@ -142,7 +142,7 @@ def test_fused_step_gives_the_naive_steps_gradients(name, alpha, cache):
     for impl in ("naive", "fused"):
         cfg = build_config(overrides=[f"method.name={name}", f"method.alpha={alpha}", f"train.loss_impl={impl}",
                                       "train.loss_chunk_size=17", f"train.loss_cache_probs={cache}"])
-        method = build_method(BuildContext(cfg=cfg, device=torch.device("cpu"), n_domains=1))
+        method = build_method(method_context(cfg, device=torch.device("cpu"), n_domains=1))
         model.zero_grad(set_to_none=True)
         res = forward_backward(model, model, method, batches, StepOptions(accum_steps=2), step=1, lr=1e-3)
         out[impl] = (res, {n: p.grad.clone() for n, p in model.named_parameters()})

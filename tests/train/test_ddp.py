@@ -24,8 +24,8 @@ def test_two_process_gloo_training(tiny_data, tmp_path):
 GRAD_SCRIPT = textwrap.dedent('''
     import os, sys, torch
     from eslm.data.batch import Batch
-    from eslm.methods import build_method, BuildContext
-    from eslm.config import build_config
+    from eslm.methods import build_method
+    from eslm.config import build_config, method_context
     from eslm.model.gpt import GPT, preset
     from eslm.train.step import StepOptions, forward_backward
     from eslm.train.distributed import init_distributed
@@ -44,7 +44,7 @@ GRAD_SCRIPT = textwrap.dedent('''
         batches = batches[info.rank * 2:(info.rank + 1) * 2]
     cfg = build_config(overrides=["method.name=eslm-loss", "method.alpha=0.3", f"method.scope={scope}",
                                   "train.loss_impl=naive"])
-    method = build_method(BuildContext(cfg=cfg, device=device, n_domains=1))
+    method = build_method(method_context(cfg, device=device, n_domains=1))
     opts = StepOptions(accum_steps=len(batches), normalize="global", world_size=info.world_size)
     forward_backward(wrapped, model, method, batches, opts, step=1, lr=1e-3)
     if info.rank == 0:

@@ -23,9 +23,9 @@ COMMON = {"method.name": "clm", "train.lr_decay_steps": 6, "checkpoint.keep_last
 DDP_SCRIPT = textwrap.dedent('''
     import copy, sys, torch
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from eslm.config import build_config
+    from eslm.config import build_config, method_context
     from eslm.data.batch import Batch
-    from eslm.methods import BuildContext, build_method
+    from eslm.methods import build_method
     from eslm.model.gpt import GPT, preset
     from eslm.train.distributed import FSDPModel, init_distributed, shard_fsdp
     from eslm.train.step import StepOptions, forward_backward
@@ -45,7 +45,7 @@ DDP_SCRIPT = textwrap.dedent('''
         for kind in ("ddp", "fsdp"):
             raw = copy.deepcopy(model)
             wrapped = DDP(raw) if kind == "ddp" else FSDPModel(shard_fsdp(raw, info, device))
-            method = build_method(BuildContext(cfg=cfg, device=device, n_domains=1))
+            method = build_method(method_context(cfg, device=device, n_domains=1))
             res = forward_backward(wrapped, raw, method, batches, opts, step=1, lr=1e-3)
             losses[kind] = float(res.loss)
             grads[kind] = {n: (p.grad.full_tensor() if kind == "fsdp" else p.grad)

@@ -8,9 +8,8 @@ import torch
 
 from conftest import read_metrics, tiny_overrides
 from eslm import metrics as M
-from eslm.config import build_config
-from eslm.flops import training_flops_model
-from eslm.methods import BuildContext, build_method
+from eslm.config import build_config, method_context, training_flops_model
+from eslm.methods import build_method
 from eslm.study.grid import _with_budget
 from eslm.train.optim import lr_at, plan_schedule
 from eslm.train.trainer import Trainer, train
@@ -33,21 +32,21 @@ def lrs(run_dir) -> list[float]:
 def test_plan_stretches_by_the_paper_flops_ratio(tiny_data, tmp_path):
     # ESLM keeps K = N - floor(0.2 N) of N tokens: a paper-FLOPs step costs (N + 2K) / 3N of a dense one
     cfg = budget_cfg(tiny_data, tmp_path, "eslm-entropy", "e")
-    method = build_method(BuildContext(cfg=cfg, device=torch.device("cpu"), n_domains=2))
+    method = build_method(method_context(cfg, device=torch.device("cpu"), n_domains=2))
     n = 4 * 32
     k = n - int(0.2 * n)
     s = plan_schedule(cfg, method, training_flops_model(cfg))
     assert s.ratio == pytest.approx(3 * n / (n + 2 * k), rel=1e-12)
     assert (s.warmup_steps, s.decay_steps) == (3, 10)  # ceil(2 x 1.1531), ceil(8 x 1.1531)
     clm = budget_cfg(tiny_data, tmp_path, "clm", "c")
-    c = plan_schedule(clm, build_method(BuildContext(cfg=clm, device=torch.device("cpu"), n_domains=2)),
+    c = plan_schedule(clm, build_method(method_context(clm, device=torch.device("cpu"), n_domains=2)),
                       training_flops_model(clm))
     assert (c.warmup_steps, c.decay_steps, c.ratio) == (2, 8, 1.0)
     # the old rule, and no FLOPs budget: the configured steps whatever the method
     for other in (budget_cfg(tiny_data, tmp_path, "eslm-entropy", "e", **{"train.lr_schedule": "steps"}),
                   build_config(overrides=tiny_overrides(tiny_data, tmp_path, **{"method.name": "eslm-entropy",
                                                                                   "train.max_steps": 8}))):
-        s = plan_schedule(other, build_method(BuildContext(cfg=other, device=torch.device("cpu"), n_domains=2)),
+        s = plan_schedule(other, build_method(method_context(other, device=torch.device("cpu"), n_domains=2)),
                           training_flops_model(other))
         assert (s.warmup_steps, s.decay_steps, s.ratio) == (2, 8, 1.0)
 

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from conftest import HostReads
-from eslm.config import build_config
+from eslm.config import build_config, method_context
 from eslm.data.batch import Batch
-from eslm.methods import BuildContext, build_method
+from eslm.methods import build_method
 from eslm.model.gpt import GPT, preset
 from eslm.train.step import StepOptions, forward_backward
 
@@ -22,7 +22,7 @@ def _host_reads(**overrides) -> list[str]:
     """The device-to-host reads of one step-scope forward_backward of ESLM-entropy."""
     over = {"method.name": "eslm-entropy", "method.alpha": 0.3, "method.scope": "step", **overrides}
     cfg = build_config(overrides=[f"{k}={v}" for k, v in over.items()])
-    method = build_method(BuildContext(cfg=cfg, device=torch.device("cpu"), n_domains=3))
+    method = build_method(method_context(cfg, device=torch.device("cpu"), n_domains=3))
     torch.manual_seed(0)
     model = GPT(preset("tiny", vocab_size=64))
     batches = _batches()

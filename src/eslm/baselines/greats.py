@@ -445,16 +445,13 @@ def greats_micro_batch_cost(fm, layer_shapes: Sequence[tuple[int, int, bool]], B
     return {"paper": r, "executed": r, "routes": routes}
 
 
-def greats_cost_ratio(cfg, fm, model_config=None) -> dict:
+def greats_cost_ratio(cfg, fm, model_config) -> dict:
     """GREATS' cost per micro-batch (= per optimizer step) in CLM micro-batches for an eslm Config, by
     ``greats_micro_batch_cost`` with the config's micro-batch, alpha and method.greats.* keys: {"paper": r,
     "executed": r, "routes": [ghost|materialised per scored layer]} ("GREATS costs r CLM micro-batches per step").
-    fm: the trained model's FlopsModel (``eslm.flops.training_flops_model(cfg)``); model_config: its ModelConfig
-    (None: ``eslm.model.gpt.model_config_for(cfg)``)."""
-    from eslm.model.gpt import model_config_for
-
+    fm: the trained model's FlopsModel (``eslm.config.training_flops_model(cfg)``); model_config: its ModelConfig
+    (``eslm.config.model_config_for(cfg)``)."""
     g, B = cfg.method.greats, cfg.train.micro_batch_size_seqs
-    model_config = model_config or model_config_for(cfg)
     return greats_micro_batch_cost(fm, scored_layer_shapes(model_config, g.exclude_head), B,
                                    greats_val_rows(B, g.val_fraction), budget=1.0 - cfg.method.alpha, pool=g.pool,
                                    route=g.route, memory_cap_mb=g.memory_cap_mb)

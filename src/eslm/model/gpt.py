@@ -16,14 +16,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-if TYPE_CHECKING:  # the config sits far above the model: annotations only
-    from eslm.config import Config
 
 
 @dataclass(frozen=True)
@@ -63,22 +59,6 @@ def preset(name: str, **overrides) -> ModelConfig:
 
         raise ConfigError(f"unknown model preset {name!r}; expected one of {', '.join(PRESETS)}")
     return ModelConfig(**{**PRESETS[name], **overrides})
-
-
-def model_config_for(cfg: Config) -> ModelConfig:
-    """The ``ModelConfig`` a run of ``cfg`` trains, from the config alone: ``model.preset`` with ``model.vocab_size``
-    (0: the ``data.tokenizer``'s vocabulary padded to a multiple of 64), ``model.block_size`` (0: the preset's) and
-    ``model.dropout``. The one answer for the trainer (which also checks it against the data) and for FLOPs budgets
-    sized before the run; only ``model.init_from`` with ``model.vocab_size=0`` may later swap in the source's
-    vocabulary (``eslm.train.setup.init_from``)."""
-    from eslm.data.tokenizers import tokenizer_vocab_size
-
-    m = cfg.model
-    overrides = {"vocab_size": m.vocab_size or pad_vocab(tokenizer_vocab_size(cfg.data.tokenizer)),
-                 "dropout": m.dropout}
-    if m.block_size:
-        overrides["block_size"] = m.block_size
-    return preset(m.preset, **overrides)
 
 
 class KVCache:

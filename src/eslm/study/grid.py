@@ -148,11 +148,11 @@ def _report_group_problems(report: dict, configs: list) -> list[str]:
 
 def _with_budget(cfg, budget: dict):
     """Equal FLOPs: max_flops = dense FLOPs of max_steps steps; max_steps raised so the budget binds
-    (``eslm.flops.equal_flops_budget``); lr_decay_steps = the dense run's length, which the trainer stretches to
+    (``eslm.config.equal_flops_budget``); lr_decay_steps = the dense run's length, which the trainer stretches to
     each run's own step count under ``train.lr_schedule: budget`` (``eslm.train.optim.plan_schedule``)."""
     from dataclasses import replace
 
-    from eslm.flops import equal_flops_budget
+    from eslm.config import equal_flops_budget
 
     t = cfg.train
     flops, max_steps = equal_flops_budget(cfg)

@@ -11,9 +11,9 @@ import numpy as np
 import torch
 
 from eslm import seeds
-from eslm.config import Config
+from eslm.config import Config, model_config_for
 from eslm.errors import ConfigError
-from eslm.model.gpt import GPT, model_config_for
+from eslm.model.gpt import GPT
 from eslm.train import checkpoint as ckpt
 from eslm.train.distributed import FSDPModel, shard_fsdp
 
@@ -62,7 +62,7 @@ def check_data_tokenizer(dataset, tokenizer: str) -> None:
 
 
 def checked_model_config(cfg: Config, dataset):
-    """The model ``cfg`` trains (``eslm.model.gpt.model_config_for``), checked against the data: its tokenizer,
+    """The model ``cfg`` trains (``eslm.config.model_config_for``), checked against the data: its tokenizer,
     a vocabulary that embeds every id, a context that holds ``data.seq_len``."""
     check_data_tokenizer(dataset, cfg.data.tokenizer)
     mc = model_config_for(cfg)

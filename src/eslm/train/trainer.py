@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 
 from eslm import metrics as M
-from eslm.config import Config
+from eslm.config import Config, method_context
 from eslm.files import atomic_write
 from eslm.flops import FlopsCounter, FlopsModel
-from eslm.methods import BuildContext, build_method
+from eslm.methods import build_method
 from eslm.model.gpt import GPT
 from eslm.train import checkpoint as ckpt
 from eslm.train import setup, snapshots
@@ -72,8 +72,8 @@ class Trainer:
         self.optimizer = build_optimizer(self.raw_model, lr=t.lr, weight_decay=t.weight_decay,
                                          betas=(t.beta1, t.beta2), device_type=self.device.type)
         self.weights, self.loader, self.val = setup.data_streams(cfg, self.dataset, self.dist, self.device)
-        self.method = build_method(BuildContext(
-            cfg=cfg, device=self.device, n_domains=len(self.dataset.domains), rank=self.dist.rank,
+        self.method = build_method(method_context(
+            cfg, device=self.device, n_domains=len(self.dataset.domains), rank=self.dist.rank,
             model_config=self.model_config,
             val_loader_factory=setup.val_loader_factory(cfg, self.dataset, self.weights, self.dist)))
         self.fm = FlopsModel.from_config(self.model_config, cfg.data.seq_len)

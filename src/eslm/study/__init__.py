@@ -13,7 +13,10 @@ A study file (configs/studies/NAME.yaml, or any path) holds:
   ``config.train.max_steps`` steps, measured on ``counter`` (default flops_paper, the paper's convention), and
   every run stops at that budget (so a method whose steps count fewer FLOPs runs more steps);
 * ``report`` (optional): ``{baseline: clm, target: 4.3 | baseline, primary: [GROUP, GROUP]}`` for the report;
-* ``jobs`` (optional): how many runs train at once (``--jobs`` overrides it).
+* ``jobs`` (optional): how many runs train at once (``--jobs`` overrides it);
+* ``models`` (optional): frozen models the runs use (a Rho-1 reference, a KD teacher), trained once per study
+  before the runs and named by the runs where a method needs one (``method.kd.teacher: teacher``); see
+  ``eslm.study.shared``.
 
 Run names are readable: ``<method or label>[-<key><value> ...]-s<seed>``, e.g. ``eslm-loss-alpha0.3-s2``.
 
@@ -27,7 +30,7 @@ seed by seed, so a study stopped half-way holds complete paired comparisons for 
 train.num_threads is set), their output in ``<study>/logs/<run>.log``.
 
 The package: ``schema`` (finding and checking the study file), ``grid`` (the grid, each run's Config, the
-equal-FLOPs budget, the stages runs train in), ``launch`` (the ``Launcher`` seam and the local launcher: in
+equal-FLOPs budget, the stages runs train in), ``shared`` (the study's shared models), ``launch`` (the ``Launcher`` seam and the local launcher: in
 this process, or a pool of child processes with the study's lifeline and signal handling), ``report`` (the
 report of the finished runs). ``run_study`` ties them together.
 """
@@ -39,6 +42,7 @@ import time
 from pathlib import Path
 
 from eslm.errors import ConfigError
+from eslm.study import shared
 from eslm.study.grid import Stage, plan, stages
 from eslm.study.launch import PARENT_FD_ENV, Launched, Launcher, LocalLauncher, Outcome, watch_parent
 from eslm.study.report import _report, mark_earlier_report_stale
@@ -63,6 +67,10 @@ def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int]
     jobs = jobs or study.get("jobs") or 1
     print(f"study {study['name']}: {len(configs)} runs -> {out / study['name']}"
           + (f" ({jobs} at a time)" if jobs > 1 else ""))
+    for stage in stages(study, configs)[:-1]:
+        for c in stage.runs:
+            print(f"  {Path(c.run.out_dir).name}/{c.run.name}: method={c.method.name} seed={c.run.seed} "
+                  f"{c.train.max_steps} steps ({stage.name}: trained once, before the runs)")
     for c in configs:
         print(f"  {c.run.name}: method={c.method.name} seed={c.run.seed} budget {c.train.max_flops:.3g} "
               f"{c.flops.budget_counter}")
@@ -94,13 +102,14 @@ def _train_and_report(study: dict, configs: list, launcher: Launcher, study_dir:
         mark_earlier_report_stale(study, study_dir, unfinished)
     for stage in plan_stages:
         todo = [c for c in stage.runs if not finished(c)]
-        if not todo:
-            continue
-        if len(plan_stages) > 1:
-            print(f"study {study['name']}: {stage.name}: {len(todo)} run(s)", flush=True)
-        code = launcher.launch(todo, study_dir).code
-        if code:
-            print(f"study {study['name']}: stopped; run the same command again to resume the unfinished runs",
-                  file=sys.stderr)
-            return code
+        if todo:
+            if len(plan_stages) > 1:
+                print(f"study {study['name']}: {stage.name}: {len(todo)} run(s)", flush=True)
+            code = launcher.launch(todo, study_dir).code
+            if code:
+                print(f"study {study['name']}: stopped; run the same command again to resume the unfinished runs",
+                      file=sys.stderr)
+                return code
+        if stage.name == shared.STAGE:  # the models the runs will use, before they start
+            shared.write_record(study, study_dir, list(stage.runs), configs)
     return _report(study, run_dirs, study_dir / "report", t0)

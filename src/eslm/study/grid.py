@@ -27,8 +27,16 @@ class Stage:
 
 
 def stages(study: dict, configs: list) -> list[Stage]:
-    """The stages the planned runs ``configs`` train in, first to last (a plain study: one stage)."""
-    return [Stage("runs", tuple(configs))]
+    """The stages the planned runs ``configs`` train in, first to last: the study's shared models when it declares
+    some (``eslm.study.shared``), then the runs."""
+    from eslm.study import shared
+
+    first = []
+    if study.get("models") and configs:
+        models, _ = shared.plan_models(study, Path(configs[0].run.out_dir), _flatten(study["config"] or {}),
+                                       list(dict.fromkeys(c.run.seed for c in configs)))
+        first = [Stage(shared.STAGE, tuple(models))]
+    return first + [Stage("runs", tuple(configs))]
 
 def _axes(study: dict) -> list[tuple[str, list, set | None]]:
     """``sweep`` -> [(dotted key, values, methods it applies to or None for all)] (checked by ``study_problems``)."""
@@ -79,8 +87,11 @@ def plan(study: dict, out: Path, seeds=None, overrides=()) -> list:
     """The resolved Config of every run of the study, checked before any run starts, every problem at once:
     each run's config (keys, values, the method's own checks), ``seeds`` given on the command line, two runs
     that would train the same thing (the report would count them as one group's seed twice), and the
-    report section's group names against the groups the planned runs form."""
+    report section's group names against the groups the planned runs form. A frozen-model key naming one of the
+    study's shared models becomes that model's directory, and the models' plan is checked with the runs'
+    (``eslm.study.shared``)."""
     from eslm.config import build_config
+    from eslm.study import shared
 
     where = f"study {study['name']}"
     if seeds:
@@ -92,6 +103,7 @@ def plan(study: dict, out: Path, seeds=None, overrides=()) -> list:
     for method, name, over, seed in points:
         items = base + over + list(overrides) + [f"method.name={method}", f"run.seed={seed}",
                                                  f"run.out_dir={out / study['name']}", f"run.name={name}"]
+        items = shared.resolve(items, study, out / study["name"], seed)
         try:
             configs.append(build_config(overrides=items))
         except ConfigError as e:
@@ -101,6 +113,9 @@ def plan(study: dict, out: Path, seeds=None, overrides=()) -> list:
         if budget.get("steps_of"):
             configs = [_with_budget(c, budget) for c in configs]
         problems += _same_run_problems(configs) + _report_group_problems(study.get("report") or {}, configs)
+        if study.get("models"):
+            _, found = shared.plan_models(study, out / study["name"], base, list(dict.fromkeys(p[3] for p in points)))
+            problems += found + shared.missing_problems(configs, study, out / study["name"])
     _refuse(where, problems)
     return configs
 

@@ -137,6 +137,7 @@ class _Pool:
         self.queue, self.jobs, self.study_dir = list(configs), jobs, study_dir
         self.threads = max(1, (os.cpu_count() or 1) // jobs)
         self.running: dict[str, tuple] = {}  # run name -> (process, log file, SIGTERM sent)
+        self.run_dirs = {c.run.name: Path(c.run.out_dir) / c.run.name for c in configs}  # a shared model: models/
         self.outcomes: list[Outcome] = []
         self.stop = False
 
@@ -169,7 +170,7 @@ class _Pool:
             if proc.poll() is not None:
                 log.close()
                 del self.running[name]
-                outcome = _child_outcome(name, proc.returncode, (self.study_dir / name / "result.json").is_file(),
+                outcome = _child_outcome(name, proc.returncode, (self.run_dirs[name] / "result.json").is_file(),
                                          sent)
                 print(f"== {name} {outcome.words}", flush=True)
                 self.outcomes.append(outcome)

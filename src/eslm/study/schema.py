@@ -67,10 +67,11 @@ def _refuse(where: str, problems: list[str]) -> None:
 
 # ---------------------------------------------------------------- checking a study file
 
-STUDY_KEYS = ("description", "methods", "seeds", "sweep", "config", "budget", "report", "jobs")
+STUDY_KEYS = ("description", "methods", "seeds", "sweep", "config", "budget", "report", "jobs", "models")
 AXIS_KEYS = ("values", "methods")
 BUDGET_KEYS = ("steps_of", "counter")
 REPORT_KEYS = ("baseline", "target", "primary")
+MODEL_KEYS = ("method", "seed", "per_seed")  # of a ``models`` entry, besides its config keys
 
 
 def _is_int(v) -> bool:
@@ -235,12 +236,44 @@ def _report_problems(report) -> list[str]:
     return problems
 
 
+def models_problems(models) -> list[str]:
+    """The ``models`` section's structure (config keys and values are checked when the models are planned,
+    ``eslm.study.shared.plan_models``)."""
+    if models is None:
+        return []
+    if not isinstance(models, dict) or not models:
+        return [f"models: expected a mapping {{NAME: {{method: METHOD, section.key: value, ...}}}}, found {models!r}"]
+    out = []
+    for name, spec in models.items():
+        where = f"models {name!r}"
+        if (why := name_problem(name, f"{where}: the model's name (its directory under models/)")) is not None:
+            out.append(why)
+            continue
+        if not isinstance(spec, dict):
+            out.append(f"{where}: expected a mapping {{method: METHOD, section.key: value, ...}}, found {spec!r}")
+            continue
+        if "method" in spec and (why := _method_problem(spec["method"])) is not None:
+            out.append(f"{where}: method: {why}")
+        if "seed" in spec and not _is_int(spec["seed"]):
+            out.append(f"{where}: seed: expected an integer, found {spec['seed']!r}")
+        if "per_seed" in spec and not isinstance(spec["per_seed"], bool):
+            out.append(f"{where}: per_seed: expected true or false, found {spec['per_seed']!r}")
+        if "per_seed" in spec and spec.get("per_seed") and "seed" in spec:
+            out.append(f"{where}: seed and per_seed: true exclude each other (per_seed trains one model per seed "
+                       "of the study, with that seed); remove one")
+        if "run" in spec or any(str(k).startswith("run.") for k in spec):
+            out.append(f"{where}: run.* keys are the study's (the model's directory and seed); use seed or "
+                       "per_seed")
+    return out
+
+
 def study_problems(study: dict) -> list[str]:
     """Every problem of a study file's structure (one phrase each; empty when it is well-formed): its keys,
     ``methods`` (known methods, path-safe labels, no entry twice), ``seeds`` (integers, each once), ``sweep``
     (non-empty value lists; ``methods`` naming entries of the study), ``config`` (a mapping), ``budget``
-    (``steps_of`` a method of the study, a known ``counter``), ``report`` (its keys and values) and ``jobs``.
-    Config keys and values, and the report's group names, are checked when the runs are planned (``plan``)."""
+    (``steps_of`` a method of the study, a known ``counter``), ``report`` (its keys and values), ``jobs`` and
+    ``models`` (``models_problems``). Config keys and values, and the report's group names, are
+    checked when the runs are planned (``plan``)."""
     problems = []
     unknown = [k for k in study if k not in STUDY_KEYS]
     if unknown:
@@ -262,6 +295,7 @@ def study_problems(study: dict) -> list[str]:
     problems += _report_problems(study.get("report"))
     if "jobs" in study and not (_is_int(study["jobs"]) and study["jobs"] >= 1):
         problems.append(f"jobs: expected an integer >= 1, found {study['jobs']!r}")
+    problems += models_problems(study.get("models"))
     if "description" in study and not isinstance(study["description"], str):
         problems.append(f"description: expected a text, found {study['description']!r}")
     return problems

@@ -1,0 +1,185 @@
+"""Study-level shared models: frozen models (a Rho-1 reference, a KD teacher) that a study trains once and every
+run that needs one uses.
+
+A study file declares them under ``models``, each a config delta over the study's ``config`` (so the model has
+the study's data and tokenizer unless it says otherwise), with its method and optional seed::
+
+    models:
+      teacher: {method: clm, model.preset: small, train.max_steps: 800}
+      reference: {method: clm, data.weights: "code=1,docs=3,reference=3", seed: 7}
+
+and a run names one by its key where a method needs a frozen model (the registry's ``Need.key``:
+``method.kd.teacher``, ``method.rho1.reference``), e.g. ``config: {method: {kd: {teacher: teacher}}}``. The
+plan replaces the name by the model's directory, so each run's config.yaml records the model it used.
+
+* Trained once per study, in ``<study>/models/<name>`` (``seed``: default 0), before the runs (a stage of its
+  own); with ``per_seed: true`` once per seed of the study, in ``<study>/models/<name>-s<seed>`` with that
+  seed, and each run uses the model of its own seed.
+* Cached by its config: a model whose directory holds result.json is used as it is, by every run and seed,
+  on every later ``eslm study`` (never retrained); an interrupted one resumes from its checkpoint.
+* Refused if its config changed: a model directory whose config differs from the one the study file now
+  declares (any key that changes the weights; logging, evaluation, checkpointing and thread count aside) stops
+  the plan with the differing keys, before anything runs; so does a model that is gone while runs that used it
+  are still there. Delete the model's directory and the runs that used it to train it again, or give the
+  changed model a new name.
+* Recorded: every run that uses a model has its directory in its config.yaml (the key the method reads), and
+  ``<study>/models/models.json`` lists each model's config, checkpoint, sha256 and the runs that use it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from eslm.errors import ConfigError
+from eslm.study.schema import MODEL_KEYS, _flatten
+
+MODELS_DIR = "models"
+STAGE = "shared models"  # the name of their stage (``eslm.study.grid.stages``): trained before the runs
+# keys that never change a trained model's weights: a shared model's config may differ in these only
+_NEUTRAL_PREFIXES = ("log.", "eval.", "checkpoint.")
+_NEUTRAL_KEYS = ("train.num_threads", "distributed.backend")
+
+
+def frozen_model_keys() -> set[str]:
+    """The config keys through which a method takes a frozen model (the registry's needs)."""
+    from eslm.methods import METHODS
+
+    return {n.key for spec in METHODS.values() for n in spec.frozen_models}
+
+
+def model_dir(study_dir: Path, name: str, spec: dict, seed: int) -> Path:
+    """Where the model ``name`` that a run of ``seed`` uses lives."""
+    return Path(study_dir) / MODELS_DIR / (f"{name}-s{seed}" if spec.get("per_seed") else name)
+
+
+def _model_seeds(spec: dict, seeds: list[int]) -> list[int]:
+    return list(seeds) if spec.get("per_seed") else [spec.get("seed", 0)]
+
+
+def resolve(items: list[str], study: dict, study_dir: Path, seed: int) -> list[str]:
+    """Override items ``key=value`` with a frozen-model key whose value names a shared model of the study ->
+    ``key=<the model's directory>`` (the model of ``seed`` for a per_seed model)."""
+    models = study.get("models") or {}
+    if not models:
+        return list(items)
+    keys = frozen_model_keys()
+    out = []
+    for item in items:
+        key, _, value = item.partition("=")
+        if key in keys and value in models:
+            item = f"{key}={model_dir(study_dir, value, models[value], seed)}"
+        out.append(item)
+    return out
+
+
+def plan_models(study: dict, study_dir: Path, base: list[str], seeds: list[int]) -> tuple[list, list[str]]:
+    """(the resolved Config of every shared model to train, problems): each model is ``base`` (the study's
+    config) + its own keys, trained ``train.max_steps`` steps without the study's budget; a frozen-model key of
+    the study's config that names a shared model does not apply to the models themselves. Command-line
+    overrides of ``eslm study`` apply to the runs only: a model is what the study file says (an override that
+    changed it would be refused on the next call without it)."""
+    from eslm.config import build_config
+
+    models = study.get("models") or {}
+    keys = frozen_model_keys()
+    configs, problems = [], []
+    for name, spec in models.items():
+        own = _flatten({k: v for k, v in spec.items() if k not in MODEL_KEYS})
+        names_a_model = [i for i in own if i.partition("=")[0] in keys and i.partition("=")[2] in models]
+        if names_a_model:
+            problems.append(f"models {name!r}: {names_a_model[0]}: a shared model cannot use another shared model; "
+                            "train it in its own study and give its directory")
+            continue
+        inherited = [i for i in base
+                     if not (i.partition("=")[0] in keys and i.partition("=")[2] in models)]
+        for seed in _model_seeds(spec, seeds):
+            d = model_dir(study_dir, name, spec, seed)
+            items = inherited + own + [f"method.name={spec.get('method', 'clm')}", f"run.seed={seed}",
+                                       f"run.out_dir={d.parent}", f"run.name={d.name}"]
+            try:
+                configs.append(build_config(overrides=items))
+            except ConfigError as e:
+                problems.append(f"models {name!r}: {e}")
+    return configs, problems + changed_problems(configs)
+
+
+def _neutral(key: str) -> bool:
+    from eslm.train.resume import INVOCATION_KEYS
+
+    return key in INVOCATION_KEYS or key in _NEUTRAL_KEYS or key.startswith(_NEUTRAL_PREFIXES)
+
+
+def changed_problems(configs: list) -> list[str]:
+    """Shared models already (partly) trained whose config differs from the planned one: refused, one line each,
+    naming the differing keys (old -> new)."""
+    from eslm.train.resume import effective_config, flat
+
+    out = []
+    for c in configs:
+        d = Path(c.run.out_dir) / c.run.name
+        if not (d / "config.yaml").is_file():
+            continue
+        try:
+            old = flat(effective_config(d))
+        except ConfigError as e:
+            out.append(f"shared model {d}: its config cannot be read ({e}); delete the directory to train it again")
+            continue
+        new = flat(c)
+        diff = [f"{k}: {old.get(k)!r} -> {new[k]!r}" for k in new if not _neutral(k) and old.get(k) != new[k]]
+        if diff:
+            out.append(f"shared model {d} was trained with another config ({'; '.join(diff)}); the runs that use "
+                       "it would mix two models: restore the study file's models entry, or delete that directory "
+                       "and the runs that used it to train it again, or give the changed model a new name")
+    return out
+
+
+def used_models(cfg, study: dict, study_dir: Path) -> dict[str, Path]:
+    """{frozen-model key: model directory} of a planned run that uses shared models of its study."""
+    models = study.get("models") or {}
+    from eslm.train.resume import flat
+
+    values = flat(cfg)
+    dirs = {model_dir(study_dir, n, s, seed): n for n, s in models.items()
+            for seed in _model_seeds(s, [cfg.run.seed])}
+    return {k: Path(values[k]) for k in frozen_model_keys() if k in values and Path(values[k]) in dirs}
+
+
+def missing_problems(run_configs: list, study: dict, study_dir: Path) -> list[str]:
+    """Runs already started (metrics.jsonl) with a shared model that is no longer finished in its directory:
+    training it again would give those runs' comparisons two different models."""
+    gone: dict[Path, list[str]] = {}
+    for c in run_configs:
+        if not (Path(c.run.out_dir) / c.run.name / "metrics.jsonl").is_file():
+            continue
+        for d in used_models(c, study, study_dir).values():
+            if not (d / "result.json").is_file():
+                gone.setdefault(d, []).append(c.run.name)
+    return [f"shared model {d} is gone (or unfinished) but {', '.join(runs[:3])}"
+            f"{f' and {len(runs) - 3} more' if len(runs) > 3 else ''} already trained with it; restore it, or delete "
+            "those runs to train the model and them again" for d, runs in gone.items()]
+
+
+def write_record(study: dict, study_dir: Path, model_configs: list, run_configs: list) -> Path | None:
+    """``<study>/models/models.json``: per model directory its config (flat), checkpoint, sha256, step and the
+    runs that use it. Written after the models are trained, before the runs start."""
+    if not model_configs:
+        return None
+    from eslm.files import atomic_write, sha256_file
+    from eslm.model.loading import resolve_checkpoint
+    from eslm.train.resume import flat
+
+    record = {}
+    for c in model_configs:
+        d = Path(c.run.out_dir) / c.run.name
+        entry = {"config": flat(c), "finished": (d / "result.json").is_file()}
+        if entry["finished"]:
+            ckpt = resolve_checkpoint(d)
+            entry.update(checkpoint=str(ckpt), sha256=sha256_file(ckpt),
+                         step=json.loads((d / "result.json").read_text()).get("step"))
+        entry["used_by"] = [r.run.name for r in run_configs if d in used_models(r, study, study_dir).values()]
+        record[str(d.name)] = entry
+    path = Path(study_dir) / MODELS_DIR / "models.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, (json.dumps(record, indent=2, default=str) + "\n").encode())
+    return path

@@ -75,10 +75,10 @@ def _overrides(data_dir: Path, out_dir: Path, name: str, method: str, extra: dic
         "eval.batch_size_seqs": 4, "log.interval": 1, "checkpoint.interval": 0, "log.tensorboard": "false",
         "method.name": method, "method.ada.interval": 2, "method.ada.gamma": 5.0, "method.alpha": 0.25,
     }
-    if method == "rho1":
-        base["method.rho1.reference"] = teacher
-    if method in ("dense-kd", "eslm-kd-entropy", "eslm-kd-loss", "salt"):
-        base["method.kd.teacher"] = teacher
+    from eslm.methods import METHODS
+
+    for need in METHODS[method].frozen_models:  # rho1's reference, the KD methods' teacher: the CLM run
+        base[need.key] = teacher
     if method == "salt":
         base["method.salt.kd_steps"] = 3  # three KD steps, then three CE steps: the switch is inside the run
     base.update(extra)

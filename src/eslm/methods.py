@@ -306,6 +306,11 @@ def _eslm_kd(score: str) -> Callable[[BuildContext], Method]:
     return build
 
 
+def _random_kd(ctx: BuildContext) -> Method:
+    """ESLM-KD's control: KD on a uniformly random subset of ESLM-KD's size (the random control's selector)."""
+    return Method(name="random-kd", tokens=_random(ctx).tokens, objective=_distill(ctx))
+
+
 def _salt(ctx: BuildContext) -> Method:
     return Method(name="salt", objective=Salt(_distill(ctx), _ce(ctx), ctx.section(SaltSection).kd_steps))
 
@@ -320,9 +325,11 @@ for _spec in [
     MethodSpec("dense-kd", "dense distillation: lambda*KL(teacher||student) + (1-lambda)*CE on every token",
                _dense_kd, settings=(KDSection,), control="random", needs=(TEACHER,)),
     MethodSpec("eslm-kd-entropy", "ESLM-KD: KD on the top 1-alpha tokens by the student's entropy",
-               _eslm_kd("entropy"), settings=(KDSection,), control="random", needs=(TEACHER,)),
+               _eslm_kd("entropy"), settings=(KDSection,), control="random-kd", needs=(TEACHER,)),
     MethodSpec("eslm-kd-loss", "ESLM-KD: KD on the top 1-alpha tokens by the student's loss",
-               _eslm_kd("loss"), settings=(KDSection,), control="random", needs=(TEACHER,)),
+               _eslm_kd("loss"), settings=(KDSection,), control="random-kd", needs=(TEACHER,)),
+    MethodSpec("random-kd", "control of ESLM-KD: KD on 1-alpha of the tokens kept uniformly at random",
+               _random_kd, settings=(KDSection,), role="control", needs=(TEACHER,)),
     MethodSpec("salt", "SALT: dense KD for method.salt.kd_steps steps, then plain CE",
                _salt, settings=(KDSection, SaltSection), control="random", needs=(TEACHER,)),
     MethodSpec("greats", "GREATS: greedy online row selection by ghost gradient inner products with a validation batch",

@@ -137,11 +137,10 @@ def test_an_lm_head_eslm_does_not_reproduce_is_refused():
 
     model = Mystery(tiny("llama").config)
     model.train()
-    patch_causal_lm(model, alpha=0.1)
     with pytest.raises(ConfigError, match="apart") as e:
-        model(**batch(1))
+        patch_causal_lm(model, alpha=0.1)
     assert "\n" not in str(e.value)
-    assert model.training  # the probe ran in eval mode and restored training mode
+    assert model.training and "forward" not in model.__dict__  # training mode restored, the patch undone
     capped = tiny("llama")
     capped.config.logits_soft_cap = 30.0
     with pytest.raises(ConfigError, match="logits_soft_cap"):

@@ -25,6 +25,13 @@ from eslm.selection import risk
 from eslm.selection.ada import AdaController, AdaSection
 
 
+class _Observed:
+    """What the controller reads of a selection (its ``stats``); a plain class, so torch.compile traces it."""
+
+    def __init__(self, stats):
+        self.stats = stats
+
+
 class AdaAlpha:
     """The confidence level alpha, steered by the CVaR of the kept tokens (Ada-ESLM). Read ``alpha`` before
     each call, ``observe`` each call's stats, ``step`` after each optimizer step."""
@@ -50,13 +57,19 @@ class AdaAlpha:
         return self._holder.alpha
 
     @property
+    def alpha_min(self) -> float:
+        """The smallest alpha Ada may set: pass it as ``selective_loss(alpha_min=...)`` under torch.compile, so
+        the static number of rows whose CE is computed is num_kept(N, alpha_min) (see ``selective_loss``)."""
+        return self._controller.alpha_min
+
+    @property
     def last_delta(self) -> float:
         """D of the last update (0 before the first)."""
         return self._controller.last_delta
 
     def observe(self, stats) -> None:
         """One call's ``SelectionStats`` (its ``cvar``, the mean score of the kept tokens)."""
-        self._controller.observe(SimpleNamespace(stats=stats))
+        self._controller.observe(_Observed(stats))
 
     def step(self) -> None:
         """After each optimizer step (one host sync every ``interval`` steps, none otherwise)."""

@@ -42,7 +42,7 @@ REDUCTIONS = ("mean", "sum")
 IMPLS = ("auto", "naive", "fused")
 # every keyword selective_loss takes, for the one-line refusal of one it does not
 KEYWORDS = ("logits", "hidden", "lm_weight", "bias", "logit_scale", "softcap", "score", "scores", "alpha", "scope",
-            "position_ids", "group", "reduction", "num_items_in_batch", "return_tokens", "ignore_index",
+            "position_ids", "group", "reduction", "num_items_in_batch", "alpha_min", "return_tokens", "ignore_index",
             "label_smoothing", "z_loss", "impl", "chunk_size")
 
 
@@ -236,14 +236,17 @@ def _risk_scores(score, scores, targets, own_loss, own_entropy):
     return scores.detach().reshape(-1).float()
 
 
-def _select(scores, valid, targets, alpha, scope, position_ids, group) -> select.Kept:
+def _select(scores, valid, targets, alpha, scope, position_ids, group, bound=None) -> select.Kept:
+    """``bound``: the float alpha fixing the static number of rows (``select.check_alpha``); alpha itself
+    when it is a float."""
+    bound = alpha if bound is None else bound
     if group is not None:
-        return select.across_ranks(scores, valid, alpha, group)
+        return select.across_ranks(scores, valid, alpha, group, bound)
     if scope == "sequence":
         seg, rows = select.segments(targets.shape, position_ids, scores.device)
-        bound = targets.shape[0] * risk.num_kept(targets.shape[1], alpha) if rows else scores.numel()
-        return select.by_sequence(scores, valid, alpha, seg, bound)
-    return select.over_batch(scores, valid, alpha)
+        k_bound = targets.shape[0] * risk.num_kept(targets.shape[1], bound) if rows else scores.numel()
+        return select.by_sequence(scores, valid, alpha, seg, k_bound)
+    return select.over_batch(scores, valid, alpha, bound)
 
 
 def _stats(kept: select.Kept) -> SelectionStats:
@@ -283,7 +286,8 @@ def selective_loss(targets: torch.Tensor, *, logits: torch.Tensor | None = None,
                    scores: torch.Tensor | Callable[[TokenScores], torch.Tensor] | None = None,
                    alpha: float = 0.1, scope: str = "batch", position_ids: torch.Tensor | None = None,
                    group=None, reduction: str = "mean", num_items_in_batch: torch.Tensor | int | None = None,
-                   return_tokens: bool = False, ignore_index: int = -100, label_smoothing: float = 0.0,
+                   alpha_min: float = 0.0, return_tokens: bool = False, ignore_index: int = -100,
+                   label_smoothing: float = 0.0,
                    z_loss: float = 0.0, impl: str = "auto", chunk_size: int = 1024,
                    weight: torch.Tensor | None = None, **unsupported):
     """ESLM's selective cross-entropy: the CE of the highest-risk 1 - alpha of the tokens.
@@ -299,7 +303,11 @@ def selective_loss(targets: torch.Tensor, *, logits: torch.Tensor | None = None,
     scores:    your own risk score: a tensor of the targets' shape, or a callable receiving ``TokenScores`` (the
                model's own per-token loss and entropy) and returning one; e.g. Rho-1's excess loss
                ``scores=lambda own: own.loss - reference_loss``. Detached, never differentiated.
-    alpha:     fraction of the scored tokens dropped, in [0, 1); alpha = 0 is plain CE.
+    alpha:     fraction of the scored tokens dropped, in [0, 1); alpha = 0 is plain CE. A Python float, or a
+               0-dim tensor: a tensor (or a float that torch.compile made dynamic because it changes between
+               calls, as Ada's does) enters only tensor arithmetic, so a new value needs no recompile; the CE is
+               then computed for num_kept(N, alpha_min) rows (every row with the default alpha_min=0; pass
+               Ada's alpha_min to compute fewer).
     scope:     "batch" (the VaR over this call's tokens) or "sequence" (per sequence: per row of (B, T) targets,
                or per packed sequence with ``position_ids`` (B, T), a new sequence wherever it is 0).
     group:     a torch.distributed process group: one VaR threshold over the tokens of all its ranks (each rank
@@ -326,7 +334,7 @@ def selective_loss(targets: torch.Tensor, *, logits: torch.Tensor | None = None,
         raise ConfigError(f"selective_loss got unsupported keyword(s) {', '.join(sorted(unsupported))}; expected "
                           f"targets and any of {', '.join(KEYWORDS)}; fix: drop them (class weights and "
                           "reduction='none' are not supported; return_tokens=True gives per-token losses)")
-    alpha = risk.check_alpha(alpha)
+    alpha, bound = select.check_alpha(alpha, alpha_min)
     _check_options(score, scores, scope, reduction, num_items_in_batch, group, position_ids)
     _check_loss_terms(label_smoothing, z_loss)
     weight = _lm_weight(lm_weight, weight, logits)
@@ -352,7 +360,7 @@ def selective_loss(targets: torch.Tensor, *, logits: torch.Tensor | None = None,
         own_loss, own_entropy, lse = _token_scores(safe_t, logits2d, hidden2d, weight, head, impl, need_entropy,
                                                    chunk_size)
     risk_scores = _risk_scores(score, scores, targets, own_loss, own_entropy)
-    kept = _select(risk_scores, valid, targets, alpha, scope, position_ids, group)
+    kept = _select(risk_scores, valid, targets, alpha, scope, position_ids, group, bound)
     if chunks is not None:  # every row's loss, chunk by chunk, then the kept rows (no full-logits copy)
         every = [row_loss(c.reshape(-1, c.shape[-1]).float(), tc.reshape(-1), label_smoothing, z_loss).view(tc.shape)
                  for c, tc in zip(chunks, _split_targets(chunks, safe_t.view(targets.shape)))]
@@ -395,7 +403,7 @@ def kept_tokens(targets: torch.Tensor, *, alpha: float, ignore_index: int = -100
     rank selects on its own) to get ``num_items_in_batch``: the loss is then exactly the mean CE of the step's
     kept tokens. With ``group=`` pass the same group as to ``selective_loss`` (the count is then the group's).
     """
-    alpha = risk.check_alpha(alpha)
+    alpha, _ = select.check_alpha(alpha)
     _check_options("loss", None, scope, "mean", None, group, position_ids)
     valid = (targets != ignore_index).reshape(-1)
     seg = select.segments(targets.shape, position_ids, targets.device)[0] if scope == "sequence" else None
@@ -408,10 +416,10 @@ def select_tokens(scores: torch.Tensor, valid: torch.Tensor, *, alpha: float, sc
     distillation term): (kept mask of ``scores``' shape, SelectionStats). ``scores`` and ``valid`` (the scored
     tokens) have one shape, (N,) or (B, T); the selective loss is then ``(token_loss * kept).sum() / K``, K
     being ``stats.num_kept`` (or the step's kept count under accumulation)."""
-    alpha = risk.check_alpha(alpha)
+    alpha, bound = select.check_alpha(alpha)
     _check_options("loss", None, scope, "mean", None, group, position_ids)
     if valid.shape != scores.shape:
         raise ConfigError(f"valid must have the scores' shape {tuple(scores.shape)}; found {tuple(valid.shape)}")
     kept = _select(scores.detach().reshape(-1).float(), valid.reshape(-1).bool(), valid, alpha, scope,
-                   position_ids, group)
+                   position_ids, group, bound)
     return kept.mask(scores.numel()).view(scores.shape), _stats(kept)

@@ -37,9 +37,45 @@ class Kept:
         return torch.zeros(n_rows, dtype=torch.bool, device=self.index.device).index_put((self.index,), self.keep)
 
 
-def over_batch(scores: torch.Tensor, valid: torch.Tensor, alpha: float) -> Kept:
-    """Keep the top K = N - floor(alpha N) of the call's N scored tokens."""
-    index, _, keep, k, n = risk.select_valid(scores, valid, alpha)
+def check_alpha(alpha, alpha_min: float = 0.0):
+    """(alpha, bound). In eager code a Python float is checked and bounds itself: the static
+    K_max = num_kept(rows, alpha). A 0-dim tensor, or any float while torch.compile traces (a float argument
+    that changes between calls becomes symbolic there, as Ada's alpha does), becomes a float64 tensor used only
+    in tensor arithmetic, so a new value needs no recompile; the static K_max is then num_kept(rows, alpha_min)
+    (every row by default), the most any alpha >= alpha_min keeps. An alpha below alpha_min is refused (in a
+    compiled graph by an assert on the device)."""
+    compiling = torch.compiler.is_compiling()
+    if not isinstance(alpha, torch.Tensor) and not compiling:
+        alpha = risk.check_alpha(alpha)
+        return alpha, alpha
+    bound = risk.check_alpha(alpha_min)
+    if isinstance(alpha, torch.Tensor):
+        if alpha.numel() != 1 or not alpha.dtype.is_floating_point:
+            raise ConfigError(f"alpha as a tensor must be one float value; found {alpha.dtype} "
+                              f"{tuple(alpha.shape)}; fix: pass a 0-dim float tensor or a Python float")
+        t = alpha.detach().reshape(()).double()
+    else:
+        t = torch.scalar_tensor(alpha, dtype=torch.float64)
+    if compiling:
+        torch._assert_async((t >= bound) & (t < 1.0), "alpha must be in [alpha_min, 1)")
+    elif not bound <= float(t) < 1.0:
+        raise ConfigError(f"alpha must be in [alpha_min, 1) = [{bound}, 1); found {float(t)}; fix: pass "
+                          "alpha_min= no larger than the smallest alpha you use")
+    return t, bound
+
+
+def over_batch(scores: torch.Tensor, valid: torch.Tensor, alpha, bound: float | None = None) -> Kept:
+    """Keep the top K = N - floor(alpha N) of the call's N scored tokens (alpha a float, or a tensor with the
+    float ``bound`` <= alpha fixing the static number of rows: see ``check_alpha``)."""
+    if not isinstance(alpha, torch.Tensor):
+        index, _, keep, k, n = risk.select_valid(scores, valid, alpha)
+        return Kept(index, keep, k, n, scores, valid, index, keep)
+    ranked = scores.masked_fill(~valid, float("-inf"))
+    k_max = risk.num_kept(ranked.numel(), bound)
+    index = torch.topk(ranked, k_max, sorted=True).indices
+    n = valid.sum()
+    k = risk.num_kept_tensor(n, alpha)
+    keep = torch.arange(k_max, device=scores.device) < k
     return Kept(index, keep, k, n, scores, valid, index, keep)
 
 
@@ -84,7 +120,7 @@ def by_sequence(scores: torch.Tensor, valid: torch.Tensor, alpha: float, seg: to
     return Kept(index, keep, k_seg.sum(), valid.sum(), scores, valid, index, keep)
 
 
-def across_ranks(scores: torch.Tensor, valid: torch.Tensor, alpha: float, group) -> Kept:
+def across_ranks(scores: torch.Tensor, valid: torch.Tensor, alpha, group, bound: float | None = None) -> Kept:
     """One VaR threshold over the tokens of every rank of ``group``: the scores and masks of all ranks are
     gathered (one all_gather each), every rank ranks the same W*N scores the same way, and keeps its share of
     the global top K = num_kept(N_group, alpha). Every rank must pass the same number of rows."""
@@ -101,7 +137,7 @@ def across_ranks(scores: torch.Tensor, valid: torch.Tensor, alpha: float, group)
     all_valid = torch.empty(world * n_rows, dtype=torch.uint8, device=scores.device)
     dist.all_gather_into_tensor(all_scores, scores.contiguous(), group=group)
     dist.all_gather_into_tensor(all_valid, valid.to(torch.uint8), group=group)
-    g = over_batch(all_scores, all_valid.bool(), alpha)
+    g = over_batch(all_scores, all_valid.bool(), alpha, bound)
     mine = torch.zeros(world * n_rows, dtype=torch.bool, device=scores.device).index_put(
         (g.index,), g.keep)[rank * n_rows:(rank + 1) * n_rows]
     index = torch.argsort((~mine).to(torch.int8), stable=True)[:min(n_rows, g.index.numel())]

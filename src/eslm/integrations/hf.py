@@ -74,22 +74,22 @@ def head_transform(config) -> dict:
 
 
 class _Metrics:
-    """Selection statistics summed on the device since the last log (read, with one sync, at log time)."""
+    """Selection statistics summed on the device since the last log (read, with one sync, at log time). The
+    count is the tensor's last entry and a popped sum is zeroed, not dropped: the state a compiled forward
+    reads keeps its type, so logging costs no recompile."""
 
-    def __init__(self):
-        self.sums, self.count = None, 0
+    def __init__(self, device=None):
+        self.sums = torch.zeros(len(METRICS) + 1, device=device)
 
     def add(self, stats) -> None:
-        v = torch.stack([stats.kept_frac.float(), stats.threshold.float(), stats.cvar.float()]).detach()
-        self.sums = v if self.sums is None else self.sums + v.to(self.sums.device)
-        self.count += 1
+        v = torch.stack([stats.kept_frac.float(), stats.threshold.float(), stats.cvar.float(),
+                         torch.ones_like(stats.cvar, dtype=torch.float32)]).detach()
+        self.sums = self.sums.to(v.device) + v
 
     def pop(self) -> dict:
-        if self.count == 0:
-            return {}
-        means = (self.sums / self.count).tolist()
-        self.sums, self.count = None, 0
-        return dict(zip(METRICS, means))
+        *sums, count = self.sums.tolist()
+        self.sums = torch.zeros_like(self.sums)
+        return dict(zip(METRICS, (x / count for x in sums))) if count else {}
 
 
 class SelectiveCausalLM:
@@ -101,7 +101,8 @@ class SelectiveCausalLM:
         self.impl, self.chunk_size = impl, chunk_size
         self._alpha = alpha
         self._verified = False
-        self.metrics = _Metrics()
+        device = model.get_output_embeddings().weight.device
+        self.metrics = _Metrics(None if device.type == "meta" else device)
         self._original_forward = model.__dict__.get("forward")  # an instance patch (TRL's) or None
         self._undo: list = []
         wrapped = model.forward
@@ -143,8 +144,8 @@ class SelectiveCausalLM:
         router = bool(getattr(cfg, "output_router_logits", False)) if router is None else bool(router)
         if router:
             kwargs["output_router_logits"] = True
-        if not self._verified:
-            self._verify_head(args, kwargs)
+        if not self._verified and not torch.compiler.is_compiling():
+            self._verify_head(args[0] if args else kwargs.get("input_ids"))
         out = self.model.base_model(*args, **kwargs)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         if shift_labels is None:
@@ -156,7 +157,8 @@ class SelectiveCausalLM:
             targets.to(hidden.device), hidden=hidden, lm_weight=head.weight, bias=getattr(head, "bias", None),
             **head_transform(self.model.config), score=self.score, alpha=self.alpha, scope=self.scope,
             position_ids=kwargs.get("position_ids") if self.scope == "sequence" else None,
-            num_items_in_batch=num_items_in_batch, impl=self.impl, chunk_size=self.chunk_size)
+            num_items_in_batch=num_items_in_batch, impl=self.impl, chunk_size=self.chunk_size,
+            alpha_min=self.ada.alpha_min if self.ada is not None else self._alpha)
         self._observe(stats)
         if not router:
             from transformers.modeling_outputs import CausalLMOutputWithPast
@@ -187,11 +189,11 @@ class SelectiveCausalLM:
         return func(logits, experts, top_k, attention_mask), float(coef)
 
     @torch.no_grad()
-    def _verify_head(self, args, kwargs) -> None:
-        """Once, on the first training forward: the model's own logits for a few positions of the first row
-        must be what eslm computes from the hidden states and the head transform read from the config. A head
-        eslm does not reproduce (a multiplier under a name it does not know) is refused here, not trained on."""
-        ids = args[0] if args else kwargs.get("input_ids")
+    def _verify_head(self, ids: torch.Tensor | None) -> None:
+        """Once, when patching (on a few synthetic tokens) or else on the first eager training forward (on the
+        first row's): the model's own logits must be what eslm computes from the hidden states and the head
+        transform read from the config. A head eslm does not reproduce (a multiplier under a name it does not
+        know) is refused here, not trained on."""
         if ids is None:
             return  # inputs_embeds only: nothing cheap to probe with (the config check still ran)
         probe = {"input_ids": ids[:1, :8], "use_cache": False}
@@ -256,8 +258,19 @@ def patch_causal_lm(model, *, alpha: float = 0.1, score: str = "entropy", scope:
         raise ConfigError(f"expected a causal LM with an LM head (get_output_embeddings()); found "
                           f"{type(model).__name__}; fix: pass an AutoModelForCausalLM model")
     head_transform(model.config)  # an LM head eslm cannot reproduce is refused now, not at the first step
-    return SelectiveCausalLM(model, alpha=alpha if ada is None else ada.alpha, score=score, scope=scope, ada=ada,
-                             impl=impl, chunk_size=chunk_size)
+    sel = SelectiveCausalLM(model, alpha=alpha if ada is None else ada.alpha, score=score, scope=scope, ada=ada,
+                            impl=impl, chunk_size=chunk_size)
+    weight = model.get_output_embeddings().weight
+    if weight.device.type != "meta":
+        ids = torch.arange(3, 3 + min(8, weight.shape[0] - 3), device=weight.device)[None]
+        try:
+            sel._verify_head(ids)
+        except ConfigError:
+            sel.remove()
+            raise
+        except Exception:  # noqa: BLE001 - a model that needs more than token ids: checked on the first forward
+            pass
+    return sel
 
 
 def _targets_of(batch: dict) -> torch.Tensor:

@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eslm.config import build_config
+from eslm.config import build_config, method_context
 from eslm.data.batch import Batch
-from eslm.methods import METHODS, BuildContext, build_method
+from eslm.methods import METHODS, build_method
 from eslm.model.gpt import GPT, preset
 
 V, B, T = 97, 3, 16
@@ -30,7 +30,7 @@ def _method(name, teacher_path, alpha, seed=1, extra=()):
     cfg = build_config(overrides=[f"method.name={name}", f"method.alpha={alpha}", f"method.kd.teacher={teacher_path}",
                                   "method.kd.lambda=0.4", "method.kd.temperature=1.5", "train.loss_impl=naive",
                                   f"run.seed={seed}", *extra])
-    return build_method(BuildContext(cfg=cfg, device=torch.device("cpu"), n_domains=1))
+    return build_method(method_context(cfg, device=torch.device("cpu"), n_domains=1))
 
 
 def _batch(seed=0):

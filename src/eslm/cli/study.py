@@ -16,9 +16,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="runs trained at once, each in its own process (default: the study file's 'jobs', else 1: "
                         "one after the other, in this process)")
     p.add_argument("--dry-run", action="store_true", help="print the planned runs and exit")
+    p.add_argument("--launcher", default=None, metavar="{local,slurm}",
+                   help="where the runs train: local (this machine, the default) or slurm (one SLURM array job; "
+                        "needs the extra slurm). Default: the study file's launcher.name, else local")
+    p.add_argument("--detach", action="store_true",
+                   help="slurm: return once the runs are submitted (the same command later waits and reports)")
+    p.add_argument("--status", action="store_true",
+                   help="slurm: print each run's state (run directory and scheduler) and submit nothing")
     p.add_argument("overrides", nargs="*", default=[], metavar="key=value", help="config overrides for every run")
 
 
 def run(args: argparse.Namespace) -> int:
     return run_study(args.preset, args.out, seeds=args.seeds, jobs=args.jobs, dry_run=args.dry_run,
-                     overrides=args.overrides)
+                     overrides=args.overrides, launcher=args.launcher, detach=args.detach, status=args.status)

@@ -44,29 +44,39 @@ from pathlib import Path
 from eslm.errors import ConfigError
 from eslm.study import shared
 from eslm.study.grid import Stage, plan, stages
-from eslm.study.launch import PARENT_FD_ENV, Launched, Launcher, LocalLauncher, Outcome, watch_parent
+from eslm.study.launch import (LAUNCHERS, PARENT_FD_ENV, QUEUED, Launched, Launcher, LocalLauncher, Outcome,
+                               watch_parent)
 from eslm.study.report import _report, mark_earlier_report_stale
 from eslm.study.schema import STUDIES_DIR, _is_int, load_study, study_dirs, study_problems
 
 __all__ = ["PARENT_FD_ENV", "STUDIES_DIR", "Launched", "Launcher", "LocalLauncher", "Outcome", "Stage",
-           "load_study", "plan", "run_study", "stages", "study_dirs", "study_problems", "watch_parent"]
+           "load_study", "make_launcher", "plan", "run_study", "stages", "study_dirs", "study_problems",
+           "watch_parent"]
 
 
 def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int] | None = None,
               jobs: int | None = None, dry_run: bool = False, overrides: list[str] | tuple = (),
-              launcher: Launcher | None = None) -> int:
+              launcher: Launcher | str | None = None, detach: bool = False, status: bool = False) -> int:
     """``eslm study``: plan the study ``preset`` (a name in configs/studies or a path) under ``out``/NAME, print
     the plan, train the unfinished runs (``jobs`` at once; default: the study file's, else 1), then the
-    report. ``launcher`` trains them (default: ``LocalLauncher(jobs)``, on this machine). Returns the exit
-    code: 0, 143 when stopped by SIGTERM, else that of the failed run."""
+    report. ``launcher`` trains them: a Launcher, or a name (``make_launcher``; default: the study file's
+    ``launcher.name``, else ``local``: ``LocalLauncher(jobs)``, on this machine). With the SLURM launcher,
+    ``detach`` returns once the runs are submitted, and ``status`` prints each run's state and submits nothing.
+    Returns the exit code: 0 (also for a detached study), 143 when stopped by SIGTERM, else that of the
+    failed run."""
     if jobs is not None and not (_is_int(jobs) and jobs >= 1):
         raise ConfigError(f"--jobs: expected an integer >= 1, found {jobs!r}")
     study = load_study(preset)
     out = Path(out)
     configs = plan(study, out, seeds, overrides)
+    launcher = make_launcher(study, launcher, jobs, detach=detach, status=status)
     jobs = jobs or study.get("jobs") or 1
+    if status:
+        print(f"study {study['name']}: {len(configs)} runs in {out / study['name']}")
+        return launcher.status([c for s in stages(study, configs) for c in s.runs], out / study["name"])
+    how = getattr(launcher, "describe", None)
     print(f"study {study['name']}: {len(configs)} runs -> {out / study['name']}"
-          + (f" ({jobs} at a time)" if jobs > 1 else ""))
+          + (f" ({how()})" if how else f" ({jobs} at a time)" if jobs > 1 else ""))
     for stage in stages(study, configs)[:-1]:
         for c in stage.runs:
             print(f"  {Path(c.run.out_dir).name}/{c.run.name}: method={c.method.name} seed={c.run.seed} "
@@ -81,7 +91,29 @@ def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int]
     study_dir = out / study["name"]
     study_dir.mkdir(parents=True, exist_ok=True)
     with DirLock(study_dir, what="study directory"):  # a second eslm study on this directory is refused
-        return _train_and_report(study, configs, launcher or LocalLauncher(jobs), study_dir)
+        return _train_and_report(study, configs, launcher, study_dir)
+
+
+def make_launcher(study: dict, launcher: Launcher | str | None = None, jobs: int | None = None, *,
+                  detach: bool = False, status: bool = False) -> Launcher:
+    """The launcher named ``launcher`` (one of ``LAUNCHERS``; None: the study file's ``launcher.name``, else
+    ``local``), or ``launcher`` itself when it is a Launcher. ``jobs``: runs at once (``--jobs``; default the
+    study file's), the SLURM array's cap unless its ``launcher.parallel`` is set."""
+    if launcher is not None and not isinstance(launcher, str):
+        return launcher
+    name = launcher or (study.get("launcher") or {}).get("name") or "local"
+    if name not in LAUNCHERS:
+        raise ConfigError(f"--launcher: expected one of {', '.join(LAUNCHERS)}, found {name!r}")
+    jobs = jobs or study.get("jobs")
+    if name == "slurm":
+        from eslm.study.slurm import SlurmLauncher
+
+        return SlurmLauncher.from_study(study, jobs, detach=detach)
+    for flag, on in (("detach", detach), ("status", status)):
+        if on:
+            raise ConfigError(f"--{flag} applies to the SLURM launcher (--launcher slurm, or launcher: {{name: "
+                              "slurm}} in the study file); the local launcher's runs end with the study's process")
+    return LocalLauncher(jobs or 1)
 
 
 def _train_and_report(study: dict, configs: list, launcher: Launcher, study_dir: Path) -> int:
@@ -105,7 +137,12 @@ def _train_and_report(study: dict, configs: list, launcher: Launcher, study_dir:
         if todo:
             if len(plan_stages) > 1:
                 print(f"study {study['name']}: {stage.name}: {len(todo)} run(s)", flush=True)
-            code = launcher.launch(todo, study_dir).code
+            launched = launcher.launch(todo, study_dir)
+            code = launched.code
+            if not code and (queued := sum(o.state == QUEUED for o in launched.outcomes)):
+                print(f"study {study['name']}: {queued} run(s) on the cluster; eslm study {study['name']} --status "
+                      "shows them, and the same command waits for them and writes the report", flush=True)
+                return 0
             if code:
                 print(f"study {study['name']}: stopped; run the same command again to resume the unfinished runs",
                       file=sys.stderr)

@@ -22,12 +22,15 @@ from pathlib import Path
 from typing import Protocol, Sequence
 
 FINISHED, PREEMPTED, STOPPED, FAILED, NOT_STARTED = "finished", "preempted", "stopped", "failed", "not started"
+LAUNCHERS = ("local", "slurm")  # the names ``eslm study --launcher`` takes (``eslm.study.make_launcher``)
+QUEUED = "queued"  # submitted to a scheduler and not over yet: a detached launch (``eslm study --detach``)
 
 
 @dataclass(frozen=True)
 class Outcome:
     """What became of one run: ``state`` one of FINISHED, PREEMPTED (stopped after a step with a checkpoint),
-    STOPPED (by SIGTERM before its first step), FAILED, NOT_STARTED; ``words`` says it to the user."""
+    STOPPED (by SIGTERM before its first step, or cancelled), FAILED, NOT_STARTED, QUEUED (on a scheduler, not
+    over yet); ``words`` says it to the user."""
 
     name: str
     state: str

@@ -67,7 +67,7 @@ def _refuse(where: str, problems: list[str]) -> None:
 
 # ---------------------------------------------------------------- checking a study file
 
-STUDY_KEYS = ("description", "methods", "seeds", "sweep", "config", "budget", "report", "jobs", "models")
+STUDY_KEYS = ("description", "methods", "seeds", "sweep", "config", "budget", "report", "jobs", "models", "launcher")
 AXIS_KEYS = ("values", "methods")
 BUDGET_KEYS = ("steps_of", "counter")
 REPORT_KEYS = ("baseline", "target", "primary")
@@ -271,9 +271,9 @@ def study_problems(study: dict) -> list[str]:
     """Every problem of a study file's structure (one phrase each; empty when it is well-formed): its keys,
     ``methods`` (known methods, path-safe labels, no entry twice), ``seeds`` (integers, each once), ``sweep``
     (non-empty value lists; ``methods`` naming entries of the study), ``config`` (a mapping), ``budget``
-    (``steps_of`` a method of the study, a known ``counter``), ``report`` (its keys and values), ``jobs`` and
-    ``models`` (``models_problems``). Config keys and values, and the report's group names, are
-    checked when the runs are planned (``plan``)."""
+    (``steps_of`` a method of the study, a known ``counter``), ``report`` (its keys and values), ``jobs``,
+    ``models`` (``models_problems``) and ``launcher`` (``eslm.study.slurm.launcher_problems``). Config keys and
+    values, and the report's group names, are checked when the runs are planned (``plan``)."""
     problems = []
     unknown = [k for k in study if k not in STUDY_KEYS]
     if unknown:
@@ -296,6 +296,10 @@ def study_problems(study: dict) -> list[str]:
     if "jobs" in study and not (_is_int(study["jobs"]) and study["jobs"] >= 1):
         problems.append(f"jobs: expected an integer >= 1, found {study['jobs']!r}")
     problems += models_problems(study.get("models"))
+    if "launcher" in study:  # its keys are the SLURM launcher's (eslm.study.slurm)
+        from eslm.study.slurm import launcher_problems
+
+        problems += launcher_problems(study["launcher"])
     if "description" in study and not isinstance(study["description"], str):
         problems.append(f"description: expected a text, found {study['description']!r}")
     return problems

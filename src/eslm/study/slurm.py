@@ -1,0 +1,495 @@
+"""The SLURM launcher: a study's runs as one array job, submitted through submitit (the optional extra ``slurm``).
+
+``eslm study NAME --launcher slurm`` (or ``launcher: {name: slurm}`` in the study file) writes each unfinished
+run's plan (``<study>/plan/<run>.yaml``, as the local launcher does) and submits the runs as one array job with
+a concurrency cap (``launcher.parallel``, else ``--jobs``); each array task is renamed after its run, so
+``squeue`` and ``sacct`` show run names. A task runs ``python -m eslm.cli train PLAN`` (``torchrun`` for a run
+of several GPUs, under the task's ``srun``), its output appended to ``<study>/logs/<run>.log``; submitit's own
+files go to ``<study>/slurm/``, the run -> job table to ``<study>/slurm/jobs.json``.
+
+The study process then waits and prints each run's changes of state, or returns at once with ``--detach``.
+Running the same command again (or ``eslm study NAME --status``, which submits nothing) reads each run's
+state from its run directory (``result.json``: finished) and from the scheduler (``squeue``, then ``sacct``
+for jobs that ended), and resubmits only the runs that are unfinished and not queued or running (cancelled,
+failed, never submitted); the report is built once every run has finished.
+
+Pre-emption and time limits: the job asks for ``USR2`` ``signal_delay_s`` before its time limit; submitit
+catches it and calls ``RunJob.checkpoint``, which stops the run after its current step (SIGTERM: the trainer
+saves a checkpoint and exits) and has submitit requeue the task. A pre-emption (``PreemptMode=REQUEUE``,
+``scontrol requeue``) sends SIGTERM to the task's processes: the run checkpoints the same way and the
+scheduler requeues it. Either way the task starts again, finds the run's metrics and resumes it from its
+checkpoint, bit-exact (tests/study/test_slurm.py). ``scancel`` stops a run the same way; it stays stopped until
+the study's command runs again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Sequence
+
+from eslm.errors import ConfigError, ESLMError
+from eslm.study.launch import (FAILED, FINISHED, LAUNCHERS, NOT_STARTED, PREEMPTED, QUEUED, STOPPED, Launched,
+                               Outcome)
+
+LAUNCHER_KEYS = ("name", "partition", "time", "cpus_per_run", "gpus_per_run", "mem_gb", "parallel", "sbatch")
+# sbatch options the launcher sets itself (or takes from a key of the section): refused under launcher.sbatch
+_OWN_OPTIONS = {"array": "parallel", "job-name": None, "output": None, "error": None, "signal": None,
+                "open-mode": None, "time": "time", "partition": "partition", "cpus-per-task": "cpus_per_run",
+                "gpus-per-node": "gpus_per_run", "mem": "mem_gb"}
+MAX_REQUEUES = 100  # time-limit requeues of one run (each slice advances the run by at least a step)
+SIGNAL_DELAY_S = 90  # USR2 this long before the time limit: time for a step and a checkpoint
+JOBS_FILE = "jobs.json"
+JOBS_FORMAT = "eslm-slurm-jobs"
+# scheduler states of a job that is not over (squeue lists it, or sacct has not caught up with its end yet)
+_ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "COMPLETING", "CONFIGURING",
+           "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "SPECIAL_EXIT"}
+
+
+# ---------------------------------------------------------------- the study file's launcher section
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def time_minutes(value) -> int | None:
+    """A time limit as whole minutes (rounded up): an integer of minutes, or ``[D-]HH:MM:SS`` / ``HH:MM``
+    text; None when it is neither."""
+    if _is_int(value):
+        return value if value > 0 else None
+    if not isinstance(value, str):
+        return None
+    days, _, clock = value.strip().rpartition("-")
+    parts = clock.split(":")
+    if not (days == "" or days.isdigit()) or not 2 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        return None
+    h, m, s = (int(p) for p in parts) if len(parts) == 3 else (*(int(p) for p in parts), 0)
+    seconds = ((int(days or 0) * 24 + h) * 60 + m) * 60 + s
+    return -(-seconds // 60) if seconds > 0 else None
+
+
+def launcher_problems(section) -> list[str]:
+    """Every problem of a study file's ``launcher`` section (one phrase each; empty when it is well-formed)."""
+    if section is None:
+        return []
+    if not isinstance(section, dict):
+        return [f"launcher: expected a mapping {{name: slurm, partition: P, time: HH:MM:SS, cpus_per_run: N, "
+                f"gpus_per_run: N, mem_gb: N, parallel: N, sbatch: {{option: value}}}}, found {section!r}"]
+    out = []
+    unknown = [k for k in section if k not in LAUNCHER_KEYS]
+    if unknown:
+        out.append(f"launcher: unknown key(s) {', '.join(map(repr, unknown))}; expected some of "
+                   f"{', '.join(map(repr, LAUNCHER_KEYS))}")
+    if "name" in section and section["name"] not in LAUNCHERS:
+        out.append(f"launcher.name: expected one of {', '.join(LAUNCHERS)}, found {section['name']!r}")
+    if "partition" in section and not (isinstance(section["partition"], str) and section["partition"].strip()):
+        out.append(f"launcher.partition: expected a partition name, found {section['partition']!r}")
+    if "time" in section and time_minutes(section["time"]) is None:
+        out.append(f"launcher.time: expected a time limit per job as minutes (an integer > 0) or "
+                   f"'[D-]HH:MM:SS', found {section['time']!r}")
+    for key, low in (("cpus_per_run", 1), ("gpus_per_run", 0), ("parallel", 1)):
+        if key in section and not (_is_int(section[key]) and section[key] >= low):
+            out.append(f"launcher.{key}: expected an integer >= {low}, found {section[key]!r}")
+    mem = section.get("mem_gb")
+    if "mem_gb" in section and not (isinstance(mem, (int, float)) and not isinstance(mem, bool) and mem > 0):
+        out.append(f"launcher.mem_gb: expected a positive number of GB, found {mem!r}")
+    extra = section.get("sbatch")
+    if "sbatch" in section:
+        if not isinstance(extra, dict):
+            out.append(f"launcher.sbatch: expected a mapping of sbatch options without their dashes "
+                       f"({{account: ABC, qos: high}}), found {extra!r}")
+        else:
+            for k, v in extra.items():
+                key = str(k).lstrip("-").replace("_", "-")
+                if key in _OWN_OPTIONS:
+                    own = _OWN_OPTIONS[key]
+                    fix = f"set launcher.{own}" if own else "eslm sets it"
+                    out.append(f"launcher.sbatch: --{key} is set by the launcher; {fix} instead")
+                elif not (isinstance(v, (str, int, float)) and v is not False and str(v).strip()):
+                    out.append(f"launcher.sbatch.{k}: expected a value (text or number, or true for a flag), "
+                               f"found {v!r}")
+    return out
+
+
+# ---------------------------------------------------------------- what runs in one array task
+
+_CHILD: subprocess.Popen | None = None  # the training process of this task (RunJob.checkpoint stops it)
+
+
+def _ignore_usr2() -> None:  # in the training process: the scheduler's USR2 is for submitit, not for the run
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
+
+class RunFailed(ESLMError):
+    """The training process of an array task exited with an error."""
+
+
+@dataclass(frozen=True)
+class RunJob:
+    """One run as a SLURM array task (pickled by submitit, run by ``python -m submitit.core._submit`` under the
+    task's ``srun``): ``eslm train PLAN`` in a child process, resumed when the run directory already holds
+    metrics, its output appended to the run's log. ``gpus`` > 1: under ``torchrun --standalone``, one process
+    per GPU of the node."""
+
+    name: str
+    plan: str
+    run_dir: str
+    log: str
+    gpus: int = 0
+
+    def command(self, resume: bool) -> list[str]:
+        train = ["-m", "eslm.cli", "train", self.plan] + (["run.resume=true"] if resume else [])
+        if self.gpus > 1:
+            return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.gpus}",
+                    *train]
+        return [sys.executable, *train]
+
+    def __call__(self) -> str:
+        from eslm.files import open_nofollow
+
+        global _CHILD
+        resume = (Path(self.run_dir) / "metrics.jsonl").is_file()
+        cmd = self.command(resume)
+        job = _task_id()
+        with open_nofollow(Path(self.log), "a") as log:
+            log.write(f"== {time.strftime('%Y-%m-%d %H:%M:%S')} SLURM job {job} on {socket.gethostname()}"
+                      f"{' (resuming)' if resume else ''}: {shlex.join(cmd)}\n")
+            log.flush()
+            _CHILD = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_ignore_usr2)
+            while _CHILD.poll() is None:  # poll, not wait: checkpoint() may run (a signal) while this waits
+                time.sleep(0.5)
+            code = _CHILD.returncode
+        if code == 0:  # eslm train exits 0 when SIGTERM stopped it after a step and its checkpoint
+            return FINISHED if (Path(self.run_dir) / "result.json").is_file() else PREEMPTED
+        raise RunFailed(f"run {self.name}: eslm train exited with {code}; its log: {self.log}")
+
+    def checkpoint(self, *args, **kwargs):
+        """Called by submitit on the scheduler's USR2 (the time limit is near, or a pre-emption): the run stops
+        after its current step with a checkpoint, then submitit requeues this task, which resumes the run.
+        Returns None (no requeue) when the run has finished."""
+        child = _CHILD
+        if child is not None and child.returncode is None:
+            child.send_signal(signal.SIGTERM)
+            try:
+                os.waitpid(child.pid, 0)
+            except ChildProcessError:  # reaped already
+                pass
+        if (Path(self.run_dir) / "result.json").is_file():
+            return None
+        from submitit.helpers import DelayedSubmission
+
+        return DelayedSubmission(self)
+
+
+def _task_id() -> str:
+    array = os.environ.get("SLURM_ARRAY_JOB_ID")
+    if array:
+        return f"{array}_{os.environ.get('SLURM_ARRAY_TASK_ID', '?')}"
+    return os.environ.get("SLURM_JOB_ID", "?")
+
+
+# ---------------------------------------------------------------- the scheduler's view
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess | None:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def _base(job: str) -> str:
+    return job.split("_")[0]
+
+
+def _expand(job_id: str) -> list[str]:
+    """``12_[0-2,5%2]`` -> [12_0, 12_1, 12_2, 12_5]; ``12_3`` -> [12_3]; ``12`` -> [12]."""
+    base, _, rest = job_id.partition("_")
+    if not rest.startswith("["):
+        return [job_id]
+    out = []
+    for part in rest.strip("[]").split("%")[0].split(","):
+        lo, _, hi = part.partition("-")
+        if lo.isdigit() and (hi.isdigit() or not hi):
+            out += [f"{base}_{i}" for i in range(int(lo), int(hi or lo) + 1)]
+    return out
+
+
+def scheduler_states(jobs: Sequence[str]) -> dict[str, str]:
+    """{job id: state} for the jobs (``A_i`` array tasks or plain ids) the scheduler knows: from ``squeue``
+    while they are queued or running, else from ``sacct`` (``COMPLETED``, ``FAILED``, ``CANCELLED`` ...,
+    with `` exit N`` for a non-zero exit). A job neither knows (purged, or no accounting) is left out."""
+    wanted = set(jobs)
+    if not wanted:
+        return {}
+    out: dict[str, str] = {}
+    q = _run(["squeue", "-h", "-r", "-o", "%i|%T", "-j", ",".join(sorted({_base(j) for j in wanted}))])
+    for line in (q.stdout.splitlines() if q is not None and q.returncode == 0 else []):
+        jid, _, state = line.strip().partition("|")
+        for j in _expand(jid):
+            if j in wanted:
+                out[j] = state
+    rest = wanted - set(out)
+    if rest:
+        a = _run(["sacct", "-n", "-P", "-X", "-o", "JobID,State,ExitCode", "-j",
+                  ",".join(sorted({_base(j) for j in rest}))])
+        for line in (a.stdout.splitlines() if a is not None and a.returncode == 0 else []):
+            fields = line.strip().split("|")
+            if len(fields) < 3:
+                continue
+            state = fields[1].split()[0] if fields[1] else "UNKNOWN"
+            code = fields[2].split(":")[0]
+            for j in _expand(fields[0]):
+                if j in rest:
+                    out[j] = state + (f" exit {code}" if code not in ("", "0") else "")
+    return out
+
+
+def _active(state: str | None) -> bool:
+    return state is not None and state.split()[0] in _ACTIVE
+
+
+# ---------------------------------------------------------------- the launcher
+
+@dataclass(frozen=True)
+class SlurmLauncher:
+    """Trains a study's runs as one SLURM array job (module docstring). ``parallel``: the array's concurrency
+    cap (None: every run at once); ``time_min``: the time limit of one job (a longer run is checkpointed and
+    requeued at the limit); ``sbatch``: further (option, value) pairs; ``detach``: return once submitted."""
+
+    study: str
+    partition: str | None = None
+    time_min: int = 60
+    cpus_per_run: int = 1
+    gpus_per_run: int = 0
+    mem_gb: float | None = None
+    parallel: int | None = None
+    sbatch: tuple = ()
+    detach: bool = False
+    poll_s: float = 2.0
+
+    @classmethod
+    def from_study(cls, study: dict, jobs: int | None = None, detach: bool = False) -> "SlurmLauncher":
+        """The launcher of the study file's ``launcher`` section (checked by ``launcher_problems``);
+        ``jobs`` (``--jobs`` or the file's ``jobs``) caps the array when the section sets no ``parallel``."""
+        s = study.get("launcher") or {}
+        return cls(study=study["name"], partition=s.get("partition"), time_min=time_minutes(s.get("time", 60)),
+                   cpus_per_run=s.get("cpus_per_run", 1), gpus_per_run=s.get("gpus_per_run", 0),
+                   mem_gb=s.get("mem_gb"), parallel=s.get("parallel", jobs),
+                   sbatch=tuple((str(k).lstrip("-").replace("_", "-"), v) for k, v in (s.get("sbatch") or {}).items()),
+                   detach=detach)
+
+    def describe(self) -> str:
+        per_run = [f"{self.cpus_per_run} CPU(s)"] + ([f"{self.gpus_per_run} GPU(s)"] if self.gpus_per_run else [])
+        per_run += [f"{self.mem_gb:g} GB"] if self.mem_gb else []
+        bits = [f"partition {self.partition}" if self.partition else "default partition",
+                f"{' + '.join(per_run)} and {self.time_min} min per job"]
+        bits += [f"{self.parallel} at a time"] if self.parallel else []
+        return "on SLURM: " + ", ".join(bits)
+
+    # ---- the runs' states
+
+    def _jobs_file(self, study_dir: Path) -> Path:
+        return study_dir / "slurm" / JOBS_FILE
+
+    def _jobs(self, study_dir: Path) -> dict[str, str]:
+        """{run name: job id} of this study's submissions (the latest per run)."""
+        try:
+            data = json.loads(self._jobs_file(study_dir).read_text())
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(data, dict) or data.get("format") != JOBS_FORMAT:
+            return {}
+        return {k: v["job"] for k, v in (data.get("runs") or {}).items() if isinstance(v, dict) and "job" in v}
+
+    def _record(self, study_dir: Path, submitted: dict[str, str]) -> None:
+        from eslm.files import atomic_write, ensure_dir
+
+        path = self._jobs_file(study_dir)
+        ensure_dir(path.parent)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            data = {}
+        if not isinstance(data, dict) or data.get("format") != JOBS_FORMAT:
+            data = {"format": JOBS_FORMAT, "runs": {}}
+        now = time.strftime("%Y-%m-%dT%H:%M:%S")
+        data.setdefault("runs", {}).update({k: {"job": v, "submitted": now} for k, v in submitted.items()})
+        atomic_write(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
+
+    def states(self, configs: Sequence, study_dir: Path) -> list[tuple[str, str | None, str | None, Outcome]]:
+        """[(run name, job id, scheduler state, outcome)] for ``configs``: FINISHED when the run directory holds
+        result.json; QUEUED while its job is queued or running; otherwise what ended it."""
+        jobs = self._jobs(study_dir)
+        names = [c.run.name for c in configs]
+        states = scheduler_states([jobs[n] for n in names if n in jobs])
+        out = []
+        for c, n in zip(configs, names):
+            job = jobs.get(n)
+            state = states.get(job) if job else None
+            out.append((n, job, state, self._outcome(n, Path(c.run.out_dir) / n, job, state, study_dir)))
+        return out
+
+    def _outcome(self, name: str, run_dir: Path, job: str | None, state: str | None, study_dir: Path) -> Outcome:
+        log = study_dir / "logs" / f"{name}.log"
+        if (run_dir / "result.json").is_file():
+            return Outcome(name, FINISHED, "finished" + (f" (job {job})" if job else ""))
+        if job is None:
+            return Outcome(name, NOT_STARTED, "not submitted")
+        if _active(state):
+            kind = state.split()[0]
+            word = {"RUNNING": "running", "COMPLETING": "ending"}.get(kind, f"queued ({kind.lower()})")
+            return Outcome(name, QUEUED, f"{word} (job {job})")
+        if state is None:
+            return Outcome(name, NOT_STARTED, f"job {job} is unknown to the scheduler (ended long ago, or no "
+                                              "accounting); the same command resubmits it")
+        kind = state.split()[0]
+        if kind == "CANCELLED":
+            return Outcome(name, STOPPED, f"cancelled (job {job}); the same command resubmits it, and it resumes "
+                                          f"from its checkpoint; log: {log}")
+        if kind in ("COMPLETED", "PREEMPTED"):
+            return Outcome(name, PREEMPTED, f"stopped with a checkpoint (job {job} {state}); the same command "
+                                            f"resubmits it; log: {log}")
+        return Outcome(name, FAILED, f"failed (job {job} {state}); log: {log}")
+
+    def status(self, configs: Sequence, study_dir: Path) -> int:
+        """``eslm study NAME --status``: one line per run (its last logged step, its state and job). Submits
+        nothing."""
+        rows = self.states(configs, study_dir)
+        width = max(len(n) for n, *_ in rows)
+        counts: dict[str, int] = {}
+        for (name, job, state, o), c in zip(rows, configs):
+            counts[o.state] = counts.get(o.state, 0) + 1
+            step = _last_step(Path(c.run.out_dir) / name)
+            print(f"  {name:<{width}}  {f'step {step}' if step else '-':<10}  {o.words}")
+        print(f"study {self.study}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+        return 0
+
+    # ---- launching
+
+    def launch(self, configs: Sequence, study_dir: Path) -> Launched:
+        rows = self.states(configs, study_dir)
+        queued = {n: job for n, job, _, o in rows if o.state == QUEUED}
+        todo = [c for c, (_, _, _, o) in zip(configs, rows) if o.state not in (QUEUED, FINISHED)]
+        for n, job in queued.items():
+            print(f"== {n}: queued or running already (job {job}), not submitted again", flush=True)
+        submitted = self._submit(todo, study_dir) if todo else {}
+        if submitted:
+            base = _base(next(iter(submitted.values())))
+            cap = f", {self.parallel} at a time" if self.parallel and self.parallel < len(submitted) else ""
+            print(f"study {self.study}: submitted {len(submitted)} run(s) as SLURM job {base}{cap}; logs in "
+                  f"{study_dir / 'logs'}; squeue -j {base} lists them", flush=True)
+        jobs = {**queued, **submitted}
+        if self.detach:
+            return Launched(tuple(o if o.name not in jobs else Outcome(o.name, QUEUED, f"queued (job {jobs[o.name]})")
+                                  for *_, o in rows), 0)
+        return self._wait(configs, study_dir)
+
+    def _submit(self, configs: Sequence, study_dir: Path) -> dict[str, str]:
+        """Plan files, then one array job of ``configs`` (a single run: one job); each task renamed after its
+        run. Returns {run name: job id}."""
+        from eslm.config import to_yaml
+        from eslm.files import atomic_write, ensure_dir
+
+        submitit = _import_submitit()
+        for d in ("plan", "logs", "slurm"):
+            ensure_dir(study_dir / d)
+        threads = max(1, self.cpus_per_run // max(1, self.gpus_per_run))
+        tasks = []
+        for c in configs:
+            if c.train.num_threads == 0:
+                c = replace(c, train=replace(c.train, num_threads=threads))
+            plan = (study_dir / "plan" / f"{c.run.name}.yaml").resolve()
+            atomic_write(plan, to_yaml(c).encode())
+            tasks.append(RunJob(c.run.name, str(plan), str((Path(c.run.out_dir) / c.run.name).resolve()),
+                                str((study_dir / "logs" / f"{c.run.name}.log").resolve()), self.gpus_per_run))
+        try:
+            ex = submitit.SlurmExecutor(folder=study_dir.resolve() / "slurm", max_num_timeout=MAX_REQUEUES)
+        except RuntimeError as e:  # no srun on PATH
+            raise ESLMError(f"the SLURM launcher needs SLURM's commands (sbatch, squeue, srun) on PATH: {e}; run "
+                            "on a cluster's login node, or use the local launcher") from None
+        params = dict(job_name=f"eslm-{self.study}", time=self.time_min, cpus_per_task=self.cpus_per_run,
+                      array_parallelism=self.parallel or len(tasks), signal_delay_s=SIGNAL_DELAY_S,
+                      stderr_to_stdout=True, additional_parameters=dict(self.sbatch))
+        if self.partition:
+            params["partition"] = self.partition
+        if self.gpus_per_run:
+            params["gpus_per_node"] = self.gpus_per_run
+        if self.mem_gb:
+            params["mem"] = f"{int(self.mem_gb * 1024)}M"
+        ex.update_parameters(**params)
+        try:
+            with ex.batch():
+                jobs = [ex.submit(t) for t in tasks]
+        except (subprocess.CalledProcessError, submitit.core.utils.FailedJobError) as e:
+            err = getattr(e, "stderr", None) or getattr(e, "output", None) or str(e)
+            err = err.decode() if isinstance(err, bytes) else str(err)
+            line = next((x.strip() for x in err.splitlines() if x.strip()), "no message")
+            raise ESLMError(f"study {self.study}: sbatch refused the runs' array job ({line}); check the study "
+                            "file's launcher section (partition, time, cpus_per_run, gpus_per_run, mem_gb, "
+                            "sbatch)") from None
+        out = {t.name: j.job_id for t, j in zip(tasks, jobs)}
+        for name, job in out.items():  # squeue/sacct show run names (the task leaves the array's pending record)
+            _run(["scontrol", "update", f"JobId={job}", f"JobName={name}"])
+        self._record(study_dir, out)
+        return out
+
+    def _wait(self, configs: Sequence, study_dir: Path) -> Launched:
+        """Poll until no run of ``configs`` is queued or running, printing each change of a run's state."""
+        seen: dict[str, str] = {}
+        rows: list = []
+        try:
+            while True:
+                rows = self.states(configs, study_dir)
+                for name, _, _, o in rows:
+                    if seen.get(name) != o.words:
+                        seen[name] = o.words
+                        print(f"== {name} {o.words}", flush=True)
+                if not any(o.state == QUEUED for *_, o in rows):
+                    break
+                time.sleep(self.poll_s)
+        except KeyboardInterrupt:
+            print(f"study {self.study}: stopped waiting; the runs go on on the cluster (eslm study {self.study} "
+                  "--status shows them; the same command waits again and writes the report)", file=sys.stderr)
+            return Launched(tuple(o for *_, o in rows), 130)
+        outcomes = tuple(o for *_, o in rows)
+        bad = [o for o in outcomes if not o.finished]
+        if bad:
+            print(f"study {self.study}: {len(bad)} run(s) did not finish: " + "; ".join(f"{o.name}: {o.words}"
+                                                                                     for o in bad), file=sys.stderr)
+            return Launched(outcomes, 1)
+        return Launched(outcomes, 0)
+
+
+def _last_step(run_dir: Path) -> int | None:
+    """The last training step logged in the run's metrics.jsonl (None without one)."""
+    try:
+        with open(run_dir / "metrics.jsonl", "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 4096))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            continue
+        if _is_int(step):
+            return step
+    return None
+
+
+def _import_submitit():
+    try:
+        import submitit
+    except ImportError:
+        raise ConfigError("the SLURM launcher needs submitit, which is not installed; install it with "
+                          "pip install 'eslm[slurm]'") from None
+    return submitit

@@ -1,0 +1,198 @@
+"""The SLURM launcher (eslm.study.slurm): the study file's ``launcher`` section, and tiny studies on a real
+single-node SLURM (the ``slurm_cluster`` fixture, tests/study/conftest.py): the runs equal the local launcher's
+for the same seeds (losses, FLOPs), a failing run is reported with its log while the others finish, a run
+killed by ``scancel`` is resubmitted by the next invocation and resumes, and a requeued run (pre-emption)
+resumes bit-exact."""
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from eslm.errors import ConfigError
+from eslm.study import run_study
+from eslm.study.slurm import launcher_problems, time_minutes
+
+STEPS = 20  # long enough to interrupt a run after its first steps; a tiny run takes ~10-20 s on 2 loaded cores
+
+
+def _study(tmp_path: Path, data: Path, methods: str = "[clm, eslm-entropy]", launcher: str = "") -> Path:
+    f = tmp_path / "tiny.yaml"
+    f.write_text(f"""
+methods: {methods}
+seeds: [1]
+{launcher}
+config:
+  data: {{dir: {data}, tokenizer: byte, seq_len: 32}}
+  model: {{preset: tiny}}
+  train: {{micro_batch_size_seqs: 4, grad_accum_steps: 1, max_steps: {STEPS}, warmup_steps: 2, lr: 3.0e-3,
+          num_threads: 1}}
+  eval: {{interval: 5, tokens_per_domain: 256, batch_size_seqs: 4}}
+  checkpoint: {{interval: 5}}
+  log: {{interval: 1, tensorboard: false}}
+""")
+    return f
+
+
+def _records(run_dir: Path) -> list[dict]:
+    """metrics.jsonl's training and evaluation records without the fields that measure time or the machine."""
+    skip = ("time", "elapsed", "tok_s", "cpu", "load", "wall", "mem", "_s")
+    out = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if "step" in r:
+            out.append({k: v for k, v in r.items() if not any(s in k for s in skip)})
+    return out
+
+
+def _flops(run_dir: Path) -> dict:
+    return {k: v for k, v in json.loads((run_dir / "result.json").read_text()).items()
+            if k.startswith("flops") or k in ("step", "val_loss", "stopped_by")}
+
+
+def _same_as_local(run_dir: Path, local_dir: Path) -> None:
+    assert _records(run_dir) == _records(local_dir), f"{run_dir.name}: metrics differ from the local launcher's"
+    assert _flops(run_dir) == _flops(local_dir), f"{run_dir.name}: result differs from the local launcher's"
+
+
+def _wait(what: str, cond, timeout: float = 240.0, every: float = 0.5):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        got = cond()
+        if got:
+            return got
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def _jobs(study_dir: Path) -> dict[str, str]:
+    return {k: v["job"] for k, v in json.loads((study_dir / "slurm" / "jobs.json").read_text())["runs"].items()}
+
+
+def _steps(run_dir: Path) -> int:
+    try:
+        return sum('"kind": "train"' in line for line in (run_dir / "metrics.jsonl").read_text().splitlines())
+    except OSError:
+        return 0
+
+
+def _squeue_state(job: str) -> str:
+    out = subprocess.run(["squeue", "-h", "-r", "-o", "%i %T", "-j", job.split("_")[0]], capture_output=True,
+                         text=True).stdout
+    return next((line.split()[1] for line in out.splitlines() if line.split()[0] == job), "")
+
+
+def _sacct_state(job: str) -> str:
+    out = subprocess.run(["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", job], capture_output=True,
+                         text=True).stdout
+    return next((line.split("|")[1] for line in out.splitlines() if line.split("|")[0] == job), "")
+
+
+@pytest.fixture(scope="module")
+def local_runs(tiny_data, tmp_path_factory) -> Path:
+    """The tiny study trained by the local launcher (in this process): the reference every SLURM run must equal."""
+    tmp = tmp_path_factory.mktemp("local")
+    assert run_study(str(_study(tmp, tiny_data)), tmp / "out") == 0
+    return tmp / "out" / "tiny"
+
+
+# ---------------------------------------------------------------- the launcher section (no cluster needed)
+
+def test_time_limits_read_as_minutes():
+    assert [time_minutes(v) for v in (90, "01:30:00", "1-00:00:00", "00:00:30", "10:00")] == [90, 90, 1440, 1, 600]
+    assert [time_minutes(v) for v in (0, -5, "1h", "1:2:3:4", True, 1.5)] == [None] * 6
+
+
+def test_launcher_section_mistakes_are_each_one_line():
+    assert launcher_problems(None) == [] and launcher_problems({"name": "slurm", "partition": "gpu", "time": "4:00:00",
+                                                                "cpus_per_run": 8, "gpus_per_run": 4, "mem_gb": 64,
+                                                                "parallel": 2, "sbatch": {"account": "abc"}}) == []
+    problems = launcher_problems({"name": "k8s", "time": "1h", "cpus_per_run": 0, "gpus_per_run": -1, "mem_gb": 0,
+                                  "parallel": 1.5, "sbatch": {"array": "0-3", "qos": None}, "nodes": 2})
+    text = "\n".join(problems)
+    for part in ("unknown key(s) 'nodes'", "launcher.name: expected one of local, slurm, found 'k8s'",
+                 "launcher.time: expected a time limit", "launcher.cpus_per_run: expected an integer >= 1",
+                 "launcher.gpus_per_run: expected an integer >= 0", "launcher.mem_gb: expected a positive",
+                 "launcher.parallel: expected an integer >= 1", "--array is set by the launcher; set launcher.parallel",
+                 "launcher.sbatch.qos: expected a value"):
+        assert part in text, part
+    assert len(problems) == 9
+    assert launcher_problems(["slurm"])[0].startswith("launcher: expected a mapping")
+
+
+def test_study_file_launcher_problems_refuse_the_study(tmp_path, tiny_data):
+    f = _study(tmp_path, tiny_data, launcher="launcher: {name: slurm, time: soon}")
+    with pytest.raises(ConfigError, match="launcher.time: expected a time limit"):
+        run_study(str(f), tmp_path / "out", dry_run=True)
+
+
+def test_detach_and_status_need_the_slurm_launcher(tmp_path, tiny_data):
+    f = _study(tmp_path, tiny_data)
+    for flag in ("detach", "status"):
+        with pytest.raises(ConfigError, match=f"--{flag} applies to the SLURM launcher"):
+            run_study(str(f), tmp_path / "out", **{flag: True})
+    with pytest.raises(ConfigError, match="--launcher: expected one of local, slurm, found 'k8s'"):
+        run_study(str(f), tmp_path / "out", launcher="k8s")
+
+
+# ---------------------------------------------------------------- on a real single-node SLURM
+
+@pytest.mark.slow
+def test_slurm_runs_equal_local_runs_and_a_failing_run_is_reported(slurm_cluster, tiny_data, local_runs, tmp_path,
+                                                                   capsys):
+    # the failing run first: it fails within seconds and frees its slot (the node runs 2 one-CPU runs at once)
+    f = _study(tmp_path, tiny_data, methods="[eslm-loss, clm, eslm-entropy]", launcher="launcher: {parallel: 2}")
+    broken = tmp_path / "out" / "tiny" / "eslm-loss-s1"  # not a run directory eslm can resume: its run fails
+    broken.mkdir(parents=True)
+    (broken / "metrics.jsonl").write_text("not json\n")
+    code = run_study(str(f), tmp_path / "out", launcher="slurm")
+    out, err = capsys.readouterr()
+    assert code == 1
+    log = tmp_path / "out" / "tiny" / "logs" / "eslm-loss-s1.log"
+    assert f"eslm-loss-s1: failed (job " in err and f"log: {log.resolve()}" in err, err
+    assert log.is_file() and "SLURM job" in log.read_text()
+    study_dir = tmp_path / "out" / "tiny"
+    jobs = _jobs(study_dir)
+    assert len({j.split("_")[0] for j in jobs.values()}) == 1, f"expected one array job, found {jobs}"
+    names = subprocess.run(["sacct", "-n", "-P", "-X", "-o", "JobID,JobName", "-j", jobs["clm-s1"].split("_")[0]],
+                           capture_output=True, text=True).stdout
+    assert f"{jobs['clm-s1']}|clm-s1" in names.splitlines(), names  # squeue and sacct show run names
+    for name in ("clm-s1", "eslm-entropy-s1"):
+        _same_as_local(study_dir / name, local_runs / name)
+    assert not (study_dir / "report").exists()
+
+
+@pytest.mark.slow
+def test_scancel_and_requeue_resume_and_the_same_command_resubmits_only_the_cancelled(
+        slurm_cluster, tiny_data, local_runs, tmp_path, capsys):
+    f = _study(tmp_path, tiny_data, launcher="launcher: {parallel: 2}")
+    study_dir = tmp_path / "out" / "tiny"
+    assert run_study(str(f), tmp_path / "out", launcher="slurm", detach=True) == 0
+    jobs = _jobs(study_dir)
+    cancelled, requeued = jobs["clm-s1"], jobs["eslm-entropy-s1"]
+    _wait("both runs past their first checkpoint", lambda: min(_steps(study_dir / n) for n in jobs) >= 7)
+    slurm_cluster.run("scancel", cancelled)
+    slurm_cluster.run("scontrol", "requeue", requeued)  # what a pre-emption with PreemptMode=REQUEUE does
+    _wait("the requeued job pending", lambda: _squeue_state(requeued) == "PENDING")
+    slurm_cluster.run("scontrol", "update", f"JobId={requeued}", "StartTime=now")  # else it waits 120 s
+    _wait("the cancelled job over", lambda: not _squeue_state(cancelled) and _sacct_state(cancelled).startswith("CANCELLED"))
+    capsys.readouterr()
+
+    assert run_study(str(f), tmp_path / "out", launcher="slurm", status=True) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"clm-s1 +step \d+ +cancelled \(job {cancelled}\); the same command resubmits it", out), out
+    assert re.search(rf"eslm-entropy-s1 +step \d+ +(running|queued \(pending\)) \(job {requeued}\)", out), out
+
+    assert run_study(str(f), tmp_path / "out", launcher="slurm") == 0
+    out = capsys.readouterr().out
+    assert "submitted 1 run(s)" in out, out
+    assert f"eslm-entropy-s1: queued or running already (job {requeued}), not submitted again" in out, out
+    assert _jobs(study_dir)["clm-s1"] != cancelled and _jobs(study_dir)["eslm-entropy-s1"] == requeued
+    for name in ("clm-s1", "eslm-entropy-s1"):
+        log = (study_dir / "logs" / f"{name}.log").read_text()
+        assert "SIGTERM: saving a checkpoint" in log and "(resuming)" in log, f"{name} did not resume:\n{log[-2000:]}"
+        _same_as_local(study_dir / name, local_runs / name)  # bit-exact after the interruption
+    assert (study_dir / "report" / "summary.json").is_file()

@@ -7,14 +7,15 @@ resumes bit-exact."""
 import json
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from eslm.errors import ConfigError
+from eslm.errors import ConfigError, ESLMError
 from eslm.study import run_study
-from eslm.study.slurm import launcher_problems, time_minutes
+from eslm.study.slurm import RunJob, launcher_problems, time_minutes
 
 STEPS = 20  # long enough to interrupt a run after its first steps; a tiny run takes ~10-20 s on 2 loaded cores
 
@@ -136,6 +137,27 @@ def test_detach_and_status_need_the_slurm_launcher(tmp_path, tiny_data):
             run_study(str(f), tmp_path / "out", **{flag: True})
     with pytest.raises(ConfigError, match="--launcher: expected one of local, slurm, found 'k8s'"):
         run_study(str(f), tmp_path / "out", launcher="k8s")
+
+
+def test_without_submitit_or_slurm_commands_one_line_says_what_is_missing(tmp_path, tiny_data, monkeypatch):
+    f = _study(tmp_path, tiny_data)
+    monkeypatch.setitem(sys.modules, "submitit", None)  # not installed
+    with pytest.raises(ConfigError, match=r"needs submitit, which is not installed; install it with pip install "
+                                          r"'eslm\[slurm\]'"):
+        run_study(str(f), tmp_path / "out", launcher="slurm")
+    monkeypatch.delitem(sys.modules, "submitit")
+    pytest.importorskip("submitit")
+    monkeypatch.setenv("PATH", str(tmp_path / "no-slurm-here"))
+    with pytest.raises(ESLMError, match=r"needs SLURM's commands \(sbatch, squeue, srun\) on PATH"):
+        run_study(str(f), tmp_path / "out", launcher="slurm")
+
+
+def test_a_run_of_several_gpus_runs_under_torchrun_one_process_per_gpu():
+    job = RunJob("r", "/s/plan/r.yaml", "/s/r", "/s/logs/r.log", gpus=4)
+    assert job.command(resume=True)[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "-m",
+                                            "eslm.cli", "train", "/s/plan/r.yaml", "run.resume=true"]
+    assert RunJob("r", "/s/plan/r.yaml", "/s/r", "/s/logs/r.log", gpus=1).command(False)[1:] == [
+        "-m", "eslm.cli", "train", "/s/plan/r.yaml"]
 
 
 # ---------------------------------------------------------------- on a real single-node SLURM

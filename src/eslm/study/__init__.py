@@ -96,24 +96,18 @@ def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int]
 
 def make_launcher(study: dict, launcher: Launcher | str | None = None, jobs: int | None = None, *,
                   detach: bool = False, status: bool = False) -> Launcher:
-    """The launcher named ``launcher`` (one of ``LAUNCHERS``; None: the study file's ``launcher.name``, else
-    ``local``), or ``launcher`` itself when it is a Launcher. ``jobs``: runs at once (``--jobs``; default the
-    study file's), the SLURM array's cap unless its ``launcher.parallel`` is set."""
+    """The launcher named ``launcher`` (a key of ``LAUNCHERS``; None: the study file's ``launcher.name``, else
+    ``local``), built by its module's ``from_study``, or ``launcher`` itself when it is a Launcher. ``jobs``: runs
+    at once (``--jobs``; default the study file's), the SLURM array's cap unless ``launcher.parallel`` is set."""
+    import importlib
+
     if launcher is not None and not isinstance(launcher, str):
         return launcher
     name = launcher or (study.get("launcher") or {}).get("name") or "local"
     if name not in LAUNCHERS:
         raise ConfigError(f"--launcher: expected one of {', '.join(LAUNCHERS)}, found {name!r}")
-    jobs = jobs or study.get("jobs")
-    if name == "slurm":
-        from eslm.study.slurm import SlurmLauncher
-
-        return SlurmLauncher.from_study(study, jobs, detach=detach)
-    for flag, on in (("detach", detach), ("status", status)):
-        if on:
-            raise ConfigError(f"--{flag} applies to the SLURM launcher (--launcher slurm, or launcher: {{name: "
-                              "slurm}} in the study file); the local launcher's runs end with the study's process")
-    return LocalLauncher(jobs or 1)
+    module = importlib.import_module(LAUNCHERS[name])
+    return module.from_study(study, jobs or study.get("jobs"), detach=detach, status=status)
 
 
 def _train_and_report(study: dict, configs: list, launcher: Launcher, study_dir: Path) -> int:

@@ -21,8 +21,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol, Sequence
 
+from eslm.errors import ConfigError
+
 FINISHED, PREEMPTED, STOPPED, FAILED, NOT_STARTED = "finished", "preempted", "stopped", "failed", "not started"
-LAUNCHERS = ("local", "slurm")  # the names ``eslm study --launcher`` takes (``eslm.study.make_launcher``)
+# The launchers by the name ``eslm study --launcher`` takes: the module whose ``from_study(study, jobs, detach=,
+# status=)`` builds one (``eslm.study.make_launcher``). A new launcher is a module and its line here.
+LAUNCHERS = {"local": "eslm.study.launch", "slurm": "eslm.study.slurm"}
 QUEUED = "queued"  # submitted to a scheduler and not over yet: a detached launch (``eslm study --detach``)
 
 
@@ -73,6 +77,15 @@ class LocalLauncher:
         if self.jobs == 1:
             return _run_serial(list(configs))
         return _Pool(list(configs), self.jobs, study_dir).run()
+
+
+def from_study(study: dict, jobs: int | None, *, detach: bool = False, status: bool = False) -> LocalLauncher:
+    """The local launcher of ``eslm study --launcher local``: ``jobs`` runs at once (default 1)."""
+    for flag, on in (("detach", detach), ("status", status)):
+        if on:
+            raise ConfigError(f"--{flag} applies to the SLURM launcher (--launcher slurm, or launcher: {{name: "
+                              "slurm}} in the study file); the local launcher's runs end with the study's process")
+    return LocalLauncher(jobs or 1)
 
 
 def _run_serial(configs: list) -> Launched:

@@ -119,6 +119,19 @@ def launcher_problems(section) -> list[str]:
     return out
 
 
+def from_study(study: dict, jobs: int | None, *, detach: bool = False, status: bool = False) -> "SlurmLauncher":
+    """The launcher of ``eslm study --launcher slurm``, from the study file's ``launcher`` section (checked by
+    ``launcher_problems``); ``jobs`` (``--jobs`` or the file's ``jobs``) caps the array when the section sets
+    no ``parallel``. ``status`` needs nothing more (``SlurmLauncher.status``)."""
+    s = study.get("launcher") or {}
+    return SlurmLauncher(study=study["name"], partition=s.get("partition"), time_min=time_minutes(s.get("time", 60)),
+                         cpus_per_run=s.get("cpus_per_run", 1), gpus_per_run=s.get("gpus_per_run", 0),
+                         mem_gb=s.get("mem_gb"), parallel=s.get("parallel", jobs),
+                         sbatch=tuple((str(k).lstrip("-").replace("_", "-"), v)
+                                      for k, v in (s.get("sbatch") or {}).items()),
+                         detach=detach)
+
+
 # ---------------------------------------------------------------- what runs in one array task
 
 _CHILD: subprocess.Popen | None = None  # the training process of this task (RunJob.checkpoint stops it)
@@ -274,17 +287,6 @@ class SlurmLauncher:
     sbatch: tuple = ()
     detach: bool = False
     poll_s: float = 2.0
-
-    @classmethod
-    def from_study(cls, study: dict, jobs: int | None = None, detach: bool = False) -> "SlurmLauncher":
-        """The launcher of the study file's ``launcher`` section (checked by ``launcher_problems``);
-        ``jobs`` (``--jobs`` or the file's ``jobs``) caps the array when the section sets no ``parallel``."""
-        s = study.get("launcher") or {}
-        return cls(study=study["name"], partition=s.get("partition"), time_min=time_minutes(s.get("time", 60)),
-                   cpus_per_run=s.get("cpus_per_run", 1), gpus_per_run=s.get("gpus_per_run", 0),
-                   mem_gb=s.get("mem_gb"), parallel=s.get("parallel", jobs),
-                   sbatch=tuple((str(k).lstrip("-").replace("_", "-"), v) for k, v in (s.get("sbatch") or {}).items()),
-                   detach=detach)
 
     def describe(self) -> str:
         per_run = [f"{self.cpus_per_run} CPU(s)"] + ([f"{self.gpus_per_run} GPU(s)"] if self.gpus_per_run else [])

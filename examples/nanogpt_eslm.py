@@ -1,20 +1,26 @@
 """ESLM in a nanoGPT-style training loop: three lines change, and the logits are never built.
 
-    python examples/nanogpt_eslm.py --iters 50 --alpha 0.2 [--ada]
+    python examples/nanogpt_eslm.py --iters 50 --alpha 0.2 [--ada] [--compile]
+    torchrun --nproc_per_node 2 examples/nanogpt_eslm.py --iters 50      # DDP (gloo on CPU)
 
 The model below has nanoGPT's shape (token + position embeddings, pre-norm blocks, a final LayerNorm, an LM
-head tied to the token embedding) and its ``forward(idx, targets) -> (logits, loss)``; ``hidden(idx)`` stops
-before the head. The loop is nanoGPT's (a micro-batch of (B, T) windows from one token array, gradient
-accumulation, clipping, AdamW), with the loss replaced:
+head tied to the token embedding) and its ``forward(idx, targets) -> (logits, loss)``. The loop is nanoGPT's
+(a micro-batch of (B, T) windows from one token array, gradient accumulation, clipping, AdamW, DDP under
+torchrun, torch.compile), with the loss replaced:
 
-    k_step = sum(kept_tokens(Y, alpha=alpha) for _, Y in micro)                     # before the forwards
-    loss, stats = selective_loss(Y, hidden=model.hidden(X), lm_weight=model.lm_head.weight,
-                                 alpha=alpha, num_items_in_batch=k_step)
+    handle = patch_model(model, head=model.lm_head, alpha=alpha)                    # before DDP / compile
+    k_step = sum(kept_tokens(Y, alpha=handle.alpha) for _, Y in micro)              # before the forwards
+    loss, stats = model(X, eslm_targets=Y, eslm_num_items=k_step)                   # model: DDP / compiled
+
+``patch_model`` captures the head's input inside the model's own forward, so DDP's gradient all-reduce and
+torch.compile see the whole computation. Do not call a method that stops before the head instead
+(``model.module.hidden(X)`` under DDP skips the all-reduce; ``torch.compile(model).hidden(X)`` runs eagerly).
 
 Normalisation: nanoGPT divides each micro-batch's mean by the accumulation steps. Its windows have no padding,
-so every micro-batch keeps the same K and that division is already the exact kept-token mean; num_items_in_batch
-keeps it exact when targets carry ignored positions (-100) too. With DDP, all-reduce k_step over the ranks and
-multiply the loss by the world size (DDP averages gradients).
+so every micro-batch keeps the same K and that division is already the exact kept-token mean; eslm_num_items
+keeps it exact when targets carry ignored positions (-100) too. Under DDP k_step is all-reduced over the ranks
+and the loss multiplied by the world size (DDP averages gradients): the update is that of the mean CE over the
+kept tokens of every rank.
 """
 
 from __future__ import annotations
@@ -23,10 +29,11 @@ import argparse
 import math
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from eslm.api import AdaAlpha, kept_tokens, selective_loss
+from eslm.api import AdaAlpha, kept_tokens, patch_model
 
 
 class Block(nn.Module):
@@ -56,14 +63,11 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying, as nanoGPT
 
-    def hidden(self, idx):
+    def forward(self, idx, targets=None):
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         for block in self.h:
             x = block(x)
-        return self.ln_f(x)
-
-    def forward(self, idx, targets=None):
-        logits = self.lm_head(self.hidden(idx))
+        logits = self.lm_head(self.ln_f(x))
         loss = None if targets is None else F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1),
                                                             ignore_index=-100)
         return logits, loss
@@ -88,15 +92,17 @@ def get_batch(data: torch.Tensor, batch_size: int, block_size: int, g: torch.Gen
     return X, Y
 
 
-def step(model, micro, *, alpha: float, score: str = "entropy"):
-    """One optimizer step's forwards and backwards (no optimizer): returns the step's kept-mean loss and the
-    last micro-batch's SelectionStats."""
-    k_step = sum(kept_tokens(Y, alpha=alpha) for _, Y in micro)
+def step(model, handle, micro):
+    """One optimizer step's forwards and backwards (no optimizer) through ``model`` (the patched model, or its
+    DDP / compiled wrapper): returns the step's kept-mean loss and the last micro-batch's SelectionStats."""
+    k_step = sum(kept_tokens(Y, alpha=handle.alpha) for _, Y in micro)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if world > 1:
+        dist.all_reduce(k_step)  # the kept tokens of every rank's micro-batches
     total, stats = 0.0, None
     for X, Y in micro:
-        loss, stats = selective_loss(Y, hidden=model.hidden(X), lm_weight=model.lm_head.weight, score=score,
-                                     alpha=alpha, num_items_in_batch=k_step)
-        loss.backward()
+        loss, stats = model(X, eslm_targets=Y, eslm_num_items=k_step)
+        (loss * world).backward()  # DDP averages the gradients over the ranks
         total += float(loss.detach())
     return total, stats
 
@@ -107,28 +113,38 @@ def main(argv: list[str] | None = None) -> list[float]:
     p.add_argument("--alpha", type=float, default=0.2)
     p.add_argument("--grad-accum", type=int, default=2)
     p.add_argument("--ada", action="store_true")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (after patching)")
     a = p.parse_args(argv)
+    ddp = "RANK" in __import__("os").environ  # launched by torchrun
+    if ddp:
+        dist.init_process_group("gloo")
     torch.manual_seed(0)
-    model, data, g = GPT(), toy_tokens(), torch.Generator().manual_seed(1)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    raw, data = GPT(), toy_tokens()
+    g = torch.Generator().manual_seed(1 + (dist.get_rank() if ddp else 0))  # each rank its own windows
     ada = AdaAlpha(alpha=a.alpha, interval=10) if a.ada else None
+    handle = patch_model(raw, head=raw.lm_head, alpha=a.alpha, ada=ada)   # the unwrapped model, first
+    model = torch.nn.parallel.DistributedDataParallel(raw) if ddp else raw
+    if a.compile:
+        model = torch.compile(model)
+    opt = torch.optim.AdamW(raw.parameters(), lr=3e-3)
     losses = []
     for it in range(a.iters):
-        alpha = ada.alpha if ada is not None else a.alpha
+        alpha = handle.alpha
         micro = [get_batch(data, 8, 32, g) for _ in range(a.grad_accum)]
-        loss, stats = step(model, micro, alpha=alpha)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        loss, stats = step(model, handle, micro)   # Ada observes each micro-batch inside the forward
+        torch.nn.utils.clip_grad_norm_(raw.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         if ada is not None:
-            ada.observe(stats)
             ada.step()
         losses.append(loss)
-        if it % 10 == 0 or it == a.iters - 1:
+        if (it % 10 == 0 or it == a.iters - 1) and (not ddp or dist.get_rank() == 0):
             print(f"iter {it}: loss {loss:.3f}, kept {float(stats.kept_frac):.2f}, alpha {alpha:.3f}")
     with torch.no_grad():
         X, Y = get_batch(data, 32, 32, g)
-        print(f"plain CE on a fresh batch: {float(model(X, Y)[1]):.3f} (uniform: {math.log(64):.3f})")
+        print(f"plain CE on a fresh batch: {float(raw(X, Y)[1]):.3f} (uniform: {math.log(64):.3f})")
+    if ddp:
+        dist.destroy_process_group()
     return losses
 
 

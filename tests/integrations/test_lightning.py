@@ -88,3 +88,76 @@ def test_ada_steps_once_per_optimizer_step():
     lit = LitLM(ada=ada)
     fit(lit, steps=2, accumulate=2)
     assert ada.steps == 2 and ada.alpha != 0.3
+
+
+class WithExtraTerm(LitLM):
+    """A regulariser added to the selective loss, as a z-loss or an MoE auxiliary loss would be."""
+
+    def training_step(self, batch, batch_idx):
+        h = self.model.hidden_states(batch["x"])
+        return self.eslm_loss(batch["targets"], hidden=h, lm_weight=self.model.lm_head.weight) \
+            + 0.5 * h.square().mean()
+
+
+def test_an_added_term_keeps_its_scale_without_accumulation():
+    """accumulate_grad_batches=1: the gradient is that of (exact kept mean + 0.5 x regulariser), by hand. It was
+    rescaled with the selective term by world / K (off by 9.9% in the issue's case)."""
+    lit = WithExtraTerm()
+    fit(lit, steps=1, accumulate=1)
+    got = [p.grad.clone() for p in lit.model.parameters()]
+    model = TinyLM()
+    b = micro_batches()[0]
+    want_ce = hand_grads(model, [b], 0.3)
+    model.zero_grad()
+    (0.5 * model.hidden_states(b["x"]).square().mean()).backward()
+    for a, c, r in zip(got, want_ce, [p.grad for p in model.parameters()]):
+        assert torch.allclose(a, c + (r if r is not None else 0), atol=1e-6)
+
+
+def test_an_added_term_under_accumulation_is_refused():
+    from eslm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="eslm_loss\\(...\\) alone"):
+        fit(WithExtraTerm(), steps=1, accumulate=2)
+
+
+def test_group_and_other_fixed_options_are_refused():
+    from eslm.errors import ConfigError
+
+    class Grouped(LitLM):
+        def __init__(self):
+            L.LightningModule.__init__(self)
+            self.model = TinyLM()
+            self.setup_eslm(alpha=0.3, group=object())
+
+    with pytest.raises(ConfigError, match="group"):
+        Grouped()
+
+
+class Recording(LitLM):
+    def __init__(self):
+        super().__init__()
+        self.returned = []
+
+    def training_step(self, batch, batch_idx):
+        out = super().training_step(batch, batch_idx)
+        self.returned.append(float(out.detach()))
+        return out
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_the_returned_loss_is_the_kept_mean(accumulate):
+    """What Lightning shows as 'loss' is each micro-batch's mean CE over its kept tokens (it was their sum)."""
+    lit = Recording()
+    fit(lit, steps=1, accumulate=accumulate)
+    model = TinyLM()
+    for value, b in zip(lit.returned, micro_batches()):
+        logits = (model.hidden_states(b["x"]) @ model.lm_head.weight.t()).reshape(-1, V)
+        t = b["targets"].reshape(-1)
+        valid = t != -100
+        logp = torch.log_softmax(logits, -1)
+        s = (-(logp.exp() * logp).sum(-1)).masked_fill(~valid, float("-inf"))
+        n = int(valid.sum())
+        idx = torch.topk(s, n - math.floor(0.3 * n)).indices
+        assert value == pytest.approx(float(F.cross_entropy(logits[idx], t[idx])), rel=1e-5)
+    assert len(lit.returned) == accumulate

@@ -1,5 +1,7 @@
 """ESLM in a PyTorch Lightning ``LightningModule``: ``SelectiveLossMixin``.
 
+    import pytorch_lightning as L                       # what ``pip install 'eslm[lightning]'`` installs
+
     class LitLM(SelectiveLossMixin, L.LightningModule):
         def __init__(self):
             super().__init__()
@@ -10,14 +12,22 @@
             hidden = self.model.hidden_states(batch["input_ids"])             # no logits
             return self.eslm_loss(batch["targets"], hidden=hidden, lm_weight=self.model.lm_head.weight)
 
-Normalisation. Lightning divides the loss of every micro-batch by ``accumulate_grad_batches`` and DDP averages
-the gradients over the ranks, which is the exact kept-token mean only when every micro-batch keeps the same
-number of tokens. ``eslm_loss`` therefore returns each micro-batch's SUM of kept CE, counts the kept tokens,
-and ``on_before_optimizer_step`` (once the step's gradients are accumulated, before clipping) rescales the
-gradients by accumulate_grad_batches * world_size / K_step, K_step the kept tokens of the step summed over
-micro-batches and ranks: the update is then exactly that of the mean CE over the step's kept tokens, with any
-padding. The logged ``eslm/loss`` is each micro-batch's kept mean. A module that overrides
-``on_before_optimizer_step`` must call ``super().on_before_optimizer_step(optimizer)``.
+Normalisation: the update is exactly that of the mean CE over the step's kept tokens (every micro-batch,
+every rank), with any padding.
+
+* ``accumulate_grad_batches == 1``: ``eslm_loss`` returns the kept CE sum x world / K, K the kept tokens of all
+  ranks (one all-reduce of a count); DDP's averaging makes it the kept mean. Other terms added to it (a
+  regulariser, z-loss, an MoE auxiliary loss) keep their own scale.
+* ``accumulate_grad_batches > 1``: K of the later micro-batches is unknown when the first one's backward runs,
+  so ``eslm_loss`` returns a tensor whose gradient is the micro-batch's kept CE sum (its value is the kept
+  mean, what the progress bar shows), and ``on_before_optimizer_step`` (once the step's gradients are
+  accumulated, before clipping) scales the gradients by accumulate_grad_batches x world / K_step. That scale
+  would apply to any other term too, so a ``training_step`` that returns anything but ``eslm_loss``'s tensor
+  is refused in one line. A module that overrides ``on_before_optimizer_step`` or ``on_before_backward`` must
+  call ``super()``.
+
+``group=`` (one threshold over the ranks) is refused: the selection here is per rank. ``eslm/loss`` logs each
+micro-batch's kept mean.
 """
 
 from __future__ import annotations
@@ -25,6 +35,9 @@ from __future__ import annotations
 import torch
 
 from eslm.api import AdaAlpha, selective_loss
+from eslm.errors import ConfigError
+
+SET_BY_THE_MIXIN = ("group", "reduction", "num_items_in_batch", "return_tokens")
 
 
 class SelectiveLossMixin:
@@ -32,24 +45,53 @@ class SelectiveLossMixin:
 
     def setup_eslm(self, *, alpha: float = 0.1, score: str = "entropy", ada: AdaAlpha | None = None,
                    **loss_options) -> None:
+        taken = [k for k in SET_BY_THE_MIXIN if k in loss_options]
+        if taken:
+            raise ConfigError(f"setup_eslm: {', '.join(taken)} is set by the mixin (per-rank selection, exact "
+                              "normalisation over ranks and accumulation); found it among the options; fix: drop it")
         self.eslm_alpha, self.eslm_score, self.eslm_ada, self.eslm_options = alpha, score, ada, loss_options
-        self._eslm_kept = None
+        self._eslm_kept = self._eslm_returned = None
 
     def eslm_loss(self, targets: torch.Tensor, **inputs) -> torch.Tensor:
-        """The micro-batch's summed kept CE (``inputs``: logits=, or hidden= and lm_weight=, as for
-        ``eslm.api.selective_loss``); logs eslm/loss, eslm/kept_frac, eslm/var, eslm/cvar."""
+        """The micro-batch's selective loss, normalised as the module docstring says (``inputs``: logits=, or
+        hidden= and lm_weight=, as for ``eslm.api.selective_loss``); logs eslm/loss, eslm/kept_frac, eslm/var,
+        eslm/cvar."""
         alpha = self.eslm_ada.alpha if self.eslm_ada is not None else self.eslm_alpha
-        loss, stats = selective_loss(targets, **inputs, score=self.eslm_score, alpha=alpha, reduction="sum",
-                                     **self.eslm_options)
-        self._eslm_kept = stats.num_kept if self._eslm_kept is None else self._eslm_kept + stats.num_kept
+        total, stats = selective_loss(targets, **inputs, score=self.eslm_score, alpha=alpha, reduction="sum",
+                                      **self.eslm_options)
         if self.eslm_ada is not None:
             self.eslm_ada.observe(stats)
-        self.log_dict({"eslm/loss": loss.detach() / stats.num_kept.clamp(min=1), "eslm/kept_frac": stats.kept_frac,
-                       "eslm/var": stats.threshold, "eslm/cvar": stats.cvar})
-        return loss
+        mean = total.detach() / stats.num_kept.clamp(min=1)
+        self.log_dict({"eslm/loss": mean, "eslm/kept_frac": stats.kept_frac, "eslm/var": stats.threshold,
+                       "eslm/cvar": stats.cvar})
+        world = self.trainer.world_size
+        if self.trainer.accumulate_grad_batches == 1:
+            k = stats.num_kept
+            if world > 1:
+                k = k.clone()
+                torch.distributed.all_reduce(k)
+            self._eslm_returned = None
+            return total * (world / k.clamp(min=1).to(total.dtype))
+        self._eslm_kept = stats.num_kept if self._eslm_kept is None else self._eslm_kept + stats.num_kept
+        self._eslm_returned = total + (mean - total.detach())  # value: the kept mean; gradient: the kept sum's
+        return self._eslm_returned
+
+    def on_before_backward(self, loss: torch.Tensor) -> None:
+        returned, self._eslm_returned = self._eslm_returned, None
+        if returned is None:
+            return
+        # Lightning backpropagates training_step's loss / accumulate_grad_batches: its one input must be ours
+        fn = loss.grad_fn
+        if fn is None or not any(nf is returned.grad_fn for nf, _ in fn.next_functions):
+            raise ConfigError("with accumulate_grad_batches > 1 training_step must return eslm_loss(...) alone; "
+                              "found another loss (the step's gradients are scaled by accumulate x world / K_step, "
+                              "which would rescale any added term); fix: accumulate_grad_batches=1 (added terms "
+                              "then keep their scale), or drop the added term")
 
     def on_before_optimizer_step(self, optimizer) -> None:
         if self._eslm_kept is None:
+            if self.eslm_ada is not None:
+                self.eslm_ada.step()
             return
         k = self._eslm_kept.clone()
         world = self.trainer.world_size

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from eslm import study
@@ -413,3 +415,89 @@ def test_a_study_whose_runs_the_report_could_not_compare_is_refused(tmp_path):
     code, err = _cli_study(tmp_path, STUDY_OK.replace("seeds: [1, 2]", "seeds: [1, 2]\nsweep_model: x").replace(
         "sweep:\n", "sweep:\n  model.preset: [tiny, small]\n").replace("sweep_model: x\n", ""), "--dry-run")
     assert code == 2 and "found 2 sets that differ in model.preset" in err and "run one study per set" in err
+
+
+# ---------------------------------------------------------------- branched studies (eslm.train.branch)
+
+BRANCHED = """methods: [clm, random]
+seeds: [3]
+budget: {{steps_of: clm}}
+branch: {{from: clm, at_tokens: {at}}}
+config:
+  model: {{preset: tiny}}
+  data: {{dir: {data}, tokenizer: byte, seq_len: 32}}
+  train: {{micro_batch_size_seqs: 4, grad_accum_steps: 1, max_steps: 6, warmup_steps: 2, num_threads: 1}}
+  method: {{alpha: 0.3}}
+  eval: {{interval: 3, tokens_per_domain: 256, batch_size_seqs: 4}}
+  checkpoint: {{interval: 0}}
+  log: {{interval: 1, tensorboard: false}}
+"""
+
+
+def test_a_branched_study_trains_each_trunk_once_also_when_resumed(tmp_path, tiny_data, monkeypatch):
+    import eslm.train.trainer as trainer
+    from eslm.analysis import figures
+
+    monkeypatch.setattr(figures, "available", lambda: False)
+    real_train, calls, stop_first_arm = trainer.train, [], [True]
+
+    def counting_train(cfg):
+        calls.append(cfg.run.name)
+        if cfg.run.name != "trunk-clm-s3" and stop_first_arm:  # the study is stopped after its trunk
+            stop_first_arm.clear()
+            return trainer.RunResult(tmp_path, 0, None, "preempted")
+        return real_train(cfg)
+
+    monkeypatch.setattr(trainer, "train", counting_train)
+    f = tmp_path / "b.yaml"
+    f.write_text(BRANCHED.format(at=2 * 4 * 32, data=tiny_data))
+    assert study.run_study(str(f), tmp_path / "out") == 143
+    trunk_ckpt = tmp_path / "out" / "b" / "trunk-clm-s3" / "checkpoints" / "step_0000002.pt"
+    written = trunk_ckpt.stat().st_mtime_ns
+    assert study.run_study(str(f), tmp_path / "out") == 0
+    assert calls == ["trunk-clm-s3", "clm-s3", "clm-s3", "random-s3"]  # the trunk once, never again
+    assert trunk_ckpt.stat().st_mtime_ns == written
+    for arm in ("clm-s3", "random-s3"):
+        result = json.loads((tmp_path / "out" / "b" / arm / "result.json").read_text())
+        assert result["branch"]["from"] == str(trunk_ckpt) and result["branch"]["step"] == 2
+    assert study.run_study(str(f), tmp_path / "out") == 0 and calls.count("trunk-clm-s3") == 1
+    # the report: the trunks are not among its runs; each group's costs from the branch point beside its totals
+    summary = json.loads((tmp_path / "out" / "b" / "report" / "summary.json").read_text())
+    assert sorted(r["name"] for r in summary["runs"]) == ["clm-s3", "random-s3"]
+    since = {g["label"]: g["since_branch"] for g in summary["groups"]}
+    assert since["random"]["step"]["mean"] == 2
+    assert 0 < since["random"]["flops_paper"]["mean"] < summary["groups"][1]["final_flops_paper"]["mean"]
+
+
+def test_a_changed_branch_setting_is_refused(tmp_path, tiny_data, monkeypatch):
+    import eslm.train.trainer as trainer
+
+    monkeypatch.setattr(trainer, "train", lambda cfg: trainer.RunResult(tmp_path, 0, None, "preempted"))
+    f = tmp_path / "b.yaml"
+    f.write_text(BRANCHED.format(at=256, data=tiny_data))
+    assert study.run_study(str(f), tmp_path / "out") == 143  # started: branch recorded
+    f.write_text(BRANCHED.format(at=384, data=tiny_data))
+    with pytest.raises(ConfigError, match=r"its runs were started with branch from clm at step 2 \(256 tokens\); "
+                                          r"the study file now says from clm at step 3 \(384 tokens\)"):
+        study.run_study(str(f), tmp_path / "out")
+    f.write_text(BRANCHED.format(at=256, data=tiny_data).replace("branch: {from: clm, at_tokens: 256}\n", ""))
+    with pytest.raises(ConfigError, match=r"the study file now says none"):
+        study.run_study(str(f), tmp_path / "out")
+    # runs of a study that did not branch are not continued as a branched one either
+    (tmp_path / "out" / "b" / "branch.json").unlink()
+    (tmp_path / "out" / "b" / "clm-s3").mkdir()
+    f.write_text(BRANCHED.format(at=256, data=tiny_data))
+    with pytest.raises(ConfigError, match=r"clm-s3 started without a branch; the study file now says from clm"):
+        study.run_study(str(f), tmp_path / "out")
+
+
+def test_branch_section_mistakes_are_refused(tmp_path, tiny_data):
+    text = BRANCHED.format(at=256, data=tiny_data)
+    code, err = _cli_study(tmp_path, text.replace("{from: clm, at_tokens: 256}", "{from: clmm, at_tokens: -5, x: 1}"),
+                           "--dry-run")
+    assert code == 2 and "branch: unknown key(s) 'x'" in err and "branch.from: unknown method 'clmm'" in err
+    assert "branch.at_tokens: expected a positive number of training tokens, found -5" in err
+    code, err = _cli_study(tmp_path, text.replace("at_tokens: 256", "at_tokens: 128"), "--dry-run")
+    assert code == 2 and "branch.at_tokens: 128 tokens is step 1, inside the warmup (2 steps)" in err
+    code, err = _cli_study(tmp_path, text.replace("at_tokens: 256", "at_tokens: 100000"), "--dry-run")
+    assert code == 2 and "at or past the end of the schedule (6 steps)" in err

@@ -92,6 +92,7 @@ class TrainSection:
     loss_route: str = _f("auto", "fused loss route (docs/fused_loss.md): auto (the cheapest by the per-device cost model) | kept_cached | all_rows | grads_in_pass | kept_recompute (forced where it can run: the cached two need selection scores)")
     normalize: str = _f("paper", "paper (mean over kept tokens per micro-batch / accum steps) | global (sum / kept tokens of the whole step, all ranks)")
     num_threads: int = _f(0, "torch CPU threads; 0 = torch's default (torchrun sets 1 per process)")
+    branch_from: str = _f("", "a checkpoint file of another run to continue from (a branched study's trunk): its weights, optimizer state, data position, step, FLOPs and time; this run's method starts fresh and its cosine continues from there to its own last step (docs/study.md)")
 
 
 def method_section_class(specs) -> type[SharedMethodSettings]:
@@ -331,6 +332,11 @@ def config_warnings(cfg: Config) -> list[str]:
     return out
 
 
+# Keys whose default is what every run written before the key existed did (train.branch_from "": not branched):
+# their absence from a stored config is read as the default.
+ABSENT_MEANS_DEFAULT = ("train.branch_from",)
+
+
 def stored_config_problem(d: dict, *, complete: bool = False) -> str | None:
     """Why a run directory's stored config mapping (config.yaml as eslm wrote it) is not in this version's format,
     or None: a key this version does not have (e.g. the flat method keys eslm wrote before they were nested by
@@ -341,7 +347,7 @@ def stored_config_problem(d: dict, *, complete: bool = False) -> str | None:
     _apply(Config(), d, "", problems)
     if not problems and complete:
         have = _leaf_keys(d)
-        missing = [k for k in all_keys() if k not in have]
+        missing = [k for k in all_keys() if k not in have and k not in ABSENT_MEANS_DEFAULT]
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
             problems.append(f"no {missing[0]}{more}: written before the key existed")

@@ -49,7 +49,9 @@ def test_paired_differences_by_seed():
     assert d["mean"] == pytest.approx(0.1)
     assert d["half_width"] == pytest.approx(3.1824 * 0.0816497 / 2.0, abs=1e-4)
     rel = S.paired({"1": 90.0, "2": 80.0}, {"1": 100.0, "2": 100.0}, relative=True)
-    assert rel["per_seed"] == pytest.approx({"1": -0.1, "2": -0.2}) and rel["mean"] == pytest.approx(-0.15)
+    assert rel["per_seed"] == pytest.approx({"1": -0.1, "2": -0.2})
+    # costs: the geometric mean of the ratios, sqrt(0.9 * 0.8) - 1, the arithmetic one beside it
+    assert rel["mean"] == pytest.approx(math.sqrt(0.72) - 1) and rel["arithmetic"]["mean"] == pytest.approx(-0.15)
 
 
 def test_paired_matches_a_one_sample_t_interval_of_the_differences():
@@ -164,7 +166,8 @@ def test_a_seed_that_never_reaches_the_target_is_censored_at_its_budget():
     budget = {"1": 150.0, "2": 150.0, "3": 150.0}
     ci = S.paired_censored(eslm, clm, budget, budget)
     assert ci["n"] == 3 and ci["per_seed"] == pytest.approx({"1": 0.0, "2": 150 / 110 - 1, "3": -0.1})
-    assert ci["mean"] == pytest.approx((150 / 110 - 1 - 0.1) / 3)
+    assert ci["mean"] == pytest.approx((150 / 110 * 0.9) ** (1 / 3) - 1)
+    assert ci["arithmetic"]["mean"] == pytest.approx((150 / 110 - 1 - 0.1) / 3)
     assert ci["censored_x"] == ["2"] and ci["censored_y"] == [] and ci["bias"] == "x"
     words = S.cost_verdict(ci, "paper-FLOPs", "clm", "eslm")
     assert words.endswith("[1 of 3 seeds of eslm never reached the target and counts at its budget; the "
@@ -175,3 +178,73 @@ def test_a_seed_that_never_reaches_the_target_is_censored_at_its_budget():
     both = S.paired_censored({"1": None, "2": 5.0}, {"1": None, "2": 4.0}, {"1": 9.0, "2": 9.0}, {"1": 8.0, "2": 9.0})
     assert both["n"] == 1 and both["both_censored"] == ["1"] and both["bias"] is None
     assert S.censor({"1": None}, {}) == ({"1": None}, [])
+
+
+def test_relative_costs_are_geometric_means_of_the_per_seed_ratios():
+    # twice and half the cost: no difference on the log scale (the arithmetic mean of the ratios says +25%)
+    ci = S.paired({"1": 200.0, "2": 50.0, "3": 100.0}, {"1": 100.0, "2": 100.0, "3": 100.0}, relative=True)
+    assert ci["mean"] == pytest.approx(0.0, abs=1e-12) and ci["arithmetic"]["mean"] == pytest.approx(0.5 / 3)
+    st = pytest.importorskip("scipy.stats")
+    logs = [math.log(2.0), math.log(0.5), 0.0]
+    lo, hi = st.t.interval(0.95, 2, loc=0.0, scale=st.sem(logs))
+    assert (ci["lo"], ci["hi"]) == pytest.approx((math.expm1(lo), math.expm1(hi)), abs=1e-9)
+    assert ci["p"] == pytest.approx(st.ttest_1samp(logs, 0.0).pvalue, abs=1e-9)
+
+
+def test_sd_interval_and_upper_limit_match_scipy():
+    st = pytest.importorskip("scipy.stats")
+    values = [4.31, 4.52, 4.18, 4.40, 4.29]
+    ci = S.sd_ci(values)
+    s = st.tstd(values)
+    assert ci["sd"] == pytest.approx(s) and ci["n"] == 5
+    assert ci["lo"] == pytest.approx(s * math.sqrt(4 / st.chi2.ppf(0.975, 4)), rel=1e-9)
+    assert ci["hi"] == pytest.approx(s * math.sqrt(4 / st.chi2.ppf(0.025, 4)), rel=1e-9)
+    # the upper 80% confidence limit a study is planned from: 1.557 s with 5 values
+    assert S.sd_upper(s, 5) == pytest.approx(s * math.sqrt(4 / st.chi2.ppf(0.2, 4)), rel=1e-9)
+    assert S.sd_upper(1.0, 5) == pytest.approx(1.557, abs=1e-3)
+    assert S.sd_ci([1.0])["lo"] is None
+    for df in (1, 3, 9, 39):
+        for x in (0.05, 1.0, 7.5, 60.0):
+            assert S.chi2_cdf(x, df) == pytest.approx(st.chi2.cdf(x, df), abs=1e-12)
+
+
+def test_spread_comparison_matches_scipy():
+    st = pytest.importorskip("scipy.stats")
+    x = {"1": 4.31, "2": 4.52, "3": 4.18, "4": 4.40, "5": 4.29, "6": 4.61}
+    y = {"1": 4.35, "2": 4.37, "3": 4.33, "4": 4.41, "5": 4.36}
+    c = S.spread_comparison(x, y)
+    vx, vy = st.tvar(list(x.values())), st.tvar(list(y.values()))
+    f = vx / vy
+    assert c["ratio"] == pytest.approx(math.sqrt(f))
+    assert c["p_f"] == pytest.approx(2 * min(st.f.cdf(f, 5, 4), st.f.sf(f, 5, 4)), abs=1e-10)
+    assert c["lo"] == pytest.approx(math.sqrt(f / st.f.ppf(0.975, 5, 4)), rel=1e-8)
+    assert c["hi"] == pytest.approx(math.sqrt(f / st.f.ppf(0.025, 5, 4)), rel=1e-8)
+    seeds = ["1", "2", "3", "4", "5"]  # Pitman-Morgan: the correlation of sums and differences over shared seeds
+    r = st.pearsonr([x[k] + y[k] for k in seeds], [x[k] - y[k] for k in seeds])
+    assert c["n_pairs"] == 5 and c["p_paired"] == pytest.approx(r.pvalue, abs=1e-9)
+    assert S.spread_comparison({"1": 1.0}, y)["ratio"] is None
+
+
+def test_tost_worked_example():
+    # paired differences d (nats), margin 0.015: mean 0.00275, s = 0.0067559, se = s / sqrt(8) = 0.0023886;
+    # t_lower = (0.00275 + 0.015) / se = 7.431, t_upper = (0.00275 - 0.015) / se = -5.129, 7 df:
+    # p_lower = P(T > 7.431) = 7.28e-5, p_upper = P(T < -5.129) = 6.78e-4 -> TOST p = 6.78e-4: equivalent;
+    # the 90% interval 0.00275 +- 1.8946 se = [-0.00178, +0.00728] lies inside (-0.015, 0.015)
+    d = [0.010, -0.004, 0.006, 0.002, -0.008, 0.012, 0.000, 0.004]
+    ci = S.paired({str(i): v for i, v in enumerate(d)}, {str(i): 0.0 for i in range(8)})
+    t = S.tost(ci, 0.015)
+    assert t["p_lower"] == pytest.approx(7.276e-5, rel=1e-3) and t["p_upper"] == pytest.approx(6.779e-4, rel=1e-3)
+    assert t["p"] == t["p_upper"] and t["equivalent"]
+    assert (t["lo90"], t["hi90"]) == pytest.approx((0.00275 - 1.89458 * 0.00238859, 0.00275 + 1.89458 * 0.00238859),
+                                                   abs=1e-7)
+    assert S.tost_verdict(t).startswith("equivalent within +-0.015 nats (TOST p = 0.00068; 90% interval")
+    # three times the spread: the 90% interval reaches past +0.015, equivalence is not shown (p_upper = 0.175)
+    wide = [0.010, -0.024, 0.036, 0.002, -0.028, 0.032, 0.000, 0.024]
+    t = S.tost(S.paired({str(i): v for i, v in enumerate(wide)}, {str(i): 0.0 for i in range(8)}), 0.015)
+    assert not t["equivalent"] and t["p"] == pytest.approx(0.17464, abs=1e-4)
+    assert "not shown" in S.tost_verdict(t) and S.tost(S.paired({"1": 1.0}, {"1": 0.0}), 0.015) is None
+
+
+def test_the_pairs_needed_for_a_target_mde():
+    n = S.pairs_for_mde(0.05, 0.025)
+    assert S.mde(0.05, n) <= 0.025 < S.mde(0.05, n - 1)

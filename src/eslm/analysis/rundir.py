@@ -34,6 +34,19 @@ MACHINE_KEYS = tuple(k for k in RESUME_MAY_CHANGE if k not in ("train.max_steps"
 IGNORED_FOR_GROUPING = RUN_KEYS + MACHINE_KEYS
 
 
+def grouping_view(flat: dict) -> dict:
+    """A flat config as grouping compares it: ``train.branch_from`` (each seed continues its own trunk's
+    checkpoint, eslm.train.branch) reduced to the branch point the seeds share: the trunk's name without its
+    ``-s<seed>`` and the checkpoint's step, e.g. ``trunk-clm/step_0000100.pt``."""
+    import re
+
+    b = flat.get("train.branch_from")
+    if not b:
+        return flat
+    p = Path(str(b))
+    return {**flat, "train.branch_from": f"{re.sub(r'-s-?[0-9]+$', '', p.parent.parent.name)}/{p.name}"}
+
+
 class RunDirError(ESLMError):
     """A path that is not a readable run directory."""
 
@@ -189,7 +202,7 @@ def load_run(path: str | Path) -> Run:
 
 def experiment_key(config: dict) -> str:
     """Canonical JSON of a resolved config without ``IGNORED_FOR_GROUPING``: equal keys, one experiment."""
-    flat = {k: v for k, v in flatten(config).items() if k not in IGNORED_FOR_GROUPING}
+    flat = {k: v for k, v in grouping_view(flatten(config)).items() if k not in IGNORED_FOR_GROUPING}
     return json.dumps(flat, sort_keys=True, default=str)
 
 
@@ -218,7 +231,7 @@ def group_runs(runs: list[Run]) -> list[Group]:
         groups.append(Group(key=key, label="", method=members[0].method, settings={}, runs=members))
     for method in {g.method for g in groups}:
         same = [g for g in groups if g.method == method]
-        flats = [flatten(g.runs[0].config) for g in same]
+        flats = [grouping_view(flatten(g.runs[0].config)) for g in same]
         varying = [k for k in _varying_keys(flats) if k != "method.name"]
         for g, flat in zip(same, flats):
             g.settings = {k: flat.get(k) for k in varying}

@@ -9,8 +9,11 @@ Interval of a mean over n seeds: mean +- t_{(1+level)/2, n-1} * s / sqrt(n), s t
 (n - 1 in the denominator). With n = 1 there is no interval ("n=1, no interval").
 
 Paired differences: the runs of two groups are matched by seed (same data order and same initial weights for
-a seed, see eslm.study), d_i = x_i - y_i (absolute) or (x_i - y_i) / y_i (relative), and the interval is the
-t interval of the d_i. Pairing removes the between-seed variance that both runs share, which is most of it.
+a seed, see eslm.study), d_i = x_i - y_i (absolute), and the interval is the t interval of the d_i; relative
+differences (costs) are geometric: the t interval of log(x_i / y_i), shown as exp(.) - 1. Pairing removes
+the between-seed variance that both runs share; how much that is depends on how strongly the seeds' results
+are correlated across the two groups (in the confirmatory CPU study, hardly: the paired SD was what
+independent runs would give). A branched study (eslm.study) shares the early phase itself.
 
 What a comparison could not see (``mde``): the smallest true mean difference that a two-sided paired t test
 at 5% detects with 80% power, given n pairs and their standard deviation s. Power is computed from the
@@ -118,24 +121,38 @@ def mean_ci(values, level: float = LEVEL) -> dict:
 def paired(x: dict, y: dict, *, relative: bool = False, level: float = LEVEL) -> dict:
     """Paired differences of two {seed: value} maps over the seeds both have with finite values.
 
-    relative=False: d = x - y; relative=True: d = (x - y) / y. Returns mean_ci of the d's plus
-    ``per_seed`` {seed: d}, ``unpaired`` (seeds present in one map only, or with a missing value), ``p`` (the
-    two-sided paired t test of a zero mean) and ``mde`` (the smallest true mean difference that test detects
-    with 80% power, from the observed spread; ``mde``)."""
-    def ok(v):
-        return v is not None and math.isfinite(float(v))
+    relative=False: d = x - y. Returns mean_ci of the d's plus ``per_seed`` {seed: d}, ``unpaired`` (seeds
+    present in one map only, or with a missing value), ``p`` (the two-sided paired t test of a zero mean) and
+    ``mde`` (the smallest true mean difference that test detects with 80% power, from the observed spread).
 
-    seeds = [s for s in x if s in y and ok(x[s]) and ok(y[s]) and (not relative or float(y[s]) != 0.0)]
-    d = {}
-    for s in seeds:
-        diff = float(x[s]) - float(y[s])
-        d[s] = diff / float(y[s]) if relative else diff
-    out = mean_ci(list(d.values()), level)
+    relative=True (costs, positive values): the geometric mean of the per-seed ratios x / y, as x / y - 1: the
+    t interval, p and mde are those of log(x / y) (in ``log``) carried back by exp(.) - 1, so a cost twice as
+    high and one half as high cancel; ``per_seed`` holds x / y - 1, and ``arithmetic`` the plain mean of those
+    with its interval, shown beside it."""
+    def ok(v):
+        return v is not None and math.isfinite(float(v)) and (not relative or float(v) > 0.0)
+
+    seeds = [s for s in x if s in y and ok(x[s]) and ok(y[s])]
+    if not relative:
+        d = {s: float(x[s]) - float(y[s]) for s in seeds}
+        out = mean_ci(list(d.values()), level)
+        out["p"] = p_value(out)
+        out["mde"] = mde(out["std"], out["n"], level=level)
+    else:
+        d = {s: float(x[s]) / float(y[s]) - 1.0 for s in seeds}
+        logs = mean_ci([math.log(float(x[s]) / float(y[s])) for s in seeds], level)
+        logs["p"] = p_value(logs)
+        logs["mde"] = mde(logs["std"], logs["n"], level=level)
+
+        def back(v):
+            return None if v is None else math.expm1(v)
+
+        out = {"n": logs["n"], "mean": back(logs["mean"]), "std": logs["std"], "lo": back(logs["lo"]),
+               "hi": back(logs["hi"]), "half_width": None, "level": level, "p": logs["p"], "mde": back(logs["mde"]),
+               "log": logs, "arithmetic": mean_ci(list(d.values()), level)}
     out["per_seed"] = d
     out["unpaired"] = sorted({*x, *y} - set(seeds), key=str)
     out["relative"] = relative
-    out["p"] = p_value(out)
-    out["mde"] = mde(out["std"], out["n"], level=level)
     return out
 
 
@@ -390,3 +407,172 @@ def paired_censored(x: dict, y: dict, x_budget: dict, y_budget: dict, *, level: 
     cx, cy = bool(out["censored_x"]), bool(out["censored_y"])
     out["bias"] = "both" if cx and cy else "x" if cx else "y" if cy else None
     return out
+
+
+# ---------------------------------------------------------------- spread between seeds, equivalence
+
+
+def gammainc(a: float, x: float) -> float:
+    """Regularized lower incomplete gamma P(a, x): its power series below x = a + 1, else 1 minus the
+    continued fraction of the upper one (modified Lentz)."""
+    if x <= 0.0:
+        return 0.0
+    log_front = a * math.log(x) - x - math.lgamma(a)
+    if x < a + 1.0:
+        term = total = 1.0 / a
+        ap = a
+        for _ in range(1000):
+            ap += 1.0
+            term *= x / ap
+            total += term
+            if abs(term) < abs(total) * 3e-16:
+                break
+        return min(1.0, total * math.exp(log_front))
+    tiny = 1e-300
+    b = x + 1.0 - a
+    c, d = 1.0 / tiny, 1.0 / b
+    h = d
+    for i in range(1, 1000):
+        an = -i * (i - a)
+        b += 2.0
+        d = an * d + b
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = b + an / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        if abs(d * c - 1.0) < 3e-16:
+            break
+    return max(0.0, 1.0 - math.exp(log_front) * h)
+
+
+def chi2_cdf(x: float, df: float) -> float:
+    return gammainc(df / 2.0, x / 2.0)
+
+
+def f_cdf(f: float, d1: float, d2: float) -> float:
+    """P(F <= f) for Fisher's F with (d1, d2) degrees of freedom."""
+    return 0.0 if f <= 0.0 else betainc(d1 / 2.0, d2 / 2.0, d1 * f / (d1 * f + d2))
+
+
+def _quantile(cdf, p: float) -> float:
+    """The p-quantile of a distribution on (0, inf) with CDF ``cdf`` (bisection in log space)."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"expected 0 < p < 1, got {p}")
+    lo, hi = 1e-12, 1.0
+    while cdf(hi) < p:
+        hi *= 2.0
+    for _ in range(200):
+        mid = math.sqrt(lo * hi)
+        if cdf(mid) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi / lo - 1.0 < 1e-13:
+            break
+    return math.sqrt(lo * hi)
+
+
+def chi2_quantile(p: float, df: float) -> float:
+    return _quantile(lambda x: chi2_cdf(x, df), p)
+
+
+def f_quantile(p: float, d1: float, d2: float) -> float:
+    return _quantile(lambda f: f_cdf(f, d1, d2), p)
+
+
+def sd_ci(values, level: float = LEVEL) -> dict:
+    """{"n", "sd", "lo", "hi", "level"}: the sample standard deviation of the finite ``values`` and its
+    two-sided interval from the chi-squared distribution of (n - 1) s^2 / sigma^2 (normal values):
+    s sqrt((n - 1) / chi2_{(1 + level) / 2}) to s sqrt((n - 1) / chi2_{(1 - level) / 2}). No interval below 2."""
+    nums = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    n = len(nums)
+    out = {"n": n, "sd": None, "lo": None, "hi": None, "level": level}
+    if n < 2:
+        return out
+    s = statistics.stdev(nums)
+    out["sd"] = s
+    out["lo"] = s * math.sqrt((n - 1) / chi2_quantile(0.5 + level / 2.0, n - 1))
+    out["hi"] = s * math.sqrt((n - 1) / chi2_quantile(0.5 - level / 2.0, n - 1))
+    return out
+
+
+def sd_upper(sd: float, n: int, confidence: float = 0.8) -> float:
+    """The one-sided upper ``confidence`` limit of a standard deviation ``sd`` measured over ``n`` values:
+    sd sqrt((n - 1) / chi2_{1 - confidence, n - 1}). A study planned from it is planned for a spread the
+    pilot does not rule out, not for the pilot's point estimate (with 5 values the upper 80% limit is 1.56 sd)."""
+    return sd * math.sqrt((n - 1) / chi2_quantile(1.0 - confidence, n - 1))
+
+
+def pairs_for_mde(sd: float, target: float, power: float = 0.8, level: float = LEVEL, most: int = 10000) -> int:
+    """The fewest pairs whose two-sided paired t test detects a mean difference ``target`` with ``power``
+    when the differences' standard deviation is ``sd`` (``mde(sd, n) <= target``)."""
+    n = 2
+    while n < most and mde(sd, n, power, level) > target:
+        n += 1
+    return n
+
+
+def spread_comparison(x: dict, y: dict, level: float = LEVEL) -> dict:
+    """Whether two groups' final values spread differently across seeds, {seed: value} each.
+
+    ``ratio``: s_x / s_y with its interval from F(n_x - 1, n_y - 1); ``p_f``: the two-sided F test of equal
+    variances (independent samples: it ignores the pairing by seed); ``p_paired``: the Pitman-Morgan test,
+    which uses it (equal variances iff x - y and x + y are uncorrelated; t with n - 2 degrees of freedom over
+    the seeds both groups have). None where a group has fewer than 2 values (3 pairs for Pitman-Morgan)."""
+    xs = [float(v) for v in x.values() if v is not None and math.isfinite(float(v))]
+    ys = [float(v) for v in y.values() if v is not None and math.isfinite(float(v))]
+    out = {"n_x": len(xs), "n_y": len(ys), "ratio": None, "lo": None, "hi": None, "p_f": None, "p_paired": None,
+           "n_pairs": 0, "level": level}
+    if len(xs) < 2 or len(ys) < 2:
+        return out
+    vx, vy = statistics.variance(xs), statistics.variance(ys)
+    d1, d2 = len(xs) - 1, len(ys) - 1
+    if vy > 0 and vx > 0:
+        f = vx / vy
+        out["ratio"] = math.sqrt(f)
+        out["lo"] = math.sqrt(f / f_quantile(0.5 + level / 2.0, d1, d2))
+        out["hi"] = math.sqrt(f / f_quantile(0.5 - level / 2.0, d1, d2))
+        out["p_f"] = min(1.0, 2.0 * min(f_cdf(f, d1, d2), 1.0 - f_cdf(f, d1, d2)))
+    seeds = [s for s in x if s in y and x[s] is not None and y[s] is not None
+             and math.isfinite(float(x[s])) and math.isfinite(float(y[s]))]
+    out["n_pairs"] = n = len(seeds)
+    if n >= 3:
+        sums = [float(x[s]) + float(y[s]) for s in seeds]
+        diffs = [float(x[s]) - float(y[s]) for s in seeds]
+        if statistics.pstdev(sums) > 0 and statistics.pstdev(diffs) > 0:
+            r = statistics.correlation(sums, diffs)
+            t = abs(r) * math.sqrt((n - 2) / max(1e-300, 1.0 - r * r))
+            out["p_paired"] = min(1.0, 2.0 * (1.0 - t_cdf(t, n - 2)))
+    return out
+
+
+def tost(ci: dict, margin: float, alpha: float = 1.0 - LEVEL) -> dict | None:
+    """Two one-sided paired t tests of equivalence within +-``margin`` for the mean difference of ``ci``
+    (``paired``): H0 mean <= -margin against mean > -margin, and H0 mean >= margin against mean < margin.
+    ``p`` is the larger one-sided p; ``equivalent`` when it is below ``alpha``, the same as the (1 - 2 alpha)
+    interval (``lo90``, ``hi90`` at alpha 5%) lying inside (-margin, margin). None below 2 pairs."""
+    n, m, sd = ci.get("n", 0), ci.get("mean"), ci.get("std")
+    if n < 2 or m is None or sd is None or not margin > 0:
+        return None
+    df = n - 1
+    se = sd / math.sqrt(n)
+    if se == 0.0:
+        p_low, p_high = (0.0 if m > -margin else 1.0), (0.0 if m < margin else 1.0)
+    else:
+        p_low = 1.0 - t_cdf((m + margin) / se, df)
+        p_high = t_cdf((m - margin) / se, df)
+    half = t_quantile(1.0 - alpha, df) * se
+    p = max(p_low, p_high)
+    return {"margin": margin, "p_lower": p_low, "p_upper": p_high, "p": p, "equivalent": p < alpha,
+            "lo90": m - half, "hi90": m + half, "alpha": alpha}
+
+
+def tost_verdict(t: dict | None, unit: str = "nats") -> str:
+    """One phrase for ``tost``'s result."""
+    if t is None:
+        return "equivalence not tested (fewer than 2 pairs)"
+    within = f"within +-{t['margin']:g} {unit}"
+    interval = f"90% interval [{t['lo90']:+.4f}, {t['hi90']:+.4f}]"
+    if t["equivalent"]:
+        return f"equivalent {within} (TOST p = {t['p']:.2g}; {interval})"
+    return f"equivalence {within} not shown (TOST p = {t['p']:.2g}; {interval} reaches past the margin)"

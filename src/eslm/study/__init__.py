@@ -43,7 +43,7 @@ from pathlib import Path
 
 from eslm.errors import ConfigError
 from eslm.study import shared
-from eslm.study.grid import Stage, plan, stages
+from eslm.study.grid import Stage, check_branch_record, plan, stages
 from eslm.study.launch import (LAUNCHERS, PARENT_FD_ENV, QUEUED, Launched, Launcher, LocalLauncher, Outcome,
                                watch_parent)
 from eslm.study.report import _report, mark_earlier_report_stale
@@ -83,7 +83,7 @@ def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int]
                   f"{c.train.max_steps} steps ({stage.name}: trained once, before the runs)")
     for c in configs:
         print(f"  {c.run.name}: method={c.method.name} seed={c.run.seed} budget {c.train.max_flops:.3g} "
-              f"{c.flops.budget_counter}")
+              f"{c.flops.budget_counter}" + (" (from its trunk's checkpoint)" if c.train.branch_from else ""))
     if dry_run:
         return 0
     from eslm.lock import DirLock
@@ -91,6 +91,7 @@ def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int]
     study_dir = out / study["name"]
     study_dir.mkdir(parents=True, exist_ok=True)
     with DirLock(study_dir, what="study directory"):  # a second eslm study on this directory is refused
+        check_branch_record(study, study_dir, configs)
         return _train_and_report(study, configs, launcher, study_dir)
 
 

@@ -2,9 +2,12 @@
 Config (``plan``), the equal-FLOPs budget (``_with_budget``), and the stages the runs train in (``stages``).
 
 A stage is a list of runs that may train in any order or at once; every run of a stage finishes before the
-next stage starts. A plain study is one stage. Runs that others start from (a shared trunk, a model trained
-once per study) form a stage of their own before the runs that need them: a launcher
-(``eslm.study.launch.Launcher``) is handed one stage at a time and needs no notion of dependencies."""
+next stage starts (``stages``). A plain study is one stage, its grid's runs. Runs that others start from
+form a stage of their own before the runs that need them: a branched study's trunks (``branch``: one run per
+seed, trained to the branch point; every grid run of that seed continues its checkpoint, see
+``eslm.train.branch``), or a model trained once per study. A launcher (``eslm.study.launch.Launcher``) is
+handed one stage at a time and needs no notion of dependencies. Only the last stage (the grid's runs) is
+reported."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from eslm.study.schema import _entry, _flatten, _refuse, _seeds_problems, _slug
 @dataclass(frozen=True)
 class Stage:
     """Runs (resolved Configs) that train together, in this order of priority; ``name`` is what the study's
-    output calls them ("runs")."""
+    output calls them ("models", "trunks", "runs")."""
 
     name: str
     runs: tuple
@@ -28,7 +31,7 @@ class Stage:
 
 def stages(study: dict, configs: list) -> list[Stage]:
     """The stages the planned runs ``configs`` train in, first to last: the study's shared models when it declares
-    some (``eslm.study.shared``), then the runs."""
+    some (``eslm.study.shared``), its trunks when it branches (``branch``), then the runs."""
     from eslm.study import shared
 
     first = []
@@ -36,7 +39,69 @@ def stages(study: dict, configs: list) -> list[Stage]:
         models, _ = shared.plan_models(study, Path(configs[0].run.out_dir), _flatten(study["config"] or {}),
                                        list(dict.fromkeys(c.run.seed for c in configs)))
         first = [Stage(shared.STAGE, tuple(models))]
+    if study.get("branch") and configs:
+        first.append(Stage("trunks", tuple(_trunks(study, configs))))
     return first + [Stage("runs", tuple(configs))]
+
+
+def trunk_name(study: dict, seed: int) -> str:
+    return f"trunk-{study['branch']['from']}-s{seed}"
+
+
+def branch_step(study: dict, cfg) -> int:
+    """The optimizer step of the branch point: ``branch.at_tokens`` in whole steps of ``cfg`` (rounded down)."""
+    t = cfg.train
+    return int(study["branch"]["at_tokens"]) // (t.micro_batch_size_seqs * cfg.data.seq_len * t.grad_accum_steps)
+
+
+def _branch_problems(study: dict, configs: list) -> list[str]:
+    """The branch point against the runs: past the warmup, before the end of the dense run's schedule, no
+    trunk named as a grid run."""
+    c = configs[0]
+    t, step = c.train, branch_step(study, c)
+    decay = t.lr_decay_steps or t.max_steps
+    words = f"branch.at_tokens: {study['branch']['at_tokens']} tokens is step {step}"
+    out = []
+    if step < max(1, t.warmup_steps):
+        out.append(f"{words}, inside the warmup ({t.warmup_steps} steps); expected a branch point at or after "
+                   f"step {max(1, t.warmup_steps)}")
+    if step >= decay:
+        out.append(f"{words}, at or past the end of the schedule ({decay} steps); expected an earlier branch point")
+    names = {x.run.name for x in configs}
+    out += [f"branch: the trunk {trunk_name(study, x.run.seed)!r} has the name of a grid run; label that entry"
+            for x in configs if trunk_name(study, x.run.seed) in names][:1]
+    return out
+
+
+def _with_branch(study: dict, configs: list) -> list:
+    """Every run continues the checkpoint of its seed's trunk at the branch point (``train.branch_from``)."""
+    from dataclasses import replace
+
+    step = branch_step(study, configs[0])
+    out = []
+    for c in configs:
+        ckpt = Path(c.run.out_dir) / trunk_name(study, c.run.seed) / "checkpoints" / f"step_{step:07d}.pt"
+        out.append(replace(c, train=replace(c.train, branch_from=str(ckpt))))
+    return out
+
+
+def _trunks(study: dict, runs: list) -> list:
+    """One trunk per seed: its runs' config (the study's, with any command-line overrides) with the method
+    ``branch.from`` and the study's method settings, trained to the branch point on the dense run's schedule
+    (warmup, then the cosine of the dense run's length, unstretched), without a FLOPs budget."""
+    from eslm.config import build_config
+
+    first = runs[0].train
+    step, decay = branch_step(study, runs[0]), first.lr_decay_steps or first.max_steps
+    method = {"method": ((study["config"] or {}).get("method") or {})}
+    out = []
+    for seed in dict.fromkeys(c.run.seed for c in runs):
+        arm = next(c for c in runs if c.run.seed == seed).to_dict()
+        out.append(build_config(overrides=_flatten({k: v for k, v in arm.items() if k != "method"}) + _flatten(method) + [
+            f"method.name={study['branch']['from']}", f"run.name={trunk_name(study, seed)}", f"train.max_steps={step}",
+            f"train.lr_decay_steps={decay}", "train.lr_schedule=steps", "train.max_flops=0", "train.branch_from="]))
+    return out
+
 
 def _axes(study: dict) -> list[tuple[str, list, set | None]]:
     """``sweep`` -> [(dotted key, values, methods it applies to or None for all)] (checked by ``study_problems``)."""
@@ -116,8 +181,10 @@ def plan(study: dict, out: Path, seeds=None, overrides=()) -> list:
         if study.get("models"):
             _, found = shared.plan_models(study, out / study["name"], base, list(dict.fromkeys(p[3] for p in points)))
             problems += found + shared.missing_problems(configs, study, out / study["name"])
+        if study.get("branch"):
+            problems += _branch_problems(study, configs)
     _refuse(where, problems)
-    return configs
+    return _with_branch(study, configs) if study.get("branch") else configs
 
 
 def _same_run_problems(configs: list) -> list[str]:
@@ -176,3 +243,41 @@ def _with_budget(cfg, budget: dict):
                    flops=replace(cfg.flops, budget_counter=counter))
 
 
+BRANCH_RECORD = "branch.json"
+
+
+def check_branch_record(study: dict, study_dir: Path, runs: list) -> None:
+    """Refuse to continue a study whose branch settings (``branch.from``, the branch step) changed since its
+    runs were started, or that starts branching runs trained without; else record them in
+    ``<study>/branch.json``. Runs of two branch points are never mixed in one study directory."""
+    import json
+
+    from eslm.files import atomic_write
+
+    now = ({"from": study["branch"]["from"], "at_tokens": study["branch"]["at_tokens"],
+            "step": branch_step(study, runs[0])} if study.get("branch") else None)
+    path = study_dir / BRANCH_RECORD
+    fix = ("restore the study file's branch section, or give the changed study its own --out (or file name)")
+    if path.is_file():
+        try:
+            before = json.loads(path.read_text()).get("branch")
+        except (OSError, json.JSONDecodeError, AttributeError):
+            raise ConfigError(f"study {study['name']}: {path} is not the JSON eslm wrote; delete it only if every "
+                              "run of the study was branched as the study file says") from None
+        same = (before is None) == (now is None) and (now is None or (before.get("from"), before.get("step"))
+                                                      == (now["from"], now["step"]))
+        if not same:
+            raise ConfigError(f"study {study['name']}: its runs were started with branch {_words(before)}; the "
+                              f"study file now says {_words(now)}; a study's runs share one branch point: {fix}")
+        return
+    started = [c.run.name for c in runs if (Path(c.run.out_dir) / c.run.name).exists()]
+    if now is not None and started:
+        raise ConfigError(f"study {study['name']}: {', '.join(started[:3])} started without a branch; the study "
+                          f"file now says {_words(now)}: {fix}")
+    atomic_write(path, (json.dumps({"branch": now}, indent=2) + "\n").encode())
+
+
+def _words(branch: dict | None) -> str:
+    if branch is None:
+        return "none (every run from step 0)"
+    return f"from {branch.get('from')} at step {branch.get('step')} ({branch.get('at_tokens')} tokens)"

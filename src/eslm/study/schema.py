@@ -67,11 +67,13 @@ def _refuse(where: str, problems: list[str]) -> None:
 
 # ---------------------------------------------------------------- checking a study file
 
-STUDY_KEYS = ("description", "methods", "seeds", "sweep", "config", "budget", "report", "jobs", "models", "launcher")
+STUDY_KEYS = ("description", "methods", "seeds", "sweep", "config", "budget", "report", "jobs", "models",
+              "launcher", "branch")
 AXIS_KEYS = ("values", "methods")
 BUDGET_KEYS = ("steps_of", "counter")
-REPORT_KEYS = ("baseline", "target", "primary")
+REPORT_KEYS = ("baseline", "target", "primary", "equivalence_margin")
 MODEL_KEYS = ("method", "seed", "per_seed")  # of a ``models`` entry, besides its config keys
+BRANCH_KEYS = ("from", "at_tokens")
 
 
 def _is_int(v) -> bool:
@@ -229,6 +231,12 @@ def _report_problems(report) -> list[str]:
     if "target" in report and target != "baseline" and not (
             isinstance(target, (int, float)) and not isinstance(target, bool) and 0 < target < float("inf")):
         problems.append(f"report.target: expected a positive validation loss or 'baseline', found {target!r}")
+    margin = report.get("equivalence_margin")
+    if "equivalence_margin" in report and not (_is_int(margin) or isinstance(margin, float)) or (
+            "equivalence_margin" in report and not 0 < margin < float("inf")):
+        problems.append(f"report.equivalence_margin: expected a positive number of nats, found {margin!r}")
+    elif "equivalence_margin" in report and "primary" not in report:
+        problems.append("report.equivalence_margin: applies to the primary comparison; add report.primary")
     primary = report.get("primary")
     if "primary" in report and not (isinstance(primary, list) and len(primary) == 2
                                     and all(isinstance(x, str) and x for x in primary) and primary[0] != primary[1]):
@@ -267,13 +275,35 @@ def models_problems(models) -> list[str]:
     return out
 
 
+def _branch_problems(branch) -> list[str]:
+    """The branch section's form (the branch point against the runs' schedule is checked by ``plan``)."""
+    if branch is None:
+        return []
+    if not isinstance(branch, dict):
+        return [f"branch: expected a mapping {{from: METHOD, at_tokens: N}}, found {branch!r}"]
+    problems = []
+    extra = [k for k in branch if k not in BRANCH_KEYS]
+    missing = [k for k in BRANCH_KEYS if k not in branch]
+    if extra:
+        problems.append(f"branch: unknown key(s) {_name_list(extra)}; expected {_name_list(BRANCH_KEYS)}")
+    if missing:
+        problems.append(f"branch: missing {_name_list(missing)}; write branch: {{from: clm, at_tokens: 40000}}")
+    if "from" in branch and (why := _method_problem(branch["from"])) is not None:
+        problems.append(f"branch.from: {why}")
+    if "at_tokens" in branch and not (_is_int(branch["at_tokens"]) and branch["at_tokens"] > 0):
+        problems.append(f"branch.at_tokens: expected a positive number of training tokens, found "
+                        f"{branch['at_tokens']!r}")
+    return problems
+
+
 def study_problems(study: dict) -> list[str]:
     """Every problem of a study file's structure (one phrase each; empty when it is well-formed): its keys,
     ``methods`` (known methods, path-safe labels, no entry twice), ``seeds`` (integers, each once), ``sweep``
     (non-empty value lists; ``methods`` naming entries of the study), ``config`` (a mapping), ``budget``
     (``steps_of`` a method of the study, a known ``counter``), ``report`` (its keys and values), ``jobs``,
-    ``models`` (``models_problems``) and ``launcher`` (``eslm.study.slurm.launcher_problems``). Config keys and
-    values, and the report's group names, are checked when the runs are planned (``plan``)."""
+    ``models`` (``models_problems``), ``launcher`` (``eslm.study.slurm.launcher_problems``) and ``branch``
+    (``from`` a known method, ``at_tokens`` a positive integer). Config keys and values, and the report's
+    group names, are checked when the runs are planned (``plan``)."""
     problems = []
     unknown = [k for k in study if k not in STUDY_KEYS]
     if unknown:
@@ -291,8 +321,10 @@ def study_problems(study: dict) -> list[str]:
         problems.append(f"config: expected a mapping of config sections (e.g. {{train: {{max_steps: 90}}}}), "
                         f"found {study['config']!r}")
     problems += _sweep_problems(study.get("sweep"), labels)
-    problems += _budget_problems(study.get("budget"), names, labels)
+    trunk = [study["branch"]["from"]] if isinstance(study.get("branch"), dict) and "from" in study["branch"] else []
+    problems += _budget_problems(study.get("budget"), names + trunk, labels)  # the trunk's method may set it
     problems += _report_problems(study.get("report"))
+    problems += _branch_problems(study.get("branch"))
     if "jobs" in study and not (_is_int(study["jobs"]) and study["jobs"] >= 1):
         problems.append(f"jobs: expected an integer >= 1, found {study['jobs']!r}")
     problems += models_problems(study.get("models"))

@@ -45,12 +45,21 @@ class Schedule:
     warmup_steps: int
     decay_steps: int
     ratio: float = 1.0
+    branch_step: int = 0  # a branched run (eslm.train.branch): from this step the cosine continues to end_step
+    end_step: int = 0
 
     def lr(self, step: int, *, lr: float, min_lr: float) -> float:
-        return lr_at(step, lr=lr, min_lr=min_lr, warmup_steps=self.warmup_steps, decay_steps=self.decay_steps)
+        b, end = self.branch_step, self.end_step
+        if not b or step < b or end == self.decay_steps:  # up to the branch point: the trunk's schedule
+            return lr_at(step, lr=lr, min_lr=min_lr, warmup_steps=self.warmup_steps, decay_steps=self.decay_steps)
+        at_branch = (b - self.warmup_steps) / max(1, self.decay_steps - self.warmup_steps)
+        ratio = at_branch + (1.0 - at_branch) * (step - b) / max(1, end - b)
+        if ratio >= 1.0:
+            return min_lr
+        return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
 
 
-def plan_schedule(cfg, method, fm) -> Schedule:
+def plan_schedule(cfg, method, fm, branch=None) -> Schedule:
     """The schedule of a run of ``cfg`` training ``method`` (an ``eslm.methods.Method`` as built, before any step
     or resume: Ada-ESLM at its starting alpha) on a model priced by ``fm`` (``eslm.flops.FlopsModel``).
 
@@ -64,18 +73,28 @@ def plan_schedule(cfg, method, fm) -> Schedule:
     step: ESLM at alpha 0.2 spends (1 + 2 x 0.8) / 3 of a dense step in paper FLOPs and decays over 104 steps
     where CLM decays over 90. The planned micro-batch keeps ``tokens.num_kept`` of ``rows.num_rows`` rows and
     counts the work every component declares before its first step (GREATS declares its scoring only after a
-    selection, so its plan counts the update pass alone and its schedule ends early)."""
+    selection, so its plan counts the update pass alone and its schedule ends early).
+
+    ``branch`` (an ``eslm.train.branch.BranchPoint``): the run continues that checkpoint. Under ``budget`` its
+    schedule is the trunk's (``warmup_steps`` and the decay length, unstretched) up to the branch point, then
+    the cosine continued from there to its own last step: the branch step plus the steps it takes to spend
+    the rest of the FLOPs budget at its planned step FLOPs (``Schedule.end_step``); otherwise the trunk's."""
     from eslm.flops import micro_batch_flops
 
     t = cfg.train
     warmup, decay = t.warmup_steps, t.lr_decay_steps or t.max_steps
     if t.lr_schedule != "budget" or t.max_flops <= 0:
-        return Schedule(warmup, decay)
+        return Schedule(warmup, decay, **({"branch_step": branch.step, "end_step": decay} if branch else {}))
     rows_in = t.micro_batch_size_seqs
     n = method.rows.num_rows(rows_in) * cfg.data.seq_len
     planned = micro_batch_flops(fm, method, tokens_seen=n, tokens_kept=method.tokens.num_kept(n))
     spent = {M.FLOPS_PAPER: planned.paper, M.FLOPS_EXECUTED: planned.executed,
              M.FLOPS_DENSE: planned.dense}[cfg.flops.budget_counter]
     ratio = fm.train_per_token * rows_in * cfg.data.seq_len / spent
+    if branch is not None:  # the trunk's schedule to the branch point, then the cosine to this run's own end
+        micro_batches = t.grad_accum_steps if cfg.flops.count_per == "global" else 1  # as equal_flops_budget
+        left = t.max_flops - branch.totals.get(cfg.flops.budget_counter, 0.0)
+        end = branch.step + max(1, math.ceil(left / (spent * micro_batches) - 1e-9))
+        return Schedule(warmup, decay, ratio, branch_step=branch.step, end_step=end)
     # the smallest whole step counts covering the stretched lengths; 1e-9 keeps a ratio of 1.0 exact
     return Schedule(math.ceil(warmup * ratio - 1e-9), math.ceil(decay * ratio - 1e-9), ratio)

@@ -28,11 +28,13 @@ from eslm.methods import build_method
 from eslm.model.gpt import GPT
 from eslm.train import checkpoint as ckpt
 from eslm.train import setup, snapshots
+from eslm.train.branch import read_branch_point
 from eslm.train.distributed import full_state_dicts, init_distributed, load_full_state_dicts, shutdown
 from eslm.train.optim import build_optimizer, plan_schedule
 from eslm.train.progress import progress_line
 from eslm.train.records import Update, eval_record, selection_metrics, train_record
 from eslm.train.resume import check_checkpoint_of_run, open_run_dir, record_resumed_at
+from eslm.train.run_dir import last_records
 from eslm.train.step import StepOptions, forward_backward
 from eslm.train.stopping import Budget, Preemption, TrainingDiverged, check_update, last_good_hint
 from eslm.train.timing import LoadSampler, Throughput, mfu, timed
@@ -77,7 +79,9 @@ class Trainer:
             model_config=self.model_config,
             val_loader_factory=setup.val_loader_factory(cfg, self.dataset, self.weights, self.dist)))
         self.fm = FlopsModel.from_config(self.model_config, cfg.data.seq_len)
-        self.schedule = plan_schedule(cfg, self.method, self.fm)  # before resume: Ada at its starting alpha
+        # a branched run continues another run's checkpoint (eslm.train.branch)
+        self.branch = read_branch_point(cfg, self.global_batch_tokens) if t.branch_from else None
+        self.schedule = plan_schedule(cfg, self.method, self.fm, self.branch)  # before resume: Ada at its start
         self.flops = FlopsCounter(cfg.flops.count_per)
         self.budget = Budget(t.max_steps, t.max_flops, cfg.flops.budget_counter)
         self.step, self.elapsed_s, self.cpu_s = 0, 0.0, 0.0
@@ -169,7 +173,8 @@ class Trainer:
         if stopped_by != "preempted":
             atomic_write(self.run_dir / "result.json", (json.dumps(
                 {"step": self.step, "stopped_by": stopped_by, M.VAL_LOSS: last_val, M.ELAPSED_S: self.elapsed_s,
-                 M.CPU_S: self.cpu_s, "load_avg": self.load.summary(), **self.flops.totals()}, indent=2) + "\n").encode())
+                 M.CPU_S: self.cpu_s, "load_avg": self.load.summary(), **self.flops.totals(),
+                 **({"branch": self.branch.summary()} if self.branch is not None else {})}, indent=2) + "\n").encode())
 
     # ------------------------------------------------------------------ records
     def _log_step(self, update: Update, dt: float, dc: float, tokens_per_s: float) -> None:
@@ -213,29 +218,49 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
     def _maybe_resume(self) -> None:
         if not self.cfg.run.resume:
+            self._maybe_branch()
             return
         rf = self.cfg.run.resume_from
         path = ckpt.checkpoint_at(self.run_dir, rf) if rf else ckpt.latest_checkpoint(self.run_dir)
         if path is None:
-            self._log(f"no checkpoint in {self.run_dir}; starting from step 0")
+            if self.branch is None:
+                self._log(f"no checkpoint in {self.run_dir}; starting from step 0")
+            self._maybe_branch()
         else:
             self._restore(path)
             self._log(f"resumed from {path} at step {self.step}")
         if self.dist.is_main:
             record_resumed_at(self.run_dir, self.cfg, self._resume_changes, self.step, self._log)
 
-    def _restore(self, path: Path) -> None:
+    def _maybe_branch(self) -> None:
+        """A branched run's start: the trunk's checkpoint without its method state, and the trunk's evaluation
+        at the branch point as this run's first eval record (the same weights: the curves start there)."""
+        if self.branch is None:
+            return
+        self._restore(self.branch.path, own=False)
+        if self.dist.is_main and self.writer is not None:
+            trunk_metrics = self.branch.path.parent.parent / "metrics.jsonl"
+            records = last_records(trunk_metrics)[0] if trunk_metrics.is_file() else []
+            for rec in records:
+                if rec.get(M.KIND) == M.KIND_EVAL and rec.get(M.STEP) == self.step:
+                    self.writer.write(rec)
+        self._log(f"branched from {self.branch.path} at step {self.step} (its weights, optimizer state and data "
+                  f"position; {self.cfg.method.name} from here, to step ~{self.schedule.end_step})")
+
+    def _restore(self, path: Path, own: bool = True) -> None:
         # FSDP: every rank reads the full file memory-mapped on CPU (one page cache) and keeps its shard
         state = ckpt.load_checkpoint(path, map_location="cpu" if self.fsdp else self.device, mmap=self.fsdp)
         ckpt.check_model_matches(state, self.model_config.to_dict(), path)
-        check_checkpoint_of_run(state, self.cfg, self.run_dir, path)  # method, seed, data: this run's
+        if own:  # method, seed, data: this run's (a branch's trunk was checked by read_branch_point)
+            check_checkpoint_of_run(state, self.cfg, self.run_dir, path)
         if self.fsdp:
             load_full_state_dicts(self.raw_model, self.optimizer, state["model"], state["optimizer"])
         else:
             self.raw_model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
         self.loader.load_state_dict(state["loader"])
-        self.method.load_state_dict(state["method"])
+        if own:  # a branch starts its own method afresh
+            self.method.load_state_dict(state["method"])
         self.flops.load_state_dict(state["flops"])
         ckpt.set_rng_state(state["rng"])
         self.step, self.elapsed_s = state["step"], state[M.ELAPSED_S]
@@ -291,7 +316,9 @@ class Trainer:
                 f"x {self.dist.world_size} ranks = {self.global_batch_tokens} tokens/step | lr warmup "
                 f"{self.schedule.warmup_steps} steps, cosine to step {self.schedule.decay_steps}"
                 + (f" (x{self.schedule.ratio:.4f}: this run's steps at the FLOPs budget)"
-                   if self.schedule.ratio != 1.0 else ""))
+                   if self.schedule.ratio != 1.0 and not self.branch else "")
+                + (f"; branched at step {self.branch.step}, cosine continued to step {self.schedule.end_step}"
+                   if self.branch else ""))
 
     def _param_summary(self) -> str:
         """N as the FLOPs model counts it (all but the position embedding), split so that the tied token

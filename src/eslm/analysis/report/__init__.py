@@ -59,10 +59,11 @@ def print_summary(summary: dict, out: Path) -> None:
 
 def build_report(run_dirs: list[str], out_dir: str | Path, *, target_loss: float | None = None,
                  flops: str = "paper", baseline: str | None = None, where: str = "--",
-                 primary: list[str] | None = None) -> dict:
+                 primary: list[str] | None = None, equivalence_margin: float | None = None) -> dict:
     """Read the runs, write ``out_dir``/index.html, the PNGs and summary.json; return the summary. Errors name
     the options as ``{where}baseline`` etc.: the command line's ``--baseline`` by default, ``report.`` for the
-    report section of a study file. ``primary``: the two groups of the comparison named in advance."""
+    report section of a study file. ``primary``: the two groups of the comparison named in advance;
+    ``equivalence_margin``: its pre-registered equivalence margin in nats (TOST)."""
     if primary is not None and (len(primary) != 2 or primary[0] == primary[1]):
         raise ReportError(f"expected {where}primary to name two different groups, found {list(primary)!r}; "
                           "give the group and the one it is compared with, e.g. eslm-entropy random")
@@ -71,6 +72,10 @@ def build_report(run_dirs: list[str], out_dir: str | Path, *, target_loss: float
     if target_loss is not None and target_loss != "baseline" and not (is_number(target_loss) and target_loss > 0):
         raise ReportError(f"expected a positive {where}target or 'baseline', found {target_loss!r}; "
                           "give a validation loss such as 3.5")
+    if equivalence_margin is not None and not (is_number(equivalence_margin) and equivalence_margin > 0):
+        raise ReportError(f"expected a positive {where}equivalence_margin (nats), found {equivalence_margin!r}")
+    if equivalence_margin is not None and primary is None:
+        raise ReportError(f"{where}equivalence_margin applies to the primary comparison; name it with {where}primary")
     check_report_dir(Path(out_dir))  # before the runs are read: a directory it would refuse to replace
     runs, skipped, warnings = load_runs(run_dirs)
     groups = group_runs(runs)
@@ -95,7 +100,8 @@ def build_report(run_dirs: list[str], out_dir: str | Path, *, target_loss: float
     else:
         target, source = default_target(runs), "the lowest loss every run reaches: max over runs of min val_loss"
     summary = summarize(runs, groups, target=target, target_source=source, flops=flops,
-                        skipped=skipped, warnings=warnings, baseline=baseline, where=where, primary=primary)
+                        skipped=skipped, warnings=warnings, baseline=baseline, where=where, primary=primary,
+                        margin=equivalence_margin)
     write_report_dir(Path(out_dir), lambda out: _write(out, groups, summary))
     return summary
 

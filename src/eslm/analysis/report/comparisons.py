@@ -11,9 +11,10 @@ same alpha), each paired by seed:
   exactly that many tokens has no value there;
 * to-target costs, relative: a seed that never reaches the target counts at its budget (``stats.censor``).
 
-Multiplicity: every read-out with a verdict, of every comparison, is one member of a family whose p-values are
-Holm-adjusted, except the primary comparison's final validation loss: the one comparison a study names in
-advance (``report.primary``) is read at 5% on its own, and shown first.
+Multiplicity: every distinct read-out with a verdict, of every comparison, is one member of a family whose
+p-values are Holm-adjusted, except the primary comparison's final validation loss: the one comparison a study
+names in advance (``report.primary``) is read at 5% on its own, and shown first. Read-outs that are one number
+(equal per-seed differences, ``_quantity``) count once.
 """
 
 from __future__ import annotations
@@ -75,10 +76,33 @@ def family(comparisons: list[dict]) -> list[dict]:
     return out
 
 
+def _quantity(ci: dict):
+    """What an interval measures, by its per-seed values: two read-outs with equal per-seed differences are one
+    quantity (ESLM against random at one alpha: the same tokens, paper-FLOPs and executed FLOPs per step, so the
+    three to-target costs are one number), tested once."""
+    seeds = ci.get("per_seed") or {}
+    if not seeds:
+        return id(ci)
+    return (ci.get("relative"), tuple(sorted((str(k), round(float(v), 12)) for k, v in seeds.items())))
+
+
 def adjust(comparisons: list[dict]) -> int:
     """Holm-adjust the p-values of ``family(comparisons)`` in place (``p_adjusted``, ``family``: its size, the
-    intervals with a p-value); returns the family's size."""
-    return S.holm_adjust(family(comparisons))
+    distinct quantities with a p-value); an interval equal per seed to one already in the family (``_quantity``)
+    is not counted again: it takes that one's adjusted p (``same_quantity_as_earlier``). Returns the size."""
+    first: dict = {}
+    again = []
+    for ci in family(comparisons):
+        key = _quantity(ci)
+        if key in first:
+            again.append((ci, first[key]))
+        else:
+            first[key] = ci
+    size = S.holm_adjust(list(first.values()))
+    for ci, same in again:
+        if same.get("p_adjusted") is not None:
+            ci["p_adjusted"], ci["family"], ci["same_quantity_as_earlier"] = same["p_adjusted"], size, True
+    return size
 
 
 def write_verdicts(c: dict, costs: dict, tt: dict, other_tt: dict, equal_words: str) -> list[str]:
@@ -116,7 +140,8 @@ def primary_verdict(c: dict) -> str:
     mde = f"; smallest difference detectable at 80% power: {ci['mde']:.4f} nats" \
         if ci.get("mde") is not None and S.significant(ci) != 0 else ""
     p = f", p = {ci['p']:.2g}" if ci.get("p") is not None else ""
-    return f"PRIMARY (named in advance, not adjusted{p}): {c['group']} vs {c['against']}: {words}{mde}"
+    tost = f"; {S.tost_verdict(c['tost'])}" if "tost" in c else ""
+    return f"PRIMARY (named in advance, not adjusted{p}): {c['group']} vs {c['against']}: {words}{mde}{tost}"
 
 
 def difference_curve(g: Group, other: Group) -> dict | None:

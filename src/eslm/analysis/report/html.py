@@ -9,6 +9,7 @@ from eslm import metrics as M
 from eslm.analysis import stats as S
 from eslm.analysis.report.downstream import is_percent
 from eslm.analysis.report import figure_table
+from eslm.analysis.report.markdown import since_branch_lines, spread_lines
 from eslm.analysis.report.summary import COSTS
 from eslm.analysis.rundir import IGNORED_FOR_GROUPING
 
@@ -227,6 +228,14 @@ def render_html(summary: dict, written: dict) -> str:
         "seeds that reached the target; the last column counts the others at their budget (their cost at their "
         f"last evaluation, so the mean is a lower bound). Time: {html.escape(s['time_words'])}.</p>",
         "<h2>Paired differences</h2>", _comparison_table(s, s["comparisons"] + s["controls"]),
+        _markdown_table_html("Reproducibility across seeds", spread_lines(s),
+                             "Between-seed standard deviation of each group's final validation loss with its "
+                             "chi-squared 95% interval; its ratio to random's (same alpha) and CLM's with the "
+                             "F interval; p (F): the F test of equal variances (ignores the pairing), p (paired): "
+                             "the Pitman-Morgan test over the seeds both groups have."),
+        _markdown_table_html("Costs from the branch point", since_branch_lines(s),
+                             "A branched study: every run continues its seed's trunk at the branch point; costs "
+                             "from there on beside the totals, which include the trunk's share."),
         "<p class='note'>▼ / ▲: below / above zero after Holm's adjustment (the primary comparison's final loss: "
         "its own 95% interval).</p>",
         "<h2>Groups</h2>",
@@ -242,6 +251,18 @@ def render_html(summary: dict, written: dict) -> str:
         _skipped_html(s), "</body></html>",
     ]
     return "\n".join(p for p in parts if p)
+
+
+def _markdown_table_html(title: str, lines: list[str], note: str) -> str:
+    """A table given as Markdown lines (header, rule, rows) as HTML, with its heading and note; "" if none."""
+    if not lines:
+        return ""
+
+    def cells(line):
+        return [c.strip() for c in line.strip().strip("|").split("|")]
+
+    return (f"<h2>{html.escape(title)}</h2>" + _table(cells(lines[0]), [[html.escape(c) for c in cells(x)] for x in lines[2:]])
+            + f"<p class='note'>{html.escape(note)}</p>")
 
 
 def _skipped_html(s: dict) -> str:

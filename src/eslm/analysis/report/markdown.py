@@ -29,6 +29,49 @@ def _md_label(g: dict) -> str:
     return f"{g['label']} (**{len(g['unfinished'])}/{len(g['runs'])} unfinished**)"
 
 
+def spread_lines(summary: dict) -> list[str]:
+    """The reproducibility table: each group's between-seed SD of the final loss [95% interval], its ratio to
+    the SD of random (same alpha) and of CLM [95% interval] with the F test's and the paired Pitman-Morgan p."""
+    rows = summary.get("spread") or []
+    if not any(r["sd"] is not None for r in rows):
+        return []
+
+    def fmt(x, spec):
+        return "—" if x is None else format(x, spec)
+
+    out = ["| group | n | SD of final val loss [95%] | SD ratio vs | ratio [95%] | p (F) | p (paired) |",
+           "|" + "---|" * 7]
+    for r in rows:
+        sd = "—" if r["sd"] is None else f"{r['sd']:.4f} [{r['lo']:.4f}, {r['hi']:.4f}]"
+        against = list(r["against"].items()) or [(None, None)]
+        for i, (other, c) in enumerate(against):
+            ratio = "—" if not c or c["ratio"] is None else f"{c['ratio']:.2f} [{c['lo']:.2f}, {c['hi']:.2f}]"
+            out.append("| " + " | ".join([r["label"] if i == 0 else "", str(r["n"]) if i == 0 else "",
+                                          sd if i == 0 else "", other or "—", ratio,
+                                          fmt(c and c["p_f"], ".2g"), fmt(c and c["p_paired"], ".2g")]) + " |")
+    return out
+
+
+def since_branch_lines(summary: dict) -> list[str]:
+    """A branched study: each group's costs from the branch point on, beside its totals."""
+    rows = [g for g in summary["groups"] if g.get("since_branch")]
+    if not rows:
+        return []
+    out = ["| group | branch step | tokens since / total | paper-FLOPs since / total | executed FLOPs since / "
+           "total | CPU s since / total |", "|" + "---|" * 6]
+    for g in rows:
+        b = g["since_branch"]
+
+        def pair(key, spec):
+            since, total = b[key]["mean"], g.get("final_" + key, {}).get("mean")
+            return "—" if since is None else f"{since:{spec}} / {'—' if total is None else format(total, spec)}"
+
+        out.append("| " + " | ".join([g["label"], f"{b['step']['mean']:.0f}", pair(M.TOKENS_SEEN, ".4g"),
+                                      pair(M.FLOPS_PAPER, ".3g"), pair(M.FLOPS_EXECUTED, ".3g"),
+                                      pair(M.CPU_S, ".0f")]) + " |")
+    return out
+
+
 def render_markdown(summary: dict) -> str:
     """The summary as Markdown (summary.md): one table of groups with intervals and paired differences, then
     the verdicts. Paste-able into a README."""
@@ -69,4 +112,8 @@ def render_markdown(summary: dict) -> str:
         lines = [f"**{s['primary']['primary_verdict']}**", ""] + lines
     gaps = [f"- {x}." for x in s["flops_gaps"]]
     warn = [f"- warning: {w}" for w in s["warnings"]]
-    return "\n".join(lines + [""] + notes + [""] + verdicts + [""] + gaps + ([""] + warn if warn else [])) + "\n"
+    extra = []
+    for block in (spread_lines(s), since_branch_lines(s)):
+        extra += block + [""] if block else []
+    return "\n".join(lines + [""] + notes + [""] + extra + verdicts + [""] + gaps
+                     + ([""] + warn if warn else [])) + "\n"

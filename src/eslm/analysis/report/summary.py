@@ -7,6 +7,7 @@ import statistics
 from pathlib import Path
 
 from eslm import metrics as M
+from eslm.analysis import stats as S
 from eslm.analysis.report import comparisons as C
 from eslm.analysis.report.curves import (aggregate, best_val_loss, domains_of, group_final, last_value, series,
                                          to_target)
@@ -174,11 +175,42 @@ def machine_warning(runs: list[Run]) -> str | None:
             "one experiment all the same, but their times are not comparable (FLOPs and tokens are)")
 
 
+def spread(groups: list[Group]) -> list[dict]:
+    """Reproducibility: each group's between-seed standard deviation of the final validation loss with its 95%
+    interval, and its spread against the random-drop control at the same alpha and against CLM (SD ratio, F test,
+    Pitman-Morgan test over the shared seeds; ``stats.spread_comparison``)."""
+    def finals(g):
+        return C.per_seed(g, lambda r: last_value(r.eval, M.VAL_LOSS))
+
+    out = []
+    for g in groups:
+        refs = [c for c in groups if c is not g and (c.method == "clm" or (
+            c.method == "random" and config_alpha(c) == config_alpha(g)))]
+        out.append({"label": g.label, **S.sd_ci(list(finals(g).values())),
+                    "against": {c.label: S.spread_comparison(finals(g), finals(c)) for c in refs}})
+    return out
+
+
+def branch_costs(g: Group) -> dict | None:
+    """A branched group (``train.branch_from``): the branch step and its runs' costs from the branch point on
+    (final minus the first evaluation, the trunk's at the branch point), beside their totals."""
+    from eslm.analysis.rundir import config_get
+
+    if not all(config_get(r.config, "train.branch_from") for r in g.runs):
+        return None
+    out = {"step": aggregate([r.eval[0].get(M.STEP) if r.eval else None for r in g.runs])}
+    for key in (M.TOKENS_SEEN, M.FLOPS_PAPER, M.FLOPS_EXECUTED, M.CPU_S):
+        out[key] = aggregate([last_value(r.eval, key) - r.eval[0][key] if r.eval and is_number(r.eval[0].get(key))
+                              and is_number(last_value(r.eval, key)) else None for r in g.runs])
+    return out
+
+
 def summarize(runs: list[Run], groups: list[Group], *, target: float, target_source: str,
               flops: str, skipped: list[dict], warnings: list[str], baseline: str | None = None,
-              where: str = "--", primary: list[str] | None = None) -> dict:
+              where: str = "--", primary: list[str] | None = None, margin: float | None = None) -> dict:
     """The machine-readable summary written as summary.json. ``primary``: the two groups of the comparison named
-    in advance (``--primary A B``, a study's ``report.primary``): read unadjusted and shown first."""
+    in advance (``--primary A B``, a study's ``report.primary``): read unadjusted and shown first; ``margin``:
+    its pre-registered equivalence margin (nats), tested by TOST (``stats.tost``)."""
     flops_key = FLOPS_KEYS[flops]
     time_key, time_words = time_key_of(runs)
     domains = domains_of(runs)
@@ -200,6 +232,7 @@ def summarize(runs: list[Run], groups: list[Group], *, target: float, target_sou
             "step_cost_vs_clm": aggregate([_ratio(last_value(r.eval, M.FLOPS_EXECUTED),
                                                   last_value(r.eval, M.FLOPS_DENSE)) for r in g.runs]),
             "downstream": group_downstream(g),
+            "since_branch": branch_costs(g),
         })
     base, why = find_baseline(groups, baseline, where)
     comparisons, controls, gaps = [], [], []
@@ -245,6 +278,8 @@ def summarize(runs: list[Run], groups: list[Group], *, target: float, target_sou
     for c, g, o in pairs:
         c["verdicts"] = C.write_verdicts(c, COSTS, tts[g.label], tts[o.label], equal_words)
     if primary_entry is not None:
+        if margin is not None:
+            primary_entry["tost"] = S.tost(primary_entry["losses"][C.FINAL], margin)
         primary_entry["primary_verdict"] = C.primary_verdict(primary_entry)
     warnings += [w for w in (load_warning(runs), machine_warning(runs)) if w]
     return {
@@ -253,15 +288,19 @@ def summarize(runs: list[Run], groups: list[Group], *, target: float, target_sou
         "target_loss": target, "target_source": target_source, "interpolation": INTERPOLATION_NOTE,
         "grouping": "same resolved config except " + ", ".join(IGNORED_FOR_GROUPING),
         "statistics": ("mean over seeds with a 95% Student-t interval (n=1: no interval); comparisons are "
-                       "paired by seed (same data order and initial weights), relative for costs; a 'no "
+                       "paired by seed (same data order and initial weights), relative for costs (geometric "
+                       "mean of the per-seed ratios, the arithmetic mean beside it); a 'no "
                        "difference detectable' verdict states the smallest difference detectable at 80% power "
                        "(two-sided paired t at 5%, from the observed spread); to-target costs count a seed that "
                        "never reached the target at its budget (censored); the verdicts are Holm-adjusted over "
-                       "every comparison of the report except the primary one"),
+                       "every distinct read-out of the report except the primary one (read-outs with equal "
+                       "per-seed values count once); spread: each group's between-seed SD of the final loss with "
+                       "its chi-squared 95% interval, against random at the same alpha and CLM by the F test and "
+                       "the paired Pitman-Morgan test"),
         "baseline": base.label if base is not None else None,
         "primary": primary_entry, "holm_family": family, "schedule": schedule_words(runs),
         "domains": domains, "groups": gs, "comparisons": comparisons, "controls": controls,
-        "differences_over_training": differences, "flops_gaps": gaps,
+        "differences_over_training": differences, "flops_gaps": gaps, "spread": spread(groups),
         "runs": [{"name": r.name, "path": str(r.path), "method": r.method, "seed": r.seed,
                   "group": group_of[id(r)], "finished": r.finished, "git_commit": r.env.get("git_commit"),
                   "device": r.env.get("device"), M.LOAD_AVG_1M: run_load(r)}

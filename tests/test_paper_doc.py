@@ -24,6 +24,8 @@ record() { local a; for a in "$@"; do printf '%s\037' "$a"; done >> "$ESLM_DOC_O
 torchrun() { while [ "$#" -gt 0 ] && [ "$1" != "-m" ]; do shift; done; shift 2; record "$@"; }
 eslm() { record "$@"; }
 pip() { :; }
+sbatch() { local ESLM_DOC_OUT="$ESLM_DOC_OUT.sbatch" w=; while [ "$#" -gt 0 ]; do [ "$1" = --wrap ] && w="$2"; shift; done; eval "$w"; }
+srun() { "$@"; }
 """
 
 
@@ -35,6 +37,7 @@ def _bash_blocks(text: str) -> list[str]:
 def test_every_paper_command_validates(tmp_path):
     out = tmp_path / "calls.txt"
     out.write_text("")
+    Path(f"{out}.sbatch").write_text("")  # the runs of sbatch lines (their --wrap is run: srun torchrun ...)
     script = STUBS + "\n".join(_bash_blocks(DOC.read_text()))
     subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=ROOT, check=True,
                    env={"PATH": "/usr/bin:/bin", "ESLM_DOC_OUT": str(out)})
@@ -54,3 +57,8 @@ def test_every_paper_command_validates(tmp_path):
         key = (cfg.run.out_dir, cfg.run.name or f"{cfg.method.name}-{cfg.model.preset}-s{cfg.run.seed}")
         assert key not in names, f"two commands write the same run directory {key}"
         names.add(key)
+    wrapped = [line.split("\x1f")[:-1] for line in Path(f"{out}.sbatch").read_text().splitlines()]
+    assert [c[0] for c in wrapped] == ["train"]  # one sbatch line: one run of the main grid on SLURM
+    args = wrapped[0][1:]
+    cfg = build_config([a for a in args if a.endswith(".yaml")], [a for a in args if "=" in a])
+    assert (cfg.run.out_dir, f"{cfg.method.name}-{cfg.model.preset}-s{cfg.run.seed}") in names

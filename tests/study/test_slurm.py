@@ -17,7 +17,7 @@ from eslm.errors import ConfigError, ESLMError
 from eslm.study import run_study
 from eslm.study.slurm import RunJob, launcher_problems, time_minutes
 
-STEPS = 20  # long enough to interrupt a run after its first steps; a tiny run takes ~10-20 s on 2 loaded cores
+STEPS = 30  # long enough to interrupt a run after its first steps; a tiny run takes ~10-20 s on 2 loaded cores
 
 
 def _study(tmp_path: Path, data: Path, methods: str = "[clm, eslm-entropy]", launcher: str = "") -> Path:
@@ -31,7 +31,7 @@ config:
   model: {{preset: tiny}}
   train: {{micro_batch_size_seqs: 4, grad_accum_steps: 1, max_steps: {STEPS}, warmup_steps: 2, lr: 3.0e-3,
           num_threads: 1}}
-  eval: {{interval: 5, tokens_per_domain: 256, batch_size_seqs: 4}}
+  eval: {{interval: 10, tokens_per_domain: 256, batch_size_seqs: 4}}
   checkpoint: {{interval: 5}}
   log: {{interval: 1, tensorboard: false}}
 """)
@@ -150,6 +150,13 @@ def test_without_submitit_or_slurm_commands_one_line_says_what_is_missing(tmp_pa
     monkeypatch.setenv("PATH", str(tmp_path / "no-slurm-here"))
     with pytest.raises(ESLMError, match=r"needs SLURM's commands \(sbatch, squeue, srun\) on PATH"):
         run_study(str(f), tmp_path / "out", launcher="slurm")
+    # a study with a job on record whose state squeue cannot tell is not submitted again
+    jobs = tmp_path / "out" / "tiny" / "slurm" / "jobs.json"
+    jobs.parent.mkdir()
+    jobs.write_text(json.dumps({"format": "eslm-slurm-jobs", "runs": {"clm-s1": {"job": "7_0"}}}))
+    with pytest.raises(ESLMError, match=r"could not ask SLURM for the study's jobs \(squeue: did not run\)"):
+        run_study(str(f), tmp_path / "out", launcher="slurm")
+    assert not (tmp_path / "out" / "tiny" / "plan" / "clm-s1.yaml").exists()  # nothing was submitted
 
 
 def test_a_run_of_several_gpus_runs_under_torchrun_one_process_per_gpu():
@@ -195,8 +202,10 @@ def test_scancel_and_requeue_resume_and_the_same_command_resubmits_only_the_canc
     assert run_study(str(f), tmp_path / "out", launcher="slurm", detach=True) == 0
     jobs = _jobs(study_dir)
     cancelled, requeued = jobs["clm-s1"], jobs["eslm-entropy-s1"]
-    _wait("both runs past their first checkpoint", lambda: min(_steps(study_dir / n) for n in jobs) >= 7)
+    # each run is interrupted after a few steps (they start seconds apart): SIGTERM, a checkpoint, then ...
+    _wait("clm-s1's first steps", lambda: _steps(study_dir / "clm-s1") >= 4, every=0.2)
     slurm_cluster.run("scancel", cancelled)
+    _wait("eslm-entropy-s1's first steps", lambda: _steps(study_dir / "eslm-entropy-s1") >= 4, every=0.2)
     slurm_cluster.run("scontrol", "requeue", requeued)  # what a pre-emption with PreemptMode=REQUEUE does
     _wait("the requeued job pending", lambda: _squeue_state(requeued) == "PENDING")
     slurm_cluster.run("scontrol", "update", f"JobId={requeued}", "StartTime=now")  # else it waits 120 s

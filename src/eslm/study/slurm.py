@@ -145,6 +145,10 @@ class RunFailed(ESLMError):
     """The training process of an array task exited with an error."""
 
 
+class SchedulerUnreachable(ESLMError):
+    """``squeue`` failed: the study's jobs cannot be seen (nothing is submitted then)."""
+
+
 @dataclass(frozen=True)
 class RunJob:
     """One run as a SLURM array task (pickled by submitit, run by ``python -m submitit.core._submit`` under the
@@ -238,13 +242,20 @@ def _expand(job_id: str) -> list[str]:
 def scheduler_states(jobs: Sequence[str]) -> dict[str, str]:
     """{job id: state} for the jobs (``A_i`` array tasks or plain ids) the scheduler knows: from ``squeue``
     while they are queued or running, else from ``sacct`` (``COMPLETED``, ``FAILED``, ``CANCELLED`` ...,
-    with `` exit N`` for a non-zero exit). A job neither knows (purged, or no accounting) is left out."""
+    with `` exit N`` for a non-zero exit). A job neither knows (purged, or no accounting) is left out. Raises
+    SchedulerUnreachable when ``squeue`` fails: a job it cannot see may still be queued, and must not be
+    submitted twice."""
     wanted = set(jobs)
     if not wanted:
         return {}
     out: dict[str, str] = {}
     q = _run(["squeue", "-h", "-r", "-o", "%i|%T", "-j", ",".join(sorted({_base(j) for j in wanted}))])
-    for line in (q.stdout.splitlines() if q is not None and q.returncode == 0 else []):
+    if q is None or (q.returncode != 0 and "Invalid job id" not in q.stderr):  # (every job listed is purged)
+        why = "did not run" if q is None else next((x.strip() for x in q.stderr.splitlines() if x.strip()),
+                                                   f"exit {q.returncode}")
+        raise SchedulerUnreachable(f"could not ask SLURM for the study's jobs (squeue: {why}); check that SLURM's "
+                                   "commands reach the controller (SLURM_CONF), then run the same command again")
+    for line in (q.stdout.splitlines() if q.returncode == 0 else []):
         jid, _, state = line.strip().partition("|")
         for j in _expand(jid):
             if j in wanted:
@@ -350,7 +361,7 @@ class SlurmLauncher:
             word = {"RUNNING": "running", "COMPLETING": "ending"}.get(kind, f"queued ({kind.lower()})")
             return Outcome(name, QUEUED, f"{word} (job {job})")
         if state is None:
-            return Outcome(name, NOT_STARTED, f"job {job} is unknown to the scheduler (ended long ago, or no "
+            return Outcome(name, NOT_STARTED, f"unknown to the scheduler (job {job}: ended long ago, or no "
                                               "accounting); the same command resubmits it")
         kind = state.split()[0]
         if kind == "CANCELLED":
@@ -368,7 +379,8 @@ class SlurmLauncher:
         width = max(len(n) for n, *_ in rows)
         counts: dict[str, int] = {}
         for (name, job, state, o), c in zip(rows, configs):
-            counts[o.state] = counts.get(o.state, 0) + 1
+            label = o.words.split(" (")[0].split(";")[0]  # finished, running, queued, cancelled, failed, ...
+            counts[label] = counts.get(label, 0) + 1
             step = _last_step(Path(c.run.out_dir) / name)
             print(f"  {name:<{width}}  {f'step {step}' if step else '-':<10}  {o.words}")
         print(f"study {self.study}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
@@ -401,6 +413,11 @@ class SlurmLauncher:
         from eslm.files import atomic_write, ensure_dir
 
         submitit = _import_submitit()
+        try:
+            ex = submitit.SlurmExecutor(folder=study_dir.resolve() / "slurm", max_num_timeout=MAX_REQUEUES)
+        except RuntimeError as e:  # no srun on PATH
+            raise ESLMError(f"the SLURM launcher needs SLURM's commands (sbatch, squeue, srun) on PATH: {e}; run "
+                            "on a cluster's login node, or use the local launcher") from None
         for d in ("plan", "logs", "slurm"):
             ensure_dir(study_dir / d)
         threads = max(1, self.cpus_per_run // max(1, self.gpus_per_run))
@@ -412,11 +429,6 @@ class SlurmLauncher:
             atomic_write(plan, to_yaml(c).encode())
             tasks.append(RunJob(c.run.name, str(plan), str((Path(c.run.out_dir) / c.run.name).resolve()),
                                 str((study_dir / "logs" / f"{c.run.name}.log").resolve()), self.gpus_per_run))
-        try:
-            ex = submitit.SlurmExecutor(folder=study_dir.resolve() / "slurm", max_num_timeout=MAX_REQUEUES)
-        except RuntimeError as e:  # no srun on PATH
-            raise ESLMError(f"the SLURM launcher needs SLURM's commands (sbatch, squeue, srun) on PATH: {e}; run "
-                            "on a cluster's login node, or use the local launcher") from None
         params = dict(job_name=f"eslm-{self.study}", time=self.time_min, cpus_per_task=self.cpus_per_run,
                       array_parallelism=self.parallel or len(tasks), signal_delay_s=SIGNAL_DELAY_S,
                       stderr_to_stdout=True, additional_parameters=dict(self.sbatch))
@@ -447,9 +459,18 @@ class SlurmLauncher:
         """Poll until no run of ``configs`` is queued or running, printing each change of a run's state."""
         seen: dict[str, str] = {}
         rows: list = []
+        misses = 0
         try:
             while True:
-                rows = self.states(configs, study_dir)
+                try:
+                    rows = self.states(configs, study_dir)
+                    misses = 0
+                except SchedulerUnreachable:  # a busy controller: try again, give up after a minute or so
+                    misses += 1
+                    if misses * self.poll_s > 60:
+                        raise
+                    time.sleep(self.poll_s)
+                    continue
                 for name, _, _, o in rows:
                     if seen.get(name) != o.words:
                         seen[name] = o.words

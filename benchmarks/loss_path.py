@@ -63,7 +63,7 @@ def route_of(bench: Bench, v: Variant) -> str | None:
     cfg, method = bench.method(v)
     if cfg.train.loss_impl == "naive":
         return None
-    return method.objective._last_route
+    return method.objective.last_route
 
 
 def head_costs(bench: Bench) -> dict:
@@ -107,8 +107,8 @@ def selection_overhead(bench: Bench, alphas: list[float], chunk: int, reps: int)
     with torch.no_grad(), autocast:
         hidden = bench.raw(batch.x).flatten(0, 1)
         w, y = bench.raw.head_weight.detach(), batch.y.reshape(-1)
-        route = auto.objective.choose(hidden.shape[0], num_kept(hidden.shape[0], alphas[0]),
-                                      scored=True)
+        route = auto.objective.head(hidden).choose(hidden.shape[0], num_kept(hidden.shape[0], alphas[0]), None,
+                                                   scored=True)
         stats = head_pass(hidden, w, y, need_entropy=True, keep_probs=True, softmax_w=route == "all_rows",
                           chunk_size=chunk)
         cdt = _compute_dtype(hidden)

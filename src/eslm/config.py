@@ -32,7 +32,8 @@ from eslm.files import name_problem, read_yaml
 from eslm.flops import COUNT_PER, COUNTER_KEYS, FlopsModel
 from eslm.methods import METHODS, BuildContext, SharedMethodSettings
 from eslm.model.gpt import PRESETS, ModelConfig, pad_vocab, preset
-from eslm.ops.head_route import CACHED_ROUTES, ROUTE_CHOICES
+from eslm.ops.head_backend import IMPL_CHOICES, HeadOptions, option_problems
+from eslm.ops.head_route import ROUTE_CHOICES
 from eslm.selection.scores import STANDARDIZE_MODES
 from eslm.selection.selectors import SCOPES
 from eslm.settings import Section, key_of, section
@@ -86,7 +87,7 @@ class TrainSection:
     device: str = _f("auto", "auto | cpu | cuda | cuda:N")
     dtype: str = _f("auto", "auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16")
     compile: bool = _f(False, "torch.compile the model")
-    loss_impl: str = _f("fused", "fused (chunked, head backward only for kept tokens) | naive (full logits, the oracle)")
+    loss_impl: str = _f("auto", "the LM-head backend (eslm.ops.head_backend): auto (the device's default: fused) | fused (chunked, head backward only for kept tokens) | naive (full logits, the oracle)")
     loss_chunk_size: int = _f(1024, "tokens per chunk in the fused loss")
     loss_cache_probs: bool = _f(True, "fused loss with selection scores: allow keeping the scoring pass's softmax (one tokens x vocab fp32 buffer per micro-batch) so the gradients need no second logits matmul; false: no such buffer, recompute instead")
     loss_route: str = _f("auto", "fused loss route (docs/fused_loss.md): auto (the cheapest by the per-device cost model) | kept_cached | all_rows | grads_in_pass | kept_recompute (forced where it can run: the cached two need selection scores)")
@@ -422,7 +423,7 @@ _CHOICES = {  # the constants of the code that reads each key, where it has one
     "data.tokenizer": TOKENIZER_NAMES,
     "train.device": None,  # checked separately
     "train.dtype": ("auto", "fp32", "bf16"),
-    "train.loss_impl": ("fused", "naive"),
+    "train.loss_impl": IMPL_CHOICES,
     "train.loss_route": ROUTE_CHOICES,
     "train.normalize": ("paper", "global"),
     "train.lr_schedule": ("budget", "steps"),
@@ -483,9 +484,9 @@ def validate(cfg: Config) -> list[str]:
         problems.append(problem)
     if cfg.run.resume_from and not cfg.run.resume:
         problems.append("run.resume_from: needs run.resume=true (--resume-from STEP sets both)")
-    if cfg.train.loss_route in CACHED_ROUTES and not cfg.train.loss_cache_probs:
-        problems.append(f"train.loss_route: {cfg.train.loss_route} keeps the softmax, which "
-                        f"train.loss_cache_probs=false forbids; set train.loss_cache_probs=true or loss_route=auto")
+    if cfg.train.loss_route in ROUTE_CHOICES:  # the combination, as the head backend checks it
+        problems += option_problems(HeadOptions(cfg.train.loss_chunk_size, cfg.train.loss_cache_probs,
+                                                 cfg.train.loss_route))
     if cfg.train.min_lr > cfg.train.lr:
         problems.append(f"train.min_lr ({cfg.train.min_lr}) must not exceed train.lr ({cfg.train.lr})")
     dev = cfg.train.device

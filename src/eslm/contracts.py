@@ -24,7 +24,7 @@ import torch
 if TYPE_CHECKING:  # annotations only
     from eslm.data.batch import Batch
     from eslm.model.gpt import ModelConfig
-    from eslm.ops.token_stats import TokenStats
+    from eslm.ops.token_stats import HeadWork, TokenStats
     from eslm.selection.stats import SelectionStats
 
 
@@ -158,17 +158,19 @@ class Objective(Stateful, Protocol):
     """The per-token loss: a scoring pass over all N tokens and the summed loss of the kept ones."""
 
     def score(self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, need_scores: bool,
-              need_entropy: bool, keep_fraction: float, for_loss: bool = True) -> TokenStats | None:
+              need_entropy: bool, num_kept: int, for_loss: bool = True) -> TokenStats | None:
         """Detached fp32 per-token statistics of all N tokens (hidden (N, C) detached), or None when nothing
-        is needed. ``keep_fraction`` K/N lets the objective pick its cheapest route; ``for_loss`` False: only the
-        scores are wanted (the step scope's pre-pass), nothing for a later ``loss_sum``."""
+        is needed. ``num_kept``: K, the rows the following ``loss_sum`` will keep (a count known before the
+        forward), so the head backend can prepare the cheapest way; ``for_loss`` False: only the scores are
+        wanted (the step scope's pre-pass), nothing for a later ``loss_sum``."""
 
     def loss_sum(self, hidden: torch.Tensor, weight: torch.Tensor, batch: Batch, index: torch.Tensor | None,
                  stats: TokenStats | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(sum of the kept tokens' losses, 0-dim with gradient; their per-token losses (K,) detached)."""
 
-    def head_work(self, n: int, k: int, *, scored: bool) -> tuple[float, float]:
-        """(rows whose head backward ran, rows whose logits were formed again) of n tokens with k kept."""
+    def head_work(self, n: int, k: int, *, scored: bool) -> HeadWork:
+        """What the head ran for n tokens with k kept (``eslm.ops.token_stats.HeadWork``: rows of head matmuls
+        forward, backward and again), as the head backend declares it."""
 
     def extra_work(self, tokens_seen: int) -> ExtraWork:
         """Work beyond the trained model per micro-batch (e.g. a teacher forward)."""

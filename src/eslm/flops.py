@@ -195,7 +195,7 @@ def micro_batch_flops(fm: FlopsModel, method, *, tokens_seen: int, tokens_kept: 
     (``head_work``), and every component's declared ``extra_work`` (the selection scope "step"'s scoring
     forward included: the token selector declares it)."""
     head_bwd, head_recompute = method.objective.head_work(tokens_seen, tokens_kept,
-                                                          scored=bool(method.tokens.score))
+                                                          scored=bool(method.tokens.score)).head_tokens(tokens_seen)
     paper, executed, forward_tokens = extra_flops(method.extra_work(tokens_seen), fm)
     return step_flops(fm, tokens_seen=tokens_seen, tokens_kept=tokens_kept, head_backward_tokens=head_bwd,
                       head_recompute_tokens=head_recompute, extra_forward_tokens=forward_tokens,

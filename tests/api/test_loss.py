@@ -140,30 +140,42 @@ def test_fused_path_matches_naive_when_available():
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_fused_dispatch_uses_the_documented_signatures(monkeypatch):
-    """impl="fused" calls eslm.ops.fused_head with the cross_entropy contract (a stand-in module here)."""
+def test_impl_dispatches_through_the_backend_registry(monkeypatch):
+    """impl="fused" reaches the class its registry line names, through the HeadBackend protocol (a stand-in
+    module here): the scores with the chunk size, then the kept rows' per-token CE with the pass's lse."""
     import types
 
     from eslm.objectives import cross_entropy as ce
+    from eslm.ops import head_backend as hb
 
     calls = []
     fake = types.ModuleType("eslm.ops.fused_head")
 
-    def fused_token_stats(hidden, weight, targets, *, need_entropy, chunk_size):
-        calls.append(("stats", hidden.shape, need_entropy, chunk_size))
-        return ce.naive_token_stats(hidden, weight, targets, need_entropy)
+    class FusedHead:
+        name = "fused"
 
-    def fused_selected_ce(hidden, weight, targets, index, *, chunk_size, lse):
-        calls.append(("ce", index.shape, chunk_size, lse.shape))
-        return ce.naive_selected_ce(hidden, weight, targets, index)
+        def __init__(self, options):
+            self.options = options
 
-    fake.fused_token_stats, fake.fused_selected_ce = fused_token_stats, fused_selected_ce
+        def token_stats(self, hidden, weight, targets, *, need_entropy):
+            calls.append(("stats", hidden.shape, need_entropy, self.options.chunk_size))
+            return ce.naive_token_stats(hidden, weight, targets, need_entropy)
+
+        def per_token_ce(self, hidden, weight, targets, index, *, lse=None):
+            calls.append(("ce", index.shape, self.options.chunk_size, lse.shape))
+            return ce.naive_selected_ce(hidden, weight, targets, index)
+
+    fake.FusedHead = FusedHead
     monkeypatch.setitem(sys.modules, "eslm.ops.fused_head", fake)
-    g = torch.Generator().manual_seed(5)
-    hidden, weight = torch.randn(2, 10, 8, generator=g), torch.randn(17, 8, generator=g)
-    _, targets = _inputs(2, 10, 17, ignore_frac=0.0, seed=5)
-    loss_f, _ = selective_loss(targets, hidden=hidden, lm_weight=weight, score="loss", alpha=0.3, impl="fused",
-                               chunk_size=4)
+    hb._build.cache_clear()
+    try:
+        g = torch.Generator().manual_seed(5)
+        hidden, weight = torch.randn(2, 10, 8, generator=g), torch.randn(17, 8, generator=g)
+        _, targets = _inputs(2, 10, 17, ignore_frac=0.0, seed=5)
+        loss_f, _ = selective_loss(targets, hidden=hidden, lm_weight=weight, score="loss", alpha=0.3,
+                                   impl="fused", chunk_size=4)
+    finally:
+        hb._build.cache_clear()
     loss_n, _ = selective_loss(targets, hidden=hidden, lm_weight=weight, score="loss", alpha=0.3, impl="naive")
     assert calls == [("stats", (20, 8), False, 4), ("ce", (14,), 4, (20,))]
     assert float(loss_f) == pytest.approx(float(loss_n), rel=1e-6)

@@ -7,6 +7,7 @@ import torch
 from eslm.errors import ConfigError
 from eslm.objectives.base import CrossEntropy
 from eslm.ops.head_route import route_work
+from eslm.ops.token_stats import HeadWork
 
 
 def _step(name, alpha, overrides):
@@ -42,7 +43,7 @@ def test_every_route_gives_the_naive_steps_gradients(name, alpha, route):
         torch.testing.assert_close(gf[n], gn[n], rtol=1e-4, atol=1e-6, msg=n)
     ce, n_tok, k = method.objective, rf.tokens_seen // 2, rf.tokens_kept // 2
     scored = bool(method.tokens.score)
-    ran = ce._last_route
+    ran = ce.last_route
     if route != "auto" and scored:
         assert ran == route
     if not scored:  # the random control has no scores: no softmax to cache; by cost, the kept rows only
@@ -54,10 +55,37 @@ def test_every_route_gives_the_naive_steps_gradients(name, alpha, route):
     assert ce.head_work(n_tok, k, scored=scored) == route_work(ran, n_tok, k, scored=scored)
 
 
+def _registered():
+    from eslm.ops import head_backend as hb
+
+    return [s.name if hb.available(s.name) else
+            pytest.param(s.name, marks=pytest.mark.skip(reason=f"needs the {s.extra} extra")) for s in hb.BACKENDS]
+
+
+@pytest.mark.parametrize("impl", _registered())
+@pytest.mark.parametrize("name,alpha", [("clm", 0.0), ("eslm-entropy", 0.5), ("eslm-loss", 0.2), ("random", 0.5)])
+def test_every_backend_gives_the_naive_steps_gradients(impl, name, alpha):
+    """Every registered head backend through the whole step (two micro-batches, tied embedding): the naive path's
+    loss, kept tokens and every parameter's gradient; the FLOPs booking is the backend's declared work."""
+    from eslm.ops.head_backend import HeadState
+
+    rn, gn, _ = _step(name, alpha, ["train.loss_impl=naive"])
+    rb, gb, method = _step(name, alpha, [f"train.loss_impl={impl}"])
+    torch.testing.assert_close(rb.loss, rn.loss, rtol=1e-5, atol=1e-6)
+    assert rb.tokens_kept == rn.tokens_kept
+    for n in gn:
+        torch.testing.assert_close(gb[n], gn[n], rtol=1e-4, atol=1e-6, msg=n)
+    ce, n_tok, k = method.objective, rb.tokens_seen // 2, rb.tokens_kept // 2
+    scored = bool(method.tokens.score)
+    assert ce.head().name == impl
+    assert ce.head_work(n_tok, k, scored=scored) == ce.head().work(n_tok, k, scored=scored,
+                                                                   state=HeadState(ce.last_route))
+
+
 def test_clm_runs_the_one_pass_and_counts_every_row():
     res, _, method = _step("clm", 0.0, [])
-    assert method.objective._last_route == "grads_in_pass"
-    assert method.objective.head_work(res.tokens_seen // 2, res.tokens_seen // 2, scored=False) == (72.0, 0.0)
+    assert method.objective.last_route == "grads_in_pass"
+    assert method.objective.head_work(res.tokens_seen // 2, res.tokens_seen // 2, scored=False) == HeadWork(72.0, 72.0, 0.0)
 
 
 def test_a_route_that_cannot_run_is_a_config_error():
@@ -70,7 +98,7 @@ def test_a_route_that_cannot_run_is_a_config_error():
         build_config(overrides=["train.loss_route=fastest"])
     with pytest.raises(ConfigError, match="fix:"):
         CrossEntropy(cache_probs=False, route="all_rows")
-    assert CrossEntropy().head_work(100, 50, scored=True) == (50.0, 0.0)  # before any step: the chooser's pick
+    assert CrossEntropy().head_work(100, 50, scored=True) == HeadWork(100.0, 50.0, 0.0)  # before any step: the chooser's pick
 
 
 def test_entropy_scores_are_priced_in_the_route(tmp_path, monkeypatch):
@@ -85,8 +113,8 @@ def test_entropy_scores_are_priced_in_the_route(tmp_path, monkeypatch):
         "matmul_s_per_flop": 1e-11, "copy_s_per_byte": 1e-12, "softmax_s_per_elem": 1e-9,
         "entropy_s_per_elem": 1e-6, "source": "test"}}}))
     monkeypatch.setenv(ENV, str(f))
-    assert _step("eslm-entropy", 0.5, [])[2].objective._last_route == "all_rows"
-    assert _step("eslm-loss", 0.5, [])[2].objective._last_route == "kept_cached"
+    assert _step("eslm-entropy", 0.5, [])[2].objective.last_route == "all_rows"
+    assert _step("eslm-loss", 0.5, [])[2].objective.last_route == "kept_cached"
 
 
 def test_the_random_controls_executed_flops_count_only_the_head_forwards_that_ran():
@@ -97,7 +125,7 @@ def test_the_random_controls_executed_flops_count_only_the_head_forwards_that_ra
     from eslm.model.gpt import preset
 
     res, _, method = _step("random", 0.5, [])
-    assert method.objective._last_route == "kept_recompute"
+    assert method.objective.last_route == "kept_recompute"
     n, k = res.tokens_seen // 2, res.tokens_kept // 2
     assert 0 < k < n
     fm = FlopsModel.from_config(preset("tiny", vocab_size=131), 24)

@@ -8,19 +8,23 @@ from eslm.errors import ConfigError
 from eslm.ops.head_costs import ENV, FILE_KIND, HeadCosts, costs_for
 from eslm.ops.head_route import (ROUTES, Geometry, allowed_routes, choose_route, moved_rows, route_seconds,
                                  route_work)
+from eslm.ops.token_stats import HeadWork
 
 SMALL = Geometry(128, 50304)  # the `small` preset's head on CPU, fp32
 GPT2 = Geometry(768, 50304)
 
 
 def test_route_work_counts_what_each_route_runs():
-    """(rows with the two gradient matmuls, rows whose logits matmul ran once more), for eslm.flops."""
-    assert route_work("all_rows", 100, 90, scored=True) == (100.0, 0.0)       # softmax kept, every row
-    assert route_work("kept_cached", 100, 90, scored=True) == (90.0, 0.0)     # softmax kept, kept rows only
-    assert route_work("grads_in_pass", 100, 90, scored=True) == (100.0, 20.0)  # dropped rows subtracted
-    assert route_work("grads_in_pass", 100, 100, scored=False) == (100.0, 0.0)  # CLM: one pass
-    assert route_work("kept_recompute", 100, 50, scored=True) == (50.0, 50.0)   # after a scoring pass
-    assert route_work("kept_recompute", 100, 50, scored=False) == (50.0, -50.0)  # random control: no scores, the dropped rows' head forward never runs
+    """(rows whose logits the forward formed, rows with the two gradient matmuls, rows whose logits matmul ran
+    once more), for eslm.flops; never negative. head_tokens gives flops.step_flops' two row counts."""
+    assert route_work("all_rows", 100, 90, scored=True) == HeadWork(100.0, 100.0, 0.0)      # softmax kept, every row
+    assert route_work("kept_cached", 100, 90, scored=True) == HeadWork(100.0, 90.0, 0.0)     # softmax kept, kept rows only
+    assert route_work("grads_in_pass", 100, 90, scored=True) == HeadWork(100.0, 100.0, 20.0)  # dropped rows subtracted
+    assert route_work("grads_in_pass", 100, 100, scored=False) == HeadWork(100.0, 100.0, 0.0)  # CLM: one pass
+    assert route_work("kept_recompute", 100, 50, scored=True) == HeadWork(100.0, 50.0, 50.0)   # after a scoring pass
+    assert route_work("kept_recompute", 100, 50, scored=False) == HeadWork(50.0, 50.0, 0.0)  # random control: no scores, the dropped rows' head forward never runs
+    assert route_work("kept_recompute", 100, 50, scored=False).head_tokens(100) == (50.0, -50.0)
+    assert route_work("grads_in_pass", 100, 90, scored=True).head_tokens(100) == (100.0, 20.0)
     with pytest.raises(ValueError):
         route_work("masked", 100, 50, scored=True)
 

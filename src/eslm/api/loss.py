@@ -32,14 +32,14 @@ from eslm.api.head import selected_ce as head_selected_ce
 from eslm.api.head import token_stats as head_token_stats
 from eslm.errors import ConfigError
 from eslm.objectives.cross_entropy import selected_ce, token_stats
-from eslm.ops import default_impl
+from eslm.ops.head_backend import IMPL_CHOICES
 from eslm.selection import risk
 from eslm.selection.stats import SelectionStats, selection_stats
 
 SCORES = ("entropy", "loss")
 SCOPES = ("batch", "sequence")
 REDUCTIONS = ("mean", "sum")
-IMPLS = ("auto", "naive", "fused")
+IMPLS = IMPL_CHOICES  # the head backends of eslm.ops.head_backend
 # every keyword selective_loss takes, for the one-line refusal of one it does not
 KEYWORDS = ("logits", "hidden", "lm_weight", "bias", "logit_scale", "softcap", "score", "scores", "alpha", "scope",
             "position_ids", "group", "reduction", "num_items_in_batch", "alpha_min", "return_tokens", "ignore_index",
@@ -88,19 +88,19 @@ def _resolve_impl(impl: str, have_logits: bool, head: Head, extras: bool = False
     if impl not in IMPLS:
         raise ConfigError(f"impl must be one of {' | '.join(IMPLS)}; found {impl!r}; fix: use impl='auto'")
     if have_logits:
-        if impl == "fused":
-            raise ConfigError("impl='fused' needs hidden= and lm_weight= (it never builds logits); found logits=; "
+        if impl not in ("auto", "naive"):
+            raise ConfigError(f"impl={impl!r} needs hidden= and lm_weight= (it never builds logits); found logits=; "
                               "fix: pass hidden states and the LM-head weight, or use impl='auto'")
         if not head.plain:
             raise ConfigError("bias=, logit_scale= and softcap= apply to hidden= (they transform the logits "
                               "eslm builds); found logits=; fix: apply them to your logits, or pass hidden=")
         return "naive"
     if not head.plain or extras:
-        if impl == "fused":
-            raise ConfigError("impl='fused' has no bias, logit scale, softcap, label smoothing or z-loss; found one; "
-                              "fix: impl='auto'")
+        if impl not in ("auto", "naive"):
+            raise ConfigError(f"impl={impl!r} has no bias, logit scale, softcap, label smoothing or z-loss; found "
+                              "one; fix: impl='auto'")
         return "transformed"
-    return default_impl() if impl == "auto" else impl
+    return impl  # "auto": the device's default backend (eslm.ops.head_backend.resolve)
 
 
 def _lm_weight(lm_weight, weight, logits):
@@ -323,7 +323,8 @@ def selective_loss(targets: torch.Tensor, *, logits: torch.Tensor | None = None,
                label smoothing) plus z_loss x logsumexp(logits)^2 (PaLM's z-loss, Liger's lse_square_scale).
                The risk scores stay the model's own loss or entropy. On the hidden path they take the chunked,
                checkpointed route of the transformed heads (not impl="fused").
-    impl:      "auto" (logits: naive; hidden: fused if eslm.ops.fused_head is available), "naive", "fused".
+    impl:      "auto" (logits: naive; hidden: the device's default head backend: fused on CPU, triton on CUDA
+               when installed), or a head backend of ``eslm.ops.head_backend.BACKENDS`` ("fused", "naive", ...).
 
     Returns (loss () fp32, SelectionStats), or (loss, SelectionStats, TokenOutputs) with return_tokens. The
     statistics (``eslm.selection.stats.SelectionStats``, the trainer's type; no per-domain counts here) are over
@@ -390,7 +391,7 @@ def token_losses(targets: torch.Tensor, *, logits: torch.Tensor | None = None, h
     t, logits2d, hidden2d = _flatten_inputs(targets, logits, hidden, lm_weight)
     valid = t != ignore_index
     safe_t = torch.where(valid, t, torch.zeros_like(t))
-    impl = "naive" if logits2d is not None else default_impl()
+    impl = "naive" if logits2d is not None else "auto"
     loss, _, _ = _token_scores(safe_t, logits2d, hidden2d, lm_weight, Head(), impl, False, chunk_size)
     return torch.where(valid, loss, torch.zeros_like(loss)).view(targets.shape)
 

@@ -56,7 +56,6 @@ from eslm.contracts import ExtraWork
 from eslm.data.batch import Batch
 from eslm.data.loader import TrainLoader
 from eslm.errors import CheckpointError, ConfigError
-from eslm.ops import default_impl
 from eslm.selection.risk import FLOOR_EPS
 from eslm.selection.rows import AllRows
 from eslm.settings import Section, setting
@@ -118,7 +117,7 @@ def stream_linear_io(model: nn.Module, x: torch.Tensor, y: torch.Tensor, on_laye
     is written and at most one layer's d is alive at a time (a is the input the Linear saves for its own
     backward anyway). The model's parameters must require grad (they do during training).
     """
-    impl = impl or default_impl()
+    impl = impl or "auto"
     mods = scored_linears(model, exclude_head)
     outs, fired = [], set()
 

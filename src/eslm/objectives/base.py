@@ -9,27 +9,34 @@ import torch
 
 from eslm import contracts
 from eslm.contracts import NO_EXTRA_WORK, ExtraWork
-from eslm.errors import ConfigError
 from eslm.data.batch import Batch
-from eslm.objectives.cross_entropy import TokenStats, naive_selected_ce, selected_ce, token_stats
+from eslm.ops.head_backend import HeadBackend, backend
+from eslm.ops.token_stats import HeadOptions, HeadState, HeadWork, TokenStats
 
 
 class Objective(contracts.Objective):
     """The ``eslm.contracts.Objective`` protocol's defaults (its hooks are documented there): ``score`` is the plain
-    scoring pass (None when no scores are needed); ``loss_sum`` sums ``per_token``, which subclasses define as
-    ``per_token(hidden, weight, batch, index, stats) -> (K,)`` fp32 with gradient (or they override ``loss_sum``);
-    ``head_work`` books a chunked loss on the kept rows that recomputes their logits in its backward; no extra
-    work, no state."""
+    scoring pass of the head backend (None when no scores are needed); ``loss_sum`` sums ``per_token``, which
+    subclasses define as ``per_token(hidden, weight, batch, index, stats) -> (K,)`` fp32 with gradient (or they
+    override ``loss_sum``); ``head_work`` books a chunked loss on the kept rows that recomputes their logits in its
+    backward; no extra work, no state. ``impl``: the head backend (``eslm.ops.head_backend``, "auto": the
+    device's default), built with ``options``."""
 
-    def __init__(self, impl: str = "fused", chunk_size: int = 1024):
+    def __init__(self, impl: str = "auto", chunk_size: int = 1024, *, cache_probs: bool = True,
+                 route: str = "auto"):
         self.impl, self.chunk_size = impl, chunk_size
+        self.head_options = HeadOptions(chunk_size, cache_probs, route)
+        backend(impl, None, self.head_options)  # a bad name or option fails here, in one line
+
+    def head(self, hidden: torch.Tensor | None = None) -> HeadBackend:
+        """The head backend for tensors on ``hidden``'s device (None: the CPU's, for predictions)."""
+        return backend(self.impl, None if hidden is None else hidden.device.type, self.head_options)
 
     def score(self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, need_scores: bool,
-              need_entropy: bool, keep_fraction: float, for_loss: bool = True) -> TokenStats | None:
+              need_entropy: bool, num_kept: int, for_loss: bool = True) -> TokenStats | None:
         if not need_scores:
             return None
-        return token_stats(hidden, weight, targets, need_entropy=need_entropy, impl=self.impl,
-                           chunk_size=self.chunk_size)
+        return self.head(hidden).token_stats(hidden, weight, targets, need_entropy=need_entropy)
 
     def loss_sum(self, hidden: torch.Tensor, weight: torch.Tensor, batch: Batch, index: torch.Tensor | None,
                  stats: TokenStats | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,8 +46,8 @@ class Objective(contracts.Objective):
     def extra_work(self, tokens_seen: int) -> ExtraWork:
         return NO_EXTRA_WORK
 
-    def head_work(self, n: int, k: int, *, scored: bool) -> tuple[float, float]:
-        return float(k), float(k)
+    def head_work(self, n: int, k: int, *, scored: bool) -> HeadWork:
+        return HeadWork(float(n), float(k), float(k))
 
     def on_step_end(self, step: int) -> None:
         pass
@@ -53,73 +60,39 @@ class Objective(contracts.Objective):
 
 
 class CrossEntropy(Objective):
-    """Next-token cross-entropy on the kept tokens (CLM, ESLM, Rho-1, GREATS).
-
-    With the fused implementation the scoring pass and the loss share the work, by the route the cost model of
-    ``eslm.ops.head_route`` picks per micro-batch (``route`` forces one where it can run): with selection scores
-    and ``cache_probs``, the pass keeps its softmax and the gradient matmuls run over the kept rows only
-    (``kept_cached``, 1u + 2ku) or over every row with the dropped ones zeroed (``all_rows``, 3u); without the
-    cache, the pass forms every row's gradients and the dropped rows' share is subtracted (``grads_in_pass``,
-    3u + 2(1-k)u), or only the kept rows get logits and gradients (``kept_recompute``, 1u + 3ku); CLM's one pass
-    is ``grads_in_pass`` with every row kept (3u). ``head_work`` reports what the route ran.
+    """Next-token cross-entropy on the kept tokens (CLM, ESLM, Rho-1, GREATS), through the head backend's score
+    pass and kept-rows loss (``eslm.ops.head_backend``): the scoring pass over all rows leaves the backend's state,
+    which the loss of the kept rows consumes. With the fused backend the route is the cost model's pick per
+    micro-batch (``eslm.ops.head_route``; ``route`` forces one where it can run; ``cache_probs`` allows the
+    cached-softmax routes). ``head_work`` reports what the backend ran.
     """
 
-    def __init__(self, impl: str = "fused", chunk_size: int = 1024, cache_probs: bool = True, route: str = "auto"):
-        super().__init__(impl, chunk_size)
-        from eslm.ops.head_route import CACHED_ROUTES, ROUTE_CHOICES
+    def __init__(self, impl: str = "auto", chunk_size: int = 1024, cache_probs: bool = True, route: str = "auto"):
+        super().__init__(impl, chunk_size, cache_probs=cache_probs, route=route)
+        self._pending: tuple[TokenStats | None, HeadState] | None = None  # the last pass, until its loss_sum
+        self.last_route: str | None = None  # the backend's route of the last micro-batch (for head_work)
 
-        if route not in ROUTE_CHOICES:
-            raise ConfigError(f"train.loss_route must be one of {' | '.join(ROUTE_CHOICES)}; found {route!r}; "
-                              f"fix: train.loss_route=auto")
-        if route in CACHED_ROUTES and not cache_probs:
-            raise ConfigError(f"train.loss_route={route} keeps the softmax, which train.loss_cache_probs=false "
-                              f"forbids; fix: train.loss_cache_probs=true, or train.loss_route=auto")
-        self.cache_probs, self.route = cache_probs, route
-        self._geometry = None  # the head's shape and device, known from the first micro-batch
-        self._last_route = None  # the route the last micro-batch ran, for head_work
-
-    def choose(self, n: int, k: int, *, scored: bool, entropy: bool = False) -> str:
-        """The route of a micro-batch of n tokens with k kept (the one chooser, ``eslm.ops.head_route``);
-        ``entropy``: the selection scores include the entropy."""
-        from eslm.ops.head_route import choose_route
-
-        return choose_route(n, k, self._geometry, scored=scored, cache=self.cache_probs, forced=self.route,
-                            entropy=entropy)
-
-    def score(self, hidden, weight, targets, *, need_scores, need_entropy, keep_fraction, for_loss=True):
-        if self.impl == "naive" or not for_loss:  # scores only: the plain pass, no softmax kept, no gradients
+    def score(self, hidden, weight, targets, *, need_scores, need_entropy, num_kept, for_loss=True):
+        if not for_loss:  # scores only (the step scope's pre-pass): the plain pass, nothing kept for a loss
             return super().score(hidden, weight, targets, need_scores=need_scores, need_entropy=need_entropy,
-                                 keep_fraction=keep_fraction)
-        from eslm.ops.fused_head import geometry, route_pass
-
-        n = hidden.shape[0]
-        k = min(n, max(1, round(keep_fraction * n)))
-        self._geometry = geometry(hidden, weight)
-        self._last_route = self.choose(n, k, scored=need_scores, entropy=need_scores and need_entropy)
-        return route_pass(self._last_route, hidden, weight, targets, scored=need_scores, need_entropy=need_entropy,
-                          chunk_size=self.chunk_size)
+                                 num_kept=num_kept)
+        stats, state = self.head(hidden).score(hidden, weight, targets, num_kept=num_kept,
+                                               need_scores=need_scores, need_entropy=need_entropy)
+        self._pending, self.last_route = (stats, state), state.route
+        return stats
 
     def loss_sum(self, hidden, weight, batch, index, stats):
-        targets = batch.y.reshape(-1)
-        if self.impl == "naive":
-            per_token = naive_selected_ce(hidden, weight, targets, index)
-            return per_token.sum(), per_token.detach()
-        from eslm.ops.fused_head import fused_ce_sum
-
-        return fused_ce_sum(hidden, weight, targets, index, pre=stats, chunk_size=self.chunk_size)
+        pending, self._pending = self._pending, None
+        state = pending[1] if pending is not None and pending[0] is stats else None  # this pass's, or none
+        return self.head(hidden).kept_loss(hidden, weight, batch.y.reshape(-1), index, state)
 
     def head_work(self, n, k, *, scored):
-        """The rows of the route the last micro-batch ran (the chooser's pick for (n, k) before any ran)."""
-        if self.impl == "naive":
-            return float(n), 0.0  # a masked loss: the backward runs over every row
-        from eslm.ops.head_route import route_work
-
-        route = self._last_route if self._last_route is not None else self.choose(n, max(k, 1), scored=scored)
-        return route_work(route, n, k, scored=scored)
+        """What the backend ran for the last micro-batch's route (its prediction for (n, k) before any ran)."""
+        ran = None if self.last_route is None else HeadState(self.last_route)
+        return self.head().work(n, k, scored=scored, state=ran)
 
     def per_token(self, hidden: torch.Tensor, weight: torch.Tensor, batch: Batch, index: torch.Tensor | None,
                   stats: TokenStats | None) -> torch.Tensor:
         """hidden (N, C) with grad, weight (V, C) -> (K,) fp32 CE of the kept tokens (any upstream gradient)."""
         lse = stats.lse if stats is not None else None
-        return selected_ce(hidden, weight, batch.y.reshape(-1), index, impl=self.impl,
-                           chunk_size=self.chunk_size, lse=lse)
+        return self.head(hidden).per_token_ce(hidden, weight, batch.y.reshape(-1), index, lse=lse)

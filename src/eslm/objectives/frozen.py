@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 
 from eslm.objectives.cross_entropy import token_stats
-from eslm.ops import default_impl
 
 
 class ReferenceModel:
@@ -26,7 +25,7 @@ class ReferenceModel:
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.source, self.meta = source, dict(meta or {})
-        self.impl, self.chunk_size = impl or default_impl(), chunk_size
+        self.impl, self.chunk_size = impl or "auto", chunk_size
 
     @classmethod
     def from_path(cls, path: str, device: torch.device | str = "cpu", **kw) -> "ReferenceModel":

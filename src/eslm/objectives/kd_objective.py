@@ -53,7 +53,7 @@ class Distill(Objective):
     Selection scores (ESLM-KD) come from the student's own scoring pass (``Objective.score``)."""
 
     def __init__(self, teacher, *, lam: float, rho: float, seq_len: int, chunk_size: int = 1024,
-                 impl: str = "fused"):
+                 impl: str = "auto"):
         super().__init__(impl, chunk_size)
         self.teacher, self.lam, self.rho, self.seq_len = teacher, lam, rho, seq_len
 

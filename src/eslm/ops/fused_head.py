@@ -45,10 +45,32 @@ K is a Python int fixed by the selection; nothing here synchronises with the dev
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 
-from eslm.ops.token_stats import TokenStats
+from eslm.ops.token_stats import HeadOptions, HeadState, HeadWork, TokenStats
+
+
+@dataclass
+class HeadPass:
+    """What one pass of this backend holds: the per-token statistics (``TokenStats``' three, fp32 (N,)) and, when
+    asked, the cross-entropy gradients of sum_i loss_i over all N rows formed while the logits were at hand:
+    grad_hidden (N, C), grad_weight (V, C) fp32, or the softmax itself (probs, (N, V) fp32) and softmax_w
+    (probs @ weight, (N, C) fp32); ``route``: the head route (``eslm.ops.head_route``) it was made for. Private
+    to this backend: it travels inside ``HeadState``, never to a selector."""
+
+    loss: torch.Tensor
+    entropy: torch.Tensor | None
+    lse: torch.Tensor
+    grad_hidden: torch.Tensor | None = None
+    grad_weight: torch.Tensor | None = None
+    probs: torch.Tensor | None = None
+    softmax_w: torch.Tensor | None = None
+    route: str | None = None
+
+    def stats(self) -> TokenStats:
+        return TokenStats(loss=self.loss, entropy=self.entropy, lse=self.lse)
 
 
 def _chunks(n: int, size: int):
@@ -141,7 +163,7 @@ def _softmax_rows(z: torch.Tensor, scratch: torch.Tensor, ent: torch.Tensor | No
 @torch.no_grad()
 def head_pass(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, need_entropy: bool = True,
               with_grads: bool = False, grad_hidden: bool = True, grad_weight: bool = True,
-              keep_probs: bool = False, softmax_w: bool = True, chunk_size: int = 1024) -> TokenStats:
+              keep_probs: bool = False, softmax_w: bool = True, chunk_size: int = 1024) -> HeadPass:
     """Detached fp32 per-token loss, entropy (if asked) and lse. With ``with_grads`` also the all-row
     cross-entropy gradients of sum_i loss_i: ``grad_hidden`` (N, C) and ``grad_weight`` (V, C) fp32 (each
     unless switched off). With ``keep_probs`` also ``probs``, the (N, V) fp32 softmax, so that the kept rows'
@@ -205,15 +227,15 @@ def head_pass(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
             pw = torch.mm(probs, w)
             ent.copy_(lse - _rowdot(h_all, pw))
     if grads is None:
-        return TokenStats(loss=loss, entropy=ent, lse=lse, probs=probs, softmax_w=pw)
-    return TokenStats(loss=loss, entropy=ent, lse=lse, grad_hidden=grads.hidden, grad_weight=grads.weight,
-                      probs=probs)
+        return HeadPass(loss=loss, entropy=ent, lse=lse, probs=probs, softmax_w=pw)
+    return HeadPass(loss=loss, entropy=ent, lse=lse, grad_hidden=grads.hidden, grad_weight=grads.weight,
+                    probs=probs)
 
 
 def fused_token_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
                       need_entropy: bool = True, chunk_size: int = 1024) -> TokenStats:
     """Detached fp32 per-token loss, entropy (if asked) and log-sum-exp, chunked over tokens."""
-    return head_pass(hidden, weight, targets, need_entropy=need_entropy, chunk_size=chunk_size)
+    return head_pass(hidden, weight, targets, need_entropy=need_entropy, chunk_size=chunk_size).stats()
 
 
 # --------------------------------------------------------------------------- the summed loss (training)
@@ -242,7 +264,7 @@ def _dropped_rows(n: int, index: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _kept_grads(hidden, weight, targets, index, pre: TokenStats, chunk_size: int):
+def _kept_grads(hidden, weight, targets, index, pre: HeadPass, chunk_size: int):
     """Gradients of sum_{kept} loss from the pass's all-row gradients minus the dropped rows' share."""
     if index is None or index.numel() == hidden.shape[0]:
         return pre.grad_hidden, pre.grad_weight
@@ -344,7 +366,7 @@ def _grads_kept_rows(hidden, weight, targets, index, probs, chunk_size: int):
 
 
 def route_pass(route: str, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, scored: bool,
-               need_entropy: bool, chunk_size: int = 1024) -> TokenStats | None:
+               need_entropy: bool, chunk_size: int = 1024) -> HeadPass | None:
     """The pass over all N rows that ``route`` (``eslm.ops.head_route``) starts with: the scores (when
     ``scored``) and what the route's gradients need (the softmax, or the all-row gradients); None when the
     route needs no pass (``kept_recompute`` without scores). The result carries the route for ``fused_ce_sum``."""
@@ -367,7 +389,7 @@ def route_pass(route: str, hidden: torch.Tensor, weight: torch.Tensor, targets: 
 
 
 def fused_ce_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, index: torch.Tensor | None,
-                 *, pre: TokenStats | None = None, chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+                 *, pre: HeadPass | None = None, chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
     """sum_{i in kept} CE_i as a 0-dim fp32 tensor with autograd to hidden and weight, and the kept rows'
     per-token CE (K,) detached, by the route ``pre`` was made for (``route_pass``; a pass made by ``head_pass``
     directly: ``grads_in_pass`` if it holds gradients, ``kept_cached`` if it holds the softmax, else
@@ -394,7 +416,7 @@ def fused_ce_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tens
     return _PrecomputedGrad.apply(hidden, weight, value, gh, gw.to(weight.dtype)), per_token
 
 
-def _route_of(pre: TokenStats | None) -> str:
+def _route_of(pre: HeadPass | None) -> str:
     if pre is None:
         return "kept_recompute"
     route = pre.route or ("grads_in_pass" if pre.grad_weight is not None else
@@ -485,3 +507,52 @@ def fused_selected_ce(hidden: torch.Tensor, weight: torch.Tensor, targets: torch
     if route == "grads_in_pass":
         return _RowGradCE.apply(hidden, weight, targets, chunk_size)
     return _SelectedCE.apply(hidden, weight, targets, lse.detach() if lse is not None else None, chunk_size)
+
+
+# --------------------------------------------------------------------------- the backend (eslm.ops.head_backend)
+
+
+class FusedHead:
+    """The chunked head as a backend: per micro-batch the route of ``eslm.ops.head_route``'s chooser (forced by
+    ``options.route`` where it can run, the cached routes only with ``options.cache_probs``); the state is the
+    route's pass (``HeadPass``), consumed by ``kept_loss``."""
+
+    name = "fused"
+
+    def __init__(self, options: HeadOptions = HeadOptions()):
+        self.options = options
+
+    def choose(self, n: int, k: int, geom, *, scored: bool, entropy: bool = False) -> str:
+        """The route of n rows with k kept (the one chooser, ``eslm.ops.head_route``); ``geom`` None: before
+        anything ran (the FLOPs alone decide)."""
+        from eslm.ops.head_route import choose_route
+
+        return choose_route(n, k, geom, scored=scored, cache=self.options.cache_probs, forced=self.options.route,
+                            entropy=entropy)
+
+    def score(self, hidden, weight, targets, *, num_kept, need_scores, need_entropy):
+        n = hidden.shape[0]
+        route = self.choose(n, min(n, max(1, num_kept)), geometry(hidden, weight), scored=need_scores,
+                            entropy=need_scores and need_entropy)
+        pre = route_pass(route, hidden, weight, targets, scored=need_scores, need_entropy=need_entropy,
+                         chunk_size=self.options.chunk_size)
+        return (None if pre is None else pre.stats()), HeadState(route, pre)
+
+    def kept_loss(self, hidden, weight, targets, index, state):
+        pre = None if state is None else state.buffers
+        if state is not None:
+            state.buffers = None  # consumed: its large buffers are released by fused_ce_sum
+        return fused_ce_sum(hidden, weight, targets, index, pre=pre, chunk_size=self.options.chunk_size)
+
+    def work(self, n, k, *, scored, state=None) -> HeadWork:
+        from eslm.ops.head_route import route_work
+
+        route = state.route if state is not None else self.choose(n, max(k, 1), None, scored=scored)
+        return route_work(route, n, k, scored=scored)
+
+    def token_stats(self, hidden, weight, targets, *, need_entropy):
+        return fused_token_stats(hidden, weight, targets, need_entropy=need_entropy,
+                                 chunk_size=self.options.chunk_size)
+
+    def per_token_ce(self, hidden, weight, targets, index, *, lse=None):
+        return fused_selected_ce(hidden, weight, targets, index, chunk_size=self.options.chunk_size, lse=lse)

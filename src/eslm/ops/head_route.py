@@ -36,6 +36,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from eslm.ops.token_stats import HeadWork
+
 ROUTES = ("all_rows", "kept_cached", "grads_in_pass", "kept_recompute")
 CACHED_ROUTES = ("all_rows", "kept_cached")
 PER_TOKEN_ROUTES = ("kept_recompute", "grads_in_pass")
@@ -56,23 +58,21 @@ class Geometry:
         return self.dtype != "float32"
 
 
-def route_work(route: str, n: int, k: int, *, scored: bool) -> tuple[float, float]:
-    """What a route runs at the head beside the one forward of every row that ``eslm.flops`` counts, in rows:
-    (rows whose two gradient matmuls ran, rows whose logits-sized matmul ran once more; negative: rows whose
-    head forward never ran).
+def route_work(route: str, n: int, k: int, *, scored: bool) -> HeadWork:
+    """What a route runs at the head for n rows with k kept, as rows of head matmuls (``HeadWork``).
 
-    ``grads_in_pass`` recomputes the N-K dropped rows' logits and forms their weight gradient again to subtract
-    it (two matmuls each); ``kept_recompute`` forms the kept rows' logits again after a scoring pass; without
-    one (the random-drop control), the kept rows' logits are their only forward and the N-K dropped rows' head
-    forward never runs: -(N-K)."""
+    Every route forms the logits of all N rows once, but ``kept_recompute`` without a scoring pass (the
+    random-drop control), which forms only the K kept rows' logits. ``grads_in_pass`` recomputes the N-K dropped
+    rows' logits and forms their weight gradient again to subtract it (two matmuls each); ``kept_recompute``
+    after a scoring pass forms the kept rows' logits again."""
     if route == "all_rows":
-        return float(n), 0.0
+        return HeadWork(float(n), float(n), 0.0)
     if route == "kept_cached":
-        return float(k), 0.0
+        return HeadWork(float(n), float(k), 0.0)
     if route == "grads_in_pass":
-        return float(n), 2.0 * (n - k)
+        return HeadWork(float(n), float(n), 2.0 * (n - k))
     if route == "kept_recompute":
-        return float(k), float(k) if scored else -float(n - k)
+        return HeadWork(float(n), float(k), float(k)) if scored else HeadWork(float(k), float(k), 0.0)
     raise ValueError(f"expected a head route in {ROUTES}; found {route!r}")
 
 

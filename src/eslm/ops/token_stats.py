@@ -1,9 +1,12 @@
-"""``TokenStats``: what a scoring pass over the LM head returns, per token (the lowest layer's data type, so that
-the kernels in ``eslm.ops`` and the objectives above them share it without importing upward)."""
+"""The lowest layer's data types, shared by the head backends in ``eslm.ops`` and the objectives, selectors and FLOPs
+accounting above them without importing upward: ``TokenStats`` (what a scoring pass over the LM head returns, per
+token), ``HeadWork`` (what a head backend ran), and the backends' ``HeadOptions`` and ``HeadState``
+(``eslm.ops.head_backend``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -16,16 +19,50 @@ class TokenStats:
     entropy = -sum_v p_v log p_v = lse - sum_v p_v z_v      (None when not requested)
     lse     = log sum_v exp(z_v)
 
-    The fused pass may also carry the cross-entropy gradients of sum_i loss_i over all N rows, formed while
-    the logits were at hand (``eslm.ops.fused_head.head_pass``): grad_hidden (N, C), grad_weight (V, C) fp32,
-    or the softmax itself (probs).
+    Only what a selector or a caller reads: whatever a backend keeps for its loss travels in its own opaque
+    state (``eslm.ops.head_backend.HeadState``).
     """
 
     loss: torch.Tensor
     entropy: torch.Tensor | None
     lse: torch.Tensor
-    grad_hidden: torch.Tensor | None = None
-    grad_weight: torch.Tensor | None = None
-    probs: torch.Tensor | None = None  # (N, V) fp32 softmax, when the pass was asked to keep it
-    softmax_w: torch.Tensor | None = None  # (N, C) probs @ weight, when the pass formed it (fp32)
-    route: str | None = None  # the head route (eslm.ops.head_route) this pass was made for, when one chose it
+
+
+@dataclass(frozen=True)
+class HeadWork:
+    """What a backend ran at the head for one micro-batch, in rows of one (C x V) head matmul (2CV FLOPs), all
+    non-negative:
+
+    forward_rows:   rows whose logits the forward formed once (N; K where no scoring pass ran and only the kept
+                    rows' logits were formed)
+    backward_rows:  rows whose two gradient matmuls ran (G_h and G_W)
+    recompute_rows: rows whose logits-sized matmul ran once more (a recompute, a subtracted share)
+    """
+
+    forward_rows: float
+    backward_rows: float
+    recompute_rows: float = 0.0
+
+    def head_tokens(self, n: int) -> tuple[float, float]:
+        """(head backward tokens, head forward tokens beyond one per token) of ``eslm.flops.step_flops`` for a
+        micro-batch of ``n`` tokens: the second is negative when rows' forward never ran."""
+        return self.backward_rows, self.recompute_rows - (n - self.forward_rows)
+
+
+@dataclass
+class HeadState:
+    """What ``score`` leaves for ``kept_loss``: opaque to everyone but the backend that made it. ``route``: the
+    name of the way it will compute the loss (the fused backend's head routes; one name for the others)."""
+
+    route: str
+    buffers: Any = None
+
+
+@dataclass(frozen=True)
+class HeadOptions:
+    """The settings a backend is built with (``train.loss_chunk_size``, ``train.loss_cache_probs``,
+    ``train.loss_route``); a backend reads those it has a use for."""
+
+    chunk_size: int = 1024
+    cache_probs: bool = True  # the fused backend may keep the scoring pass's (N, V) fp32 softmax
+    route: str = "auto"  # the fused backend's head route, forced where it can run (eslm.ops.head_route)

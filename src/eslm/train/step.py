@@ -55,7 +55,7 @@ def forward_backward(model, raw_model, method, batches, opts: StepOptions, step:
             stats = method.objective.score(hidden.detach(), weight.detach(), targets,
                                            need_scores=method.tokens.score is not None,
                                            need_entropy=method.needs_entropy,
-                                           keep_fraction=method.tokens.num_kept(n) / n)
+                                           num_kept=method.tokens.num_kept(n))
             sel = method.tokens.select(stats, batch, threshold)
             kept_sum, kept_loss = method.objective.loss_sum(hidden, weight, batch, sel.index, stats)
             loss = kept_sum / (sel.num_kept * opts.accum_steps if denom is None else denom)
@@ -98,6 +98,6 @@ def _step_threshold(raw_model, method, batches, opts: StepOptions):
             n = hidden.shape[0]
             stats = method.objective.score(hidden, raw_model.head_weight, batch.y.reshape(-1), need_scores=True,
                                            need_entropy=method.needs_entropy,
-                                           keep_fraction=method.tokens.num_kept(n) / n, for_loss=False)
+                                           num_kept=method.tokens.num_kept(n), for_loss=False)
         ranked.append(method.tokens.rank(stats, batch))
     return method.tokens.step_threshold(ranked, opts.world_size)

@@ -1,0 +1,61 @@
+"""The naive head backend: full (N, V) logits, an fp32 log-softmax, the loss masked afterwards. Simple, obviously
+right, the oracle every other backend is tested against, and what the paper's implementation does (registry:
+``eslm.ops.head_backend``)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from eslm.ops.token_stats import HeadOptions, HeadState, HeadWork, TokenStats
+
+
+def naive_token_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                      need_entropy: bool = True) -> TokenStats:
+    """Reference: full logits, fp32 log-softmax. No gradient."""
+    with torch.no_grad():
+        logits = (hidden @ weight.t()).float()
+        logp = torch.log_softmax(logits, dim=-1)
+        loss = -logp.gather(1, targets[:, None]).squeeze(1)
+        lse = torch.logsumexp(logits, dim=-1)
+        entropy = -(logp.exp() * logp).sum(-1) if need_entropy else None
+    return TokenStats(loss=loss, entropy=entropy, lse=lse)
+
+
+def naive_selected_ce(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                      index: torch.Tensor | None) -> torch.Tensor:
+    """Reference per-token CE (with gradient) of the kept rows ``index`` (K,), or of all rows if None.
+
+    Computes the full (N, V) logits and masks afterwards, exactly like a masked loss does: the backward
+    still runs over every row (dropped rows receive zero gradient).
+    """
+    logits = (hidden @ weight.t()).float()
+    per_token = F.cross_entropy(logits, targets, reduction="none")
+    return per_token if index is None else per_token[index]
+
+
+class NaiveHead:
+    """The oracle as a backend: the scores from the full logits, the loss masked (its backward runs over every
+    row, so every row's two gradient matmuls are booked)."""
+
+    name = "naive"
+
+    def __init__(self, options: HeadOptions = HeadOptions()):
+        self.options = options
+
+    def score(self, hidden, weight, targets, *, num_kept, need_scores, need_entropy):
+        stats = naive_token_stats(hidden, weight, targets, need_entropy) if need_scores else None
+        return stats, HeadState("masked")
+
+    def kept_loss(self, hidden, weight, targets, index, state):
+        per_token = naive_selected_ce(hidden, weight, targets, index)
+        return per_token.sum(), per_token.detach()
+
+    def work(self, n, k, *, scored, state=None):
+        return HeadWork(float(n), float(n), 0.0)
+
+    def token_stats(self, hidden, weight, targets, *, need_entropy):
+        return naive_token_stats(hidden, weight, targets, need_entropy)
+
+    def per_token_ce(self, hidden, weight, targets, index, *, lse=None):
+        return naive_selected_ce(hidden, weight, targets, index)

@@ -118,7 +118,7 @@ def test_lowest_versions_pin_every_direct_dependency_at_its_bound(tmp_path):
     deps = (ROOT / "pyproject.toml").read_text()
     core = deps.split("dependencies = [", 1)[1].split("]", 1)[0]
     named = {lv._name(n) for n in re.findall(r'"([A-Za-z0-9._-]+)', core)} | {"matplotlib", "pytest", "hypothesis",
-                                                                               "setuptools"}
+                                                                               "setuptools", "build", "twine"}
     assert set(pins) | set(not_pinned) == named
     bad = tmp_path / "pyproject.toml"
     bad.write_text('[project]\ndependencies = ["torch>=2.6", "numpy"]\n[project.optional-dependencies]\n'
@@ -129,3 +129,69 @@ def test_lowest_versions_pin_every_direct_dependency_at_its_bound(tmp_path):
     assert lv.direct_requirements(["dev"], bad) == {"torch": "2.6", "numpy": "1.24", "pytest": "7", "py-yaml": "6.0"}
     with pytest.raises(SystemExit, match="expected extras among dev; found"):
         lv.direct_requirements(["gpu"], bad)
+
+
+# Top-level modules of the optional extras (pyproject.toml's [project.optional-dependencies]): a core install
+# has none of them.
+OPTIONAL_MODULES = ("datasets", "pyarrow", "transformers", "accelerate", "lm_eval", "matplotlib", "tensorboard",
+                    "wandb", "pytest", "hypothesis", "trl", "pytorch_lightning", "lightning", "build", "twine")
+
+BLOCKER = '''
+import importlib.abc, sys
+class _CoreOnly(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {names!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (optional: not in a core install)", name=name)
+        return None
+sys.meta_path.insert(0, _CoreOnly())
+'''
+
+
+@pytest.mark.slow
+def test_sdist_and_wheel_pass_twine_check_and_run_with_core_dependencies_only(tmp_path):
+    """python -m build makes an sdist and a wheel (the wheel built from the sdist) that pass twine check
+    --strict; the wheel, installed in a fresh venv outside the repository in which every optional extra's
+    module fails to import, runs `eslm study demo --dry-run` and imports eslm.api and eslm.integrations."""
+    pytest.importorskip("build")
+    pytest.importorskip("twine")
+    src = tmp_path / "src-copy"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "src", "configs"):
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name, symlinks=True,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy2(ROOT / name, src / name)
+    dist = tmp_path / "dist"
+    out = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist), str(src)],
+                         capture_output=True, text=True, env=_env(), timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    wheel, sdist = sorted(dist.glob("*.whl")), sorted(dist.glob("*.tar.gz"))
+    assert len(wheel) == 1 and len(sdist) == 1
+    out = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", *map(str, wheel + sdist)],
+                         capture_output=True, text=True, env=_env())
+    assert out.returncode == 0 and out.stdout.count("PASSED") == 2, out.stdout[-2000:] + out.stderr[-2000:]
+
+    env_dir = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True)
+    py = env_dir / "bin" / "python"
+    own = Path(subprocess.run([str(py), "-c", "import site; print(site.getsitepackages()[0])"],
+                              capture_output=True, text=True, env=_env(), check=True).stdout.strip())
+    outer = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
+    (own / "_outer_env.pth").write_text("".join(f"{p}\n" for p in outer))
+    (own / "_core_only.py").write_text(BLOCKER.format(names=set(OPTIONAL_MODULES)))
+    (own / "_core_only.pth").write_text("import _core_only\n")
+    out = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel[0])],
+                         capture_output=True, text=True, env=_env())
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    blocked = subprocess.run([str(py), "-c", "import transformers"], cwd=work, capture_output=True, text=True,
+                             env=_env())
+    assert blocked.returncode != 0 and "not in a core install" in blocked.stderr  # the blocker works
+    imp = subprocess.run([str(py), "-c", "import eslm, eslm.api, eslm.integrations, eslm.integrations.torchtitan; "
+                          "print(eslm.__file__)"], cwd=work, capture_output=True, text=True, env=_env())
+    assert imp.returncode == 0, imp.stderr[-2000:]
+    assert Path(imp.stdout.strip()).is_relative_to(env_dir)
+    dry = _eslm(env_dir, ["study", "demo", "--dry-run", "--seeds", "1"], work)
+    assert dry.returncode == 0 and " runs -> " in dry.stdout, dry.stdout[-2000:] + dry.stderr[-2000:]

@@ -24,20 +24,30 @@ def _fmt(v, spec=".4g") -> str:
     return "—" if v is None else format(v, spec)
 
 
-def _agg_cell(a: dict, spec=".4g") -> str:
-    """'mean ± 95% half-width (n=k)', or 'mean (n=1, no interval)'."""
+def _agg_cell(a: dict, spec=".4g", single: bool = False) -> str:
+    """'mean ± 95% half-width (n=k)', or 'mean (n=1, no interval)'; just the mean when ``single`` (a one-seed
+    report says once, above its tables, that nothing has an interval)."""
     if a["count"] == 0:
         return "—"
     s = _fmt(a["mean"], spec)
     if a["count"] > 1 and a.get("ci_half_width") is not None:
         return s + f" ± {_fmt(a['ci_half_width'], spec)} <small>(n={a['count']})</small>"
-    return s + " <small>(n=1, no interval)</small>"
+    return s if single else s + " <small>(n=1, no interval)</small>"
 
 
-def _target_cell(t: dict, spec=".3g") -> str:
+def _one_seed(summary: dict) -> bool:
+    """Every group has at most one run: no number of the report has an interval."""
+    return all(len(g["runs"]) <= 1 for g in summary["groups"])
+
+
+ONE_SEED_NOTE = ("<p class='note warn'>One seed per group: no number below has an interval, and a difference "
+                 "between groups is not evidence of an effect; run more seeds (eslm study ... --seeds N).</p>")
+
+
+def _target_cell(t: dict, spec=".3g", single: bool = False) -> str:
     if t["reached"] == 0:
         return "not reached"
-    s = _agg_cell({**t, "count": t["reached"]}, spec)
+    s = _agg_cell({**t, "count": t["reached"]}, spec, single)
     return s if t["reached"] == t["n"] else f"{s} ({t['reached']}/{t['n']} reached)"
 
 
@@ -61,12 +71,14 @@ def _label_of(summary: dict, label: str) -> str:
 
 def _summary_table(summary: dict) -> str:
     rows = []
+    one = _one_seed(summary)
     for g in summary["groups"]:
-        rows.append([_label(g), str(len(g["runs"])), _agg_cell(g["final_val_loss"], ".4f"),
-                     _agg_cell(g["equal_tokens_val_loss"], ".4f"),
-                     _agg_cell(g["best_val_loss"], ".4f"), _agg_cell(g["final_" + M.STEP], ".4g"),
-                     _agg_cell(g["final_" + M.FLOPS_PAPER], ".3g"), _agg_cell(g["final_" + M.FLOPS_EXECUTED], ".3g"),
-                     _agg_cell(g["step_cost_vs_clm"], ".3f"), _agg_cell(g["final_" + summary["time_key"]], ".3g")])
+        rows.append([_label(g), str(len(g["runs"]))]
+                    + [_agg_cell(g[key], spec, one) for key, spec in (
+                        ("final_val_loss", ".4f"), ("equal_tokens_val_loss", ".4f"), ("best_val_loss", ".4f"),
+                        ("final_" + M.STEP, ".4g"), ("final_" + M.FLOPS_PAPER, ".3g"),
+                        ("final_" + M.FLOPS_EXECUTED, ".3g"), ("step_cost_vs_clm", ".3f"),
+                        ("final_" + summary["time_key"], ".3g"))])
     time_head = "CPU s" if summary["time_key"] == M.CPU_S else "wall-clock s"
     equal = f"val loss at {summary['baseline']}'s last eval (equal tokens)" if summary["baseline"] else \
         "val loss at the baseline's last eval"
@@ -85,7 +97,8 @@ def _censored_cell(t: dict, spec=".3g") -> str:
 def _costs_table(summary: dict) -> str:
     """To-target costs in both FLOPs conventions, tokens and time, side by side; with censored seeds, the
     paper-FLOPs mean that counts them at their budget."""
-    rows = [[_label(g)] + [_target_cell(g["to_target"][k]) for k in COSTS]
+    one = _one_seed(summary)
+    rows = [[_label(g)] + [_target_cell(g["to_target"][k], single=one) for k in COSTS]
             + [_censored_cell(g["to_target"][M.FLOPS_PAPER])] for g in summary["groups"]]
     time_head = "CPU s" if summary["time_key"] == M.CPU_S else "wall-clock s"
     return _table(["group", "flops_paper to target", "flops_executed to target", "tokens to target",
@@ -219,7 +232,7 @@ def render_html(summary: dict, written: dict) -> str:
         "that never reached the target counts at its budget (censored, said in the verdict). The equal-token "
         "read-out is the loss at the baseline's last evaluation, where every run has seen the same tokens. "
         f"Learning-rate schedule: {html.escape(s['schedule'])}.</p>",
-        "<h2>Summary</h2>", _summary_table(s),
+        "<h2>Summary</h2>", ONE_SEED_NOTE if _one_seed(s) else "", _summary_table(s),
         "<p class='note'>Mean over the seeds of a group ± the half-width of its 95% Student-t interval. "
         "<i>Executed per step / CLM step</i>: flops_executed / flops_dense, what one step of the method executes "
         "in units of a plain CLM step on the same tokens (e.g. GREATS' scoring and gradient inner products).</p>",

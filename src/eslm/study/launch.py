@@ -88,19 +88,47 @@ def from_study(study: dict, jobs: int | None, *, detach: bool = False, status: b
     return LocalLauncher(jobs or 1)
 
 
+def _duration(seconds: float) -> str:
+    """'45 s', '12 min', '3.4 h'."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+class Progress:
+    """Runs done out of those this launch trains, the time since it started, and an estimate of the time left:
+    the mean time per run so far (completions over wall time, so parallel runs count as they finish) times the
+    runs left."""
+
+    def __init__(self, total: int, clock=time.monotonic):
+        self.total, self.done, self.clock = total, 0, clock
+        self.t0 = clock()
+
+    def one_done(self) -> str:
+        self.done += 1
+        elapsed = self.clock() - self.t0
+        left = self.total - self.done
+        eta = f", about {_duration(elapsed / self.done * left)} left" if left else ""
+        return f"[{self.done}/{self.total} runs done, {_duration(elapsed)} elapsed{eta}]"
+
+
 def _run_serial(configs: list) -> Launched:
     from eslm.train.trainer import train
 
     outcomes = []
+    progress = Progress(len(configs))
     for i, c in enumerate(configs):
         c, resume = with_resume_flag(c)
-        print(f"== {c.run.name}{' (resuming)' if resume else ''}", flush=True)
+        print(f"== [{i + 1}/{len(configs)}] {c.run.name}{' (resuming)' if resume else ''}", flush=True)
         if train(c).stopped_by == "preempted":  # SIGTERM: the run saved a checkpoint; stop here, no report
             outcomes.append(Outcome(c.run.name, PREEMPTED, "preempted (checkpoint saved; the same command "
                                                            "resumes it)"))
             outcomes += [Outcome(x.run.name, NOT_STARTED, "not started") for x in configs[i + 1:]]
             return Launched(tuple(outcomes), 143)
         outcomes.append(Outcome(c.run.name, FINISHED, "finished"))
+        print(f"== {c.run.name} finished {progress.one_done()}", flush=True)
     return Launched(tuple(outcomes), 0)
 
 
@@ -156,6 +184,7 @@ class _Pool:
         self.run_dirs = {c.run.name: Path(c.run.out_dir) / c.run.name for c in configs}  # a shared model: models/
         self.outcomes: list[Outcome] = []
         self.stop = False
+        self.progress = Progress(len(configs))
 
     def _on_sigterm(self, *_) -> None:
         self.stop = True
@@ -188,7 +217,7 @@ class _Pool:
                 del self.running[name]
                 outcome = _child_outcome(name, proc.returncode, (self.run_dirs[name] / "result.json").is_file(),
                                          sent)
-                print(f"== {name} {outcome.words}", flush=True)
+                print(f"== {name} {outcome.words} {self.progress.one_done()}", flush=True)
                 self.outcomes.append(outcome)
 
     def run(self) -> Launched:

@@ -10,6 +10,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+if "triton" not in __import__("sys").modules and not __import__("torch").cuda.is_available():
+    # without a GPU the Triton kernels of the GPU head backend (eslm.ops.triton_head) run under Triton's
+    # interpreter; it must be chosen before triton is first imported (its own helpers are jit functions too)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def _write_corpus(root: Path) -> list[str]:

@@ -87,7 +87,7 @@ class TrainSection:
     device: str = _f("auto", "auto | cpu | cuda | cuda:N")
     dtype: str = _f("auto", "auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16")
     compile: bool = _f(False, "torch.compile the model")
-    loss_impl: str = _f("auto", "the LM-head backend (eslm.ops.head_backend): auto (the device's default: fused) | fused (chunked, head backward only for kept tokens) | naive (full logits, the oracle)")
+    loss_impl: str = _f("auto", "the LM-head backend (eslm.ops.head_backend): auto (the device's default: fused on CPU; triton on CUDA where the gpu extra is installed, else fused) | fused (chunked, head backward only for kept tokens) | naive (full logits, the oracle) | triton (GPU: bf16 logits cached by the scoring pass, Triton row kernels, kept rows' backward only; the gpu extra)")
     loss_chunk_size: int = _f(1024, "tokens per chunk in the fused loss")
     loss_cache_probs: bool = _f(True, "fused loss with selection scores: allow keeping the scoring pass's softmax (one tokens x vocab fp32 buffer per micro-batch) so the gradients need no second logits matmul; false: no such buffer, recompute instead")
     loss_route: str = _f("auto", "fused loss route (docs/fused_loss.md): auto (the cheapest by the per-device cost model) | kept_cached | all_rows | grads_in_pass | kept_recompute (forced where it can run: the cached two need selection scores)")

@@ -85,11 +85,14 @@ BACKENDS: tuple[BackendSpec, ...] = (
                 ("cpu", "cuda")),
     BackendSpec("naive", "eslm.ops.naive_head", "NaiveHead",
                 "full (N, V) logits and F.cross_entropy, masked: the oracle", ("cpu", "cuda")),
+    BackendSpec("triton", "eslm.ops.triton_head", "TritonHead",
+                "bf16 logits cached by the scoring pass, Triton row kernels, the kept rows' backward only",
+                ("cuda",), extra="gpu"),
 )
 NAMES = tuple(s.name for s in BACKENDS)
 IMPL_CHOICES = ("auto",) + NAMES
 # what "auto" means per device type, in order of preference (the first whose extra is installed)
-AUTO = {"cuda": ("fused",), "cpu": ("fused",)}
+AUTO = {"cuda": ("triton", "fused"), "cpu": ("fused",)}
 
 
 def spec(name: str) -> BackendSpec:

@@ -205,3 +205,27 @@ def test_the_banner_splits_the_parameters_into_blocks_and_tied_embedding(tiny_da
     assert f"{model.num_params() / 1e6:.2f}M params: " in banner
     assert f"{blocks / 1e6:.2f}M in the blocks + {emb / 1e6:.2f}M tied embedding/head" in banner
     assert "non-embedding" not in banner
+
+
+def test_evaluation_announces_itself_and_throughput_excludes_it(tiny_data, tmp_path, capsys, monkeypatch):
+    """An evaluation says what it evaluates before it starts; the tok/s logged after it counts the training
+    steps' own time only (a 2 s evaluation between two logged steps left the reading unchanged)."""
+    import eslm.eval.val_loss as vl
+
+    real = vl.evaluate
+
+    def slow_evaluate(*a, **kw):
+        time.sleep(2.0)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(vl, "evaluate", slow_evaluate)
+    cfg = build_config(overrides=tiny_overrides(tiny_data, tmp_path, **{
+        "method.name": "clm", "train.max_steps": 4, "eval.interval": 2, "log.interval": 1}))
+    res = train(cfg)
+    out = capsys.readouterr().out
+    start = out.index("eval step 2: ")
+    assert "batches over" in out[start:start + 80] and out.index("eval step 2: val_loss") > start
+    recs = {r[M.STEP]: r for r in read_metrics(res.run_dir, "train")}
+    # step 3 follows the 2 s evaluation: its reading is tokens over step 3's own time
+    assert recs[3][M.TOKENS_PER_S] == pytest.approx(cfg.train.micro_batch_size_seqs * cfg.data.seq_len
+                                                    * cfg.train.grad_accum_steps / recs[3][M.STEP_TIME_S], rel=1e-6)

@@ -27,18 +27,19 @@ def timed(fn, device: torch.device):
 
 
 class Throughput:
-    """Tokens per second over the steps since the previous reading."""
+    """Training tokens per second of training time over the steps since the previous reading: each step adds
+    its tokens and its own wall time, so evaluation, checkpoints and logging between steps do not count."""
 
     def __init__(self) -> None:
-        self.t0, self.tokens = time.perf_counter(), 0
+        self.seconds, self.tokens = 0.0, 0
 
-    def add(self, tokens: int) -> None:
+    def add(self, tokens: int, seconds: float) -> None:
         self.tokens += tokens
+        self.seconds += seconds
 
     def read(self) -> float:
-        now = time.perf_counter()
-        rate = self.tokens / max(now - self.t0, 1e-9)
-        self.t0, self.tokens = now, 0
+        rate = self.tokens / max(self.seconds, 1e-9)
+        self.seconds, self.tokens = 0.0, 0
         return rate
 
 

@@ -117,7 +117,7 @@ class Trainer:
                     update, dt, dc = timed(self._train_one_step, self.device)
                     self.elapsed_s += dt
                     self.cpu_s += dc
-                    throughput.add(update.tokens_seen)
+                    throughput.add(update.tokens_seen, dt)  # the step's own time: evaluation excluded
                     if self.step % c.log.interval == 0 or self.step == max_steps:
                         self._log_step(update, dt, dc, throughput.read())
                     if c.eval.interval and self.step % c.eval.interval == 0:
@@ -194,6 +194,9 @@ class Trainer:
 
         t0 = time.perf_counter()
         t = self.cfg.train
+        if self.dist.is_main:  # the evaluation can take a while: say what it is doing before it starts
+            n = sum(len(bs) for bs in self.val.values())
+            self._log(f"eval step {self.step}: {n} batches over {len(self.val)} domain(s)...")
         res = evaluate(self.raw_model, self.val, self.weights, impl=t.loss_impl, chunk_size=t.loss_chunk_size,
                        autocast=setup.autocast_for(t.dtype, self.device))
         if self.dist.is_main:

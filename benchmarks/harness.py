@@ -251,9 +251,12 @@ def median(xs: list) -> float | None:
 
 
 def environment(bench: Bench) -> dict:
+    from eslm.ops.head_costs import machine_key
+
+    key = machine_key("cpu")  # the processor as lscpu names it ("Model name"), its family/model, the BLAS
     env = {"torch": torch.__version__, "python": platform.python_version(), "device": str(bench.device),
-           "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
-           "cpu_count": os.cpu_count()}
+           "threads": torch.get_num_threads(), "cpu": key["processor"], "cpu_id": key["cpu_id"],
+           "blas": key["blas"], "cpu_capability": key["cpu_capability"], "cpu_count": os.cpu_count()}
     if bench.device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(bench.device)
         env["cuda"] = torch.version.cuda

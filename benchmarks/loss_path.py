@@ -67,13 +67,16 @@ def route_of(bench: Bench, v: Variant) -> str | None:
 
 
 def head_costs(bench: Bench) -> dict:
-    """Which coefficients the chooser used here: their source line, and the ESLM_HEAD_COSTS file if one was set."""
+    """Which coefficients the chooser uses here, as a training run would: this machine's measured table
+    (measured first, in a few seconds, when there is none), or ESLM_HEAD_COSTS's; ``eslm.ops.head_costs.lookup``'s
+    record (table, entry, path, machine key, source line, coefficients) and the ESLM_HEAD_COSTS file if set."""
     import os
 
-    from eslm.ops.head_costs import ENV, costs_for
+    from eslm.ops.calibrate import ensure_measured
+    from eslm.ops.head_costs import ENV
 
-    c = costs_for(bench.device.type, "bfloat16" if bench.dtype == "bf16" else "float32")
-    return {"source": c.source, "file": os.environ.get(ENV)}
+    rec = ensure_measured(bench.device, "bfloat16" if bench.dtype == "bf16" else "float32")
+    return {**rec, "file": os.environ.get(ENV)}
 
 
 def model_seconds(bench: Bench, route: str | None, kept: float, scored: bool) -> float | None:
@@ -184,6 +187,7 @@ def main(argv=None) -> int:
     print(f"loss-path benchmark: {a.preset}, {a.micro_batch}x{a.seq_len} = {tokens} tokens/step, {a.device} "
           f"{a.dtype}{' compiled' if a.compile else ''}, {torch.get_num_threads()} threads, {len(vs)} variants x "
           f"({a.warmup} warm-up + {a.steps}) rounds", flush=True)
+    costs = head_costs(bench)  # before any step: the chooser prices routes with this table throughout
     if not run_and_measure(bench, vs, a, argv):
         return 0  # the memory child's work is done
     overhead = selection_overhead(bench, a.alphas, a.chunk, reps=max(10, a.steps))
@@ -221,7 +225,7 @@ def main(argv=None) -> int:
     payload = {"command": cmd.strip(), "settings": vars(a), "tokens_per_step": tokens,
                "environment": environment(bench), "flops_per_token": bench.flops_per_token,
                "peak_flops": peak, "peak_source": peak_source, "rows": rows,
-               "selection_overhead": {str(k): v for k, v in overhead.items()}, "head_costs": head_costs(bench)}
+               "selection_overhead": {str(k): v for k, v in overhead.items()}, "head_costs": costs}
     md = [f"# Loss-path benchmark: {a.preset}, {a.micro_batch}x{a.seq_len} tokens, {a.device} {a.dtype}"
           f"{', torch.compile' if a.compile else ''}", "",
           f"Command: `{payload['command']}`  ",

@@ -86,3 +86,16 @@ def test_restat_recomputes_the_new_statistics_from_an_old_summary(tmp_path):
     assert paper["n"] == 5 and len(paper["censored_x"]) == 5 and paper["bias"] == "x"
     assert r["holm_family"] == 70 and len(r["not_recomputable"]) == 2
     assert "not recomputable" in (tmp_path / "restat.md").read_text()
+
+
+def test_head_paths_benchmark_times_every_path_interleaved(tmp_path):
+    res = _run("head_paths.py", ["--preset", "tiny", "--seq-len", "16", "--micro-batch", "2", "--steps", "2",
+                                 "--warmup", "0"], tmp_path)
+    cells = {(r["method"], r["path"]) for r in res["rows"]}
+    paths = {p for _, p in cells}
+    assert {"fp32", "fp32-2threads"} <= paths and len(cells) == 2 * len(paths)
+    for r in res["rows"]:
+        assert r["cpu_s"] > 0 and len(res["cpu_s"][f"{r['method']}/{r['path']}"]) == 2
+        if r["path"] == "fp32":
+            assert r["cpu_vs_fp32"] == 1.0
+    assert res["env"]["cpu"] and res["env"]["cpu_id"] is not None

@@ -182,3 +182,23 @@ def test_the_drop_in_api_and_greats_ask_the_chooser(monkeypatch):
     with torch.no_grad():  # no backward will run: the forward alone, no gradient formed in it
         _per_sample_loss(model, model(x), x.roll(-1, 1), exclude_head=True, impl="fused")
     assert calls == []
+
+
+def test_the_chooser_switches_routes_when_this_machines_table_says_so(tmp_path, monkeypatch):
+    """The chooser reads the table measured on this machine (the cache), not one shipped table: with copies
+    cheap against the matmuls it compacts the kept rows (kept_cached); on a machine where moving a row costs
+    more than the matmuls it saves (a narrow head), it keeps every row (all_rows)."""
+    from eslm.ops import calibrate as cal
+    from eslm.ops import head_costs as hc
+
+    monkeypatch.delenv(ENV, raising=False)
+    narrow = Geometry(8, 50304)
+    picks = {}
+    for name, costs in (("cheap copies", HeadCosts(1e-11, 1e-12, 1e-9, 1e-10)),
+                        ("dear copies", HeadCosts(1e-11, 1e-9, 1e-9, 1e-10))):
+        monkeypatch.setenv(hc.CACHE_ENV, str(tmp_path / name))
+        monkeypatch.setattr(hc, "_MEMO", {})  # a new process on another machine
+        cal.store(hc.machine_key("cpu"), {"float32": costs})
+        assert hc.lookup("cpu", "float32")[1]["table"] == "measured"
+        picks[name] = choose_route(512, 256, narrow, scored=True)
+    assert picks == {"cheap copies": "kept_cached", "dear copies": "all_rows"}

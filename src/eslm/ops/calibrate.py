@@ -1,12 +1,18 @@
-"""Measure the head route chooser's coefficients on this machine (``eslm.ops.head_costs``); the command is
-``eslm calibrate`` (``eslm/cli/calibrate.py``):
+"""Measure the head route chooser's coefficients on this machine (``eslm.ops.head_costs``) and cache them per
+machine; the command is ``eslm calibrate`` (``eslm/cli/calibrate.py``):
 
-    eslm calibrate                                  # cuda if available, else cpu; fp32 and bf16
+    eslm calibrate                                  # cuda if available, else cpu; fp32 and bf16; cached
     eslm calibrate --device cuda --out head_costs.json
-    ESLM_HEAD_COSTS=head_costs.json eslm train ...  # the chooser then uses the measured entries
+    ESLM_HEAD_COSTS=head_costs.json eslm train ...  # the chooser then uses that file's entries
+
+The first selective training run on a machine calls ``ensure_measured`` (its device, its compute dtype, its
+thread count): the coefficients are measured once (a few seconds) into the machine's cache file
+(``eslm.ops.head_costs.cache_dir``), which later runs read.
 
 Each coefficient is the fastest of ``--reps`` timed repetitions after a warm-up (the least disturbed by
-other work on the machine), on head-shaped work:
+other work on the machine), timed in process CPU time on CPU (all threads; time spent descheduled by other work
+does not count, so a busy machine disturbs it less than wall time) and in wall time on CUDA, on head-shaped
+work:
 the three matmuls of a head step ((R, C) x (C, V), (R, V) x (V, C), (V, R) x (R, C)) for seconds per FLOP;
 moving fp32 rows of V floats with index_select / index_copy_ (what ``kept_cached``'s compaction does) for
 seconds per byte (read + write counted); the softmax chain over (R, V) fp32 logits (max, subtract, exp, sum,
@@ -20,43 +26,37 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import platform
 import time
+from pathlib import Path
 
 import torch
 
 from eslm.errors import ESLMError
+from eslm.ops import head_costs as hc
 from eslm.ops.head_costs import FILE_KIND, HeadCosts
 
 SHAPES = {"cpu": (512, 256, 16384), "cuda": (8192, 1024, 65536)}  # (rows R, width C, vocabulary V)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+BY_NAME = {str(d).replace("torch.", ""): d for d in DTYPES.values()}  # "float32" -> torch.float32
 
 
 def _timed(fn, device: torch.device, reps: int) -> float:
+    """The fastest of ``reps`` calls after a warm-up: on CPU in process CPU time (all threads; time the process
+    was descheduled by other work does not count), on CUDA in wall time after a synchronize."""
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
+    clock = time.perf_counter if device.type == "cuda" else time.process_time
     fn()
     sync()
     out = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
         sync()
-        out.append(time.perf_counter() - t0)
-    return min(out)
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        out.append(clock() - t0)
+    return max(min(out), 1e-9)
 
 
 def measure(device: torch.device, dtype: torch.dtype, reps: int = 5, shape=None) -> HeadCosts:
@@ -101,7 +101,7 @@ def measure(device: torch.device, dtype: torch.dtype, reps: int = 5, shape=None)
             z.index_copy_(0, dst[s:e], scratch[: e - s])
 
     t_cp = _timed(copy, device, reps)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else hc.cpu_name()
     load = f", load average {os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else ""
     src_line = (f"measured {datetime.date.today().isoformat()} by eslm calibrate on {name} "
                 f"(torch {torch.__version__}, {torch.get_num_threads()} threads{load}), R,C,V={rows},{c},{v}")
@@ -135,11 +135,12 @@ def write(path: str, device_type: str, entries: dict[str, HeadCosts]) -> None:
             os.unlink(tmp)
 
 
-def calibrate(device: str, dtypes: list[str], reps: int = 5, threads: int = 0) -> dict[str, HeadCosts]:
+def calibrate(device: str, dtypes: list[str], reps: int = 5, threads: int = 0,
+              cache: bool = False) -> dict[str, HeadCosts]:
     """{compute dtype name ("float32", "bfloat16"): measured coefficients} on ``device`` ("cpu", "cuda[:N]")
-    for each of ``dtypes`` ("fp32", "bf16"), with ``threads`` torch CPU threads (0: as set). The chooser
-    compares routes, so only the coefficients' ratios matter: on a busy machine one thread measures them with
-    less disturbance than threads that wait for each other."""
+    for each of ``dtypes`` ("fp32", "bf16"), with ``threads`` torch CPU threads (0: as set); ``cache``: also
+    stored in this machine's cache file for that thread count (``store``), which runs with that many threads
+    then use."""
     try:
         dev = torch.device(device)
     except RuntimeError as e:
@@ -157,6 +158,88 @@ def calibrate(device: str, dtypes: list[str], reps: int = 5, threads: int = 0) -
     if threads:
         torch.set_num_threads(threads)
     try:
-        return {str(DTYPES[n]).replace("torch.", ""): measure(dev, DTYPES[n], reps) for n in dtypes}
+        out = {str(DTYPES[n]).replace("torch.", ""): measure(dev, DTYPES[n], reps) for n in dtypes}
+        if cache:
+            store(hc.machine_key(dev.type), out)
+        return out
     finally:
         torch.set_num_threads(before)
+
+
+# ------------------------------------------------------------------ the machine's cache
+
+
+def _cache_problem(directory: Path) -> str | None:
+    """None when eslm may write its cache files in ``directory`` (its marker is there, or it is new or empty,
+    and gets the marker now); else why not, in a few words."""
+    from eslm.files import atomic_write, ensure_dir, new_marker, read_marker
+    from eslm.lock import LOCK_NAME
+
+    ensure_dir(directory)
+    if read_marker(directory / hc.DIR_MARKER, hc.DIR_FORMAT) is not None:
+        return None
+    if any(p.name != LOCK_NAME for p in directory.iterdir()):
+        return f"{directory} holds files and no {hc.DIR_MARKER}: eslm did not make it"
+    atomic_write(directory / hc.DIR_MARKER, (json.dumps(new_marker(hc.DIR_FORMAT), indent=1) + "\n").encode())
+    return None
+
+
+def store(key: dict, entries: dict[str, HeadCosts]) -> Path:
+    """Add ``{dtype: coefficients}`` measured for machine ``key`` to its cache file (written whole, then renamed
+    over the old one; a damaged or foreign file of that name in eslm's cache directory is replaced, anything
+    else is never touched); this process's later lookups use them. Raises ESLMError (one line) when the
+    directory is not eslm's, OSError when it cannot be written."""
+    from eslm.files import atomic_write, new_marker
+
+    path = hc.cache_file(key)
+    problem = _cache_problem(path.parent)
+    if problem:
+        raise ESLMError(f"cannot cache the head-route costs: {problem}; fix: remove it, or set "
+                        f"{hc.CACHE_ENV} to another directory")
+    old, _ = hc.read_cache(path, key)
+    merged = {**{f"{d}/{t}": c for (d, t), c in old.items()},
+              **{f"{key['device']}/{dtype}": c for dtype, c in entries.items()}}
+    data = new_marker(hc.CACHE_FORMAT, key=key, costs={k: c.to_dict() for k, c in merged.items()})
+    atomic_write(path, (json.dumps(data, indent=1) + "\n").encode())
+    hc.remember(path, {tuple(k.split("/")): c for k, c in merged.items()})
+    return path
+
+
+def ensure_measured(device: torch.device | str, dtype: str, *, reps: int = 5, log=print) -> dict:
+    """The table the chooser will use on ``device`` for compute dtype ``dtype`` ("float32", "bfloat16"),
+    measuring it first when this machine has none cached (or its file is damaged: refused with one line and
+    measured again), under the cache directory's lock (concurrent runs measure once); returns
+    ``eslm.ops.head_costs.lookup``'s record. With ``ESLM_HEAD_COSTS`` set nothing is measured. The measurement
+    runs at torch's current thread count, which is part of the machine key."""
+    import os
+
+    dev = torch.device(device)
+    if os.environ.get(hc.ENV) or dev.type not in SHAPES:
+        return hc.lookup(dev.type, dtype)[1]
+    entries, path, problem = hc.machine_entries(dev.type)
+    if (dev.type, dtype) in entries:
+        return hc.lookup(dev.type, dtype)[1]
+    if dtype not in BY_NAME:  # a dtype calibrate does not measure: the chooser's fallback (the fp32 entry)
+        return hc.lookup(dev.type, dtype)[1]
+    from eslm.files import ensure_dir
+    from eslm.lock import DirLock
+
+    key = hc.machine_key(dev.type)
+    try:
+        ensure_dir(path.parent)
+        with DirLock(path.parent, what="head-costs cache").acquire(wait=True):
+            got, problem = hc.read_cache(path, key)  # another process may have measured while we waited
+            if problem:
+                log(f"the head-route costs cache {path} was refused ({problem}); measuring them again")
+            if (dev.type, dtype) not in got:
+                t0 = time.perf_counter()
+                measured = {dtype: measure(dev, BY_NAME[dtype], reps)}
+                store(key, measured)
+                log(f"measured the head-route costs of {dev.type}/{dtype} on this machine in "
+                    f"{time.perf_counter() - t0:.1f} s ({hc.describe_key(key)}); cached in {path}")
+            else:
+                hc.remember(path, got)
+    except (OSError, ESLMError) as e:  # no cache: the shipped table, said in one line
+        hc.note(f"head-route costs not measured here: {e}; the route chooser uses the shipped table")
+        return hc.lookup(dev.type, dtype, quiet=True)[1]
+    return hc.lookup(dev.type, dtype)[1]

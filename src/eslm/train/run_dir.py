@@ -176,6 +176,17 @@ def read_env(run_dir: Path) -> dict:
         return {}
 
 
+def append_to_env(run_dir: Path, key: str, entry: dict) -> None:
+    """env.json's list ``key`` gains ``entry`` (one per start or resume); nothing when env.json is unreadable."""
+    from eslm.files import atomic_write
+
+    env = read_env(run_dir)
+    if not isinstance(env, dict) or not env:
+        return
+    env.setdefault(key, []).append(entry)
+    atomic_write(Path(run_dir) / "env.json", (json.dumps(env, indent=2) + "\n").encode())
+
+
 def last_records(path: Path) -> tuple[list[dict], int]:
     """(records, skipped) of a metrics.jsonl: the LAST line of every (kind, step) in (step, kind) order — a
     resumed run writes the steps after its checkpoint again and the later lines win — and the number of lines

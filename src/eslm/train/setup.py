@@ -35,6 +35,24 @@ def autocast_for(dtype: str, device: torch.device):
     return None
 
 
+def head_costs_for_run(cfg: Config, method, device: torch.device, log) -> dict:
+    """Which head-route cost table this run's chooser uses (``eslm.ops.head_costs.lookup``'s record, written to
+    env.json and result.json). A selective run (the fused loss with train.loss_route=auto and a selector that
+    drops tokens) on a machine that has no measured table for its device, compute dtype and thread count
+    measures one first, in a few seconds, into the machine's cache (``eslm.ops.calibrate.ensure_measured``)."""
+    from eslm.ops.calibrate import ensure_measured
+    from eslm.ops.head_backend import resolve
+    from eslm.ops.head_costs import lookup
+
+    t = cfg.train
+    dtype = "bfloat16" if autocast_for(t.dtype, device) is not None else "float32"
+    n = t.micro_batch_size_seqs * cfg.data.seq_len
+    fused = resolve(t.loss_impl, device.type) == "fused"  # the backend whose routes the chooser picks
+    if fused and t.loss_route == "auto" and method.tokens.num_kept(n) < n:
+        return ensure_measured(device, dtype, log=log)
+    return lookup(device.type, dtype, quiet=True)[1]
+
+
 def open_data(cfg: Config, dist):
     """The prepared dataset: data.dir, or data.source prepared once (rank 0 prepares, the others wait)."""
     from eslm.data.loader import open_dataset

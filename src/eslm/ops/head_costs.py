@@ -66,7 +66,8 @@ FLOPS_ONLY = HeadCosts(1.0, 0.0, 0.0, 0.0, "FLOPs only (no geometry known)")
 _H100 = "H100 SXM data-sheet default, NOT measured (run python -m eslm.ops.calibrate on the GPU)"
 _CPU = ("shipped: measured 2026-11-24 by eslm calibrate --device cpu --reps 15 --threads 1 on a 2-core CI machine "
         "(torch 2.13.0+cpu) whose processor model was not recorded (labelled AMD EPYC then; its one-core bf16 "
-        "matmul rate, 451 GFLOP/s, is an AMX unit's: an Intel Xeon like the CI's Intel kind), idle (load average "
+        "matmul rate, 451 GFLOP/s, is an AMX unit's, which AMD EPYCs lack: an Intel Xeon of the CI's Intel kind), "
+        "idle (load average "
         "1.57), R,C,V=512,256,16384; a second run agreed within 6%")
 BUILTIN: dict[tuple[str, str], HeadCosts] = {
     ("cpu", "float32"): HeadCosts(9.468e-12, 4.26e-11, 1.002e-09, 3.099e-10, _CPU),
@@ -268,12 +269,14 @@ _MEMO: dict[str, tuple[dict[tuple[str, str], HeadCosts], str | None]] = {}  # ca
 _NOTED: set = set()  # the one-line notes already printed by this process
 
 
-def machine_entries(device_type: str) -> tuple[dict[tuple[str, str], HeadCosts], Path, str | None]:
-    """This machine's measured table (read once per process and cache file), its file, and the problem that
-    made a damaged file refused (None otherwise)."""
-    path = cache_file(machine_key(device_type))
+def machine_entries(device_type: str, threads: int | None = None
+                    ) -> tuple[dict[tuple[str, str], HeadCosts], Path, str | None]:
+    """This machine's measured table for ``threads`` torch threads (default: the current count), read once per
+    process and cache file, its file, and the problem that made a damaged file refused (None otherwise)."""
+    key = machine_key(device_type, threads)
+    path = cache_file(key)
     if str(path) not in _MEMO:
-        _MEMO[str(path)] = read_cache(path, machine_key(device_type))
+        _MEMO[str(path)] = read_cache(path, key)
     entries, problem = _MEMO[str(path)]
     return entries, path, problem
 
@@ -290,12 +293,12 @@ def note(msg: str) -> None:
         print(f"note: {msg}", file=sys.stderr, flush=True)
 
 
-def lookup(device: str, dtype: str, *, quiet: bool = False) -> tuple[HeadCosts, dict]:
+def lookup(device: str, dtype: str, *, quiet: bool = False, threads: int | None = None) -> tuple[HeadCosts, dict]:
     """The coefficients for a device type ("cpu", "cuda") and compute dtype ("float32", "bfloat16", ...), and
     which table gave them: {"table": "file" | "measured" | "shipped", "entry", "path", "machine", "source", the
     four coefficients}. In a table, the device's entry for that dtype, else its fp32 entry, else the CPU's (a
     device nobody calibrated). The shipped table standing in for a measured one prints a one-line note (once;
-    ``quiet``: not)."""
+    ``quiet``: not). ``threads``: the machine table of that many torch threads (default: the current count)."""
     path = os.environ.get(ENV)
     keys = [(device, dtype), (device, "float32"), ("cpu", dtype), ("cpu", "float32")]
     if path and path != SHIPPED:
@@ -304,14 +307,14 @@ def lookup(device: str, dtype: str, *, quiet: bool = False) -> tuple[HeadCosts, 
         given = _file_entries(path)
         return t[found], _record("file" if found in given else "shipped", found, t[found], path=path)
     if not path and _measurable(device):
-        entries, cfile, problem = machine_entries(device)
+        entries, cfile, problem = machine_entries(device, threads)
         found = next((k for k in keys[:2] if k in entries), None)
         if found is not None:
             return entries[found], _record("measured", found, entries[found], path=str(cfile),
-                                           machine=machine_key(device))
+                                           machine=machine_key(device, threads))
         if not quiet:
             why = (f"the cache {cfile} was refused: {problem}" if problem else
-                   f"none measured for this machine ({describe_key(machine_key(device))}) yet")
+                   f"none measured for this machine ({describe_key(machine_key(device, threads))}) yet")
             note(f"head-route costs for {device}/{dtype}: {why}; the route chooser uses the shipped table; "
                  f"fix: eslm calibrate (a few seconds)")
     t = BUILTIN

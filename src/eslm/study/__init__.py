@@ -32,7 +32,8 @@ train.num_threads is set), their output in ``<study>/logs/<run>.log``.
 The package: ``schema`` (finding and checking the study file), ``grid`` (the grid, each run's Config, the
 equal-FLOPs budget, the stages runs train in), ``shared`` (the study's shared models), ``launch`` (the ``Launcher`` seam and the local launcher: in
 this process, or a pool of child processes with the study's lifeline and signal handling), ``report`` (the
-report of the finished runs). ``run_study`` ties them together.
+report of the finished runs), ``estimate`` (the CPU time the planned runs will take on this machine, from its
+measured head-route costs, printed with the plan). ``run_study`` ties them together.
 """
 
 from __future__ import annotations
@@ -84,6 +85,10 @@ def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int]
     for c in configs:
         print(f"  {c.run.name}: method={c.method.name} seed={c.run.seed} budget {c.train.max_flops:.3g} "
               f"{c.flops.budget_counter}" + (" (from its trunk's checkpoint)" if c.train.branch_from else ""))
+    from eslm.study.estimate import describe, estimate
+
+    if line := describe(estimate(configs, jobs)):
+        print(line)
     if dry_run:
         return 0
     from eslm.lock import DirLock

@@ -1,0 +1,113 @@
+"""How long a study will take on this machine's CPU, estimated before it runs (``eslm study ... --dry-run``).
+
+Each run's CPU seconds = K x (its matmul FLOPs x the machine's seconds per head-matmul FLOP + its softmax
+elements x seconds per softmax element) + a per-run overhead; the coefficients are the head-route costs
+measured on this machine (``eslm.ops.head_costs``: the cache ``eslm calibrate`` or the first selective run
+writes; the shipped table, said so, when none is). Training spends the run's FLOPs budget (or ``max_steps``
+dense steps without one) with V softmax elements per token; each evaluation is a forward over the validation
+tokens. The study adds its own process, the corpus preparation when the corpus is not prepared yet (stdlib
+only) and the report. Wall time on idle cores: the runs' CPU time spread over ``min(jobs x threads, cores)``
+cores, plus the study's own serial work.
+
+The constants, measured on a 2-core Intel Xeon (family 6 model 207, torch 2.13.0+cpu, MKL 2024.2):
+``K`` from the idle figures of the small model (benchmarks/RESULTS.md: a CLM step of 4 x 128 tokens takes
+0.286 s of CPU, against 0.240 s that the shipped, idle-measured coefficients predict), so K = 1.19; the
+overheads under load (load average ~19, process CPU time): a run's process start, imports and set-up about
+3 s, the study's process 3 s, ``eslm report`` of six runs 12 s, preparing the stdlib corpus 8 s. The model
+is checked against the demo in README.md (which names the processors): it is an estimate, expected within
+about 20-30% where the head dominates a step (the small and 124M presets), not a promise.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+K = 1.19  # a step's CPU time / the head-cost model's matmul + softmax prediction (Intel Xeon, idle)
+RUN_OVERHEAD_S = 3.0  # process start, imports, model and data set-up of one run
+STUDY_OVERHEAD_S = 3.0  # the study's own process
+REPORT_S = 12.0  # eslm report of the demo's six runs
+PREP_STDLIB_S = 8.0  # eslm prepare stdlib (gpt2 tokenizer)
+
+
+def _device(cfg) -> str:
+    dev = cfg.train.device
+    if dev == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if dev.startswith("cuda") else "cpu"
+
+
+def _data_dir(cfg) -> Path:
+    from eslm.data.prepare import default_data_root
+
+    d = cfg.data
+    return Path(d.dir) if d.dir else Path(default_data_root()) / f"{d.source}-{d.tokenizer}"
+
+
+def _domains(cfg) -> int:
+    """The corpus's number of domains (each evaluated): from its manifest when prepared, else stdlib's 3."""
+    import json
+
+    from eslm.data.manifest import MANIFEST_NAME
+
+    try:
+        return max(1, len(json.loads((_data_dir(cfg) / MANIFEST_NAME).read_text())["domains"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return 3  # stdlib: code, docs, reference
+
+
+def run_seconds(cfg, costs) -> float:
+    """Estimated CPU seconds of one run of ``cfg`` with head costs ``costs`` (``eslm.ops.head_costs.HeadCosts``)."""
+    from eslm.config import training_flops_model
+
+    fm, t, e = training_flops_model(cfg), cfg.train, cfg.eval
+    tokens_per_step = t.micro_batch_size_seqs * cfg.data.seq_len * t.grad_accum_steps
+    dense_step = fm.train_per_token * tokens_per_step
+    train_flops = t.max_flops if t.max_flops else dense_step * t.max_steps
+    dense_steps = train_flops / dense_step
+    train_tokens = dense_steps * tokens_per_step
+    evals = (math.floor(dense_steps / e.interval) + 1) if e.interval else 1
+    eval_tokens = evals * _domains(cfg) * e.tokens_per_domain
+    flops = train_flops + eval_tokens * fm.forward_per_token
+    softmax = (train_tokens + eval_tokens) * fm.vocab_size
+    return K * (flops * costs.matmul_s_per_flop + softmax * costs.softmax_s_per_elem) + RUN_OVERHEAD_S
+
+
+def estimate(configs: list, jobs: int) -> dict | None:
+    """{"cpu_s", "wall_s", "table" (lookup's record), "prep" (whether stdlib preparation is counted)} for the
+    planned runs on this machine's CPU; None when they run on a GPU (no model for that here)."""
+    if not configs or _device(configs[0]) != "cpu":
+        return None
+    from eslm.ops.head_costs import lookup
+
+    threads = configs[0].train.num_threads or max(1, (os.cpu_count() or 1) // max(1, jobs))
+    costs, table = lookup("cpu", "float32" if configs[0].train.dtype != "bf16" else "bfloat16",
+                          threads=threads, quiet=True)
+    runs = sum(run_seconds(c, costs) for c in configs)
+    serial = STUDY_OVERHEAD_S + REPORT_S
+    prep = False
+    d = configs[0].data
+    if not d.dir and d.source == "stdlib":
+        from eslm.data.manifest import MANIFEST_NAME
+
+        prep = not (_data_dir(configs[0]) / MANIFEST_NAME).is_file()
+        serial += PREP_STDLIB_S if prep else 0.0
+    cores = max(1, min(len(configs), jobs * threads, os.cpu_count() or 1))
+    return {"cpu_s": runs + serial, "wall_s": runs / cores + serial, "table": table, "prep": prep,
+            "cores": cores}
+
+
+def describe(est: dict | None) -> str | None:
+    """The estimate in one line (None for none)."""
+    if est is None:
+        return None
+    t = est["table"]
+    where = ("this machine's measured head costs" if t["table"] == "measured" else
+             f"head costs from {t['path']}" if t["table"] == "file" else
+             "the shipped head costs (none measured here yet: eslm calibrate measures them in seconds)")
+    return (f"estimate: about {est['cpu_s'] / 60:.1f} CPU-minutes, about {est['wall_s'] / 60:.1f} min on "
+            f"{est['cores']} idle core{'s' if est['cores'] > 1 else ''}"
+            + (" (corpus preparation included)" if est["prep"] else "") + f", from {where}")

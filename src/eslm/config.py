@@ -86,7 +86,7 @@ class TrainSection:
     grad_clip: float = _f(1.0, "gradient clipping max norm (0 = off)")
     device: str = _f("auto", "auto | cpu | cuda | cuda:N")
     dtype: str = _f("auto", "auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16")
-    compile: bool = _f(False, "torch.compile the model")
+    compile: bool = _f(False, "torch.compile each transformer block (one graph all blocks share; the step scope's and evaluation's forwards run compiled too)")
     loss_impl: str = _f("auto", "the LM-head backend (eslm.ops.head_backend): auto (the device's default: fused on CPU; triton on CUDA where the gpu extra is installed, else fused) | fused (chunked, head backward only for kept tokens) | naive (full logits, the oracle) | triton (GPU: bf16 logits cached by the scoring pass, Triton row kernels, kept rows' backward only; the gpu extra)")
     loss_chunk_size: int = _f(1024, "tokens per chunk in the fused loss")
     loss_cache_probs: bool = _f(True, "fused loss with selection scores: allow keeping the scoring pass's softmax (one tokens x vocab fp32 buffer per micro-batch) so the gradients need no second logits matmul; false: no such buffer, recompute instead")

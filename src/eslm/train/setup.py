@@ -24,7 +24,19 @@ def setup_torch(cfg: Config, rank: int, device: torch.device) -> None:
     random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        torch.backends.cuda.matmul.allow_tf32 = True
+        enable_tf32()
+
+
+def enable_tf32() -> None:
+    """TF32 for fp32 matmuls and convolutions on CUDA, through torch's ``fp32_precision`` settings where it has
+    them (2.9 and later, where the legacy ``allow_tf32`` flags are deprecated and mixing the two APIs is an
+    error), else through the legacy flags."""
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        matmul.fp32_precision = "tf32"
+        torch.backends.cudnn.conv.fp32_precision = "tf32"
+    else:
+        matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
 
 
@@ -117,15 +129,21 @@ def init_from(cfg: Config, dataset, model_config, raw_model: GPT, device: torch.
     return model_config, raw_model
 
 
+def compile_blocks(model: GPT, **options) -> GPT:
+    """``torch.compile`` each transformer block in place (``options``: torch.compile's): one graph that every
+    block reuses instead of the whole GPT unrolled, and the raw model's own forward (the selection scope "step"'s
+    scoring forward, evaluation) runs compiled too. Returns ``model``."""
+    for block in model.transformer.h:
+        block.compile(**options)
+    return model
+
+
 def wrap(model: GPT, cfg: Config, dist, device: torch.device, fsdp: bool):
-    """The module the step calls: FSDP2-sharded (blocks compiled), or compiled and/or DDP-wrapped."""
-    if fsdp:
-        if cfg.train.compile:
-            for block in model.transformer.h:
-                block.compile()
-        return FSDPModel(shard_fsdp(model, dist, device))
+    """The module the step calls: FSDP2-sharded or DDP-wrapped, its blocks compiled with train.compile."""
     if cfg.train.compile:
-        model = torch.compile(model)
+        compile_blocks(model)
+    if fsdp:
+        return FSDPModel(shard_fsdp(model, dist, device))
     if dist.enabled:
         from torch.nn.parallel import DistributedDataParallel as DDP
 

@@ -152,9 +152,10 @@ class Trainer:
                                                    else float("inf"))
         if hasattr(grad_norm, "full_tensor"):  # FSDP: a replicated DTensor
             grad_norm = grad_norm.full_tensor()
-        loss = float(res.loss)  # one host sync per step: needed to refuse a non-finite update
+        # the step's one host sync: loss and gradient norm read together (a non-finite update is refused)
+        loss, grad_norm = torch.stack([res.loss.float(), grad_norm.float().to(res.loss.device)]).tolist()
         try:
-            check_update(loss, float(grad_norm), self.step + 1, self.run_dir)
+            check_update(loss, grad_norm, self.step + 1, self.run_dir)
         except TrainingDiverged:
             self.optimizer.zero_grad(set_to_none=True)
             raise
@@ -163,7 +164,7 @@ class Trainer:
         self.step += 1
         self.method.on_step_end(self.step)
         self.flops.add_step(self.fm, self.method, res, world_size=self.dist.world_size)
-        return Update(res, loss, lr, float(grad_norm), tokens_seen=res.tokens_seen * self.dist.world_size)
+        return Update(res, loss, lr, grad_norm, tokens_seen=res.tokens_seen * self.dist.world_size)
 
     def _finish(self, stopped_by: str, last_val: float | None) -> None:
         """The final checkpoint, the load summary in env.json and (unless preempted) result.json."""

@@ -116,9 +116,34 @@ def test_trainer_trains_logs_runs_ada_and_keeps_plain_eval_loss(tmp_path):
 def test_refuses_what_it_cannot_normalise(tmp_path):
     from eslm.errors import ConfigError
 
-    trainer = _trainer(tiny(), tmp_path, label_smoothing_factor=0.1)
-    with pytest.raises(ConfigError, match="label smoothing"):
+    trainer = _trainer(tiny(), tmp_path)
+    trainer.compute_loss_func = lambda *a, **k: None
+    with pytest.raises(ConfigError, match="compute_loss_func"):
         use_eslm(trainer)
+
+
+def test_label_smoothing_factor_is_applied_to_the_kept_tokens(tmp_path):
+    """label_smoothing_factor: the Trainer pops the labels and smooths the full logits itself, which would have
+    bypassed ESLM entirely (it was refused). Now its epsilon goes to the selective loss: at alpha 0 the loss and
+    gradients equal the Trainer's own smoothed loss; remove() restores its smoother."""
+    model = tiny()
+    model.train()
+    trainer = _trainer(model, tmp_path, label_smoothing_factor=0.1)
+    b = batch(5, pad=3)
+    model.zero_grad()
+    own = trainer.compute_loss(model, dict(b))
+    own.backward()
+    want = grads(model)
+    model.zero_grad()
+    sel = use_eslm(trainer, alpha=0.0)
+    assert trainer.label_smoother is None
+    got = trainer.compute_loss(model, dict(b))
+    got.backward()
+    assert float(got) == pytest.approx(float(own), rel=1e-6)
+    for a, w in zip(grads(model), want):
+        assert torch.allclose(a, w, atol=1e-6)
+    sel.remove()
+    assert trainer.label_smoother is not None and trainer.label_smoother.epsilon == 0.1
 
 
 def test_an_lm_head_eslm_does_not_reproduce_is_refused():

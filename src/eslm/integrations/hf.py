@@ -22,8 +22,10 @@
 
 Not covered: tensor, context or sequence parallelism (their count of items is divided differently), FSDP with
 a sharded LM head (the head weight is read outside its forward), DataParallel (n_gpu > 1), TRL's
-``use_liger_kernel`` (it pops the labels and builds its own loss), a ``compute_loss_func`` or label smoothing
-(they replace the loss): each is refused with a one-line error.
+``use_liger_kernel`` (it pops the labels and builds its own loss), a ``compute_loss_func`` (it replaces the
+loss), label smoothing under TRL's fused head (per-token log-probabilities only): each is refused with a
+one-line error. The Trainer's ``label_smoothing_factor`` is applied to the kept tokens (the Trainer's own
+smoother, which pops the labels, is switched off while patched).
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ class SelectiveCausalLM:
         self.model, self.score, self.scope, self.ada = model, score, scope, ada
         self.impl, self.chunk_size = impl, chunk_size
         self._alpha = alpha
+        self.label_smoothing = 0.0  # the Trainer's label_smoothing_factor (use_eslm), on the kept tokens
         self._verified = False
         device = model.get_output_embeddings().weight.device
         self.metrics = _Metrics(None if device.type == "meta" else device)
@@ -133,6 +136,10 @@ class SelectiveCausalLM:
         if not self.model.training or (kwargs.get("labels") is None and kwargs.get("shift_labels") is None):
             return wrapped(*args, **kwargs)  # eval, generation, no labels: the model's own forward and loss
         if kwargs.get("fused_lm_head"):
+            if self.label_smoothing:
+                raise ConfigError("label_smoothing_factor with TRL's fused head: TRL returns per-token "
+                                  "log-probabilities only, so the smoothed loss cannot be formed; fix: "
+                                  "label_smoothing_factor=0 under SFTTrainer")
             return self._select_on_trl(wrapped, *args, **kwargs)
         return self._hidden_forward(*args, **kwargs)
 
@@ -158,7 +165,8 @@ class SelectiveCausalLM:
             **head_transform(self.model.config), score=self.score, alpha=self.alpha, scope=self.scope,
             position_ids=kwargs.get("position_ids") if self.scope == "sequence" else None,
             num_items_in_batch=num_items_in_batch, impl=self.impl, chunk_size=self.chunk_size,
-            alpha_min=self.ada.alpha_min if self.ada is not None else self._alpha)
+            alpha_min=self.ada.alpha_min if self.ada is not None else self._alpha,
+            label_smoothing=self.label_smoothing)
         self._observe(stats)
         if not router:
             from transformers.modeling_outputs import CausalLMOutputWithPast
@@ -284,8 +292,6 @@ def _check_trainer(trainer) -> None:
     problems = []
     if getattr(trainer, "compute_loss_func", None) is not None:
         problems.append("a compute_loss_func (drop it: ESLM is the loss)")
-    if getattr(trainer, "label_smoother", None) is not None:
-        problems.append("label smoothing (set label_smoothing_factor=0)")
     if getattr(args, "use_liger_kernel", False):
         problems.append("use_liger_kernel (it pops the labels and builds its own loss; set it False)")
     if getattr(args, "n_gpu", 1) > 1:
@@ -305,6 +311,16 @@ def use_eslm(trainer, *, alpha: float = 0.1, score: str = "entropy", scope: str 
     if hasattr(model, "get_base_model"):  # PEFT: patch the wrapped causal LM
         model = model.get_base_model()
     sel = patch_causal_lm(model, alpha=alpha, score=score, scope=scope, ada=ada, impl=impl, chunk_size=chunk_size)
+    smoother = getattr(trainer, "label_smoother", None)
+    if smoother is not None:
+        # the Trainer pops the labels and smooths the full logits itself: hand its epsilon to the selective loss
+        # (applied to the kept tokens, as LabelSmoother applies it to the valid ones) and keep the labels
+        if getattr(smoother, "ignore_index", IGNORE_INDEX) != IGNORE_INDEX:
+            sel.remove()
+            raise ConfigError(f"use_eslm: expected the Trainer's LabelSmoother to ignore -100; found "
+                              f"{smoother.ignore_index}")
+        sel.label_smoothing = float(smoother.epsilon)
+        trainer.label_smoother = None
     original_count = trainer.get_batch_samples
     original_accepts = trainer.model_accepts_loss_kwargs
 
@@ -325,6 +341,8 @@ def use_eslm(trainer, *, alpha: float = 0.1, score: str = "entropy", scope: str 
     trainer.callback_handler.callbacks.insert(0, callback)
 
     def undo():
+        if smoother is not None:
+            trainer.label_smoother = smoother
         trainer.__dict__.pop("get_batch_samples", None)
         trainer.model_accepts_loss_kwargs = original_accepts
         trainer.callback_handler.callbacks.remove(callback)

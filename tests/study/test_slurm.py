@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from eslm.errors import ConfigError, ESLMError
 from eslm.study import run_study
 from eslm.study.slurm import RunJob, launcher_problems, time_minutes
 
+THREE = "[clm, eslm-entropy, eslm-loss]"
 STEPS = 30  # long enough to interrupt a run after its first steps; a tiny run takes ~10-20 s on 2 loaded cores
 
 
@@ -96,7 +98,7 @@ def _sacct_state(job: str) -> str:
 def local_runs(tiny_data, tmp_path_factory) -> Path:
     """The tiny study trained by the local launcher (in this process): the reference every SLURM run must equal."""
     tmp = tmp_path_factory.mktemp("local")
-    assert run_study(str(_study(tmp, tiny_data)), tmp / "out") == 0
+    assert run_study(str(_study(tmp, tiny_data, methods=THREE)), tmp / "out") == 0
     return tmp / "out" / "tiny"
 
 
@@ -195,34 +197,50 @@ def test_slurm_runs_equal_local_runs_and_a_failing_run_is_reported(slurm_cluster
 
 
 @pytest.mark.slow
-def test_scancel_and_requeue_resume_and_the_same_command_resubmits_only_the_cancelled(
+def test_scancel_requeue_and_time_limit_resume_bit_exact_and_the_same_command_resubmits_only_the_cancelled(
         slurm_cluster, tiny_data, local_runs, tmp_path, capsys):
-    f = _study(tmp_path, tiny_data, launcher="launcher: {parallel: 2}")
+    f = _study(tmp_path, tiny_data, methods=THREE, launcher="launcher: {parallel: 2}")
     study_dir = tmp_path / "out" / "tiny"
     assert run_study(str(f), tmp_path / "out", launcher="slurm", detach=True) == 0
     jobs = _jobs(study_dir)
-    cancelled, requeued = jobs["clm-s1"], jobs["eslm-entropy-s1"]
-    # each run is interrupted after a few steps (they start seconds apart): SIGTERM, a checkpoint, then ...
+    cancelled, requeued, timed = jobs["clm-s1"], jobs["eslm-entropy-s1"], jobs["eslm-loss-s1"]
+    # each run is interrupted after its first steps (SIGTERM reaches it: a checkpoint after the step), by
     _wait("clm-s1's first steps", lambda: _steps(study_dir / "clm-s1") >= 4, every=0.2)
-    slurm_cluster.run("scancel", cancelled)
+    slurm_cluster.run("scancel", cancelled)  # ... scancel: it stays stopped
     _wait("eslm-entropy-s1's first steps", lambda: _steps(study_dir / "eslm-entropy-s1") >= 4, every=0.2)
-    slurm_cluster.run("scontrol", "requeue", requeued)  # what a pre-emption with PreemptMode=REQUEUE does
-    _wait("the requeued job pending", lambda: _squeue_state(requeued) == "PENDING")
-    slurm_cluster.run("scontrol", "update", f"JobId={requeued}", "StartTime=now")  # else it waits 120 s
-    _wait("the cancelled job over", lambda: not _squeue_state(cancelled) and _sacct_state(cancelled).startswith("CANCELLED"))
+    slurm_cluster.run("scontrol", "requeue", requeued)  # ... a pre-emption (PreemptMode=REQUEUE does this)
+    _wait("eslm-loss-s1's first steps (it starts in clm-s1's slot)",
+          lambda: _steps(study_dir / "eslm-loss-s1") >= 4, every=0.2)
+    slurm_cluster.run("scancel", "--signal=USR2", timed)  # ... the time limit's warning (--signal=USR2@90)
+    for job in (requeued, timed):  # requeued, each held back by SLURM (BeginTime, 120 s)
+        _wait(f"job {job} requeued, pending", lambda: _squeue_state(job) == "PENDING")
+    _wait("the cancelled job over", lambda: not _squeue_state(cancelled)
+          and _sacct_state(cancelled).startswith("CANCELLED"))
     capsys.readouterr()
 
     assert run_study(str(f), tmp_path / "out", launcher="slurm", status=True) == 0
     out = capsys.readouterr().out
     assert re.search(rf"clm-s1 +step \d+ +cancelled \(job {cancelled}\); the same command resubmits it", out), out
-    assert re.search(rf"eslm-entropy-s1 +step \d+ +(running|queued \(pending\)) \(job {requeued}\)", out), out
+    for name, job in (("eslm-entropy-s1", requeued), ("eslm-loss-s1", timed)):
+        assert re.search(rf"{name} +step \d+ +queued \(pending\) \(job {job}\)", out), out
 
-    assert run_study(str(f), tmp_path / "out", launcher="slurm") == 0
+    def release():  # once the command below has seen them queued: start them now, not in 120 s
+        for job in (requeued, timed):
+            slurm_cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+
+    timer = threading.Timer(3.0, release)
+    timer.start()
+    try:
+        assert run_study(str(f), tmp_path / "out", launcher="slurm") == 0
+    finally:
+        timer.join()
     out = capsys.readouterr().out
     assert "submitted 1 run(s)" in out, out
-    assert f"eslm-entropy-s1: queued or running already (job {requeued}), not submitted again" in out, out
-    assert _jobs(study_dir)["clm-s1"] != cancelled and _jobs(study_dir)["eslm-entropy-s1"] == requeued
-    for name in ("clm-s1", "eslm-entropy-s1"):
+    for name, job in (("eslm-entropy-s1", requeued), ("eslm-loss-s1", timed)):
+        assert f"{name}: queued or running already (job {job}), not submitted again" in out, out
+    assert _jobs(study_dir)["clm-s1"] != cancelled
+    assert (_jobs(study_dir)["eslm-entropy-s1"], _jobs(study_dir)["eslm-loss-s1"]) == (requeued, timed)
+    for name in ("clm-s1", "eslm-entropy-s1", "eslm-loss-s1"):
         log = (study_dir / "logs" / f"{name}.log").read_text()
         assert "SIGTERM: saving a checkpoint" in log and "(resuming)" in log, f"{name} did not resume:\n{log[-2000:]}"
         _same_as_local(study_dir / name, local_runs / name)  # bit-exact after the interruption

@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="write the figures as JSON here")
     args = p.parse_args(argv)
 
-    from eslm.analysis.rundir import config_get, load_run
+    from eslm.analysis.rundir import load_run
     from eslm.config import from_dict
     from eslm.data.loader import open_dataset
     from eslm.data.mixture import parse_weight_string, resolve_weights

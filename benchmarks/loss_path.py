@@ -150,7 +150,7 @@ def selection_overhead(bench: Bench, alphas: list[float], chunk: int, reps: int)
     for a in alphas:
         _, method = bench.method(Variant(f"eslm-entropy-fused@{a}", {}))
 
-        def select():
+        def select(method=method):
             sel = method.tokens.select(stats, batch)
             float(sel.stats.threshold)  # wait for the work
 
@@ -216,7 +216,7 @@ def main(argv=None) -> int:
     for r in rows:  # the model's head time in place of CLM's; the rest of the step as CLM's measured one
         r["model_vs_clm_fused"] = (None if r["model_head_s"] is None else
                                    (t_fused - clm_head + r["model_head_s"]) / t_fused)
-    for alpha, o in overhead.items():
+    for o in overhead.values():
         o["fraction_of_clm_fused_step"] = (o["entropy_s"] + o["select_s"]) / t_fused
 
     name = a.name or (f"loss_path-{a.preset}-{a.device.split(':')[0]}-{a.dtype}-T{a.seq_len}-B{a.micro_batch}"

@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as the eslm command line does
 
-from harness import RESULTS, write_results  # noqa: E402
+from harness import write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -104,7 +104,7 @@ def test_method_settings_are_typed_for_a_checker():
     import typing
 
     from eslm import methods
-    from eslm.config import Config, method_context
+    from eslm.config import method_context
     from eslm.selection.ada import AdaSection
 
     assert typing.get_type_hints(Config)["method"] is methods.SharedMethodSettings

@@ -4,7 +4,6 @@ section is declared next to its components and checks its own values; the old fl
 nearest key suggested, and a run directory whose config.yaml still holds them (written by an earlier eslm) is
 refused in one line: eslm 0.x reads its own format only (issue 23 item 4: no rename shims)."""
 
-import json
 from pathlib import Path
 
 import pytest

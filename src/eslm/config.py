@@ -23,7 +23,7 @@ import typing
 import warnings
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from eslm import metrics as M
 from eslm.data.tokenizers import TOKENIZER_NAMES, tokenizer_vocab_size
@@ -293,7 +293,7 @@ def load_yaml(path: str | Path) -> dict:
     return read_yaml(p, "config file", fix="fix the file (a mapping of sections: run, model, data, train, method)")
 
 
-def build_config(files: list[str] = (), overrides: list[str] = (), base: Config | None = None) -> Config:
+def build_config(files: Sequence[str] = (), overrides: Sequence[str] = (), base: Config | None = None) -> Config:
     """Defaults <- YAML files in order <- dotted overrides; validated. Raises ConfigError listing all problems.
     Warns once for each setting that is valid but probably not meant (``config_warnings``)."""
     cfg = base or Config()

@@ -38,7 +38,6 @@ Three counters (see ``step_flops`` and docs/flops.md):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
 
 from eslm import metrics as M
 from eslm.errors import ConfigError
@@ -132,8 +131,8 @@ class StepFlops:
     dense: float
 
 
-def step_flops(fm: FlopsModel, *, tokens_seen: int, tokens_kept: int, head_backward_tokens: int,
-               head_recompute_tokens: int = 0, extra_forward_tokens: int = 0,
+def step_flops(fm: FlopsModel, *, tokens_seen: float, tokens_kept: float, head_backward_tokens: float,
+               head_recompute_tokens: float = 0, extra_forward_tokens: float = 0,
                extra_flops_paper: float = 0.0, extra_flops_executed: float = 0.0) -> StepFlops:
     """The three FLOPs counts of one micro-batch on one rank.
 

@@ -10,7 +10,9 @@ per section) and runs each section's ``problems``, so a new section edits no cen
 
 from __future__ import annotations
 
+import copy
 from dataclasses import field
+from functools import partial
 
 
 def setting(default, help: str, *, key: str | None = None, **kw):
@@ -20,7 +22,7 @@ def setting(default, help: str, *, key: str | None = None, **kw):
     if key is not None:
         meta["key"] = key
     if isinstance(default, (dict, list)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+        return field(default_factory=partial(copy.copy, default), metadata=meta)
     return field(default=default, metadata=meta)
 
 

@@ -66,7 +66,7 @@ def test_greedy_continuation_is_greedy_and_batching_does_not_change_it():
         with torch.no_grad():
             assert m.logits(m(torch.tensor([seq[-12:]])))[0, -1].argmax().item() == tok
         seq.append(tok)
-    for j, tok in enumerate(one[2]):  # a stop id ends the row before its first occurrence
+    for tok in one[2]:  # a stop id ends the row before its first occurrence
         assert harness.greedy_generate(m, ctxs[2:], [6], stop_ids={tok})[0] == one[2][: one[2].index(tok)]
 
 

@@ -183,7 +183,7 @@ def test_slurm_runs_equal_local_runs_and_a_failing_run_is_reported(slurm_cluster
     out, err = capsys.readouterr()
     assert code == 1
     log = tmp_path / "out" / "tiny" / "logs" / "eslm-loss-s1.log"
-    assert f"eslm-loss-s1: failed (job " in err and f"log: {log.resolve()}" in err, err
+    assert "eslm-loss-s1: failed (job " in err and f"log: {log.resolve()}" in err, err
     assert log.is_file() and "SLURM job" in log.read_text()
     study_dir = tmp_path / "out" / "tiny"
     jobs = _jobs(study_dir)

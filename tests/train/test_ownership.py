@@ -10,12 +10,10 @@ import json
 import shutil
 from pathlib import Path
 
-import pytest
 
 from conftest import tiny_overrides
 from eslm.cli import main as cli_main
 from eslm.config import build_config
-from eslm.errors import ESLMError
 from eslm.train.resume import read_resumes
 from eslm.train.trainer import train
 
@@ -138,7 +136,7 @@ def test_resume_records_version_and_commit_and_refuses_a_changed_one(tiny_data, 
     before = _tree(run_copy)
     code = cli_main(["train", "--resume", str(run_copy), "train.max_steps=4"])
     err = _one_line(capsys, code)
-    assert f"-> '99.0'" in err and "-> 'fffffff" in err and "run.allow_version_change=true" in err
+    assert "-> '99.0'" in err and "-> 'fffffff" in err and "run.allow_version_change=true" in err
     assert _tree(run_copy) == before  # refused before anything was written
 
     assert cli_main(["train", "--resume", str(run_copy), "train.max_steps=4", "run.allow_version_change=true"]) == 0

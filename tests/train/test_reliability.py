@@ -16,7 +16,7 @@ from eslm import metrics as M
 from eslm.cli import main as cli_main
 from eslm.config import build_config
 from eslm.errors import CheckpointError, ConfigError
-from eslm.lock import DirLock, LockHeld
+from eslm.lock import DirLock
 from eslm.train.resume import effective_config, read_resumes
 from eslm.train.trainer import Trainer, TrainingDiverged, train
 

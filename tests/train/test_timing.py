@@ -7,7 +7,7 @@ import torch
 
 from eslm import metrics as M
 from eslm.train.progress import fmt_time, progress_line
-from eslm.train.timing import LoadSampler, Throughput, load_avg, mfu, timed
+from eslm.train.timing import LoadSampler, Throughput, mfu, timed
 
 
 def test_timed_returns_the_value_and_both_clocks():

@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import math
 import statistics
+from typing import Any
 
 LEVEL = 0.95
 
@@ -106,7 +107,8 @@ def mean_ci(values, level: float = LEVEL) -> dict:
     are None when fewer than 2 values (no interval), mean/std None when there is none."""
     nums = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     n = len(nums)
-    out = {"n": n, "mean": None, "std": None, "lo": None, "hi": None, "half_width": None, "level": level}
+    out: dict[str, Any] = {"n": n, "mean": None, "std": None, "lo": None, "hi": None, "half_width": None,
+                           "level": level}
     if n == 0:
         return out
     out["mean"] = statistics.fmean(nums)
@@ -228,9 +230,10 @@ def censoring_note(ci: dict, group: str, baseline: str) -> str:
         parts.append(f"{both} seed{'s' if both != 1 else ''} where neither reached it left out")
     if not parts:
         return ""
-    bias = {"x": f"the difference understates {group}'s cost (biased in its favour)",
+    biases: dict[str | None, str] = {"x": f"the difference understates {group}'s cost (biased in its favour)",
             "y": f"the difference understates {baseline}'s cost (biased against {group})",
-            "both": "censored on both sides: the bias can go either way"}.get(ci.get("bias"))
+            "both": "censored on both sides: the bias can go either way"}
+    bias = biases.get(ci.get("bias"))
     return " [" + "; ".join(parts + ([bias] if bias else [])) + "]"
 
 
@@ -376,7 +379,8 @@ def censor(values: dict, budgets: dict) -> tuple[dict, list]:
     at its last evaluation}. Returns ({seed: cost or budget}, [censored seeds]). A censored value is a lower
     bound on what the run would need, so a group's censored mean understates its cost. A seed with neither a
     cost nor a budget is left out (None)."""
-    out, censored = {}, []
+    out: dict[Any, float | None] = {}
+    censored: list = []
     for s, v in values.items():
         if v is not None and math.isfinite(float(v)):
             out[s] = float(v)

@@ -24,6 +24,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -62,7 +63,7 @@ def load_checkpoint_model(path: str, device: str = "cpu"):
 
 def text_passages(text: str, tok, num: int, max_tokens: int) -> list[Passage]:
     """The first ``num`` paragraphs with at least two tokens, each cut to ``max_tokens + 1`` ids."""
-    out = []
+    out: list[Passage] = []
     for para in (p.strip("\n") for p in text.replace("\r\n", "\n").split("\n\n")):
         ids = tok.encode(para)[: max_tokens + 1] if para.strip() else []
         if len(ids) >= 2:
@@ -120,6 +121,7 @@ def score_passage(model, ids: list[int], device: str = "cpu") -> dict[str, torch
     y = torch.tensor(ids[1:], dtype=torch.long, device=device)
     hidden = model(x[None])[0].float()
     stats = token_stats(hidden, model.head_weight.float(), y, need_entropy=True, impl="naive")
+    assert stats.entropy is not None  # need_entropy=True
     return {"entropy": stats.entropy.cpu(), "loss": stats.loss.cpu()}
 
 
@@ -134,8 +136,9 @@ def thresholds(scores: list[torch.Tensor], alpha: float, scope: str) -> list[flo
 def analyse(model, passages: list[Passage], alpha: float, scope: str, device: str = "cpu") -> list[dict]:
     """Per passage: scores and, per variant, the threshold and the kept flags (score >= threshold)."""
     scored = [score_passage(model, p.ids, device) for p in passages]
-    out = [{"source": p.source, "domain": p.domain, "ids": p.ids, "scores": {k: s[k].tolist() for k, *_ in VARIANTS},
-            "variants": {}} for p, s in zip(passages, scored)]
+    out: list[dict[str, Any]] = [{"source": p.source, "domain": p.domain, "ids": p.ids,
+                                  "scores": {k: s[k].tolist() for k, *_ in VARIANTS}, "variants": {}}
+                                 for p, s in zip(passages, scored)]
     for key, *_ in VARIANTS:
         per = [s[key] for s in scored]
         for rec, s, t in zip(out, per, thresholds(per, alpha, scope)):
@@ -247,7 +250,7 @@ def kept_dropped_by_domain(records: list[dict], tok, key: str, k: int = TOP_K) -
     for d, n in seen.items():
         dropped = Counter({t: c - kept[d][t] for t, c in n.items() if c > kept[d][t]})
 
-        def ranked(counts: Counter) -> list[list]:
+        def ranked(counts: Counter, n: Counter = n) -> list[list]:
             order = sorted(counts.items(), key=lambda tc: (-tc[1], n[tc[0]], tc[0]))
             return [[t, c, n[t]] for t, c in order[:k]]
 

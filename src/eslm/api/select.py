@@ -70,6 +70,7 @@ def over_batch(scores: torch.Tensor, valid: torch.Tensor, alpha, bound: float | 
     if not isinstance(alpha, torch.Tensor):
         index, _, keep, k, n = risk.select_valid(scores, valid, alpha)
         return Kept(index, keep, k, n, scores, valid, index, keep)
+    assert bound is not None, "a tensor alpha needs its bound (check_alpha)"
     ranked = scores.masked_fill(~valid, float("-inf"))
     k_max = risk.num_kept(ranked.numel(), bound)
     index = torch.topk(ranked, k_max, sorted=True).indices
@@ -149,6 +150,7 @@ def count_kept(valid: torch.Tensor, alpha: float, *, scope: str = "batch", seg: 
     """K of one call as a 0-dim int64 tensor, from its scored-token mask (N,) alone: known before the forward."""
     n = valid.sum()
     if scope == "sequence":
+        assert seg is not None, "count_kept: scope 'sequence' needs seg (each token's segment)"
         n_seg = torch.zeros(valid.numel(), dtype=torch.long, device=valid.device).index_add_(0, seg, valid.long())
         return risk.num_kept_tensor(n_seg, alpha).sum()
     if group is not None:

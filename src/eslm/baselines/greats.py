@@ -80,7 +80,9 @@ def scored_linears(model: nn.Module, exclude_head: bool = True) -> list[tuple[st
     """The Linear modules whose weights enter the inner products (``lm_head`` last, only if included)."""
     out = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and n != "lm_head"]
     if not exclude_head:
-        out.append(("lm_head", model.lm_head))
+        head = model.get_submodule("lm_head")
+        assert isinstance(head, nn.Linear)
+        out.append(("lm_head", head))
     return out
 
 
@@ -141,7 +143,7 @@ def stream_linear_io(model: nn.Module, x: torch.Tensor, y: torch.Tensor, on_laye
     finally:
         for h in handles:
             h.remove()
-    for (n, m), out in zip(mods, outs):  # a layer the loss does not reach has zero gradient
+    for n, m in mods:  # a layer the loss does not reach has zero gradient
         if n not in fired:
             on_layer(n, None, None, m.bias is not None)
     return loss.detach().float()

@@ -175,7 +175,7 @@ def _remove_leftovers(out_dir: Path) -> list[Path]:
     ``out_dir``: only those holding eslm's marker, and in them only the files prepare writes. Call under the
     output lock (then no live prepare writes them)."""
     pattern = re.compile(rf"^\.{re.escape(out_dir.name)}\.(tmp|old)-\d+$")
-    removed = []
+    removed: list[Path] = []
     if not out_dir.parent.is_dir():
         return removed
     for d in out_dir.parent.iterdir():

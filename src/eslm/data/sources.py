@@ -136,7 +136,7 @@ def extract_docstrings(source: str) -> str:
 _DEFS = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 
-def _definitions(node: ast.AST) -> Iterator[ast.AST]:
+def _definitions(node: ast.AST) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef]:
     """Class and function definitions under ``node`` in source order, also inside if/try/with blocks."""
     for child in ast.iter_child_nodes(node):
         if isinstance(child, _DEFS):

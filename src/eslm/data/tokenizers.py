@@ -141,7 +141,7 @@ def _build_gpt2_encoding():
 
 def tokenizer_vocab_size(name: str) -> int:
     """The vocabulary size of tokenizer ``name`` without building it (gpt2: 50257, byte: 257)."""
-    classes = {"gpt2": GPT2Tokenizer, "byte": ByteTokenizer}
+    classes: dict[str, type[GPT2Tokenizer] | type[ByteTokenizer]] = {"gpt2": GPT2Tokenizer, "byte": ByteTokenizer}
     if name not in classes:
         raise ConfigError(f"expected a tokenizer name in {list(TOKENIZER_NAMES)}; found {name!r}; "
                           f"fix: use one of {', '.join(TOKENIZER_NAMES)}")

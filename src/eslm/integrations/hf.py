@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import types
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -360,7 +361,13 @@ def _callback_base():
     return TrainerCallback
 
 
-class SelectiveLossCallback(_callback_base()):
+if TYPE_CHECKING:  # transformers is an optional extra: imported where used, below
+    from transformers import TrainerCallback as _CallbackBase
+else:
+    _CallbackBase = _callback_base()
+
+
+class SelectiveLossCallback(_CallbackBase):
     """Logs the selection (means since the last log) and steps Ada after every optimizer step."""
 
     def __init__(self, sel: SelectiveCausalLM):

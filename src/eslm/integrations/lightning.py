@@ -32,6 +32,8 @@ micro-batch's kept mean.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from eslm.api import AdaAlpha, selective_loss
@@ -42,6 +44,8 @@ SET_BY_THE_MIXIN = ("group", "reduction", "num_items_in_batch", "return_tokens")
 
 class SelectiveLossMixin:
     """Put it before ``LightningModule`` in the bases and call ``setup_eslm`` in ``__init__``."""
+
+    log_dict: Callable[..., None]  # the LightningModule's (declared for a type checker)
 
     def setup_eslm(self, *, alpha: float = 0.1, score: str = "entropy", ada: AdaAlpha | None = None,
                    **loss_options) -> None:

@@ -25,7 +25,8 @@ IGNORE_INDEX = -100
 def global_kept_tokens(labels: list[torch.Tensor], *, alpha: float, group=None) -> torch.Tensor:
     """The kept tokens of an optimizer step: the sum over its micro-batches' ``labels`` of K = N -
     floor(alpha N), summed over the ranks of ``group`` (the data-parallel group; None: this process only)."""
-    k = sum(kept_tokens(t, alpha=alpha, ignore_index=IGNORE_INDEX) for t in labels)
+    first, *rest = [kept_tokens(t, alpha=alpha, ignore_index=IGNORE_INDEX) for t in labels]
+    k = sum(rest, first)
     if group is not None:
         import torch.distributed as dist
 
@@ -45,10 +46,14 @@ class SelectiveCrossEntropy:
     def __call__(self, pred: torch.Tensor, labels: torch.Tensor, global_valid_tokens: torch.Tensor | None = None,
                  **kwargs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         alpha = self.ada.alpha if self.ada is not None else self.alpha
-        inputs = {"logits": pred} if self.lm_head is None else {
-            "hidden": pred, "lm_weight": self.lm_head.weight, "bias": self.lm_head.bias}
-        loss, stats = selective_loss(labels, **inputs, score=self.score, alpha=alpha, ignore_index=IGNORE_INDEX,
-                                     num_items_in_batch=global_valid_tokens, chunk_size=self.chunk_size)
+        if self.lm_head is None:
+            loss, stats = selective_loss(labels, logits=pred, score=self.score, alpha=alpha,
+                                         ignore_index=IGNORE_INDEX, num_items_in_batch=global_valid_tokens,
+                                         chunk_size=self.chunk_size)
+        else:
+            loss, stats = selective_loss(labels, hidden=pred, lm_weight=self.lm_head.weight, bias=self.lm_head.bias,
+                                         score=self.score, alpha=alpha, ignore_index=IGNORE_INDEX,
+                                         num_items_in_batch=global_valid_tokens, chunk_size=self.chunk_size)
         if self.ada is not None:
             self.ada.observe(stats)
         return loss, {"eslm/kept_frac": stats.kept_frac, "eslm/var": stats.threshold, "eslm/cvar": stats.cvar}

@@ -170,5 +170,5 @@ def _move_into_place(tmp: Path, out: Path, previous: dict | None) -> None:
         else:
             out.rmdir()  # empty (checked)
     os.replace(tmp, out)
-    if old is not None:
+    if old is not None and previous is not None:
         _remove_export(old, previous.get("files") or EXPORT_FILES)

@@ -71,11 +71,13 @@ class KVCache:
     @property
     def length(self) -> int:
         """Tokens cached (the position of the next token)."""
-        return 0 if self.k[0] is None else self.k[0].shape[2]
+        first = self.k[0]
+        return 0 if first is None else first.shape[2]
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.k[layer] is not None:
-            k, v = torch.cat([self.k[layer], k], dim=2), torch.cat([self.v[layer], v], dim=2)
+        old_k, old_v = self.k[layer], self.v[layer]
+        if old_k is not None and old_v is not None:
+            k, v = torch.cat([old_k, k], dim=2), torch.cat([old_v, v], dim=2)
         self.k[layer], self.v[layer] = k, v
         return k, v
 
@@ -98,7 +100,8 @@ class CausalSelfAttention(nn.Module):
             p = self.dropout if self.training else 0.0
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         else:  # new token i (absolute position P + i) sees the P cached tokens and new tokens 0..i
-            P = 0 if cache.k[layer] is None else cache.k[layer].shape[2]
+            cached = cache.k[layer]
+            P = 0 if cached is None else cached.shape[2]
             k, v = cache.append(layer, k, v)
             mask = torch.ones(T, P + T, dtype=torch.bool, device=x.device).tril(diagonal=P)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -131,11 +134,22 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+class Trunk(nn.ModuleDict):
+    """The trunk under ``transformer.*`` with nanoGPT's names; a ``ModuleDict`` whose entries are declared for a
+    type checker (the modules, their order and the parameter names are the ModuleDict's)."""
+
+    wte: nn.Embedding
+    wpe: nn.Embedding
+    drop: nn.Dropout
+    h: nn.ModuleList
+    ln_f: nn.LayerNorm
+
+
 class GPT(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
-        self.transformer = nn.ModuleDict(
+        self.transformer = Trunk(
             dict(
                 wte=nn.Embedding(cfg.vocab_size, cfg.n_embd),
                 wpe=nn.Embedding(cfg.block_size, cfg.n_embd),

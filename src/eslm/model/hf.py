@@ -48,7 +48,7 @@ EXPORT_FORMAT = "eslm-hf-export-v1"
 def _bias_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """HF GPT-2 bias names -> shapes, for writing zero biases from a bias-free model."""
     C = cfg.n_embd
-    shapes = {"transformer.ln_f.bias": (C,)}
+    shapes: dict[str, tuple[int, ...]] = {"transformer.ln_f.bias": (C,)}
     for i in range(cfg.n_layer):
         b = f"transformer.h.{i}."
         shapes.update({b + "ln_1.bias": (C,), b + "ln_2.bias": (C,), b + "attn.c_attn.bias": (3 * C,),

@@ -36,7 +36,7 @@ _STEP_FILE = re.compile(r"^step_(\d{7,})\.pt$")
 # Prefixes that torch.compile ("_orig_mod.") and DDP ("module.") add to parameter names.
 
 
-def load_model(path: str | Path, device: str = "cpu") -> tuple[GPT, dict]:
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[GPT, dict]:
     """Load one of our models from ``path`` (eval mode, fp32, on ``device``).
 
     ``path`` may be a run directory (its ``checkpoints/latest`` is used; its newest snapshot when it has no
@@ -144,7 +144,7 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     if not ckpt_dir.is_dir():
         return []
     files = [f for f in ckpt_dir.iterdir() if _STEP_FILE.match(f.name)]
-    return sorted(files, key=lambda f: int(_STEP_FILE.match(f.name).group(1)))
+    return sorted(files, key=_step_of)
 
 
 def list_evaluable(run_dir: str | Path) -> list[Path]:
@@ -156,7 +156,10 @@ def list_evaluable(run_dir: str | Path) -> list[Path]:
 
 
 def _step_of(f: Path) -> int:
-    return int(re.match(r"^step_(\d+)", f.name).group(1))
+    m = re.match(r"^step_(\d+)", f.name)
+    if m is None:
+        raise ValueError(f"expected a step_XXXXXXX file name, found {f.name!r}")
+    return int(m.group(1))
 
 
 def run_dir_of(checkpoint: str | Path) -> Path | None:
@@ -209,7 +212,7 @@ def config_from_dict(d: dict, source: str = "checkpoint") -> ModelConfig:
     return ModelConfig(**d)
 
 
-def _load_checkpoint_file(path: Path, device: str) -> tuple[GPT, dict]:
+def _load_checkpoint_file(path: Path, device: str | torch.device) -> tuple[GPT, dict]:
     if verify_checksum(path) is False:
         raise _refuse(path, _DAMAGED.replace("checksum", f"checksum ({path.name}.sha256)"))
     ckpt = read_checkpoint(path)
@@ -233,7 +236,7 @@ def _load_checkpoint_file(path: Path, device: str) -> tuple[GPT, dict]:
     return model.to(device).eval(), info
 
 
-def _load_snapshot_file(path: Path, device: str) -> tuple[GPT, dict]:
+def _load_snapshot_file(path: Path, device: str | torch.device) -> tuple[GPT, dict]:
     try:
         state, meta = read_snapshot(path)
     except SnapshotDamaged:
@@ -261,7 +264,7 @@ def _load_snapshot_file(path: Path, device: str) -> tuple[GPT, dict]:
     return model.to(device).eval(), info
 
 
-def _load_hf_dir(path: Path, device: str) -> tuple[GPT, dict]:
+def _load_hf_dir(path: Path, device: str | torch.device) -> tuple[GPT, dict]:
     from eslm.model.hf import from_hf, read_export_info
 
     model = from_hf(path)

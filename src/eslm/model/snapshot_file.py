@@ -35,8 +35,8 @@ def list_snapshots(path: str | Path) -> list[Path]:
     d = p / SNAPSHOT_DIR if (p / SNAPSHOT_DIR).is_dir() else p
     if not d.is_dir():
         return []
-    files = [f for f in d.iterdir() if SNAPSHOT_FILE.match(f.name)]
-    return sorted(files, key=lambda f: int(SNAPSHOT_FILE.match(f.name).group(1)))
+    matches = [(m, f) for f in d.iterdir() if (m := SNAPSHOT_FILE.match(f.name))]
+    return [f for _, f in sorted(matches, key=lambda mf: int(mf[0].group(1)))]
 
 
 class SnapshotDamaged(CheckpointError):

@@ -56,11 +56,10 @@ def non_finite(tree, prefix: str = "") -> str | None:
     import torch
 
     if torch.is_tensor(tree):
-        bad = tree.is_floating_point() and not bool(torch.isfinite(tree).all())
-        return (prefix or "tensor") if bad else None
+        return (prefix or "tensor") if tree.is_floating_point() and not bool(torch.isfinite(tree).all()) else None
     items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, (list, tuple)) else ()
     for k, v in items:
-        bad = non_finite(v, f"{prefix}.{k}" if prefix else str(k))
-        if bad is not None:
-            return bad
+        found = non_finite(v, f"{prefix}.{k}" if prefix else str(k))
+        if found is not None:
+            return found
     return None

@@ -5,6 +5,8 @@ never divide by a token count.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from eslm import contracts
@@ -21,6 +23,9 @@ class Objective(contracts.Objective):
     override ``loss_sum``); ``head_work`` books a chunked loss on the kept rows that recomputes their logits in its
     backward; no extra work, no state. ``impl``: the head backend (``eslm.ops.head_backend``, "auto": the
     device's default), built with ``options``."""
+
+    # what a subclass defines (declared for a type checker; a subclass overriding ``loss_sum`` needs none)
+    per_token: Callable[[torch.Tensor, torch.Tensor, Batch, torch.Tensor | None, TokenStats | None], torch.Tensor]
 
     def __init__(self, impl: str = "auto", chunk_size: int = 1024, *, cache_probs: bool = True,
                  route: str = "auto"):

@@ -112,7 +112,7 @@ def measure(device: torch.device, dtype: torch.dtype, reps: int = 5, shape=None)
 
 def write(path: str, device_type: str, entries: dict[str, HeadCosts]) -> None:
     """Write (or update) a head-costs file; a file that is not one is never overwritten."""
-    data = {"kind": FILE_KIND, "costs": {}}
+    data: dict = {"kind": FILE_KIND, "costs": {}}
     if os.path.exists(path):
         try:
             with open(path) as f:

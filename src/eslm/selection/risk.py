@@ -56,7 +56,7 @@ def num_kept(n: int, alpha: float) -> int:
     return max(1, n - math.floor(alpha * n + FLOOR_EPS))
 
 
-def num_kept_tensor(n: torch.Tensor, alpha: float) -> torch.Tensor:
+def num_kept_tensor(n: torch.Tensor, alpha: float | torch.Tensor) -> torch.Tensor:
     """``num_kept`` of a 0-dim int64 tensor N (computed in float64 on its device, no sync); 0 when N = 0."""
     dropped = torch.floor(n.double() * alpha + FLOOR_EPS).long()
     return torch.clamp(n - dropped, min=1) * (n > 0)

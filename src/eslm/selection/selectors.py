@@ -89,7 +89,7 @@ class VaRSelector(TokenSelector):
 
     def scores(self, stats: TokenStats, batch: Batch) -> torch.Tensor:
         """Risk scores (B, T) fp32: the scoring pass's statistic named by ``score``."""
-        return getattr(stats, self.score).view(batch.x.shape)
+        return getattr(stats, str(self.score)).view(batch.x.shape)
 
     def rank(self, stats, batch) -> torch.Tensor:
         return standardize(self.scores(stats, batch), self.standardize, batch.domain, self.n_domains)

@@ -41,6 +41,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from eslm.errors import ConfigError
 from eslm.study import shared
@@ -49,6 +50,9 @@ from eslm.study.launch import (LAUNCHERS, PARENT_FD_ENV, QUEUED, Launched, Launc
                                watch_parent)
 from eslm.study.report import _report, mark_earlier_report_stale
 from eslm.study.schema import STUDIES_DIR, _is_int, load_study, study_dirs, study_problems
+
+if TYPE_CHECKING:
+    from eslm.study.slurm import SlurmLauncher
 
 __all__ = ["PARENT_FD_ENV", "STUDIES_DIR", "Launched", "Launcher", "LocalLauncher", "Outcome", "Stage",
            "load_study", "make_launcher", "plan", "run_study", "stages", "study_dirs", "study_problems",
@@ -74,7 +78,8 @@ def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int]
     jobs = jobs or study.get("jobs") or 1
     if status:
         print(f"study {study['name']}: {len(configs)} runs in {out / study['name']}")
-        return launcher.status([c for s in stages(study, configs) for c in s.runs], out / study["name"])
+        reporter = cast("SlurmLauncher", launcher)  # make_launcher(status=True) gives one that can tell
+        return reporter.status([c for s in stages(study, configs) for c in s.runs], out / study["name"])
     how = getattr(launcher, "describe", None)
     print(f"study {study['name']}: {len(configs)} runs -> {out / study['name']}"
           + (f" ({how()})" if how else f" ({jobs} at a time)" if jobs > 1 else ""))

@@ -311,7 +311,8 @@ def study_problems(study: dict) -> list[str]:
     missing = [k for k in ("methods", "seeds", "config") if k not in study]
     if missing:
         problems.append(f"missing key(s) {_name_list(missing)}; a study needs methods, seeds and config")
-    names, labels = [], []
+    names: list[str] = []
+    labels: list[str] = []
     if "methods" in study:
         found, names, labels = _entries_problems(study["methods"])
         problems += found

@@ -124,7 +124,9 @@ def from_study(study: dict, jobs: int | None, *, detach: bool = False, status: b
     ``launcher_problems``); ``jobs`` (``--jobs`` or the file's ``jobs``) caps the array when the section sets
     no ``parallel``. ``status`` needs nothing more (``SlurmLauncher.status``)."""
     s = study.get("launcher") or {}
-    return SlurmLauncher(study=study["name"], partition=s.get("partition"), time_min=time_minutes(s.get("time", 60)),
+    time_min = time_minutes(s.get("time", 60))
+    assert time_min is not None, "launcher.time is checked by launcher_problems"
+    return SlurmLauncher(study=study["name"], partition=s.get("partition"), time_min=time_min,
                          cpus_per_run=s.get("cpus_per_run", 1), gpus_per_run=s.get("gpus_per_run", 0),
                          mem_gb=s.get("mem_gb"), parallel=s.get("parallel", jobs),
                          sbatch=tuple((str(k).lstrip("-").replace("_", "-"), v)
@@ -356,7 +358,7 @@ class SlurmLauncher:
             return Outcome(name, FINISHED, "finished" + (f" (job {job})" if job else ""))
         if job is None:
             return Outcome(name, NOT_STARTED, "not submitted")
-        if _active(state):
+        if state is not None and _active(state):
             kind = state.split()[0]
             word = {"RUNNING": "running", "COMPLETING": "ending"}.get(kind, f"queued ({kind.lower()})")
             return Outcome(name, QUEUED, f"{word} (job {job})")
@@ -378,7 +380,7 @@ class SlurmLauncher:
         rows = self.states(configs, study_dir)
         width = max(len(n) for n, *_ in rows)
         counts: dict[str, int] = {}
-        for (name, job, state, o), c in zip(rows, configs):
+        for (name, _job, _state, o), c in zip(rows, configs):
             label = o.words.split(" (")[0].split(";")[0]  # finished, running, queued, cancelled, failed, ...
             counts[label] = counts.get(label, 0) + 1
             step = _last_step(Path(c.run.out_dir) / name)

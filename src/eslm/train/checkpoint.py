@@ -13,6 +13,7 @@ import os
 import random
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -196,7 +197,7 @@ def newest_good_checkpoint(run_dir: Path, skip: Path | None = None) -> tuple[Pat
     """(the newest kept checkpoint of the run that matches its checksum and is finite, or None; what was
     skipped on the way: "step_0000003.pt is damaged (...)"). Reads every checkpoint it tries."""
     ckpt_dir = Path(run_dir) / "checkpoints"
-    skipped = []
+    skipped: list[str] = []
     for step in reversed(kept_steps(ckpt_dir)):
         path = ckpt_dir / checkpoint_name(step)
         if skip is not None and path == Path(skip):
@@ -210,7 +211,10 @@ def newest_good_checkpoint(run_dir: Path, skip: Path | None = None) -> tuple[Pat
 
 def step_of(path: Path) -> int:
     """The step of a checkpoint file named step_XXXXXXX.pt."""
-    return int(_NAME.match(Path(path).name).group(1))
+    m = _NAME.match(Path(path).name)
+    if m is None:
+        raise ValueError(f"expected a checkpoint file named step_XXXXXXX.pt, found {Path(path).name!r}")
+    return int(m.group(1))
 
 
 def check_model_matches(state: dict, model_config: dict, path,
@@ -227,8 +231,8 @@ def check_model_matches(state: dict, model_config: dict, path,
 
 
 def rng_state() -> dict:
-    np_state = np.random.get_state()
-    state = {
+    np_state: Any = np.random.get_state()
+    state: dict[str, Any] = {
         "python": _to_plain(random.getstate()),
         "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
         "torch": torch.get_rng_state(),

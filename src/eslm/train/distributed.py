@@ -18,8 +18,11 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+from eslm.model.gpt import GPT
 
 
 @dataclass
@@ -82,7 +85,7 @@ def shutdown(info: DistInfo) -> None:
 # ------------------------------------------------------------------ FSDP2
 
 
-def shard_fsdp(model: torch.nn.Module, info: DistInfo, device: torch.device) -> torch.nn.Module:
+def shard_fsdp(model: GPT, info: DistInfo, device: torch.device) -> GPT:
     """Shard a GPT in place with FSDP2 (one unit per block, then the root); returns the same module.
 
     Rank 0's parameters are broadcast first, so every rank starts from the same weights (DDP does the same at
@@ -140,7 +143,7 @@ def full_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_sd = get_model_state_dict(model, options=opts)
-    optim_sd = get_optimizer_state_dict(model, optimizer, options=opts)
+    optim_sd: dict[str, Any] = dict(get_optimizer_state_dict(model, optimizer, options=opts))
     if not optim_sd:  # not rank 0
         return model_sd, optim_sd
     index = {fqn: i for i, fqn in enumerate(_optimizer_fqns(model, optimizer))}

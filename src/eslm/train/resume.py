@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from eslm.config import Config, all_keys, from_dict, stored_config_problem, to_yaml, unknown_key_message
 from eslm.errors import ConfigError, OwnershipError
@@ -404,7 +405,7 @@ def record_resumed_at(run_dir: Path, cfg: Config, changes: dict | None, step: in
     (superseded), the applied changes are logged, and resumes.jsonl gains its record."""
     from eslm.train import checkpoint as ckpt
 
-    extra = {}
+    extra: dict[str, Any] = {}
     if cfg.run.resume_from:
         extra["resume_from"] = step
         dest = ckpt.superseded_dir(run_dir / "checkpoints", [ckpt.checkpoint_name(s) for s in

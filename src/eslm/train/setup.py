@@ -138,7 +138,7 @@ def compile_blocks(model: GPT, **options) -> GPT:
     return model
 
 
-def wrap(model: GPT, cfg: Config, dist, device: torch.device, fsdp: bool):
+def wrap(model: GPT, cfg: Config, dist, device: torch.device, fsdp: bool) -> torch.nn.Module | FSDPModel:
     """The module the step calls: FSDP2-sharded or DDP-wrapped, its blocks compiled with train.compile."""
     if cfg.train.compile:
         compile_blocks(model)
@@ -148,7 +148,7 @@ def wrap(model: GPT, cfg: Config, dist, device: torch.device, fsdp: bool):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ids = [device.index] if device.type == "cuda" else None
-        model = DDP(model, device_ids=ids)
+        return DDP(model, device_ids=ids)
     return model
 
 

@@ -7,6 +7,8 @@ import math
 import signal
 import threading
 from pathlib import Path
+from types import FrameType
+from typing import Any, Callable
 
 import torch
 
@@ -46,7 +48,8 @@ class Preemption:
 
     def __init__(self, dist, device: torch.device, log):
         self.dist, self.device, self.log = dist, device, log
-        self.requested, self._old = False, None
+        self.requested = False
+        self._old: Callable[[int, FrameType | None], Any] | int | None = None
 
     def __enter__(self) -> "Preemption":
         if threading.current_thread() is threading.main_thread():

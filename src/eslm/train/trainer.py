@@ -34,7 +34,7 @@ from eslm.train.optim import build_optimizer, plan_schedule
 from eslm.train.progress import progress_line
 from eslm.train.records import Update, eval_record, selection_metrics, train_record
 from eslm.train.resume import check_checkpoint_of_run, open_run_dir, record_resumed_at
-from eslm.train.run_dir import append_to_env, last_records
+from eslm.train.run_dir import MetricsWriter, append_to_env, last_records
 from eslm.train.step import StepOptions, forward_backward
 from eslm.train.stopping import Budget, Preemption, TrainingDiverged, check_update, last_good_hint
 from eslm.train.timing import LoadSampler, Throughput, mfu, timed
@@ -89,7 +89,8 @@ class Trainer:
         self.load = LoadSampler()
         self.opts = StepOptions(accum_steps=t.grad_accum_steps, normalize=t.normalize,
                                 world_size=self.dist.world_size, autocast=setup.autocast_for(t.dtype, self.device))
-        self._lock = self._resume_changes = self.writer = None
+        self._lock = self._resume_changes = None
+        self.writer: MetricsWriter | None = None  # rank 0's, once the run directory is open
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> RunResult:
@@ -190,6 +191,7 @@ class Trainer:
             flops_totals=self.flops.totals(), load_avg_1m=self.load.sample(),
             mfu=mfu(tokens_per_s, self.fm.train_per_token, self.device, self.dist.world_size))
         if self.dist.is_main:
+            assert self.writer is not None
             self.writer.write(rec)
             done, total = self.budget.progress(self.step, self.flops.totals())
             print(progress_line(rec, self.step, total, done, self.elapsed_s), flush=True)
@@ -205,6 +207,7 @@ class Trainer:
         res = evaluate(self.raw_model, self.val, self.weights, impl=t.loss_impl, chunk_size=t.loss_chunk_size,
                        autocast=setup.autocast_for(t.dtype, self.device))
         if self.dist.is_main:
+            assert self.writer is not None
             self.writer.write(eval_record(self.step, tokens_seen_total=self.loader_tokens_seen(),
                                           elapsed_s=self.elapsed_s, cpu_s=self.cpu_s,
                                           flops_totals=self.flops.totals(), val=res))
@@ -312,8 +315,8 @@ class Trainer:
             import torch.distributed as dist
 
             dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-        ok = ok.tolist()
-        return "weights" if not ok[0] else "optimizer state" if not ok[1] else None
+        flags = ok.tolist()
+        return "weights" if not flags[0] else "optimizer state" if not flags[1] else None
 
     # ------------------------------------------------------------------ output
     def _banner(self) -> str:

@@ -34,12 +34,12 @@ import sys
 from pathlib import Path
 
 from eslm.analysis import figures
-from eslm.analysis.report.curves import crossing, default_target
+from eslm.analysis.report.curves import best_val_loss, crossing, default_target
 from eslm.analysis.report.figure_table import FIGURES, make_figures
 from eslm.analysis.report.html import render_html
 from eslm.analysis.report.markdown import render_markdown
 from eslm.analysis.report.output import check_report_dir, mark_stale, write_report_dir
-from eslm.analysis.report.summary import FLOPS_KEYS, ReportError, best_val_loss, find_baseline, load_runs, summarize
+from eslm.analysis.report.summary import FLOPS_KEYS, ReportError, find_baseline, load_runs, summarize
 from eslm.analysis.rundir import comparable_sets_problem, group_runs, is_number, one_run_per_seed
 
 __all__ = ["FIGURES", "FLOPS_KEYS", "ReportError", "build_report", "crossing", "load_runs", "make_figures",

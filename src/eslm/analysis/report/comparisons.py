@@ -19,6 +19,8 @@ names in advance (``report.primary``) is read at 5% on its own, and shown first.
 
 from __future__ import annotations
 
+from typing import Any
+
 from eslm import metrics as M
 from eslm.analysis import stats as S
 from eslm.analysis.report.curves import best_val_loss, last_value, series
@@ -51,8 +53,8 @@ def compare(g: Group, other: Group, tt: dict, other_tt: dict, eq: dict, other_eq
     """Paired (by seed) differences of ``g`` against ``other``: losses in nats, to-target costs relative with
     censored seeds (``tt[key]["budget_per_seed"]``); ``eq``: equal-token losses. Verdicts come later
     (``write_verdicts``), once the family's p-values are adjusted."""
-    out = {"group": g.label, "against": other.label, "losses": {}, "to_target": {}, "verdicts": [],
-           "primary": False}
+    out: dict[str, Any] = {"group": g.label, "against": other.label, "losses": {}, "to_target": {}, "verdicts": [],
+                           "primary": False}
     out["losses"][FINAL] = S.paired(per_seed(g, lambda r: last_value(r.eval, M.VAL_LOSS)),
                                     per_seed(other, lambda r: last_value(r.eval, M.VAL_LOSS)))
     out["losses"][BEST] = S.paired(per_seed(g, best_val_loss), per_seed(other, best_val_loss))
@@ -160,8 +162,8 @@ def difference_curve(g: Group, other: Group) -> dict | None:
     common = sorted(set.intersection(*(set(pa) & set(pb) for pa, pb in per_pair)))
     if not common:
         return None
-    out = {"label": g.label, "against": other.label, "n": len(pairs), "step": common, "x": [], "mean": [],
-           "lo": [], "hi": []}
+    out: dict[str, Any] = {"label": g.label, "against": other.label, "n": len(pairs), "step": common, "x": [],
+                           "mean": [], "lo": [], "hi": []}
     for s in common:
         ci = S.mean_ci([pa[s][1] - pb[s][1] for pa, pb in per_pair])
         out["x"].append(sum(pa[s][0] for pa, _ in per_pair) / len(per_pair))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from typing import Any
 
 from eslm import metrics as M
 from eslm.analysis import stats as S
@@ -40,8 +41,8 @@ def default_target(runs: list[Run]) -> float:
 def aggregate(values: list) -> dict:
     """mean / min / max / std over the numeric values (None entries ignored), with counts."""
     nums = [float(v) for v in values if is_number(v)]
-    out = {"n": len(values), "count": len(nums), "mean": None, "min": None, "max": None, "std": None,
-           "ci_lo": None, "ci_hi": None, "ci_half_width": None}
+    out: dict[str, Any] = {"n": len(values), "count": len(nums), "mean": None, "min": None, "max": None,
+                           "std": None, "ci_lo": None, "ci_hi": None, "ci_half_width": None}
     if nums:
         ci = S.mean_ci(nums)
         out.update(mean=ci["mean"], min=min(nums), max=max(nums), std=ci["std"] if len(nums) > 1 else 0.0,

@@ -177,7 +177,7 @@ def _downstream_table(summary: dict) -> str:
     tasks = sorted(set().union(*(g["downstream"] for g in summary["groups"])))
     if not tasks:
         return "<p class='note'>No downstream results (run <code>eslm eval RUN_DIR</code> to add them).</p>"
-    meta = {}
+    meta: dict[str, str] = {}
     for g in summary["groups"]:
         for t, d in g["downstream"].items():
             meta.setdefault(t, f"{t}<br><small>{html.escape(str(d['metric']))}, {d['num_fewshot']}-shot</small>")

@@ -9,7 +9,7 @@ from pathlib import Path
 from eslm import metrics as M
 from eslm.analysis import stats as S
 from eslm.analysis.report import comparisons as C
-from eslm.analysis.report.curves import (aggregate, best_val_loss, domains_of, group_final, last_value, series,
+from eslm.analysis.report.curves import (aggregate, domains_of, group_final, last_value, series,
                                          to_target)
 from eslm.analysis.report.downstream import group_downstream
 from eslm.analysis.rundir import IGNORED_FOR_GROUPING, Group, Run, distinct_names, find_group, is_number, load_run
@@ -240,13 +240,13 @@ def summarize(runs: list[Run], groups: list[Group], *, target: float, target_sou
         warnings.append(why)
     by_label = {g["label"]: g for g in gs}
     eq = {g.label: C.equal_token_losses(g, base) for g in groups}
-    for g in gs:
-        g["equal_tokens_val_loss"] = aggregate(list(eq[g["label"]].values()))
+    for entry in gs:
+        entry["equal_tokens_val_loss"] = aggregate(list(eq[entry["label"]].values()))
     def compare(g, o) -> dict:
         return C.compare(g, o, tts[g.label], tts[o.label], eq[g.label], eq[o.label], COSTS)
 
     pairs = []  # (comparison, group, other) in the order shown
-    differences = {"baseline": [], "control": []}  # the paired difference over training of each pair
+    differences: dict[str, list] = {"baseline": [], "control": []}  # the paired difference over training of each pair
     for g in groups:
         if base is not None and g is not base:
             comparisons.append(compare(g, base))

@@ -511,7 +511,11 @@ def pairs_for_mde(sd: float, target: float, power: float = 0.8, level: float = L
     """The fewest pairs whose two-sided paired t test detects a mean difference ``target`` with ``power``
     when the differences' standard deviation is ``sd`` (``mde(sd, n) <= target``)."""
     n = 2
-    while n < most and mde(sd, n, power, level) > target:
+    while n < most:
+        m = mde(sd, n, power, level)
+        assert m is not None, "pairs_for_mde needs a finite sd > 0"
+        if m <= target:
+            break
         n += 1
     return n
 

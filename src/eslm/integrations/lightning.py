@@ -32,7 +32,7 @@ micro-batch's kept mean.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -46,6 +46,7 @@ class SelectiveLossMixin:
     """Put it before ``LightningModule`` in the bases and call ``setup_eslm`` in ``__init__``."""
 
     log_dict: Callable[..., None]  # the LightningModule's (declared for a type checker)
+    trainer: Any  # the LightningModule's
 
     def setup_eslm(self, *, alpha: float = 0.1, score: str = "entropy", ada: AdaAlpha | None = None,
                    **loss_options) -> None:
@@ -54,7 +55,8 @@ class SelectiveLossMixin:
             raise ConfigError(f"setup_eslm: {', '.join(taken)} is set by the mixin (per-rank selection, exact "
                               "normalisation over ranks and accumulation); found it among the options; fix: drop it")
         self.eslm_alpha, self.eslm_score, self.eslm_ada, self.eslm_options = alpha, score, ada, loss_options
-        self._eslm_kept = self._eslm_returned = None
+        self._eslm_kept: torch.Tensor | None = None
+        self._eslm_returned: torch.Tensor | None = None
 
     def eslm_loss(self, targets: torch.Tensor, **inputs) -> torch.Tensor:
         """The micro-batch's selective loss, normalised as the module docstring says (``inputs``: logits=, or
@@ -77,8 +79,9 @@ class SelectiveLossMixin:
             self._eslm_returned = None
             return total * (world / k.clamp(min=1).to(total.dtype))
         self._eslm_kept = stats.num_kept if self._eslm_kept is None else self._eslm_kept + stats.num_kept
-        self._eslm_returned = total + (mean - total.detach())  # value: the kept mean; gradient: the kept sum's
-        return self._eslm_returned
+        returned = total + (mean - total.detach())  # value: the kept mean; gradient: the kept sum's
+        self._eslm_returned = returned
+        return returned
 
     def on_before_backward(self, loss: torch.Tensor) -> None:
         returned, self._eslm_returned = self._eslm_returned, None

@@ -73,6 +73,12 @@ class HeadPass:
         return TokenStats(loss=self.loss, entropy=self.entropy, lse=self.lse)
 
 
+def _given(t: torch.Tensor | None) -> torch.Tensor:
+    """``t``, which the flags that made it guarantee (the type checker cannot see them)."""
+    assert t is not None
+    return t
+
+
 def _chunks(n: int, size: int):
     for start in range(0, n, size):
         yield start, min(start + size, n)
@@ -189,7 +195,7 @@ def head_pass(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
     probs = torch.empty(n, vocab, dtype=torch.float32, device=dev) if keep_probs else None
     rows = min(chunk_size, n)
     z_buf = None if keep_probs else torch.empty(rows, vocab, dtype=torch.float32, device=dev)
-    p_buf = torch.empty_like(z_buf) if (keep_z and not keep_probs) else None
+    p_buf = torch.empty_like(_given(z_buf)) if (keep_z and not keep_probs) else None
     scratch = (torch.empty(_scratch_rows(rows, weight.shape[1]), vocab, dtype=torch.float32, device=dev)
                if (keep_z and keep_probs) else None)
     with _no_autocast(hidden):
@@ -197,7 +203,7 @@ def head_pass(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
         grads = _Grads(n, weight, hidden.dtype, grad_hidden, grad_weight) if with_grads else None
         for s, e in _chunks(n, chunk_size):
             h = h_all[s:e]
-            z = _logits_into(h, w, probs[s:e] if keep_probs else z_buf[: e - s])
+            z = _logits_into(h, w, _given(probs)[s:e] if keep_probs else _given(z_buf)[: e - s])
             y = targets[s:e, None]
             z_y = z.gather(1, y).squeeze(1)
             if not (need_entropy or with_grads or keep_probs):
@@ -205,7 +211,7 @@ def head_pass(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                 loss[s:e] = lse[s:e] - z_y
                 continue
             if scratch is not None:  # the softmax over the logits in place, the entropy through the scratch
-                lse_c = _softmax_rows(z, scratch, ent[s:e])
+                lse_c = _softmax_rows(z, scratch, _given(ent)[s:e])
                 p = z
             else:  # one exp pass serves lse, entropy and the softmax: in place over the logits unless needed
                 m = z.amax(dim=-1, keepdim=True)
@@ -214,18 +220,18 @@ def head_pass(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                 total = p.sum(-1)
                 lse_c = m.squeeze(1) + total.log()
                 if keep_z:  # as in _softmax_rows, the product written over the logits (not needed after this)
-                    ent[s:e] = total.log() - z.sub_(m).mul_(p).sum(-1) / total
+                    _given(ent)[s:e] = total.log() - z.sub_(m).mul_(p).sum(-1) / total
                 p.div_(total[:, None])
             lse[s:e], loss[s:e] = lse_c, lse_c - z_y
             if grads is not None:
                 p.scatter_add_(1, y, torch.full_like(y, -1.0, dtype=p.dtype))  # dz = p - onehot(y)
                 g_h = grads.add(slice(s, e), p, h, w)
                 if ent_from_w:  # h . (p - onehot) W + z_y = sum_v p_v z_v
-                    ent[s:e] = lse_c - (_rowdot(h, g_h) + z_y)
+                    _given(ent)[s:e] = lse_c - (_rowdot(h, _given(g_h)) + z_y)
         pw = None
         if keep_probs and ent_from_w:  # one (N, V) x (V, C) matmul over the whole buffer
-            pw = torch.mm(probs, w)
-            ent.copy_(lse - _rowdot(h_all, pw))
+            pw = torch.mm(_given(probs), w)
+            _given(ent).copy_(lse - _rowdot(h_all, pw))
     if grads is None:
         return HeadPass(loss=loss, entropy=ent, lse=lse, probs=probs, softmax_w=pw)
     return HeadPass(loss=loss, entropy=ent, lse=lse, grad_hidden=grads.hidden, grad_weight=grads.weight,
@@ -268,12 +274,12 @@ def _kept_grads(hidden, weight, targets, index, pre: HeadPass, chunk_size: int):
     """Gradients of sum_{kept} loss from the pass's all-row gradients minus the dropped rows' share."""
     if index is None or index.numel() == hidden.shape[0]:
         return pre.grad_hidden, pre.grad_weight
-    gh = torch.zeros_like(pre.grad_hidden)
-    gh[index] = pre.grad_hidden[index]
+    gh = torch.zeros_like(_given(pre.grad_hidden))
+    gh[index] = _given(pre.grad_hidden)[index]
     dropped = _dropped_rows(hidden.shape[0], index)
     part = head_pass(hidden[dropped], weight, targets[dropped], need_entropy=False, with_grads=True,
                      grad_hidden=False, chunk_size=chunk_size)
-    return gh, pre.grad_weight.sub_(part.grad_weight)  # the pass's buffer is used once: update in place
+    return gh, _given(pre.grad_weight).sub_(_given(part.grad_weight))  # the pass's buffer is used once: in place
 
 
 @torch.no_grad()
@@ -398,17 +404,21 @@ def fused_ce_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tens
     h_in, w_in = hidden.detach(), weight.detach()
     route = _route_of(pre)
     if route == "grads_in_pass":
+        assert pre is not None
         gh, gw = _kept_grads(h_in, w_in, targets, index, pre, chunk_size)
     elif route == "all_rows":
+        assert pre is not None
         gh, gw = _grads_from_probs(h_in, w_in, targets, index, pre.probs, chunk_size, pre.softmax_w)
     elif route == "kept_cached":
+        assert pre is not None
         gh, gw = _grads_kept_rows(h_in, w_in, targets, index, pre.probs, chunk_size)
     else:
         rows = h_in if index is None else h_in[index]
         part = head_pass(rows, w_in, targets if index is None else targets[index], need_entropy=False,
                          with_grads=True, chunk_size=chunk_size)
         gw, per_token = part.grad_weight, part.loss
-        gh = part.grad_hidden if index is None else torch.zeros_like(h_in).index_copy_(0, index, part.grad_hidden)
+        gh = part.grad_hidden if index is None else \
+            torch.zeros_like(h_in).index_copy_(0, index, _given(part.grad_hidden))
     if pre is not None:
         per_token = pre.loss if index is None else pre.loss[index]
         pre.grad_hidden = pre.grad_weight = pre.probs = pre.softmax_w = None  # large buffers: free them once used

@@ -232,8 +232,8 @@ def _report_problems(report) -> list[str]:
             isinstance(target, (int, float)) and not isinstance(target, bool) and 0 < target < float("inf")):
         problems.append(f"report.target: expected a positive validation loss or 'baseline', found {target!r}")
     margin = report.get("equivalence_margin")
-    if "equivalence_margin" in report and not (_is_int(margin) or isinstance(margin, float)) or (
-            "equivalence_margin" in report and not 0 < margin < float("inf")):
+    if "equivalence_margin" in report and not (
+            margin is not None and (_is_int(margin) or isinstance(margin, float)) and 0 < margin < float("inf")):
         problems.append(f"report.equivalence_margin: expected a positive number of nats, found {margin!r}")
     elif "equivalence_margin" in report and "primary" not in report:
         problems.append("report.equivalence_margin: applies to the primary comparison; add report.primary")

@@ -62,7 +62,7 @@ def since_branch_lines(summary: dict) -> list[str]:
     for g in rows:
         b = g["since_branch"]
 
-        def pair(key, spec):
+        def pair(key, spec, b=b, g=g):
             since, total = b[key]["mean"], g.get("final_" + key, {}).get("mean")
             return "—" if since is None else f"{since:{spec}} / {'—' if total is None else format(total, spec)}"
 

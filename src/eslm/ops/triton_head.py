@@ -143,7 +143,8 @@ class _Cache:
     """Pass A's state: the logits (N, V) in the compute dtype and the per-row statistics."""
 
     def __init__(self, logits: torch.Tensor, stats: TokenStats):
-        self.logits, self.stats = logits, stats
+        self.logits: torch.Tensor | None = logits  # None once read (pass B)
+        self.stats = stats
 
 
 @torch.no_grad()
@@ -158,10 +159,13 @@ def _pass_a(hidden, weight, targets, need_entropy: bool) -> _Cache:
 def _pass_b(hidden, weight, targets, index, cache: _Cache):
     """(G_h (N, C) in hidden's dtype, G_W (V, C) fp32, the kept rows' CE (K,)) from the cached logits."""
     n, c = hidden.shape
-    cdt = cache.logits.dtype
+    logits = cache.logits
+    assert logits is not None, "the cached logits are read once"
+    cdt = logits.dtype
     st = cache.stats
     per_token = st.loss if index is None else st.loss[index]
-    dz = kept_dz(cache.logits, index, targets, st.lse)
+    dz = kept_dz(logits, index, targets, st.lse)
+    del logits  # no reference beyond dz's may keep the (N, V) buffer alive
     cache.logits = None  # the cache is read once; in CLM dz is written over it
     with _no_autocast(hidden):
         h, w = hidden.to(cdt), weight.to(cdt)

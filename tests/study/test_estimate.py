@@ -2,7 +2,6 @@
 
 from pathlib import Path
 
-import pytest
 
 from eslm.ops import head_costs as hc
 from eslm.ops.head_costs import HeadCosts

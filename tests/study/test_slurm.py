@@ -213,7 +213,7 @@ def test_scancel_requeue_and_time_limit_resume_bit_exact_and_the_same_command_re
           lambda: _steps(study_dir / "eslm-loss-s1") >= 4, every=0.2)
     slurm_cluster.run("scancel", "--signal=USR2", timed)  # ... the time limit's warning (--signal=USR2@90)
     for job in (requeued, timed):  # requeued, each held back by SLURM (BeginTime, 120 s)
-        _wait(f"job {job} requeued, pending", lambda: _squeue_state(job) == "PENDING")
+        _wait(f"job {job} requeued, pending", lambda job=job: _squeue_state(job) == "PENDING")
     _wait("the cancelled job over", lambda: not _squeue_state(cancelled)
           and _sacct_state(cancelled).startswith("CANCELLED"))
     capsys.readouterr()

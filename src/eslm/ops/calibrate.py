@@ -201,7 +201,7 @@ def store(key: dict, entries: dict[str, HeadCosts]) -> Path:
               **{f"{key['device']}/{dtype}": c for dtype, c in entries.items()}}
     data = new_marker(hc.CACHE_FORMAT, key=key, costs={k: c.to_dict() for k, c in merged.items()})
     atomic_write(path, (json.dumps(data, indent=1) + "\n").encode())
-    hc.remember(path, {tuple(k.split("/")): c for k, c in merged.items()})
+    hc.remember(path, {(k.split("/")[0], k.split("/")[1]): c for k, c in merged.items()})
     return path
 
 

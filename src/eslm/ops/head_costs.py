@@ -308,9 +308,9 @@ def lookup(device: str, dtype: str, *, quiet: bool = False, threads: int | None 
         return t[found], _record("file" if found in given else "shipped", found, t[found], path=path)
     if not path and _measurable(device):
         entries, cfile, problem = machine_entries(device, threads)
-        found = next((k for k in keys[:2] if k in entries), None)
-        if found is not None:
-            return entries[found], _record("measured", found, entries[found], path=str(cfile),
+        measured = next((k for k in keys[:2] if k in entries), None)
+        if measured is not None:
+            return entries[measured], _record("measured", measured, entries[measured], path=str(cfile),
                                            machine=machine_key(device, threads))
         if not quiet:
             why = (f"the cache {cfile} was refused: {problem}" if problem else

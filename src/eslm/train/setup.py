@@ -34,7 +34,7 @@ def enable_tf32() -> None:
     matmul = torch.backends.cuda.matmul
     if hasattr(matmul, "fp32_precision"):
         matmul.fp32_precision = "tf32"
-        torch.backends.cudnn.conv.fp32_precision = "tf32"
+        torch.backends.cudnn.conv.fp32_precision = "tf32"  # type: ignore[attr-defined]  # torch >= 2.9 only
     else:
         matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True

@@ -40,28 +40,37 @@ from harness import (Bench, Variant, environment, fmt_mb, fmt_ratio, median, pea
 ROUTES = ("kept_cached", "all_rows", "grads_in_pass", "kept_recompute")
 
 
-def variants(alphas: list[float], chunk: int, routes=ROUTES) -> list[Variant]:
+def variants(alphas: list[float], chunk: int, routes=ROUTES, gpu_backend: bool = False) -> list[Variant]:
     """CLM naive / fused; per alpha: ESLM-entropy naive, fused with the chooser's route (``auto``), fused with
-    each route of ``routes`` forced (``eslm-entropy-fused[route]@alpha``), ESLM-loss fused (auto)."""
+    each route of ``routes`` forced (``eslm-entropy-fused[route]@alpha``), ESLM-loss fused (auto). With
+    ``gpu_backend`` (a CUDA device with the gpu extra) also CLM, ESLM-entropy and ESLM-loss on the triton head
+    backend (the default there)."""
     c = {"train.loss_chunk_size": chunk}
+    fused = {"train.loss_impl": "fused", **c}  # named: "auto" is the triton backend on CUDA
     vs = [Variant("clm-naive", {"method.name": "clm", "train.loss_impl": "naive", **c}, "clm"),
-          Variant("clm-fused", {"method.name": "clm", "train.loss_impl": "fused", **c}, "clm")]
+          Variant("clm-fused", {"method.name": "clm", **fused}, "clm")]
+    if gpu_backend:
+        vs.append(Variant("clm-triton", {"method.name": "clm", "train.loss_impl": "triton", **c}, "clm"))
     for a in alphas:
-        base = {"method.alpha": a, **c}
-        vs.append(Variant(f"eslm-entropy-naive@{a}", {"method.name": "eslm-entropy", "train.loss_impl": "naive",
-                                                      **base}, f"alpha {a}"))
+        base = {"method.alpha": a, **fused}
+        vs.append(Variant(f"eslm-entropy-naive@{a}", {"method.name": "eslm-entropy", **base,
+                                                      "train.loss_impl": "naive"}, f"alpha {a}"))
         vs.append(Variant(f"eslm-entropy-fused@{a}", {"method.name": "eslm-entropy", **base}, f"alpha {a}"))
         for r in routes:
             vs.append(Variant(f"eslm-entropy-fused[{r}]@{a}", {"method.name": "eslm-entropy",
                                                               "train.loss_route": r, **base}, f"alpha {a}"))
         vs.append(Variant(f"eslm-loss-fused@{a}", {"method.name": "eslm-loss", **base}, f"alpha {a}"))
+        if gpu_backend:
+            for m in ("eslm-entropy", "eslm-loss"):
+                vs.append(Variant(f"{m}-triton@{a}", {"method.name": m, **base, "train.loss_impl": "triton"},
+                                  f"alpha {a}"))
     return vs
 
 
 def route_of(bench: Bench, v: Variant) -> str | None:
     """The route a variant's micro-batches take (the chooser's, or the forced one); None for the naive path."""
     cfg, method = bench.method(v)
-    if cfg.train.loss_impl == "naive":
+    if cfg.train.loss_impl in ("naive", "triton"):
         return None
     return method.objective.last_route
 
@@ -182,7 +191,9 @@ def main(argv=None) -> int:
 
     bench = Bench(preset=a.preset, seq_len=a.seq_len, micro_batch=a.micro_batch, device=a.device, dtype=a.dtype,
                   compile=a.compile)
-    vs = variants(a.alphas, a.chunk, a.routes)
+    from eslm.ops.head_backend import available
+
+    vs = variants(a.alphas, a.chunk, a.routes, gpu_backend=a.device.startswith("cuda") and available("triton"))
     tokens = a.seq_len * a.micro_batch
     print(f"loss-path benchmark: {a.preset}, {a.micro_batch}x{a.seq_len} = {tokens} tokens/step, {a.device} "
           f"{a.dtype}{' compiled' if a.compile else ''}, {torch.get_num_threads()} threads, {len(vs)} variants x "

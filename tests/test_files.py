@@ -7,8 +7,10 @@ from eslm.errors import ConfigError
 from eslm.files import check_name, name_problem
 
 BAD = ["", ".", "..", "../x", "a/b", "/abs", "a\\b", "x\x00y", "line\nbreak", ".hidden", "-opt", " pad", "pad ",
+       "a:b", "a*b", "a?b", "a<b", "a>b", "a|b", "a\"b", "CON", "con", "nul.txt", "COM1", "lpt9.log", "abc\u202egpj.exe",
+       "zero\u200bwidth",
        "x" * 201]
-GOOD = ["t", "eslm-loss-alpha0.3-s2", "clm_small.s1", "Run+1", "x" * 200, "café"]
+GOOD = ["t", "eslm-loss-alpha0.3-s2", "clm_small.s1", "Run+1", "x" * 200, "café", "CONSOLE", "com10", "a b"]
 
 
 @pytest.mark.parametrize("name", BAD)

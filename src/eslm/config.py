@@ -230,7 +230,7 @@ def _coerce(value: Any, typ, key: str, problems: list[str]) -> Any:
             if isinstance(value, str):
                 value = [v for v in value.replace("[", "").replace("]", "").split(",") if v.strip()]
             return tuple(int(v) for v in (value or []))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(float("1e400")), an infinite number
         pass
     else:
         return value
@@ -456,6 +456,24 @@ def method_sections(method: SharedMethodSettings) -> dict[str, Section]:
             if isinstance(getattr(method, f.name), Section)}
 
 
+MAX_INT = 2**53  # a larger integer setting is a mistake (and overflows the int64 counters and seeds it feeds)
+MAX_SEED = 2**32  # numpy's seeds are 32-bit; each rank and stream adds a small offset
+
+
+def value_problems(cfg: Config) -> list[str]:
+    """Ranges the optimizer, the model and the random streams need, checked before anything runs."""
+    problems = []
+    t = cfg.train
+    for key, v in (("train.beta1", t.beta1), ("train.beta2", t.beta2)):
+        if math.isfinite(v) and not 0.0 <= v < 1.0:
+            problems.append(f"{key}: expected 0 <= {key.split('.')[1]} < 1 (AdamW's moment decay), got {v!r}")
+    if math.isfinite(cfg.model.dropout) and not 0.0 <= cfg.model.dropout < 1.0:
+        problems.append(f"model.dropout: expected 0 <= dropout < 1, got {cfg.model.dropout!r}")
+    if abs(cfg.run.seed) < MAX_INT and not 0 <= cfg.run.seed < MAX_SEED - 1024:
+        problems.append(f"run.seed: expected an integer in [0, {MAX_SEED - 1024}), got {cfg.run.seed!r}")
+    return problems
+
+
 def validate(cfg: Config) -> list[str]:
     """Every problem of a built config (empty list when valid)."""
     problems = []
@@ -480,6 +498,9 @@ def validate(cfg: Config) -> list[str]:
     for key, (default, _) in all_keys().items():  # nan passes every comparison below; inf is no setting
         if isinstance(default, float) and not math.isfinite(get(cfg, key)):
             problems.append(f"{key}: expected a finite number, got {get(cfg, key)!r}")
+        elif isinstance(default, int) and not isinstance(default, bool) and abs(get(cfg, key)) >= MAX_INT:
+            problems.append(f"{key}: expected an integer below 2**53, got {get(cfg, key)!r}")
+    problems += value_problems(cfg)
     if cfg.run.name and (problem := name_problem(cfg.run.name, "run.name")):  # <out_dir>/<name>: one component
         problems.append(problem)
     if cfg.run.resume_from and not cfg.run.resume:

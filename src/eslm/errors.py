@@ -44,5 +44,21 @@ def os_error_line(e: OSError) -> str:
     return f"{e.strerror or type(e).__name__}:{where or ' (no file named)'}; {fix}"
 
 
+# optional packages -> the eslm extra that installs them (pyproject.toml [project.optional-dependencies])
+EXTRAS = {"transformers": "hf", "accelerate": "hf", "lm_eval": "eval", "matplotlib": "plot", "datasets": "data",
+          "pyarrow": "data", "tensorboard": "tb", "wandb": "wandb", "trl": "trl", "pytorch_lightning": "lightning",
+          "lightning": "lightning", "submitit": "slurm"}
+
+
+def extra_of(module: str | None) -> str | None:
+    """The eslm extra that installs ``module`` (a missing optional dependency), or None."""
+    return EXTRAS.get((module or "").split(".")[0])
+
+
 class OwnershipError(ESLMError):
     """A path eslm will not write: a directory another program made, or a symbolic link inside its own."""
+
+
+def link_refused(path) -> OwnershipError:
+    return OwnershipError(f"{str(path)!r} is a symbolic link; eslm never writes through a link inside its "
+                          "directories (the write would change the link's target): remove the link")

@@ -22,18 +22,21 @@ import json
 import os
 import re
 import time
+import unicodedata
 import uuid
 from pathlib import Path
 
-from eslm.errors import ConfigError, OwnershipError
+from eslm.errors import ConfigError, OwnershipError, link_refused  # noqa: F401  (files.link_refused)
 
 MAX_NAME = 200  # characters; file systems allow 255 bytes per component, eslm adds suffixes to some names
+_NOT_PORTABLE = ':*?"<>|'
+_DEVICE_NAMES = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
 
 
 def name_problem(value: object, what: str) -> str | None:
     """None when ``value`` is a path-safe single component, else one line: what was expected and found."""
-    expected = (f"{what}: expected a single path-safe name (letters, digits, '-', '_', '.', no '/' or '\\', "
-                f"not starting with '.' or '-')")
+    expected = (f"{what}: expected a single path-safe name (letters, digits and punctuation other than "
+                f"{_NOT_PORTABLE} and '/', not starting with '.' or '-', not a device name such as CON)")
     if not isinstance(value, str):
         return f"{expected}, got {type(value).__name__} {value!r}"
     if not value:
@@ -45,6 +48,12 @@ def name_problem(value: object, what: str) -> str | None:
         bad = "a path separator"
     elif any(ord(c) < 32 or ord(c) == 127 for c in value):
         bad = "a control character"
+    elif any(unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp") for c in value):
+        bad = "an invisible or formatting character (e.g. a right-to-left override)"
+    elif any(c in _NOT_PORTABLE for c in value):
+        bad = f"a character that Windows and many tools refuse in file names ({_NOT_PORTABLE})"
+    elif value.split(".")[0].upper().rstrip() in _DEVICE_NAMES:
+        bad = "a reserved device name on Windows"
     elif value[0] == ".":
         bad = "a leading '.' (hidden; eslm's temporary files start with one)"
     elif value[0] == "-":
@@ -65,11 +74,6 @@ def check_name(value: object, what: str) -> str:
 
 
 # ------------------------------------------------------------------ writes that never follow a symbolic link
-
-
-def link_refused(path: Path) -> OwnershipError:
-    return OwnershipError(f"{str(path)!r} is a symbolic link; eslm never writes through a link inside its "
-                          "directories (the write would change the link's target): remove the link")
 
 
 def ensure_dir(path: Path) -> Path:
@@ -184,20 +188,28 @@ def stale_temporaries(directory: Path, own) -> list[Path]:
                   and not p.is_dir())
 
 
+class named:
+    """``with named(path):`` an OSError raised in the block without a file name (a write or flush of an open
+    file: a full disk) is raised again naming ``path``."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, typ, e, tb):
+        if isinstance(e, OSError) and e.filename is None:
+            raise _with_name(e, Path(self.path)) from None
+        return False
+
+
 def _with_name(e: OSError, path: Path) -> OSError:
     return e if e.filename is not None else OSError(e.errno, e.strerror or str(e), str(path))
 
 
 def fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     try:
         os.fsync(fd)
     finally:
@@ -410,3 +422,69 @@ def read_yaml(path: str | os.PathLike, what: str = "YAML file", error=ConfigErro
     if mapping and not isinstance(data, dict):
         raise error(f"{where}: expected a mapping (key: value lines), found {type(data).__name__}; {fix}")
     return data
+
+
+# ------------------------------------------------------------------ output directories written whole
+
+
+def output_lock(out: Path, what: str):
+    """The lock of an output directory eslm writes whole (report, export, token view, prepared data): a file
+    beside it, ``.NAME.eslm.lock`` (the directory itself is replaced by a rename). A second command writing the
+    same ``--out`` at the same time gets a one-line error instead of deleting the first one's files."""
+    from eslm.lock import DirLock
+
+    out = Path(out)
+    return DirLock(out, what, path=out.parent / f".{out.name}.eslm.lock")
+
+
+def check_output_dir(out: Path, what: str, is_ours, earlier: str = "an earlier output of the same command") -> None:
+    """Refuse (one line) an output directory that is a link, a file, or holds files eslm cannot prove it wrote:
+    ``is_ours(out)`` says whether its content is an earlier output of the same command."""
+    out = Path(out)
+    if out.is_symlink():
+        raise link_refused(out)
+    if out.exists() and not out.is_dir():
+        raise OwnershipError(f"expected {what} {str(out)!r} to be a directory, found a file; choose another "
+                             "output directory")
+    if out.is_dir() and any(out.iterdir()) and not is_ours(out):
+        raise OwnershipError(f"expected {what} {str(out)!r} to be new, empty or {earlier}, found other files ({listing(foreign_entries(out, lambda n: False))}); eslm "
+                             "replaces only what it wrote: choose another output directory")
+
+
+DIR_MARKER = ".eslm-output"  # inside a temporary or set-aside output directory: eslm made it
+
+
+def replace_dir(out: Path, fill, *, what: str, is_ours, earlier: str = "an earlier output of the same command") -> None:
+    """``fill(tmp)`` writes a temporary directory beside ``out`` (``.NAME.tmp.PID``), which then replaces
+    ``out`` in one rename; the previous output (checked by ``check_output_dir``) is set aside and deleted. Runs
+    under ``output_lock``: a concurrent writer of the same ``out`` is refused; leftovers of killed writers
+    (eslm's marker inside) are removed. A failure leaves the previous output as it was."""
+    import shutil
+
+    out = Path(out)
+    ensure_dir(out.parent)
+    with output_lock(out, what).acquire():
+        check_output_dir(out, what, is_ours, earlier)
+        pattern = re.compile(rf"^\.{re.escape(out.name)}\.(tmp|old)\.\d+$")
+        for p in out.parent.iterdir():  # under the lock: no live writer owns them
+            if pattern.match(p.name) and p.is_dir() and not p.is_symlink() and (p / DIR_MARKER).is_file():
+                shutil.rmtree(p)
+        tmp = out.with_name(f".{out.name}.tmp.{os.getpid()}")
+        tmp.mkdir()
+        try:
+            (tmp / DIR_MARKER).write_bytes(b"")
+            with named(out):  # a full disk while a library writes a file of it (a figure): the output is named
+                fill(tmp)
+            (tmp / DIR_MARKER).unlink()
+            if out.exists():
+                old = out.with_name(f".{out.name}.old.{os.getpid()}")
+                os.rename(out, old)
+                (old / DIR_MARKER).write_bytes(b"")
+                os.rename(tmp, out)
+                shutil.rmtree(old)
+            else:
+                os.rename(tmp, out)
+        except BaseException:
+            if tmp.is_dir() and not tmp.is_symlink():
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise

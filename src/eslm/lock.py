@@ -59,7 +59,7 @@ class DirLock:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
             except OSError as e:
                 if e.errno == errno.ELOOP:  # never truncate a link's target
-                    from eslm.files import link_refused
+                    from eslm.errors import link_refused
 
                     raise link_refused(self.path) from None
                 raise
@@ -90,9 +90,13 @@ class DirLock:
                       "runs (it was killed or crashed)")
         info = {"pid": os.getpid(), "host": socket.gethostname(),
                 "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": " ".join(sys.argv)[:300]}
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.write(fd, (json.dumps(info) + "\n").encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.write(fd, (json.dumps(info) + "\n").encode())
+        except OSError as e:  # a full disk at start: name the lock file
+            os.close(fd)
+            raise OSError(e.errno, e.strerror, str(self.path)) from None
         self.fd = fd
 
     def release(self) -> None:

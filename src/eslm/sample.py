@@ -71,14 +71,25 @@ def sample_texts(checkpoint: str, prompt: str | None = None, *, num_samples: int
     """Each sample as text (``prompt`` + what the model wrote, end-of-text removed), one at a time, from a run
     directory, checkpoint, snapshot or HF GPT-2 directory. ``top_k=0``: all tokens; sample i uses ``seed + i``;
     no prompt: start from end-of-text."""
-    from eslm.eval.harness import resolve_tokenizer
+    import math
+
+    from eslm.eval.harness import check_device, resolve_tokenizer
     from eslm.model.loading import load_model
 
-    if max_new_tokens < 1 or num_samples < 1 or temperature < 0 or top_k < 0:
-        raise ConfigError("expected --max-new-tokens >= 1, --num-samples >= 1, --temperature >= 0 and --top-k >= 0, "
-                          f"found {max_new_tokens}, {num_samples}, {temperature}, {top_k}")
+    if max_new_tokens < 1 or num_samples < 1 or not math.isfinite(temperature) or temperature < 0 or top_k < 0:
+        raise ConfigError("expected --max-new-tokens >= 1, --num-samples >= 1, a finite --temperature >= 0 and "
+                          f"--top-k >= 0, found {max_new_tokens}, {num_samples}, {temperature}, {top_k}")
+    if not 0 <= seed or seed + num_samples > 2**63:
+        raise ConfigError(f"--seed: expected an integer in [0, 2**63 - --num-samples], found {seed}")
+    device = check_device(device, "--device")
+    if tokenizer is not None:
+        resolve_tokenizer(tokenizer)  # an unknown name: one line before the model is loaded
     model, info = load_model(checkpoint, device=device)
     tok = resolve_tokenizer(tokenizer or info.get("tokenizer"))
+    if tok.vocab_size > model.config.vocab_size:
+        raise ConfigError(f"expected a tokenizer with at most {model.config.vocab_size} ids for {checkpoint} (the "
+                          f"model's vocabulary), found {tok.name} with {tok.vocab_size}; pass the --tokenizer it "
+                          "was trained with")
     ids = tok.encode(prompt) if prompt else [tok.eot_id]
     for i in range(num_samples):
         new = generate(model, ids, max_new_tokens, temperature=temperature, top_k=top_k or None,

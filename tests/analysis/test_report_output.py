@@ -57,7 +57,7 @@ def test_a_directory_eslm_did_not_write_is_refused(tmp_path, two_runs):
     out = tmp_path / "mine"
     out.mkdir()
     (out / "index.html").write_text("my own page")
-    with pytest.raises(ESLMError, match=r"new, empty or an earlier eslm report, found other files \(index.html\)"):
+    with pytest.raises(ESLMError, match=r"new, empty or an earlier eslm report, found other files \('index.html'\)"):
         report.build_report(two_runs, out)
     assert (out / "index.html").read_text() == "my own page" and len(list(out.iterdir())) == 1
     empty = tmp_path / "empty"

@@ -53,9 +53,8 @@ def _fill_disk() -> None:
 
 
 def install(point: str, n: int) -> None:
-    import safetensors.torch as st
-
     import eslm.train.checkpoint as ckpt
+    import eslm.train.snapshots as snaps
     from eslm.train.run_dir import MetricsWriter
     from eslm.train.trainer import Trainer
 
@@ -75,10 +74,6 @@ def install(point: str, n: int) -> None:
         buf.write(write) if isinstance(write, bytes) else write(buf)
         return real(path, lambda f: _write_half_and_kill(f, buf.getvalue()), *rest)
 
-    def half_snapshot(real, tensors, filename, metadata=None):  # safetensors' file, cut in half
-        with open(filename, "wb") as f:
-            _write_half_and_kill(f, st.save(tensors, metadata=metadata))
-
     def fill_then(real, *args, **kwargs):
         _fill_disk()
         return real(*args, **kwargs)
@@ -88,11 +83,11 @@ def install(point: str, n: int) -> None:
     elif point == "save":
         patch(ckpt, "_atomic_write", half_file)
     elif point == "snap":
-        patch(st, "save_file", half_snapshot)
+        patch(snaps, "_atomic_write", half_file)
     elif point == "fullsave":
         patch(ckpt, "_atomic_write", fill_then)
     elif point == "fullsnap":
-        patch(st, "save_file", fill_then)
+        patch(snaps, "_atomic_write", fill_then)
     elif point == "metrics":
         patch(MetricsWriter, "write", lambda real, self, record: _write_half_and_kill(
             self.file, json.dumps(record, default=str) + "\n"))

@@ -135,3 +135,58 @@ def test_a_full_disk_inside_checkpoint_and_snapshot_writes_then_resume_logs_the_
         assert p.returncode == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
         assert "step_0000004.safetensors does not match its checksum" in err and "step_0000008" in err, err
     assert cli_main(["sample", str(run), "--max-new-tokens", "2"]) == 0  # the run itself: its latest checkpoint
+
+
+# ---------------------------------------------------------------- issue 35: what a kill or a damaged file leaves
+
+
+def test_a_kill_inside_a_snapshot_write_leaves_nothing_after_the_next_start(tiny_data, tmp_path):
+    """The process is killed by SIGXFSZ (its default action) when the snapshot it writes outgrows the file-size
+    limit: a kill in the middle of the write. The next start removes what it left; nothing but snapshots
+    remains (safetensors' own save_file left a .tmpXXXXXX there that no start removed)."""
+    import resource
+    import signal
+
+    from eslm.model.snapshot_file import SNAPSHOT_FILE
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+
+    # Python ignores SIGXFSZ at startup: the child restores its default action (terminate) before eslm runs
+    dying = ("import signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_DFL); from eslm.cli import main; "
+             "sys.exit(main(sys.argv[1:]))")
+    args = tiny_overrides(tiny_data, tmp_path, **{"method.name": "clm", "train.max_steps": 2, "eval.interval": 1,
+                                                  "checkpoint.interval": 0, "train.num_threads": 1})
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    killed = subprocess.run([sys.executable, "-c", dying, "train", *args], capture_output=True, text=True,
+                            preexec_fn=limit, env=env, timeout=600)
+    assert killed.returncode == -signal.SIGXFSZ, killed.stderr[-2000:]
+    snaps = tmp_path / "t" / "snapshots"
+    assert [p for p in snaps.iterdir() if not SNAPSHOT_FILE.match(p.name)]  # the kill left a partial file
+    again = subprocess.run([sys.executable, "-m", "eslm.cli", "train", *args, "--resume"], capture_output=True,
+                           text=True, env=env, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert sorted(p.name for p in snaps.iterdir()) == ["step_0000001.safetensors", "step_0000002.safetensors"]
+
+
+def test_eval_all_checkpoints_skips_a_damaged_snapshot_and_evaluates_the_rest(tiny_data, tmp_path, monkeypatch,
+                                                                              capsys):
+    from eslm.cli import main as cli_main
+    from eslm.config import build_config
+    from eslm.eval import harness
+    from eslm.train.trainer import train
+
+    run = train(build_config(overrides=tiny_overrides(tiny_data, tmp_path, **{
+        "method.name": "clm", "train.max_steps": 3, "eval.interval": 1, "checkpoint.interval": 0}))).run_dir
+    snap = run / "snapshots" / "step_0000002.safetensors"
+    data = bytearray(snap.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    snap.write_bytes(bytes(data))
+    monkeypatch.setattr(harness, "_require_lm_eval", lambda: None, raising=False)
+    monkeypatch.setattr(harness, "evaluate", lambda *a, **k: {"t": {
+        "num_fewshot": 0, "metric": "acc", "value": 0.5, "stderr": 0.1, "n_samples": 4, "metrics": {}}})
+    capsys.readouterr()
+    assert cli_main(["eval", str(run), "--all-checkpoints", "--tasks", "t", "--device", "cpu"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "skipped" in err[0] and "step_0000002.safetensors does not match its checksum" in err[0]
+    assert sorted(p.name for p in (run / "eval").glob("*.json")) == ["step_0000001.json", "step_0000003.json"]

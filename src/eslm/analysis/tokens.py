@@ -30,6 +30,7 @@ import torch
 
 from eslm import metrics as M
 from eslm.errors import DataError, ESLMError
+from eslm.files import check_output_dir, replace_dir
 from eslm.objectives.cross_entropy import token_stats
 from eslm.selection.risk import at_or_above, check_alpha, var_threshold
 
@@ -351,20 +352,33 @@ def build_token_view(checkpoint: str, out_dir: str | Path, *, data: str | None =
     passages, tok_name = _passages(data, text, tokenizer or info.get("tokenizer"), num_passages, max_tokens)
     _check_vocab(model, passages)
     tok = get_tokenizer(tok_name)
-    records = analyse(model, passages, alpha, scope, device)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    pngs = {}
-    for key, title, rgb in VARIANTS:
-        pngs[key] = f"top_tokens_{key}.png"
-        frequency_chart(out / pngs[key], top_tokens(records, tok, key),
-                        f"{title}: top-{TOP_K} selected tokens (alpha={alpha})", rgb)
+    check_output_dir(out, "the token view's output", is_token_view)  # before the work: refused in one line
+    records = analyse(model, passages, alpha, scope, device)
     meta = {"checkpoint": str(checkpoint), "step": info.get("step"), "tokenizer": tok_name,
             "alpha": alpha, "scope": scope}
     by_variant = {k: kept_dropped_by_domain(records, tok, k, top) for k, *_ in VARIANTS}
     by_domain = {d: {k: by_variant[k][d] for k, *_ in VARIANTS} for d in by_variant[VARIANTS[0][0]]}
-    (out / "index.html").write_text(render_html(records, tok, meta, pngs, by_domain), encoding="utf-8")
-    result = {**meta, "passages": records, "top_tokens": {k: top_tokens(records, tok, k) for k, *_ in VARIANTS},
-              "by_domain": by_domain}
-    (out / "tokens.json").write_text(json.dumps(result))
+    pngs = {key: f"top_tokens_{key}.png" for key, *_ in VARIANTS}
+    result = {"format": VIEW_FORMAT, **meta, "passages": records,
+              "top_tokens": {k: top_tokens(records, tok, k) for k, *_ in VARIANTS}, "by_domain": by_domain}
+
+    def fill(d: Path) -> None:
+        for key, title, rgb in VARIANTS:
+            frequency_chart(d / pngs[key], top_tokens(records, tok, key),
+                            f"{title}: top-{TOP_K} selected tokens (alpha={alpha})", rgb)
+        (d / "index.html").write_text(render_html(records, tok, meta, pngs, by_domain), encoding="utf-8")
+        (d / "tokens.json").write_text(json.dumps(result))
+
+    replace_dir(out, fill, what="the token view's output", is_ours=is_token_view)
     return result
+
+
+VIEW_FORMAT = "eslm-token-view-v1"
+
+
+def is_token_view(d: Path) -> bool:
+    """``d`` holds only what ``eslm tokens`` writes (index.html, tokens.json, top_tokens_*.png): an earlier view."""
+    names = {p.name for p in Path(d).iterdir()}
+    return "tokens.json" in names and all(n in ("index.html", "tokens.json") or
+                                          (n.startswith("top_tokens_") and n.endswith(".png")) for n in names)

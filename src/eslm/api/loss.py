@@ -19,6 +19,7 @@ into one ``torch.compile`` graph.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -178,6 +179,22 @@ def _check_targets(t, valid, vocab: int, ignore_index: int) -> None:
                           f"({int(bad.sum())} of {t.numel()} targets); fix: {fix}")
 
 
+def _check_num_items(n) -> None:
+    """``num_items_in_batch`` is a count of tokens: a positive finite number (0 gave inf, -3 a negative loss). A
+    tensor must hold one value; its value is checked when it is on the CPU (on a GPU the check would cost a
+    host sync every step)."""
+    fix = "pass the number of kept (or valid) tokens of the whole optimizer step, or None for this batch's own"
+    if isinstance(n, torch.Tensor):
+        if n.numel() != 1 or n.dtype == torch.bool or n.is_complex():
+            raise ConfigError(f"num_items_in_batch: expected one number, found a {n.dtype} tensor of shape "
+                              f"{tuple(n.shape)}; {fix}")
+        if n.device.type != "cpu":
+            return
+        n = n.item()
+    if isinstance(n, bool) or not isinstance(n, (int, float)) or not math.isfinite(n) or n <= 0:
+        raise ConfigError(f"num_items_in_batch: expected a positive count of tokens, found {n!r}; {fix}")
+
+
 def _check_options(score, scores, scope, reduction, num_items_in_batch, group, position_ids):
     if scores is None and score not in SCORES:
         raise ConfigError(f"score must be one of {' | '.join(SCORES)}; found {score!r}; fix: score='entropy'")
@@ -189,6 +206,8 @@ def _check_options(score, scores, scope, reduction, num_items_in_batch, group, p
     if reduction == "sum" and num_items_in_batch is not None:
         raise ConfigError("num_items_in_batch divides the sum: it needs reduction='mean'; found reduction='sum'; "
                           "fix: drop one of them")
+    if num_items_in_batch is not None:
+        _check_num_items(num_items_in_batch)
     if group is not None and scope != "batch":
         raise ConfigError("group= shares one threshold over the ranks' whole batches: it needs scope='batch'; "
                           f"found scope={scope!r}")

@@ -173,6 +173,15 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"eslm {name}: error: {os_error_line(e)}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as e:  # an optional dependency: one line naming the extra that installs it
+        from eslm.errors import extra_of
+
+        extra = extra_of(e.name)
+        if extra is None:
+            raise
+        print(f"eslm {name}: error: this needs {e.name.split('.')[0]}, which is not installed; fix: pip install "
+              f"'eslm[{extra}]'", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"eslm {name}: interrupted", file=sys.stderr)
         return 130

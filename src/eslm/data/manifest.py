@@ -32,7 +32,7 @@ import os
 from pathlib import Path
 
 from eslm.errors import DataError
-from eslm.files import sha256_file  # noqa: F401  (mf.sha256_file: the shards' checksums)
+from eslm.files import atomic_write, name_problem, sha256_file  # noqa: F401  (mf.sha256_file: the shards' checksums)
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "eslm-tokens"
@@ -59,9 +59,7 @@ def content_hash(files: list[dict]) -> str:
 
 def write_manifest(data_dir: str | os.PathLike, manifest: dict) -> Path:
     path = Path(data_dir) / MANIFEST_NAME
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)  # atomic: a reader never sees half a manifest
+    atomic_write(path, (json.dumps(manifest, indent=2, sort_keys=False) + "\n").encode())  # never half a manifest
     return path
 
 
@@ -98,7 +96,13 @@ def _check_schema(m: object, path: Path, fix: str) -> None:
     if dtype_for_vocab(int(tok["vocab_size"])) == "uint32" and m["dtype"] == "uint16":
         raise DataError(f"expected dtype uint32 for vocab {tok['vocab_size']} in {path}; found uint16; {fix}")
     seen = set()
+    if not isinstance(m["files"], list) or not all(isinstance(f, dict) for f in m["files"]):
+        raise DataError(f"expected files to be a list of objects in {path}; found {type(m['files']).__name__}; "
+                        f"{fix}")
     for f in m["files"]:
+        if (why := name_problem(f.get("path"), "files[].path")) is not None:  # shards live in the directory itself
+            raise DataError(f"{path}: {why}: a shard must be a file of the data directory itself (never "
+                            f"'../', an absolute path or a hidden name); {fix}")
         key = (f.get("split"), f.get("domain"))
         if key[0] not in SPLITS or key[1] not in m["domains"] or key in seen:
             raise DataError(f"expected one file per (split in {list(SPLITS)}, domain in {m['domains']}) in {path}; "

@@ -27,7 +27,7 @@ from eslm.data import manifest as mf
 from eslm.data.sources import Document, document_text, get_source
 from eslm.data.tokenizers import get_tokenizer
 from eslm.errors import ConfigError, DataError
-from eslm.files import foreign_entries, listing
+from eslm.files import foreign_entries, link_refused, listing, named, temp_of
 
 CHUNK_DOCS = 64  # documents per worker task: big enough to amortise IPC, small enough for a smooth bar
 CHUNK_CHARS = 4_000_000  # ... and at most this many characters of inline text per task
@@ -45,13 +45,15 @@ class _ShardWriter:
 
     def write(self, tokens: np.ndarray, num_documents: int) -> None:
         data = tokens.astype(self.dtype, copy=False).tobytes()
-        self._f.write(data)
+        with named(self.path):  # a full disk: the error names the shard
+            self._f.write(data)
         self._sha.update(data)
         self.num_tokens += tokens.size
         self.num_documents += num_documents
 
     def close(self) -> dict:
-        self._f.close()
+        with named(self.path):
+            self._f.close()
         return {"path": self.path.name, "num_tokens": self.num_tokens, "num_bytes": self.num_tokens *
                 self.dtype.itemsize, "sha256": self._sha.hexdigest()}
 
@@ -124,10 +126,10 @@ def prepare(source: str, out_dir: str | os.PathLike, *, tokenizer: str = "gpt2",
 def output_lock(out_dir: Path):
     """The lock of a prepare output directory: a file beside it (the directory itself appears only at the end,
     renamed from a temporary one). A second ``eslm prepare`` into the same place gets a one-line error."""
-    from eslm.lock import DirLock
+    from eslm.files import output_lock as lock_of
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    return DirLock(out_dir, "prepare output directory", path=out_dir.parent / f".{out_dir.name}.eslm.lock")
+    return lock_of(out_dir, "prepare output directory")
 
 
 # Inside a temporary (or replaced) output directory: proves that eslm made it, so a later start may delete it.
@@ -188,7 +190,8 @@ def _remove_leftovers(out_dir: Path) -> list[Path]:
 def _remove_prepared(d: Path) -> None:
     """Delete the files a prepare writes in ``d`` (shards, manifest, marker), then ``d`` if that emptied it."""
     for p in d.iterdir():
-        if p.name in (mf.MANIFEST_NAME, mf.MANIFEST_NAME + ".tmp", TMP_MARKER) or _SHARD.match(p.name):
+        if (p.name in (mf.MANIFEST_NAME, mf.MANIFEST_NAME + ".tmp", TMP_MARKER) or _SHARD.match(p.name)
+                or temp_of(p.name) == mf.MANIFEST_NAME):
             if not p.is_dir():
                 p.unlink()
     try:
@@ -230,7 +233,12 @@ def _build_manifest(src, tok, dtype, files, writers, seconds) -> dict:
 
 
 def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
-    """--out must be new, empty, or (with --force) a directory prepared by eslm that holds nothing else."""
+    """--out must be new, empty, or (with --force) a directory prepared by eslm that holds nothing else; never a
+    symbolic link (--force would empty the link's target) or a file."""
+    if out_dir.is_symlink():
+        raise link_refused(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"expected --out to be a directory; found a file at {out_dir}; fix: choose another --out")
     if not out_dir.exists() or not any(out_dir.iterdir()):
         return
     manifest = _eslm_manifest(out_dir)

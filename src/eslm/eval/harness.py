@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import torch
 
 from eslm import metrics as M
-from eslm.errors import ConfigError, DataError
+from eslm.errors import CheckpointError, ConfigError, DataError, OwnershipError
+from eslm.files import atomic_write, ensure_dir
 
 # The paper's downstream suite: task -> number of few-shot examples.
 PAPER_TASKS: dict[str, int] = {
@@ -444,16 +446,43 @@ def output_paths(info: dict, out: str | None) -> tuple[Path, Path]:
     return base / "eval" / f"{stem}.json", base / "eval" / f"{stem}.md"
 
 
+def is_eval_record(path: Path) -> bool:
+    """``path`` holds results ``eslm eval`` wrote (a JSON object of ``EVAL_FORMAT``; not a link)."""
+    try:
+        r = json.loads(Path(path).read_text()) if not Path(path).is_symlink() else None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(r, dict) and r.get("format") == EVAL_FORMAT
+
+
+def check_output(json_path: Path, md_path: Path) -> None:
+    """Refuse (one line), before any evaluation, to replace a results JSON or its markdown that eslm eval did not
+    write: the pair may be replaced only when the JSON is an earlier eslm eval result (the markdown beside it
+    is then its table)."""
+    if json_path.suffix != ".json":
+        raise ConfigError(f"expected --out to name a .json file, found {str(json_path)!r}; the table is written "
+                          f"beside it as .md: e.g. --out {json_path.with_suffix('.json')}")
+    ours = is_eval_record(json_path)
+    for p in (json_path, md_path):
+        if (p.exists() or p.is_symlink()) and not ours:
+            raise OwnershipError(f"{str(p)!r} exists and is not a result eslm eval wrote ({json_path.name} is not "
+                                 f"one); eslm replaces only its own results: choose another --out, or move it away")
+
+
 def write_results(record: dict, json_path: Path, md_path: Path) -> None:
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(record, indent=2) + "\n")
-    md_path.write_text(checkpoint_table(record))
+    """The results JSON and its markdown table, each written whole (``atomic_write``: a link there is replaced,
+    never followed); the directory is created, never through a link."""
+    ensure_dir(json_path.parent)
+    atomic_write(json_path, (json.dumps(record, indent=2) + "\n").encode())
+    atomic_write(md_path, checkpoint_table(record).encode())
 
 
 def write_summary(eval_dir: Path) -> Path | None:
     """``eval/summary.md``: every ``eval/*.json`` of a run in one table (accuracy against FLOPs)."""
     records = []
     for f in sorted(eval_dir.glob("*.json")):
+        if f.is_symlink():  # only files eslm wrote there
+            continue
         try:
             r = json.loads(f.read_text())
         except (OSError, json.JSONDecodeError):
@@ -463,7 +492,7 @@ def write_summary(eval_dir: Path) -> Path | None:
     if not records:
         return None
     path = eval_dir / "summary.md"
-    path.write_text(summary_table(records))
+    atomic_write(path, summary_table(records).encode())
     return path
 
 
@@ -489,14 +518,26 @@ def evaluate_checkpoints(paths: list[str], tasks: dict[str, int], *, all_checkpo
     summary per eval directory. ``limit``: documents per task (int) or a fraction < 1. Returns the JSON paths."""
     from eslm.model.loading import load_model
 
+    check_eval_options(limit, batch_size, bootstrap_iters, seed)
+    device = check_device(device or ("cuda" if torch.cuda.is_available() else "cpu"), "--device")
+    _require_lm_eval()
     targets = _checkpoints(paths, all_checkpoints)
     if out and len(targets) > 1:
         raise ConfigError(f"expected one checkpoint with --out, found {len(targets)}; drop --out to write "
                           "one file per checkpoint into <run>/eval/")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if out:
+        check_output(Path(out), Path(out).with_suffix(".md"))
     written: list[Path] = []
+    skipped = []
     for path in targets:
-        model, info = load_model(path, device=device)
+        try:
+            model, info = load_model(path, device=device)
+        except CheckpointError as e:  # --all-checkpoints: one damaged file does not stop the others
+            if not (all_checkpoints and len(targets) > 1):
+                raise
+            print(f"eslm eval: warning: skipped {path}: {e}", file=sys.stderr, flush=True)
+            skipped.append(path)
+            continue
         tok = resolve_tokenizer(tokenizer or info.get("tokenizer"))
         if tok.vocab_size > model.config.vocab_size:
             raise ConfigError(f"expected a tokenizer with at most {model.config.vocab_size} ids for {path}, "
@@ -515,7 +556,51 @@ def evaluate_checkpoints(paths: list[str], tasks: dict[str, int], *, all_checkpo
     for d in sorted({j.parent for j in written}):
         if not out and (s := write_summary(d)):
             print(f"wrote {s}")
+    if skipped and not written:
+        raise CheckpointError(f"no checkpoint could be evaluated: all {len(skipped)} are damaged (see the warnings "
+                              "above)")
     return written
+
+
+def check_eval_options(limit, batch_size: int, bootstrap_iters: int, seed: int) -> None:
+    """Every eval option checked before any model is loaded (one line each)."""
+    import math
+
+    if limit is not None and (not isinstance(limit, (int, float)) or not math.isfinite(limit) or limit <= 0):
+        raise ConfigError(f"--limit: expected a positive number of documents per task or a fraction in (0, 1), "
+                          f"found {limit!r}; fix: e.g. --limit 100 or --limit 0.1, or drop it to run every document")
+    if batch_size < 1:
+        raise ConfigError(f"--batch-size: expected a positive number of sequences, found {batch_size}")
+    if bootstrap_iters < 0:
+        raise ConfigError(f"--bootstrap-iters: expected 0 (off) or a positive count, found {bootstrap_iters}")
+    if not 0 <= seed < 2**32:
+        raise ConfigError(f"--seed: expected an integer in [0, 2**32), found {seed}")
+
+
+def check_device(device: str, option: str) -> str:
+    """``device`` when torch knows it and it is usable here, else one line (a typo, CUDA on a CPU-only build)."""
+    try:
+        d = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"{option}: expected cpu, cuda, cuda:N or mps, found {device!r}") from None
+    if d.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"{option}: expected a device this machine has, found {device!r} but CUDA is not "
+                          "available (a CPU-only torch, or no GPU visible); fix: --device cpu")
+    if d.type == "cuda" and d.index is not None and d.index >= torch.cuda.device_count():
+        raise ConfigError(f"{option}: expected cuda:0 .. cuda:{torch.cuda.device_count() - 1}, found {device!r}")
+    if d.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"{option}: expected a device this machine has, found {device!r} (MPS not available)")
+    if d.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"{option}: expected cpu, cuda, cuda:N or mps, found {device!r}")
+    return device
+
+
+def _require_lm_eval() -> None:
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError:
+        raise ConfigError("eslm eval needs lm-evaluation-harness, which is not installed; fix: pip install "
+                          "'eslm[eval]'") from None
 
 
 def _lm_eval_version() -> str | None:

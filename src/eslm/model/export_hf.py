@@ -15,7 +15,7 @@ from pathlib import Path
 
 from eslm import metrics as M
 from eslm.errors import ConfigError
-from eslm.files import foreign_entries, listing, os_error_in
+from eslm.files import foreign_entries, link_refused, listing, os_error_in, output_lock
 from eslm.model.hf import EXPORT_FORMAT, EXPORT_INFO_FILE, read_export_info, to_hf
 from eslm.model.loading import load_model
 
@@ -77,6 +77,13 @@ def export(source: str | Path, out_dir: str | Path, keep_padded_vocab: bool = Fa
     a run directory. The export is written to a temporary sibling (``.NAME.tmp-export-PID``) and renamed into
     place, so a kill leaves no half export; the next export to the same place removes such leftovers."""
     out = Path(out_dir)
+    check_export_target(out, force)  # before the model is loaded; again under the lock
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with output_lock(out, "export directory").acquire():  # a second export to the same --out is refused
+        return _export_locked(source, out, keep_padded_vocab, with_tokenizer, force)
+
+
+def _export_locked(source, out: Path, keep_padded_vocab: bool, with_tokenizer: bool, force: bool) -> dict:
     previous = check_export_target(out, force)
     model, info = load_model(source)
     tok_vocab, eot = _tokenizer_vocab(info.get("tokenizer"))
@@ -117,6 +124,8 @@ def check_export_target(out: Path, force: bool) -> dict | None:
     it; else a one-line ConfigError (a run directory, another program's files, an export without --force)."""
     from eslm.model.loading import is_run_dir
 
+    if out.is_symlink():
+        raise link_refused(out)
     if not out.exists():
         return None
     if not out.is_dir():

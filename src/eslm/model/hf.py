@@ -145,6 +145,8 @@ def _load_hf_model(path: str | Path):
         return GPT2LMHeadModel.from_pretrained(str(p), local_files_only=True, dtype=torch.float32)
     except Exception as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "weights_only" in str(e) or "Weights only" in str(e):  # never relay torch's "retry unsafely" advice
+            msg = "its weights file holds objects other than tensors and plain values, which eslm never loads"
         raise CheckpointError(f"expected a GPT-2 (GPT2LMHeadModel) directory at {p}, but loading failed: {msg}; "
                               "check config.json and the weights file") from None
 

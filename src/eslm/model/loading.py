@@ -29,7 +29,7 @@ from eslm.errors import CheckpointError
 from eslm.files import RUN_MARKER, verify_checksum
 from eslm.model.gpt import GPT, ModelConfig
 from eslm.model.snapshot_file import SNAPSHOT_DIR, SNAPSHOT_FORMAT, SnapshotDamaged, list_snapshots, read_snapshot
-from eslm.model.state import clean_state_dict, load_state_checked, non_finite
+from eslm.model.state import build_checked, clean_state_dict, non_finite
 
 CHECKPOINT_FORMAT = "eslm-checkpoint-v1"
 _STEP_FILE = re.compile(r"^step_(\d{7,})\.pt$")
@@ -220,8 +220,7 @@ def _load_checkpoint_file(path: Path, device: str | torch.device) -> tuple[GPT, 
     if bad is not None:
         raise _refuse(path, f"holds non-finite weights ({bad})")
     cfg = config_from_dict(dict(ckpt["model_config"]), source=str(path))
-    model = GPT(cfg)
-    load_state_checked(model, clean_state_dict(ckpt["model"]), source=str(path))
+    model = build_checked(cfg, clean_state_dict(ckpt["model"]), source=str(path))  # checked before it is built
     run_dir = run_dir_of(path)
     info = {
         "tokenizer": ckpt.get("tokenizer"),
@@ -253,8 +252,7 @@ def _load_snapshot_file(path: Path, device: str | torch.device) -> tuple[GPT, di
     if bad is not None:
         raise _refuse(path, f"holds non-finite weights ({bad})")
     cfg = config_from_dict(dict(meta["model_config"]), source=str(path))
-    model = GPT(cfg)
-    load_state_checked(model, state, source=str(path))
+    model = build_checked(cfg, state, source=str(path))  # checked before it is built
     run_dir = run_dir_of(path)
     info = {"tokenizer": meta.get("tokenizer"), "step": meta.get("step"), "source": str(path),
             "run_dir": str(run_dir) if run_dir else None, "model_config": cfg.to_dict()}

@@ -55,6 +55,39 @@ def snapshot_digest(state: dict[str, torch.Tensor], metadata: dict[str, str]) ->
     return h.hexdigest()
 
 
+_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
+           torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+           torch.bool: "BOOL"}
+
+
+def write_safetensors(f, state: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """Write ``state`` (CPU tensors) and ``metadata`` to the open binary file ``f`` in the safetensors layout (an
+    8-byte little-endian header length, the JSON header padded to 8 bytes, the tensors' bytes in header order),
+    streaming, into the file eslm opened: safetensors' own ``save_file`` writes a ``.tmpXXXXXX`` file of its own
+    beside the target, which a kill leaves behind under a name eslm cannot prove it made."""
+    import sys
+
+    if sys.byteorder != "little":
+        raise CheckpointError("snapshots are written on little-endian machines only")
+    header: dict = {"__metadata__": dict(metadata)}
+    tensors, offset = [], 0
+    for name in sorted(state):
+        t = state[name].detach().cpu().contiguous()
+        if t.dtype not in _DTYPES:
+            raise CheckpointError(f"cannot write tensor {name} of dtype {t.dtype} into a snapshot")
+        n = t.numel() * t.element_size()
+        header[name] = {"dtype": _DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + n]}
+        tensors.append(t)
+        offset += n
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-(8 + len(text)) % 8)
+    f.write(len(text).to_bytes(8, "little"))
+    f.write(text)
+    for t in tensors:
+        if t.numel():
+            f.write(t.reshape(-1).view(torch.uint8).numpy().data)
+
+
 def read_snapshot(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
     """(state dict, metadata) of a snapshot, read through safetensors' memory map (no pickle). A header
     ``sha256`` (snapshots of earlier versions have none) is checked: ``SnapshotDamaged`` when it differs."""

@@ -9,6 +9,14 @@ from eslm.model.gpt import GPT
 
 def load_state_checked(model: GPT, state: dict, source: str) -> None:
     """Load ``state`` into ``model``, naming the first missing, unexpected or mis-shaped tensor on failure."""
+    expected, state = check_state_fits(model, state, source)
+    model.load_state_dict({k: state[k].float() for k in expected})
+
+
+def check_state_fits(model: GPT, state: dict, source: str) -> tuple[dict, dict]:
+    """(the model's state dict, ``state`` with the tied head filled in) when every tensor of ``model`` is in
+    ``state`` with its shape and nothing else is; else a one-line CheckpointError. ``model`` may live on the
+    meta device (nothing allocated)."""
     expected = model.state_dict()
     # lm_head.weight is tied to wte; checkpoints may or may not carry it.
     state = dict(state)
@@ -30,7 +38,43 @@ def load_state_checked(model: GPT, state: dict, source: str) -> None:
             f"expected only the tensors of model_config in {source}, found unexpected {extra[0]} "
             f"({len(extra)} in all); the checkpoint does not match its model_config"
         )
-    model.load_state_dict({k: state[k].float() for k in expected})
+    return expected, state
+
+
+MAX_DECLARED_RATIO = 1.5  # a declared model may hold at most this many times the parameters the file holds
+
+
+def build_checked(cfg, state: dict, source: str) -> GPT:
+    """A ``GPT(cfg)`` holding ``state``, checked before anything large is allocated: ``cfg``'s values are sane
+    (positive sizes, n_embd a multiple of n_head), the model it declares is not larger than the tensors in the
+    file (a header that declares a huge model is refused before the model is built), and every tensor's shape
+    fits (checked on a model on the meta device). Each problem is one CheckpointError line."""
+    import torch
+
+    fix = "the file's model_config does not describe its tensors: point at a file written by 'eslm train'"
+    bad = [f"{k}={getattr(cfg, k)!r}" for k in ("n_layer", "n_head", "n_embd", "vocab_size", "block_size")
+           if not isinstance(getattr(cfg, k), int) or isinstance(getattr(cfg, k), bool) or getattr(cfg, k) < 1]
+    if not isinstance(cfg.bias, bool):
+        bad.append(f"bias={cfg.bias!r}")
+    if not isinstance(cfg.dropout, (int, float)) or not 0 <= cfg.dropout < 1:
+        bad.append(f"dropout={cfg.dropout!r}")
+    if bad:
+        raise CheckpointError(f"expected positive integer sizes and 0 <= dropout < 1 in the model_config of "
+                              f"{source}, found {', '.join(bad)}; {fix}")
+    if cfg.n_embd % cfg.n_head:
+        raise CheckpointError(f"expected n_embd to be a multiple of n_head in the model_config of {source}, found "
+                              f"n_embd={cfg.n_embd}, n_head={cfg.n_head}; {fix}")
+    held = sum(t.numel() for t in state.values() if hasattr(t, "numel"))
+    declared = 12 * cfg.n_layer * cfg.n_embd ** 2 + (cfg.vocab_size + cfg.block_size) * cfg.n_embd
+    if declared > MAX_DECLARED_RATIO * held + 1_000_000:
+        raise CheckpointError(f"the model_config of {source} declares a model of about {declared:,} parameters, "
+                              f"the file holds {held:,}; {fix}")
+    with torch.device("meta"):
+        shape_only = GPT(cfg)
+    check_state_fits(shape_only, state, source)
+    model = GPT(cfg)
+    load_state_checked(model, state, source)
+    return model
 
 
 _WRAPPER_PREFIXES = ("_orig_mod.", "module.")

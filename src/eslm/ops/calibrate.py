@@ -125,14 +125,9 @@ def write(path: str, device_type: str, entries: dict[str, HeadCosts]) -> None:
         data = old
     for dtype, c in entries.items():
         data["costs"][f"{device_type}/{dtype}"] = c.to_dict()
-    tmp = f"{path}.tmp-{os.getpid()}"  # written whole, then renamed over the old file
-    try:
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=1)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):  # only when the write failed: os.replace moved it otherwise
-            os.unlink(tmp)
+    from eslm.files import atomic_write
+
+    atomic_write(Path(path), json.dumps(data, indent=1).encode())  # written whole, renamed over the old file
 
 
 def calibrate(device: str, dtypes: list[str], reps: int = 5, threads: int = 0,

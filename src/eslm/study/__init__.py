@@ -38,12 +38,14 @@ measured head-route costs, printed with the plan). ``run_study`` ties them toget
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from eslm.errors import ConfigError
+from eslm.errors import ConfigError, OwnershipError
+from eslm.files import atomic_write, ensure_dir, foreign_entries, link_refused, listing, new_marker, read_marker
 from eslm.study import shared
 from eslm.study.grid import Stage, check_branch_record, plan, stages
 from eslm.study.launch import (LAUNCHERS, PARENT_FD_ENV, QUEUED, Launched, Launcher, LocalLauncher, Outcome,
@@ -96,11 +98,17 @@ def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int]
         print(line)
     if dry_run:
         return 0
+    from eslm.analysis.report.output import check_report_dir
     from eslm.lock import DirLock
 
     study_dir = out / study["name"]
-    study_dir.mkdir(parents=True, exist_ok=True)
+    check_study_dir(study_dir)  # before anything is written: another program's directory is refused
+    check_report_dir(study_dir / "report")  # refused now, not after all the training
+    ensure_dir(study_dir)
     with DirLock(study_dir, what="study directory"):  # a second eslm study on this directory is refused
+        check_study_dir(study_dir)
+        if read_marker(study_dir / STUDY_MARKER, STUDY_FORMAT) is None:
+            atomic_write(study_dir / STUDY_MARKER, (json.dumps(new_marker(STUDY_FORMAT)) + "\n").encode())
         check_branch_record(study, study_dir, configs)
         return _train_and_report(study, configs, launcher, study_dir)
 
@@ -119,6 +127,40 @@ def make_launcher(study: dict, launcher: Launcher | str | None = None, jobs: int
         raise ConfigError(f"--launcher: expected one of {', '.join(LAUNCHERS)}, found {name!r}")
     module = importlib.import_module(LAUNCHERS[name])
     return module.from_study(study, jobs or study.get("jobs"), detach=detach, status=status)
+
+
+STUDY_MARKER, STUDY_FORMAT = "eslm-study.json", "eslm-study-v1"
+_STUDY_ENTRIES = ("plan", "logs", "report", "slurm", "models", "branch.json", "eslm.lock", STUDY_MARKER)
+
+
+def check_study_dir(study_dir: Path) -> None:
+    """A study directory eslm may write: new, empty, marked by eslm (``eslm-study.json``), or one an earlier eslm
+    wrote (only plan/, logs/, report/, slurm/, models/, branch.json and run directories eslm made); anything else is refused in one line,
+    and so is a link where the study keeps its plan, logs or report."""
+    from eslm.train.run_dir import run_marker, written_by_earlier_eslm
+
+    if study_dir.is_symlink():
+        raise link_refused(study_dir)
+    if not study_dir.exists():
+        return
+    if not study_dir.is_dir():
+        raise OwnershipError(f"study directory {str(study_dir)!r} is a file; choose another --out")
+    for name in ("plan", "logs", "report"):
+        if (study_dir / name).is_symlink():
+            raise link_refused(study_dir / name)
+    if read_marker(study_dir / STUDY_MARKER, STUDY_FORMAT) is not None:
+        return
+
+    def ours(name: str) -> bool:
+        p = study_dir / name
+        return name in _STUDY_ENTRIES or (p.is_dir() and not p.is_symlink()
+                                          and (run_marker(p) is not None or written_by_earlier_eslm(p)))
+
+    foreign = foreign_entries(study_dir, ours)
+    if foreign:
+        raise OwnershipError(f"study directory {str(study_dir)!r} holds files eslm did not write ({listing(foreign)}) "
+                             f"and no {STUDY_MARKER}; eslm writes a study only into a new, empty or earlier study "
+                             "directory: choose another --out")
 
 
 def _train_and_report(study: dict, configs: list, launcher: Launcher, study_dir: Path) -> int:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Protocol, Sequence
 
 from eslm.errors import ConfigError
+from eslm.files import atomic_write, ensure_dir, open_nofollow
 
 FINISHED, PREEMPTED, STOPPED, FAILED, NOT_STARTED = "finished", "preempted", "stopped", "failed", "not started"
 # The launchers by the name ``eslm study --launcher`` takes: the module whose ``from_study(study, jobs, detach=,
@@ -197,7 +198,7 @@ class _Pool:
             c = replace(c, train=replace(c.train, num_threads=self.threads))
         plan_file = self.study_dir / "plan" / f"{c.run.name}.yaml"
         _write_text_atomic(plan_file, to_yaml(c))
-        log = open(self.study_dir / "logs" / f"{c.run.name}.log", "a")
+        log = open_nofollow(self.study_dir / "logs" / f"{c.run.name}.log", "a")  # a planted link is refused
         cmd = [sys.executable, "-m", "eslm.cli", "train", str(plan_file)]
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, pass_fds=(lifeline_r,),
                                 start_new_session=True)
@@ -221,8 +222,8 @@ class _Pool:
                 self.outcomes.append(outcome)
 
     def run(self) -> Launched:
-        (self.study_dir / "plan").mkdir(parents=True, exist_ok=True)
-        (self.study_dir / "logs").mkdir(parents=True, exist_ok=True)
+        ensure_dir(self.study_dir / "plan")  # never through a link
+        ensure_dir(self.study_dir / "logs")
         old = signal.signal(signal.SIGTERM, self._on_sigterm) if _main_thread() else None
         lifeline_r, lifeline_w = os.pipe()  # not inheritable: a child gets the read end only, through pass_fds
         env = {**os.environ, PARENT_FD_ENV: str(lifeline_r)}
@@ -258,13 +259,7 @@ class _Pool:
 def _write_text_atomic(path: Path, text: str) -> None:
     """Write through a temporary file beside ``path`` and a rename: a reader (a child starting, a second look
     at the plan) never sees half a file, and a link at ``path`` is replaced, not followed."""
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    atomic_write(path, text.encode())
 
 
 def _main_thread() -> bool:

@@ -143,6 +143,11 @@ def _seeds_problems(seeds, where: str) -> list[str]:
     bad = [s for s in seeds if not _is_int(s)]
     if bad:
         return [f"{where}: expected integer seeds, found {_name_list(bad)}"]
+    from eslm.config import MAX_SEED
+
+    out = [s for s in seeds if not 0 <= s < MAX_SEED - 1024]  # run.seed's range (eslm.config.value_problems)
+    if out:
+        return [f"{where}: expected seeds in [0, {MAX_SEED - 1024}) (run.seed's range), found {_name_list(out)}"]
     twice = sorted({s for s in seeds if seeds.count(s) > 1})
     if twice:
         return [f"{where}: seed {twice[0]} is listed {seeds.count(twice[0])} times; list each seed once "

@@ -22,7 +22,7 @@ from typing import Any
 
 from eslm.config import Config, all_keys, from_dict, stored_config_problem, to_yaml, unknown_key_message
 from eslm.errors import ConfigError, OwnershipError
-from eslm.files import open_nofollow, read_yaml
+from eslm.files import named, open_nofollow, read_yaml
 
 RESUMES_FILE = "resumes.jsonl"
 
@@ -144,7 +144,7 @@ def record_resume(run_dir: Path, changed: dict, step: int | None, **extra) -> No
     if path.is_file():
         cut_torn_tail(path)
     rec = {"time": _now(), "step": step, "changed": changed, **extra}
-    with open_nofollow(path, "a", encoding="utf-8") as f:
+    with named(path), open_nofollow(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(rec) + "\n")
 
 

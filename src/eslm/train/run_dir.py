@@ -21,7 +21,7 @@ import torch
 
 from eslm import metrics as M
 from eslm.errors import ESLMError
-from eslm.files import RUN_FORMAT, RUN_MARKER, new_marker, open_nofollow, read_marker, read_yaml
+from eslm.files import RUN_FORMAT, RUN_MARKER, named, new_marker, open_nofollow, read_marker, read_yaml
 # The files eslm writes whole (temporary file + rename) at the top of a run directory.
 WHOLE_FILES = ("config.yaml", "env.json", "result.json", RUN_MARKER, "wandb_run_id")
 # What eslm appends to, or keeps as subdirectories: never written through a symbolic link.
@@ -151,7 +151,8 @@ class MetricsWriter:
 
     def write(self, record: dict) -> None:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
-        self.file.write(json.dumps(clean) + "\n")
+        with named(self.path):  # a full disk: the error names metrics.jsonl
+            self.file.write(json.dumps(clean) + "\n")
         for sink in self.sinks:
             sink.log(clean)
         if self.tb is not None:
@@ -161,7 +162,8 @@ class MetricsWriter:
                     self.tb.add_scalar(f"{prefix}/{k}", v, record.get(M.STEP, 0))
 
     def close(self) -> None:
-        self.file.close()
+        with named(self.path):
+            self.file.close()
         for sink in self.sinks:
             sink.close()
         if self.tb is not None:

@@ -12,25 +12,28 @@ The file format (names, header metadata) and its reader are ``eslm.model.snapsho
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
 
 from eslm import metrics as M
 from eslm.errors import CheckpointError
-from eslm.files import ensure_dir, fsync_dir, fsync_file, os_error_in, temp_name
-from eslm.model.snapshot_file import SNAPSHOT_DIR, SNAPSHOT_FORMAT, list_snapshots, snapshot_digest, snapshot_name
+from eslm.files import atomic_write, ensure_dir, os_error_in
+from eslm.model.snapshot_file import (SNAPSHOT_DIR, SNAPSHOT_FORMAT, list_snapshots, snapshot_digest, snapshot_name,
+                                      write_safetensors)
 from eslm.model.state import non_finite
 from eslm.train.checkpoint import os_fix
+
+
+def _atomic_write(path: Path, write) -> str:
+    """``eslm.files.atomic_write``; the fault-injection tests patch this name."""
+    return atomic_write(path, write)
 
 
 def save_snapshot(snap_dir: Path, state: dict[str, torch.Tensor], meta: dict, keep: int = 0) -> Path:
     """Write ``state`` (CPU tensors) with ``meta`` (JSON-able values) and its checksum atomically (temporary
     file, fsync, rename, fsync of the directory); prune to the newest ``keep``. Non-finite weights are never
     written (TrainingDiverged); a failed write removes its temporary file and is one CheckpointError line."""
-    from safetensors.torch import save_file
-
     from eslm.train.stopping import TrainingDiverged, last_good_hint
 
     ensure_dir(snap_dir)
@@ -42,18 +45,9 @@ def save_snapshot(snap_dir: Path, state: dict[str, torch.Tensor], meta: dict, ke
                                "written. " + last_good_hint(snap_dir.parent))
     header = {"format": SNAPSHOT_FORMAT, **{k: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()}}
     header["sha256"] = snapshot_digest(state, header)
-    tmp = temp_name(path)
-    try:
-        tmp.unlink(missing_ok=True)  # a link there is removed, not followed
-        save_file(state, str(tmp), metadata=header)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # safetensors creates 0600 files; give them the mode of the checkpoints
-        fsync_file(tmp)
-        os.replace(tmp, path)
-        fsync_dir(snap_dir)
-    except Exception as e:  # a full disk inside safetensors' writer: its error names the OS error in its text
-        tmp.unlink(missing_ok=True)
+    try:  # eslm's temporary file (.step_X.safetensors.tmp.PID, removed at the next start after a kill), fsync, rename
+        _atomic_write(path, lambda f: write_safetensors(f, state, header))
+    except Exception as e:  # a full disk, a file-size limit: one line naming the file
         err = os_error_in(e, path)
         if err is None:
             raise

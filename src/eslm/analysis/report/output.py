@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import html
 import json
-import os
-import re
-import shutil
 from pathlib import Path
 
 from eslm.analysis.report.summary import REPORT_FORMAT
-from eslm.errors import ESLMError
+from eslm.errors import ESLMError, OwnershipError
+from eslm.files import atomic_write, check_output_dir, replace_dir
 
 
 class ReportDirError(ESLMError):
@@ -33,54 +31,29 @@ def is_report_dir(path: Path) -> bool:
         return False
 
 
-def _leftover(name: str, out: Path) -> bool:
-    """A temporary or replaced copy of ``out`` left by a killed report (ours by its name)."""
-    return re.fullmatch(rf"\.{re.escape(out.name)}\.(tmp|old)\.\d+", name) is not None
+WHAT, EARLIER = "the report's output", "an earlier eslm report"
 
 
 def check_report_dir(out: Path) -> None:
     """Refuses (one line) an output directory that is neither new, empty, nor an earlier eslm report."""
-    out = Path(out)
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise ReportDirError(f"expected the report's output {str(out)!r} to be a directory, found "
-                             f"{'a link' if out.is_symlink() else 'a file'}; choose another output directory")
-    if out.is_dir() and any(out.iterdir()) and not is_report_dir(out):
-        names = sorted(p.name for p in out.iterdir())
-        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-        raise ReportDirError(f"expected the report's output {str(out)!r} to be new, empty or an earlier eslm "
-                             f"report, found other files ({shown}); eslm replaces only its own reports: "
-                             "choose another output directory")
+    try:
+        check_output_dir(Path(out), WHAT, is_report_dir, EARLIER)
+    except OwnershipError as e:
+        raise ReportDirError(str(e)) from None
 
 
 def write_report_dir(out: Path, write) -> None:
     """``write(tmp_dir)`` fills a temporary directory beside ``out``, which then replaces ``out`` (checked by
-    ``check_report_dir`` first). Leftovers of killed reports of the same ``out`` are removed."""
-    out = Path(out)
-    check_report_dir(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    for p in out.parent.iterdir():
-        if _leftover(p.name, out) and p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-    tmp = out.with_name(f".{out.name}.tmp.{os.getpid()}")
-    tmp.mkdir()
+    ``check_report_dir`` first): ``eslm.files.replace_dir``, under the output's lock (a second report to the same
+    ``out`` at the same time is refused). Leftovers of killed reports of the same ``out`` are removed."""
     try:
-        write(tmp)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old.{os.getpid()}")
-            os.rename(out, old)
-            os.rename(tmp, out)
-            shutil.rmtree(old)
-        else:
-            os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        replace_dir(Path(out), write, what=WHAT, is_ours=is_report_dir, earlier=EARLIER)
+    except OwnershipError as e:
+        raise ReportDirError(str(e)) from None
 
 
 def _replace_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write(path, text.encode("utf-8"))
 
 
 def mark_stale(out: Path, why: str) -> bool:

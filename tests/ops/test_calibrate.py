@@ -191,3 +191,30 @@ def test_a_selective_run_records_the_table_it_used(machine_cache, tiny_data, tmp
     train(build_config(overrides=tiny_overrides(tiny_data, tmp_path / "runs", **{
         "run.name": "clm", "train.max_steps": 1, "train.warmup_steps": 0, "eval.interval": 0, "checkpoint.interval": 0})))
     assert json.loads((tmp_path / "runs" / "clm" / "result.json").read_text())["head_costs"] == result["head_costs"]
+
+
+def test_concurrent_runs_measure_once(machine_cache, monkeypatch):
+    """Two runs starting together on a machine without a cache (the demo's two jobs): the cache directory's lock
+    lets one measure; the other waits, then reads what the first wrote."""
+    import threading
+
+    calls = []
+    real = cal.measure
+
+    def slow_measure(*a, **k):
+        calls.append(1)
+        threading.Event().wait(0.3)  # long enough for the other thread to reach the lock
+        return real(*a, **k)
+
+    monkeypatch.setattr(cal, "measure", slow_measure)
+    logs, recs = [], []
+
+    def run():
+        recs.append(cal.ensure_measured("cpu", "float32", log=logs.append))
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len(logs) == 1 and recs[0] == recs[1] and recs[0]["table"] == "measured"

@@ -427,3 +427,40 @@ def test_every_command_that_writes_uses_the_one_writer(run, tiny_data, text_file
             bad.append(f"{name}: {rel} (opened from {eslm_frame.rsplit('/src/', 1)[-1]})")
     assert not bad, "writes outside the one writer:\n" + "\n".join(bad)
     assert {w[0] for w in writes} == set(commands)  # each command wrote something and was watched
+
+
+# ---------------------------------------------------------------- study --out
+
+
+def _tiny_study(tiny_data, tmp_path) -> Path:
+    study = tmp_path / "tiny35.yaml"
+    study.write_text("methods: [clm]\nseeds: [1]\nconfig:\n" + "".join(
+        f"  {o.split('=', 1)[0]}: {o.split('=', 1)[1]}\n" for o in tiny_overrides(
+            tiny_data, tmp_path, **{"train.max_steps": 2, "train.warmup_steps": 1, "eval.interval": 1})
+        if not o.startswith(("run.out_dir", "run.name"))))
+    return study
+
+
+def test_study_out_onto_a_foreign_directory_is_refused_before_any_training(tiny_data, tmp_path, capsys):
+    study = _tiny_study(tiny_data, tmp_path)
+    d = tmp_path / "out" / "tiny35"
+    (d / "plan").mkdir(parents=True)
+    (d / "plan" / "clm-s1.yaml").write_text("mine")
+    (d / "thesis.tex").write_text("mine")
+    t0 = time.monotonic()
+    err = _one_line(capsys, cli_main(["study", str(study), "--out", str(tmp_path / "out")]))
+    assert "holds files eslm did not write ('thesis.tex')" in err and time.monotonic() - t0 < 60
+    assert (d / "plan" / "clm-s1.yaml").read_text() == "mine" and not (d / "clm-s1").exists()
+
+
+def test_study_never_appends_to_a_log_planted_as_a_link(tiny_data, tmp_path, capsys):
+    study = _tiny_study(tiny_data, tmp_path)
+    d = tmp_path / "out" / "tiny35"
+    (d / "logs").mkdir(parents=True)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (d / "logs" / "clm-s1.log").symlink_to(victim)
+    code = cli_main(["study", str(study), "--out", str(tmp_path / "out"), "--jobs", "2"])  # logs: parallel runs
+    err = capsys.readouterr().err
+    assert code == 2 and "is a symbolic link" in err and "Traceback" not in err, err
+    assert victim.read_text() == "precious"

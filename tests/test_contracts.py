@@ -5,7 +5,6 @@ import ast
 from pathlib import Path
 
 import pytest
-import torch
 
 from eslm import contracts as C
 
@@ -54,7 +53,7 @@ def test_salt_is_an_objective_that_follows_its_switch(components):
 
     salt = next(o for o in components[C.Objective] if isinstance(o, Salt))
     assert isinstance(salt, Objective)
-    assert salt.active is salt.kd and salt.extra_work(8).frozen_forwards[0].tokens == 8
+    assert salt.active is salt.kd and salt.extra_work(8).passes[0].tokens == 8
     salt.on_step_end(salt.kd_steps)
     assert salt.active is salt.ce and salt.extra_work(8) == C.ExtraWork()
 
@@ -75,55 +74,79 @@ def test_no_hasattr_probing_of_components():
     assert found == []
 
 
-def _passes_run_and_declared(tokens, objective):
-    """(tokens through the trained model, tokens through frozen models) that one two-micro-batch step runs,
-    and the same as the method's components declare them (``extra_work``), on this rank."""
-    from eslm.data.batch import Batch
-    from eslm.methods import Method
-    from eslm.model.gpt import GPT, preset
+def _counter(run, key, tokens: int):
+    """A gradient hook that counts ``tokens`` under ``key`` each time a gradient arrives."""
+    def hook(grad):
+        run[key] += tokens
+    return hook
+
+
+def _count_passes(trainer, micro_batches: int = 2):
+    """(passes run, passes declared) by one optimizer step of the trainer's method on two of its micro-batches:
+    {(model, direction): tokens}, model "trained" or a frozen model's ModelConfig. Run: every forward of every GPT
+    (the trained one, a reference, a teacher) and every backward through a GPT's output, counted as it happens.
+    Declared: the trained model's forward and backward of the tokens seen (what ``eslm.flops`` prices from the
+    token counts), the step's own passes (``StepResult.work``) and every component's ``extra_work``, including the
+    passes a component's own price covers (``ExtraWork.all_passes``)."""
+    from collections import Counter
+    from unittest import mock
+
+    from eslm.model.gpt import GPT
     from eslm.train.step import StepOptions, forward_backward
 
-    torch.manual_seed(0)
-    model = GPT(preset("tiny", vocab_size=64))
-    g = torch.Generator().manual_seed(1)
-    batches = [Batch(x, x.roll(-1, 1), torch.zeros(2, dtype=torch.long))
-               for x in (torch.randint(0, 64, (2, 16), generator=g) for _ in range(2))]
-    method = Method("m", tokens=tokens, objective=objective)
-    run = {"trained": 0, "frozen": 0}
-    model.register_forward_hook(lambda mod, args, out: run.__setitem__("trained", run["trained"] + args[0].numel()))
-    frozen = getattr(tokens, "reference", None) or getattr(objective, "teacher", None)
-    if frozen is not None:
-        frozen.model.register_forward_hook(
-            lambda mod, args, out: run.__setitem__("frozen", run["frozen"] + args[0].numel()))
-    res = forward_backward(model, model, method, batches, StepOptions(accum_steps=2), step=1, lr=1e-3)
-    work = method.extra_work(res.tokens_seen // len(batches))
-    per_micro = {"trained": res.tokens_seen // len(batches) + sum(w.trained_forward_tokens for w in work),
-                 "frozen": sum(p.tokens for w in work for p in (*w.frozen_forwards, *w.repeated_frozen_forwards))}
-    return run, {k: v * len(batches) for k, v in per_micro.items()}
+    run: Counter = Counter()
+    forward = GPT.forward
+
+    def counted(self, idx, cache=None):
+        out = forward(self, idx, cache)
+        key = "trained" if self is trainer.raw_model else self.config
+        run[(key, C.FORWARD)] += idx.numel()
+        if out.requires_grad:
+            out.register_hook(_counter(run, (key, C.BACKWARD), idx.numel()))
+        return out
+
+    batches = [trainer.loader.next_batch() for _ in range(micro_batches)]
+    with mock.patch.object(GPT, "forward", counted):
+        res = forward_backward(trainer.model, trainer.raw_model, trainer.method, batches,
+                               StepOptions(accum_steps=micro_batches), step=1, lr=1e-3)
+    per_micro = res.tokens_seen // micro_batches
+    declared: Counter = Counter({("trained", C.FORWARD): per_micro, ("trained", C.BACKWARD): per_micro})
+    for work in (*trainer.method.extra_work(per_micro), res.work):
+        for p in work.all_passes():
+            declared[("trained" if p.model is None else p.model, p.direction)] += p.tokens
+    return run, Counter({k: v * micro_batches for k, v in declared.items()})
 
 
-def test_every_forward_a_method_runs_is_declared_in_its_extra_work():
-    # the FLOPs accounting prices what the components declare: a forward they run and do not declare would be
-    # missing from flops_executed (Rho-1 at scope "step" ran its reference twice and declared it once)
-    from eslm.baselines.rho1 import Rho1Selector
-    from eslm.baselines.rho1 import ReferenceModel
-    from eslm.model.gpt import GPT, preset
-    from eslm.objectives.base import CrossEntropy
-    from eslm.objectives.kd_objective import Distill
-    from eslm.selection.selectors import RandomSelector, TokenSelector, VaRSelector
+def _registered_runs():
+    """(method, scope) of every registered method, at the selection scope "step" too where its config allows."""
+    from eslm.config import build_config
+    from eslm.errors import ConfigError
+    from eslm.methods import METHODS
 
-    torch.manual_seed(3)
-    ref = ReferenceModel(GPT(preset("tiny", vocab_size=64)), impl="naive")
-    cases = {f"{name}@{scope}": make(scope) for scope in ("micro", "step") for name, make in {
-        "eslm-entropy": lambda s: (VaRSelector("entropy", 0.3, scope=s), CrossEntropy(impl="naive")),
-        "rho1": lambda s: (Rho1Selector(ref, 0.3, 16, scope=s), CrossEntropy(impl="naive")),
-        "eslm-kd-loss": lambda s: (VaRSelector("loss", 0.3, scope=s), Distill(ref, lam=0.5, rho=1.0, seq_len=16)),
-    }.items()}
-    cases.update({"clm": (TokenSelector(), CrossEntropy()), "random": (RandomSelector(0.3, seed=0), CrossEntropy()),
-                  "dense-kd": (TokenSelector(), Distill(ref, lam=0.5, rho=1.0, seq_len=16))})
-    for name, (tokens, objective) in cases.items():
-        run, declared = _passes_run_and_declared(tokens, objective)
-        assert run == declared, name
+    out = []
+    for name, spec in METHODS.items():
+        for scope in ("micro", "step"):
+            try:
+                build_config(overrides=[f"method.name={name}", f"method.scope={scope}",
+                                        *(f"{need.key}=x" for need in spec.frozen_models)])
+            except ConfigError:
+                continue
+            out.append((name, scope))
+    return out
+
+
+@pytest.mark.parametrize("name,scope", _registered_runs())
+def test_every_pass_a_registered_method_runs_is_declared(name, scope, tiny_data, frozen_run, tmp_path):
+    # the FLOPs ledger prices what the step and the components declare: a pass they run and do not declare would
+    # be missing from flops_executed (Rho-1 at scope "step" ran its reference twice and declared it once)
+    from conftest import needs_overrides, tiny_overrides
+    from eslm.config import build_config
+    from eslm.train.trainer import Trainer
+
+    over = {"method.name": name, "method.scope": scope, **needs_overrides(name, frozen_run)}
+    trainer = Trainer(build_config(overrides=tiny_overrides(tiny_data, tmp_path, **over)))
+    run, declared = _count_passes(trainer)
+    assert run == declared
 
 
 def test_each_hook_is_declared_once(components):

@@ -152,18 +152,25 @@ def test_extras_enter_each_convention_separately():
         step_flops(fm, tokens_seen=10, tokens_kept=11, head_backward_tokens=10)
 
 
-def test_a_repeated_frozen_forward_is_executed_work_only():
+def test_each_pass_is_priced_in_the_conventions_that_count_it():
     # Rho-1 at scope "step": its reference runs in the scoring forward and again in the step; the paper counts
     # one reference forward per token, what was executed counts both (and the scoring forward of the model)
-    from eslm.contracts import ExtraWork, ModelPass
+    from eslm.contracts import EXECUTED, PAPER, ExtraWork, Pass
     from eslm.flops import extra_flops, frozen_forward_flops
 
     ref = ModelConfig(n_layer=1, n_head=1, n_embd=32, vocab_size=256, block_size=64)
     once = frozen_forward_flops(ref, T, 100)
-    p = ModelPass(ref, T, 100)
-    assert extra_flops([ExtraWork(frozen_forwards=(p,))]) == (once, once, 0)
-    assert extra_flops([ExtraWork(frozen_forwards=(p,), trained_forward_tokens=100,
-                                  repeated_frozen_forwards=(p,))]) == (once, 2 * once, 100)
+    p = Pass(100, ref, T)
+    again = Pass(100, ref, T, counted_by=(EXECUTED,))
+    assert extra_flops([ExtraWork(passes=(p,))]) == (once, once, 0)
+    assert extra_flops([ExtraWork(passes=(p, again, Pass(100, counted_by=(EXECUTED,))))]) == (once, 2 * once, 100)
+    fm = FlopsModel.from_config(SMALL, T)
+    assert extra_flops([ExtraWork(passes=(Pass(10, direction="backward", counted_by=(PAPER,)),))], fm) == \
+        (10 * fm.backward_per_token, 0.0, 0)
+    for bad in ({"tokens": -1}, {"tokens": 1, "direction": "sideways"}, {"tokens": 1, "counted_by": ()},
+                {"tokens": 1, "model": ref, "seq_len": T, "direction": "backward"}, {"tokens": 1, "model": ref}):
+        with pytest.raises(ValueError):
+            Pass(**bad)
 
 
 def test_3e17_budget_is_about_28_5k_micro_batches_at_124m():
@@ -221,6 +228,9 @@ def test_the_ledger_prices_work_a_component_prices_itself_and_imports_no_baselin
 
         def flops(self, fm):
             return self.per_forward_token * fm.forward_per_token
+
+        def passes(self):
+            return ()
 
     fm = FlopsModel.from_config(SMALL, T)
     assert F.extra_flops([C.ExtraWork(priced=(Probe(3.0),))], fm) == (3.0 * fm.forward_per_token,) * 2 + (0,)

@@ -9,9 +9,12 @@ that give the no-op defaults subclass their protocol and only implement (``eslm.
 only what it changes.
 
 Cost is part of the contract: every component returns an ``ExtraWork`` per micro-batch (``extra_work``), and
-``eslm.flops`` turns the declarations into the paper's and the executed FLOPs. A component names the passes it
-ran (tokens through which model); only work that has no such form (GREATS' per-layer inner products) is priced
-by the component's own formula, kept beside its algorithm (``PricedWork``).
+``eslm.flops`` turns the declarations into the paper's and the executed FLOPs. A component declares the passes it
+runs (``Pass``: which model, how many tokens, forward or backward, which conventions count it; never negative);
+the step declares its own (``eslm.train.step.step_work``). Only work that has no such form (GREATS' per-layer
+inner products) is priced by the component's own formula, kept beside its algorithm (``PricedWork``), which
+still names the passes its price includes. tests/test_contracts.py counts the passes every registered method
+runs while it trains against these declarations.
 """
 
 from __future__ import annotations
@@ -52,44 +55,72 @@ class StepThreshold(NamedTuple):
     kept: int  # how many tokens of the step, on all ranks, are at or above it (global normalisation)
 
 
-@dataclass(frozen=True)
-class ModelPass:
-    """``tokens`` tokens through the forward of a model other than the trained one (a frozen reference or
-    teacher): ``config`` its ``ModelConfig``, ``seq_len`` the sequence length it ran at (attention span)."""
+FORWARD, BACKWARD = "forward", "backward"  # Pass.direction
+PAPER, EXECUTED = "paper", "executed"  # the FLOPs conventions that may count a pass (eslm.flops)
 
-    config: ModelConfig
-    seq_len: int
+
+@dataclass(frozen=True)
+class Pass:
+    """One pass over ``tokens`` tokens of one micro-batch on one rank.
+
+    model:      None for the trained model, else the ``ModelConfig`` of a frozen model (a Rho-1 reference, a KD
+                teacher), which runs forward only, at ``seq_len`` tokens per sequence (its attention span)
+    direction:  FORWARD or BACKWARD
+    counted_by: the conventions that count it: both for work the method needs (a teacher's forward), EXECUTED
+                alone for work only this implementation runs (the selection scope "step"'s scoring forward: the
+                paper counts one forward per training token)
+    """
+
     tokens: int
+    model: ModelConfig | None = None
+    seq_len: int = 0
+    direction: str = FORWARD
+    counted_by: tuple[str, ...] = (PAPER, EXECUTED)
+
+    def __post_init__(self):
+        if self.tokens < 0:
+            raise ValueError(f"a pass runs a non-negative number of tokens, found {self.tokens}")
+        if self.direction not in (FORWARD, BACKWARD) or not self.counted_by or \
+                not set(self.counted_by) <= {PAPER, EXECUTED}:
+            raise ValueError(f"expected a direction in ({FORWARD}, {BACKWARD}) and conventions among ({PAPER}, "
+                             f"{EXECUTED}); found {self.direction!r}, {self.counted_by!r}")
+        if self.model is not None and (self.direction != FORWARD or self.seq_len <= 0):
+            raise ValueError("a frozen model's pass is a forward with its seq_len > 0; found "
+                             f"{self.direction!r} at seq_len {self.seq_len}")
+
+    @property
+    def trained(self) -> bool:
+        return self.model is None
 
 
 class PricedWork(Protocol):
     """Work a component prices by its own formula, from the trained model's per-token FLOPs (an
     ``eslm.flops.FlopsModel``), beside the algorithm it prices (GREATS' gradient scoring:
-    ``eslm.baselines.greats.GradientScoring``); both conventions count it."""
+    ``eslm.baselines.greats.GradientScoring``); both conventions count it. ``passes`` names the passes that its
+    price includes (not priced again: what a count of the passes a method runs is checked against)."""
 
     def flops(self, fm) -> float: ...
+
+    def passes(self) -> tuple[Pass, ...]: ...
 
 
 @dataclass(frozen=True)
 class ExtraWork:
-    """The work one component adds to one micro-batch on one rank, beyond the trained model's forward of the
-    micro-batch's tokens and their backward (``eslm.flops`` counts those from the step's token counts).
+    """The work one component (or the step, ``eslm.train.step.step_work``) adds to one micro-batch on one rank,
+    beyond the trained model's forward of the micro-batch's tokens and their backward (``eslm.flops`` counts
+    those from the step's token counts, and the LM head's rows from the objective's ``head_work``).
 
-    frozen_forwards: forwards of frozen models (Rho-1's reference, a KD teacher); both conventions count them
-    trained_forward_tokens: further tokens through the trained model's forward (the selection scope "step"'s
-                     scoring forward); only the executed count includes them (the paper counts one forward
-                     per training token)
+    passes: the passes it runs (``Pass``), priced by ``eslm.flops`` in the conventions each names
     priced: work the component prices itself (``PricedWork``: GREATS' gradient scoring), counted by both
-                     conventions
-    repeated_frozen_forwards: forwards of frozen models run again over tokens already in ``frozen_forwards``
-                     (Rho-1's reference in the selection scope "step"'s scoring forward); only the executed
-                     count includes them
+            conventions
     """
 
-    frozen_forwards: tuple[ModelPass, ...] = ()
-    trained_forward_tokens: int = 0
+    passes: tuple[Pass, ...] = ()
     priced: tuple[PricedWork, ...] = ()
-    repeated_frozen_forwards: tuple[ModelPass, ...] = ()
+
+    def all_passes(self) -> tuple[Pass, ...]:
+        """Its passes and those its priced work includes."""
+        return self.passes + tuple(p for w in self.priced for p in w.passes())
 
 
 NO_EXTRA_WORK = ExtraWork()

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 from eslm import metrics as M
 from eslm.errors import ConfigError
+from eslm.contracts import EXECUTED, FORWARD, PAPER, ExtraWork
 from eslm.model.gpt import ModelConfig, preset
 
 COUNT_PER = ("global", "micro")
@@ -170,32 +171,48 @@ def frozen_forward_flops(config: ModelConfig, seq_len: int, tokens: int) -> floa
 
 
 def extra_flops(work, fm: FlopsModel | None = None) -> tuple[float, float, int]:
-    """(paper FLOPs, executed FLOPs, extra forward tokens of the trained model) of components' declared extra
-    work (an iterable of ``eslm.contracts.ExtraWork``) on one micro-batch; ``fm``: the trained model's, which
-    work a component prices itself (``ExtraWork.priced``, e.g. GREATS' gradient scoring) needs."""
+    """(paper FLOPs, executed FLOPs, extra forward tokens of the trained model counted by the executed convention
+    alone) of declared extra work (an iterable of ``eslm.contracts.ExtraWork``) on one micro-batch: each pass
+    (``eslm.contracts.Pass``) priced in the conventions that count it; ``fm``: the trained model's, which the
+    trained model's passes and the work a component prices itself (``ExtraWork.priced``) need."""
     paper = executed = 0.0
     tokens = 0
+
+    def need_fm() -> FlopsModel:
+        if fm is None:
+            raise ValueError("expected the trained model's FlopsModel to price a component's own work, found None")
+        return fm
+
     for w in work:
         f = 0.0
         for priced in w.priced:
-            if fm is None:
-                raise ValueError("expected the trained model's FlopsModel to price a component's own work, found None")
-            f = f + priced.flops(fm)
-        for p in w.frozen_forwards:
-            f = frozen_forward_flops(p.config, p.seq_len, p.tokens) + f
-        again = sum(frozen_forward_flops(p.config, p.seq_len, p.tokens) for p in w.repeated_frozen_forwards)
-        paper, executed, tokens = paper + f, executed + f + again, tokens + w.trained_forward_tokens
+            f = f + priced.flops(need_fm())
+        only_paper = only_executed = 0.0
+        for p in w.passes:
+            if p.trained and p.counted_by == (EXECUTED,) and p.direction == FORWARD:
+                tokens += p.tokens  # step_flops prices them beside the trained model's own forward
+                continue
+            cost = (frozen_forward_flops(p.model, p.seq_len, p.tokens) if p.model is not None else
+                    (need_fm().forward_per_token if p.direction == FORWARD else need_fm().backward_per_token)
+                    * p.tokens)
+            if PAPER in p.counted_by and EXECUTED in p.counted_by:
+                f = cost + f
+            elif PAPER in p.counted_by:
+                only_paper = only_paper + cost
+            else:
+                only_executed = only_executed + cost
+        paper, executed = paper + f + only_paper, executed + f + only_executed
     return paper, executed, tokens
 
 
-def micro_batch_flops(fm: FlopsModel, method, *, tokens_seen: int, tokens_kept: int) -> StepFlops:
+def micro_batch_flops(fm: FlopsModel, method, *, tokens_seen: int, tokens_kept: int, step_work: ExtraWork) -> StepFlops:
     """The three FLOPs counts of one micro-batch of ``method`` (an ``eslm.methods.Method``) on one rank: the
     trained model's pass from the token counts, the head's work as the objective reports it
-    (``head_work``), and every component's declared ``extra_work`` (the selection scope "step"'s scoring
-    forward included: the token selector declares it)."""
+    (``head_work``), every component's declared ``extra_work`` and the step's own (``step_work``: what
+    ``eslm.train.step.step_work`` declares, e.g. the selection scope "step"'s scoring forward)."""
     head_bwd, head_recompute = method.objective.head_work(tokens_seen, tokens_kept,
                                                           scored=bool(method.tokens.score)).head_tokens(tokens_seen)
-    paper, executed, forward_tokens = extra_flops(method.extra_work(tokens_seen), fm)
+    paper, executed, forward_tokens = extra_flops([*method.extra_work(tokens_seen), step_work], fm)
     return step_flops(fm, tokens_seen=tokens_seen, tokens_kept=tokens_kept, head_backward_tokens=head_bwd,
                       head_recompute_tokens=head_recompute, extra_forward_tokens=forward_tokens,
                       extra_flops_paper=paper, extra_flops_executed=executed)
@@ -227,10 +244,11 @@ class FlopsCounter:
 
     def add_step(self, fm: FlopsModel, method, res, *, world_size: int) -> None:
         """Count one optimizer step of ``method`` from its ``eslm.train.step.StepResult`` (this rank's totals
-        over the step's micro-batches; the micro-batch mean is what ``add`` takes)."""
+        over the step's micro-batches and the step's own work per micro-batch; the micro-batch mean is what
+        ``add`` takes)."""
         n = len(res.selections)
-        self.add(micro_batch_flops(fm, method, tokens_seen=res.tokens_seen // n, tokens_kept=res.tokens_kept // n),
-                 micro_steps=n, world_size=world_size)
+        self.add(micro_batch_flops(fm, method, tokens_seen=res.tokens_seen // n, tokens_kept=res.tokens_kept // n,
+                                   step_work=res.work), micro_steps=n, world_size=world_size)
 
     def totals(self) -> dict:
         """{"flops_paper", "flops_executed", "flops_dense"}: cumulative FLOPs (Python floats)."""

@@ -112,5 +112,5 @@ def test_reference_forward_is_declared_and_priced_as_a_third_of_palm():
             want = (6 * N + 12 * L * H * Q * Tm) / 3
             # Rho-1 declares the reference's forward over the micro-batch's tokens; eslm.flops prices it
             work = Rho1Selector(ref, 0.1, Tm).extra_work(tokens_seen=10)
-            assert work.frozen_forwards[0].tokens == 10
+            assert [(p.tokens, p.model) for p in work.passes] == [(10, cfg)]
             assert extra_flops([work]) == pytest.approx((10 * want, 10 * want, 0), rel=1e-12)

@@ -129,6 +129,6 @@ def test_the_random_controls_executed_flops_count_only_the_head_forwards_that_ra
     n, k = res.tokens_seen // 2, res.tokens_kept // 2
     assert 0 < k < n
     fm = FlopsModel.from_config(preset("tiny", vocab_size=131), 24)
-    got = micro_batch_flops(fm, method, tokens_seen=n, tokens_kept=k)
+    got = micro_batch_flops(fm, method, tokens_seen=n, tokens_kept=k, step_work=res.work)
     head_matmul_per_row = 2 * fm.n_embd * fm.vocab_size
     assert got.executed == pytest.approx(got.dense - (n - k) * 3 * head_matmul_per_row)

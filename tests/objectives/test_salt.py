@@ -36,10 +36,10 @@ def test_kd_for_kd_steps_then_cross_entropy(parts):
     for done in (0, 1):  # optimizer steps done so far: the next step is still KD
         salt.on_step_end(done)
         assert salt.active is kd and torch.equal(_loss(salt, student, batch), want_kd)
-        assert salt.extra_work(16).frozen_forwards[0].tokens == 16  # the teacher forward is paid
+        assert salt.extra_work(16).passes[0].tokens == 16  # the teacher forward is paid
     salt.on_step_end(2)
     assert salt.active is ce and torch.equal(_loss(salt, student, batch), want_ce)
-    assert salt.extra_work(16).frozen_forwards == ()  # no teacher after the switch
+    assert salt.extra_work(16).passes == ()  # no teacher after the switch
     assert salt.head_work(16, 16, scored=False) == ce.head_work(16, 16, scored=False)
 
 

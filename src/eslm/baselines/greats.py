@@ -52,7 +52,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from eslm import seeds
-from eslm.contracts import ExtraWork
+from eslm.contracts import BACKWARD, ExtraWork, Pass
 from eslm.data.batch import Batch
 from eslm.data.loader import TrainLoader
 from eslm.errors import CheckpointError, ConfigError
@@ -419,6 +419,11 @@ class GradientScoring:
     seq_len: int
     layer_shapes: tuple[tuple[int, int, bool], ...]
     routes: tuple[str, ...]
+
+    def passes(self) -> tuple[Pass, ...]:
+        """The passes its price includes: the forward and the activation-gradient backward of its rows."""
+        tokens = (self.rows + self.val_rows) * self.seq_len
+        return Pass(tokens), Pass(tokens, direction=BACKWARD)
 
     def flops(self, fm) -> float:
         """Its FLOPs at the trained model's per-token costs (the same in both conventions)."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from eslm.contracts import ExtraWork, ModelPass
+from eslm.contracts import EXECUTED, ExtraWork, Pass
 from eslm.objectives.frozen import ReferenceModel
 from eslm.selection.selectors import VaRSelector
 from eslm.settings import Section, setting
@@ -61,9 +61,11 @@ class Rho1Selector(VaRSelector):
         return excess_loss(stats.loss.view(batch.x.shape), self.reference.token_loss(batch.x, batch.y))
 
     def extra_work(self, tokens_seen: int) -> ExtraWork:
-        """The reference's forward over every token of the micro-batch; in the scope "step" also the scoring
-        forward, in which ``scores`` runs the reference a second time over the same tokens."""
-        ref = (ModelPass(self.reference.config, self.seq_len, tokens_seen),)
-        if self.scope != "step":
-            return ExtraWork(frozen_forwards=ref)
-        return ExtraWork(frozen_forwards=ref, trained_forward_tokens=tokens_seen, repeated_frozen_forwards=ref)
+        """What VaR declares, and the reference's forward over every token of the micro-batch each time ``scores``
+        runs: once, and in the scope "step" once more in the step's scoring forward (``eslm.train.step``), over the
+        same tokens (the executed count alone includes that one)."""
+        var = super().extra_work(tokens_seen)
+        ref = Pass(tokens_seen, self.reference.config, self.seq_len)
+        again = (Pass(tokens_seen, self.reference.config, self.seq_len, counted_by=(EXECUTED,)),) \
+            if self.scope == "step" else ()
+        return ExtraWork(passes=var.passes + (ref, *again), priced=var.priced)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from eslm.contracts import ExtraWork, ModelPass
+from eslm.contracts import ExtraWork, Pass
 from eslm.objectives.base import CrossEntropy, Objective
 from eslm.objectives.distill import kd_per_token
 from eslm.settings import Section, setting
@@ -67,7 +67,7 @@ class Distill(Objective):
 
     def extra_work(self, tokens_seen: int) -> ExtraWork:
         """The teacher's forward over every token of the micro-batch."""
-        return ExtraWork(frozen_forwards=(ModelPass(self.teacher.config, self.seq_len, tokens_seen),))
+        return ExtraWork(passes=(Pass(tokens_seen, self.teacher.config, self.seq_len),))
 
 
 class Salt(Objective):

@@ -12,7 +12,7 @@ kept count K is a Python int derived from shapes and nothing reads the device.
 
 With ``scope="step"`` a ranking selector keeps every token at or above the step's threshold (the VaR of the
 whole optimizer step on all ranks) instead of its micro-batch's top K; the step runs the extra scoring forward
-that this needs, and the selector declares it in ``extra_work``.
+that this needs and declares it (``eslm.train.step.step_work``).
 """
 
 from __future__ import annotations
@@ -112,10 +112,6 @@ class VaRSelector(TokenSelector):
         ranked = standardize(raw, self.standardize, batch.domain, self.n_domains)
         index, k = risk.select(ranked, self.alpha, threshold)
         return Selection(index, k, ranked.numel(), _stats(raw, ranked, index, batch, self.n_domains))
-
-    def extra_work(self, tokens_seen: int) -> ExtraWork:
-        """Scope "step": the step's extra scoring forward of the trained model over every token."""
-        return ExtraWork(trained_forward_tokens=tokens_seen) if self.scope == "step" else NO_EXTRA_WORK
 
 
 class RandomSelector(TokenSelector):

@@ -80,6 +80,7 @@ def plan_schedule(cfg, method, fm, branch=None) -> Schedule:
     the cosine continued from there to its own last step: the branch step plus the steps it takes to spend
     the rest of the FLOPs budget at its planned step FLOPs (``Schedule.end_step``); otherwise the trunk's."""
     from eslm.flops import micro_batch_flops
+    from eslm.train.step import step_work
 
     t = cfg.train
     warmup, decay = t.warmup_steps, t.lr_decay_steps or t.max_steps
@@ -87,7 +88,8 @@ def plan_schedule(cfg, method, fm, branch=None) -> Schedule:
         return Schedule(warmup, decay, **({"branch_step": branch.step, "end_step": decay} if branch else {}))
     rows_in = t.micro_batch_size_seqs
     n = method.rows.num_rows(rows_in) * cfg.data.seq_len
-    planned = micro_batch_flops(fm, method, tokens_seen=n, tokens_kept=method.tokens.num_kept(n))
+    planned = micro_batch_flops(fm, method, tokens_seen=n, tokens_kept=method.tokens.num_kept(n),
+                                step_work=step_work(method, n))
     spent = {M.FLOPS_PAPER: planned.paper, M.FLOPS_EXECUTED: planned.executed,
              M.FLOPS_DENSE: planned.dense}[cfg.flops.budget_counter]
     ratio = fm.train_per_token * rows_in * cfg.data.seq_len / spent

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from eslm.contracts import EXECUTED, NO_EXTRA_WORK, ExtraWork, Pass
 
 
 @dataclass
@@ -31,6 +32,7 @@ class StepResult:
     tokens_seen: int  # this rank
     tokens_kept: int  # this rank
     selections: list = field(default_factory=list)
+    work: ExtraWork = NO_EXTRA_WORK  # the step's own passes per micro-batch (``step_work``), for the FLOPs ledger
 
 
 @dataclass
@@ -66,7 +68,16 @@ def forward_backward(model, raw_model, method, batches, opts: StepOptions, step:
         ce_sum = ce_sum.to(loss.device) + all_ce.float().mean() / len(batches)
         seen, kept = seen + sel.num_tokens, kept + sel.num_kept
         sels.append(sel)
-    return StepResult(loss_sum, ce_sum, seen, kept, sels)
+    return StepResult(loss_sum, ce_sum, seen, kept, sels, step_work(method, seen // len(batches)))
+
+
+def step_work(method, tokens_seen: int) -> ExtraWork:
+    """What the step itself runs per micro-batch of ``tokens_seen`` tokens beyond the trained model's forward and
+    backward of them (which ``eslm.flops`` prices from the token counts): in the selection scope "step" the scoring
+    forward of every token (``_step_threshold``), which only the executed count includes."""
+    if method.tokens.scope != "step":
+        return NO_EXTRA_WORK
+    return ExtraWork(passes=(Pass(tokens_seen, counted_by=(EXECUTED,)),))
 
 
 def _no_sync(model, skip_sync: bool):
@@ -90,7 +101,7 @@ def _global_denominator(method, batches, opts: StepOptions, step_threshold) -> f
 def _step_threshold(raw_model, method, batches, opts: StepOptions):
     """Selection scope "step": one extra forward of every micro-batch with the objective's scoring pass (scores
     only); the token selector ranks each and returns its threshold over the whole step on all ranks (a
-    ``StepThreshold``, or None). The forward is the selector's work, declared in its ``extra_work``."""
+    ``StepThreshold``, or None). The step declares the forward (``step_work``)."""
     ranked = []
     for batch in batches:
         with opts.autocast or contextlib.nullcontext():

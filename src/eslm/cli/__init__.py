@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = extra_of(e.name)
         if extra is None:
             raise
-        print(f"eslm {name}: error: this needs {e.name.split('.')[0]}, which is not installed; fix: pip install "
+        print(f"eslm {name}: error: this needs {str(e.name).split('.')[0]}, which is not installed; fix: pip install "
               f"'eslm[{extra}]'", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

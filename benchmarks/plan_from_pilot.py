@@ -6,7 +6,9 @@ Each argument is a study directory (``eslm study ... --out DIR``: its runs ``<gr
 For each, the paired differences GROUP - OTHER of the final validation loss over the seeds both have: their
 mean, SD with its chi-squared 95% interval and one-sided upper ``--confidence`` limit
 (``eslm.analysis.stats.sd_ci``, ``sd_upper``), and the pairs a two-sided paired t test at 5% needs for an MDE of
-``--mde`` at 80% power from the point estimate and from the upper limit (``pairs_for_mde``); and each group's
+``--mde`` at 80% power from the point estimate and from the upper limit (``pairs_for_mde``); with ``--margin``,
+the pairs for 80% power of the TOST equivalence test within +-margin when the true difference is 0, at the
+upper limit (``tost_pairs``: the usual t approximation); and each group's
 between-seed SD.
 
     python benchmarks/plan_from_pilot.py runs/pilot/pilot-branch-b54 runs/pilot/pilot-branch-none \\
@@ -40,7 +42,21 @@ def finals(study: Path, group: str) -> dict:
     return out
 
 
-def plan(study: Path, group: str, other: str, mde: float, confidence: float) -> dict:
+def tost_pairs(sd: float, margin: float, power: float = 0.8, most: int = 10000) -> int:
+    """The fewest pairs whose TOST shows equivalence within +-``margin`` with probability ``power`` when the
+    true mean difference is 0 and the paired SD is ``sd``: the usual approximation for that case,
+    power = 2 P(T_{n-1} < margin / se - t_{0.95, n-1}) - 1, se = sd / sqrt(n)."""
+    import math
+
+    for n in range(3, most + 1):
+        df = n - 1
+        z = margin / (sd / math.sqrt(n)) - S.t_quantile(0.95, df)
+        if 2.0 * S.t_cdf(z, df) - 1.0 >= power:
+            return n
+    return most
+
+
+def plan(study: Path, group: str, other: str, mde: float, confidence: float, margin: float | None = None) -> dict:
     x, y = finals(study, group), finals(study, other)
     d = S.paired(x, y)
     row = {"study": study.name, "pairs": d["n"], "mean": d["mean"], "p": d["p"], "sd": d["std"]}
@@ -49,6 +65,8 @@ def plan(study: Path, group: str, other: str, mde: float, confidence: float) -> 
         upper = S.sd_upper(d["std"], d["n"], confidence)
         row.update(sd_lo=ci["lo"], sd_hi=ci["hi"], sd_upper=upper, confidence=confidence,
                    pairs_at_sd=S.pairs_for_mde(d["std"], mde), pairs_at_upper=S.pairs_for_mde(upper, mde))
+        if margin:
+            row["tost_pairs_at_upper"] = tost_pairs(upper, margin)
         ys = list(x.values()), list(y.values())
         row["group_sd"] = {group: statistics.stdev(ys[0]) if len(ys[0]) > 1 else None,
                            other: statistics.stdev(ys[1]) if len(ys[1]) > 1 else None}
@@ -62,20 +80,23 @@ def main(argv=None) -> int:
     ap.add_argument("--other", default="random")
     ap.add_argument("--mde", type=float, default=0.025, help="target minimum detectable effect (nats)")
     ap.add_argument("--confidence", type=float, default=0.8, help="one-sided upper confidence limit of the SD")
+    ap.add_argument("--margin", type=float, help="equivalence margin (nats): pairs for 80%% TOST power at 0")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     args = ap.parse_args(argv)
-    rows = [plan(s, args.group, args.other, args.mde, args.confidence) for s in args.studies]
+    rows = [plan(s, args.group, args.other, args.mde, args.confidence, args.margin) for s in args.studies]
     print(f"| study | pairs | mean {args.group} - {args.other} | p | paired SD [95%] | upper {args.confidence:.0%} "
-          f"limit | pairs for MDE {args.mde} (at SD / at upper) | SD {args.group} / {args.other} |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"limit | pairs for MDE {args.mde} (at SD / at upper) | SD {args.group} / {args.other} |"
+          + (f" pairs for TOST +-{args.margin} (80% power at 0, at upper) |" if args.margin else ""))
+    print("|---|---|---|---|---|---|---|---|" + ("---|" if args.margin else ""))
     for r in rows:
         if r["pairs"] < 2:
-            print(f"| {r['study']} | {r['pairs']} | — | — | — | — | — | — |")
+            print(f"| {r['study']} | {r['pairs']} | — | — | — | — | — | — |" + (" — |" if args.margin else ""))
             continue
         g = r["group_sd"]
         print(f"| {r['study']} | {r['pairs']} | {r['mean']:+.4f} | {r['p']:.2g} | {r['sd']:.4f} "
               f"[{r['sd_lo']:.4f}, {r['sd_hi']:.4f}] | {r['sd_upper']:.4f} | {r['pairs_at_sd']} / "
-              f"{r['pairs_at_upper']} | {g[args.group]:.4f} / {g[args.other]:.4f} |")
+              f"{r['pairs_at_upper']} | {g[args.group]:.4f} / {g[args.other]:.4f} |"
+              + (f" {r['tost_pairs_at_upper']} |" if "tost_pairs_at_upper" in r else ""))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     return 0

@@ -1,7 +1,7 @@
 """Refactor guard: a fixed short run of EVERY registered method on the tiny preset, per-step numbers to JSON.
 
-A change that only moves code must leave every number here bit-identical (issue 16; DESIGN.md "Layers and
-contracts"). Each method trains 6 optimizer steps (2 micro-batches of 4 x 32 tokens, CPU, fp32, one thread)
+A change that only moves code must leave every number here bit-identical (issue 16; docs/architecture.md,
+"Contracts"). Each method trains 6 optimizer steps (2 micro-batches of 4 x 32 tokens, CPU, fp32, one thread)
 on a small byte-level corpus built from three stdlib modules; the Rho-1 reference and the KD teacher are the
 checkpoint of the CLM run, which runs first. A few variants cover the options whose code paths a refactor
 touches (selection scope "step", global normalisation, domain standardisation, the naive loss, GREATS' pool).
@@ -44,7 +44,7 @@ VARIANTS_EXTRA = [
 # what a train / eval record keeps: deterministic numbers only (no times, no throughput)
 TRAIN_KEYS = ("train_loss", "train_loss_all", "grad_norm", "lr", "kept_frac", "alpha", "threshold", "cvar",
               "score_dropped_mean", "tokens_seen", "flops_paper", "flops_executed",
-              "flops_dense", "rows_kept_frac")
+              "flops_dense")
 TRAIN_PREFIXES = ("kept_frac/",)
 EVAL_KEYS = ("val_loss",)
 EVAL_PREFIXES = ("val_loss/",)

@@ -1,4 +1,4 @@
-"""Import layering (DESIGN.md "Layers and contracts"): every import of ``src/eslm`` — function-local ones
+"""Import layering (docs/architecture.md: "Imports only point down the layers"): every import of ``src/eslm`` — function-local ones
 included — points down the layer table below or stays within a layer, and no set of modules imports itself
 around a loop. Imports under ``if TYPE_CHECKING:`` count like any other: an annotation that names a higher layer's
 type is the lower layer knowing that layer (the model must not know the application's Config). The commands are the

@@ -79,7 +79,7 @@ class TrainSection:
     min_lr: float = _f(2e-4, "learning rate at the end of the cosine decay (the paper: 6e-5)")
     warmup_steps: int = _f(30, "linear warmup steps (default sized for the 240-step CPU run; the paper: 2000)")
     lr_decay_steps: int = _f(0, "cosine decay length in steps; 0 = max_steps (the paper: 200k SlimPajama, 600k OWT)")
-    lr_schedule: str = _f("budget", "budget: under a FLOPs budget (train.max_flops > 0) warmup_steps and the decay length are stretched by (a dense step's FLOPs / this method's planned step FLOPs, Ada at its starting alpha), so each run's schedule ends at its own step count where a dense run's ends | steps: as given for every method (the rule before; the paper)")
+    lr_schedule: str = _f("budget", "budget: under a FLOPs budget (train.max_flops > 0) warmup_steps and the decay length are stretched by (a dense step's FLOPs / this method's planned step FLOPs, Ada at its starting alpha), so each run's schedule ends at its own step count where a dense run's ends | steps: as given for every method (the paper's schedule)")
     weight_decay: float = _f(0.1, "AdamW weight decay on tensors with 2+ dimensions only")
     beta1: float = _f(0.9, "AdamW beta1")
     beta2: float = _f(0.95, "AdamW beta2")

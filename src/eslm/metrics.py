@@ -13,7 +13,6 @@ KIND_EVAL = "eval"
 
 STEP = "step"  # optimizer steps completed (1-based after the first update)
 TOKENS_SEEN = "tokens_seen"  # tokens that went through a forward pass of the trained model, all ranks
-TOKENS_TRAINED = "tokens_trained"  # tokens whose loss was backpropagated (kept tokens), all ranks
 TRAIN_LOSS = "train_loss"  # the loss that was optimized (over kept tokens), averaged over the step
 TRAIN_LOSS_ALL = "train_loss_all"  # mean CE over ALL tokens of the step (comparable across methods)
 LR = "lr"
@@ -41,7 +40,6 @@ THRESHOLD = "threshold"
 CVAR = "cvar"
 SCORE_DROPPED_MEAN = "score_dropped_mean"
 KEPT_FRAC_DOMAIN_PREFIX = "kept_frac/"  # + domain name
-ROWS_KEPT_FRAC = "rows_kept_frac"  # row selectors (GREATS)
 
 # evaluation
 VAL_LOSS = "val_loss"  # mixed: mean over domains weighted by the training mixture weights

@@ -480,7 +480,7 @@ class GreatsSection(Section):
     val_fraction: float = setting(0.5, "GREATS validation batch size as a fraction of the micro-batch")
     pool: str = setting("floor", "GREATS budget 1-alpha of a micro-batch of B rows: floor (score the B rows, keep floor((1-alpha)B); default: GREATS' budget is the kept fraction of each batch and every method then consumes the same B rows per micro-batch) | pool (score ceil(B/(1-alpha)) rows, the B loader rows + extra training rows drawn by GREATS, keep B). The paper (0.9 of 12) does not say which; see eslm/baselines/greats.py")
     exclude_head: bool = setting(True, "GREATS: leave the tied LM head out of the gradient inner products")
-    route: str = setting("flops", "GREATS per-layer inner products: flops (default: ghost or materialised per-sample gradients, whichever needs fewer FLOPs) | memory (ghost iff 2T^2 < the layer's weights, the old rule) | ghost | materialised; every route but ghost stays ghost where materialising exceeds method.greats.memory_cap_mb; see eslm/baselines/greats.py")
+    route: str = setting("flops", "GREATS per-layer inner products: flops (default: ghost or materialised per-sample gradients, whichever needs fewer FLOPs) | memory (ghost iff 2T^2 < the layer's weights: the form that keeps less in memory) | ghost | materialised; every route but ghost stays ghost where materialising exceeds method.greats.memory_cap_mb; see eslm/baselines/greats.py")
     memory_cap_mb: float = setting(DEFAULT_MEMORY_CAP_MB, "GREATS: most MiB of one layer's materialised fp32 per-sample gradients (candidate + validation rows x weights); above it the layer takes the ghost form")
 
     def problems(self) -> list[str]:

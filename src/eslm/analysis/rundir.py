@@ -125,7 +125,9 @@ def is_number(v) -> bool:
 # ---------------------------------------------------------------- reading files
 
 
-def is_run_dir(path: Path) -> bool:
+def has_metrics(path: Path) -> bool:
+    """A run directory with logged metrics (what a report reads); ``eslm.model.loading.is_run_dir`` is the other
+    question, a directory eslm trains in (a checkpoint to load)."""
     return path.is_dir() and (path / "metrics.jsonl").is_file()
 
 
@@ -178,7 +180,7 @@ def load_run(path: str | Path) -> Run:
     p = Path(path)
     if not p.exists():
         raise RunDirError(f"expected a run directory, found nothing at {p}; check the path")
-    if not is_run_dir(p):
+    if not has_metrics(p):
         raise RunDirError(f"expected a run directory with metrics.jsonl at {p}, found none; "
                           "pass runs/<name> directories written by 'eslm train'")
     warnings: list[str] = []

@@ -15,7 +15,7 @@ from eslm.errors import ConfigError
 
 def _study_file(tmp_path: Path, data: Path, teacher_steps: int = 2, **extra) -> Path:
     doc = {
-        "methods": ["dense-kd", "random-kd"],
+        "methods": ["clm", "dense-kd", "random-kd"],
         "seeds": [1, 2],
         "models": {"teacher": {"method": "clm", "train.max_steps": teacher_steps, "train.lr": 5e-3}},
         "config": {
@@ -63,6 +63,7 @@ def test_a_shared_model_is_trained_once_and_used_by_every_run_and_seed(tiny_data
     assert teacher_cfg["method"]["name"] == "clm" and teacher_cfg["train"]["max_steps"] == 2
     assert teacher_cfg["method"]["kd"]["teacher"] == ""  # the study's key for the runs is not the model's own
     record = json.loads((out / "kd" / "models" / "models.json").read_text())
+    # CLM has the study-wide key in its config but does not use the model
     assert sorted(record["teacher"]["used_by"]) == sorted(runs) and len(record["teacher"]["sha256"]) == 64
 
 
@@ -77,7 +78,7 @@ def test_a_later_study_reuses_the_model_without_training_it_again(tiny_data, tmp
     (out / "kd" / "random-kd-s1" / "result.json").unlink()
     assert study.run_study(str(path), out) == 0
     assert str(teacher) not in trained
-    assert sorted(Path(t).name for t in trained) == ["dense-kd-s2", "random-kd-s1", "random-kd-s2"]
+    assert sorted(Path(t).name for t in trained) == ["clm-s2", "dense-kd-s2", "random-kd-s1", "random-kd-s2"]
     assert {p: p.read_bytes() for p in teacher.rglob("*") if p.is_file() and p.name != "models.json"} == before
 
 

@@ -135,14 +135,17 @@ def changed_problems(configs: list) -> list[str]:
 
 
 def used_models(cfg, study: dict, study_dir: Path) -> dict[str, Path]:
-    """{frozen-model key: model directory} of a planned run that uses shared models of its study."""
-    models = study.get("models") or {}
+    """{frozen-model key: model directory} of a planned run that uses shared models of its study: the keys its
+    method needs (a study-wide ``method.kd.teacher`` is set in CLM's config too, but CLM does not use it)."""
+    from eslm.methods import METHODS
     from eslm.train.resume import flat
 
+    models = study.get("models") or {}
     values = flat(cfg)
     dirs = {model_dir(study_dir, n, s, seed): n for n, s in models.items()
             for seed in _model_seeds(s, [cfg.run.seed])}
-    return {k: Path(values[k]) for k in frozen_model_keys() if k in values and Path(values[k]) in dirs}
+    keys = [n.key for n in METHODS[cfg.method.name].frozen_models]
+    return {k: Path(values[k]) for k in keys if k in values and Path(values[k]) in dirs}
 
 
 def missing_problems(run_configs: list, study: dict, study_dir: Path) -> list[str]:

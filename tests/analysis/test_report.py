@@ -163,7 +163,7 @@ def test_one_table_of_figures_drives_drawing_and_the_page(runs, tmp_path, monkey
     out = tmp_path / "rep"
     s = report.build_report([str(p) for p in runs], out)
     # one seed per group and no selection scores: no paired difference over training, no kept/dropped scores
-    no_data = {"empty_fig", "difference_over_training", "kept_dropped_scores"}
+    no_data = {"empty_fig", "difference_over_training", "kept_dropped_scores", "alpha_per_run"}
     assert list(s["figures"]) == [f.id for f in T.FIGURES if f.id not in no_data]
     assert (out / "extra_fig.png").read_bytes() == b"png" and not (out / "empty_fig.png").exists()
     page = (out / "index.html").read_text()
@@ -172,6 +172,26 @@ def test_one_table_of_figures_drives_drawing_and_the_page(runs, tmp_path, monkey
     assert ("<h2>Extra section</h2>\n<p><img src='extra_fig.png' alt='an extra figure'></p>\n"
             "<p class='note'>(nothing to draw: no data)</p>") in page
     assert page.count("<h2>Validation loss</h2>") == 1
+
+
+def test_alpha_per_run_draws_every_seed_of_a_group_whose_alpha_moves(tmp_path, monkeypatch):
+    # Ada-ESLM: one line per run (seed) of each group whose alpha changed in some run; fixed-alpha groups: none
+    from eslm.analysis.report import figure_table as T
+
+    runs = [load_run(make_run(tmp_path, f"{m}-s{s}", m, s)) for m in ("ada-eslm-entropy", "eslm-entropy") for s in (1, 2)]
+    for r in runs[:2]:
+        for i, rec in enumerate(r.train):
+            rec[M.ALPHA] = 0.1 * (1 + 0.1 * i * r.seed)  # each seed its own path
+    groups = group_runs(runs)
+    drawn = {}
+    monkeypatch.setattr(T.figures, "panels", lambda path, panel, *a, **kw: drawn.update(panel))
+    assert T._alpha_per_run(tmp_path / "a.png", T.Scene(groups, {}, {}))
+    assert list(drawn) == ["ada-eslm-entropy"]
+    lines = drawn["ada-eslm-entropy"]
+    assert [x["label"] for x in lines] == ["seed 1", "seed 2"]
+    assert lines[1]["mean"] == [r[M.ALPHA] for r in runs[1].train] and lines[0]["x"] == [r[M.STEP] for r in runs[0].train]
+    drawn.clear()
+    assert not T._alpha_per_run(tmp_path / "b.png", T.Scene(group_runs(runs[2:]), {}, {})) and not drawn
 
 
 def test_crossing_interpolates_in_log_flops_and_not_reached():

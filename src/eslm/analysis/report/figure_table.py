@@ -11,7 +11,7 @@ from pathlib import Path
 
 from eslm import metrics as M
 from eslm.analysis import figures
-from eslm.analysis.report.curves import domains_of, group_curve
+from eslm.analysis.report.curves import domains_of, group_curve, series
 from eslm.analysis.rundir import Group, Run
 
 
@@ -115,6 +115,26 @@ def _selection(path: Path, sc: Scene) -> bool:
     return True
 
 
+def _alpha_per_run(path: Path, sc: Scene) -> bool:
+    """Adaptive alpha (Ada-ESLM): every run's alpha over training, one line per seed, one panel per group whose
+    alpha moved in some run. Does the path repeat across seeds?"""
+    panel = {}
+    for g in sc.groups:
+        lines = []
+        for r in g.runs:
+            steps, _, alphas = series(r.train, M.STEP, M.ALPHA)
+            if len(set(alphas)) > 1:
+                lines.append({"label": f"seed {r.seed}", "n": 1, "x": steps, "mean": alphas, "lo": alphas,
+                              "hi": alphas})
+        if lines:
+            panel[g.label] = lines
+    if not panel:
+        return False
+    figures.panels(path, panel, {}, xlabel="optimizer step", ylabel="alpha", logx=False, logy=False,
+                   title="alpha of every run (adaptive alpha)")
+    return True
+
+
 def _differences(path: Path, sc: Scene) -> bool:
     """The paired difference of the validation loss against the baseline and against the random-drop control
     over training: does an effect grow with training?"""
@@ -171,6 +191,7 @@ FIGURES: tuple[Figure, ...] = (
     Figure("selection", "Token selection", "kept fraction and alpha over training", _selection),
     Figure("kept_dropped_scores", "Token selection", "mean score of kept and dropped tokens over training",
            _kept_dropped),
+    Figure("alpha_per_run", "Token selection", "alpha of every run over training (adaptive alpha)", _alpha_per_run),
 )
 
 

@@ -68,13 +68,15 @@ def test_eslms_own_warnings_print_as_one_line(capsys):
 
 @pytest.mark.slow
 def test_a_run_prints_no_raw_warning(tiny_data, tmp_path):
-    """A run whose validation domain is smaller than asked warns in one line, without Python's source line."""
-    over = tiny_overrides(tiny_data, tmp_path, **{"train.max_steps": 1, "eval.interval": 1,
-                                                  "eval.tokens_per_domain": 10**6})
+    """A warning a user can act on (warm-up longer than the run) is one line, without Python's source line; a
+    validation domain smaller than asked is used whole without a warning (nothing to act on)."""
+    over = tiny_overrides(tiny_data, tmp_path, **{"train.max_steps": 1, "train.warmup_steps": 2,
+                                                  "eval.interval": 1, "eval.tokens_per_domain": 10**6})
     out = subprocess.run([sys.executable, "-m", "eslm.cli", "train", *over], capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "eslm train: warning: val: domain 'code' has" in out.stderr
+    assert "eslm train: warning: train.warmup_steps=2 exceeds train.max_steps=1" in out.stderr, out.stderr
+    assert "domain 'code' has" not in out.stderr, out.stderr
     assert "Warning:" not in out.stderr and "warnings.warn" not in out.stderr, out.stderr
 
 

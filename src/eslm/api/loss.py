@@ -181,15 +181,15 @@ def _check_targets(t, valid, vocab: int, ignore_index: int) -> None:
 
 def _check_num_items(n) -> None:
     """``num_items_in_batch`` is a count of tokens: a positive finite number (0 gave inf, -3 a negative loss). A
-    tensor must hold one value; its value is checked when it is on the CPU (on a GPU the check would cost a
-    host sync every step)."""
+    tensor must hold one value; its value is checked when it is on the CPU and not being compiled (on a GPU the
+    check would cost a host sync every step; under torch.compile it would break the graph)."""
     fix = "pass the number of kept (or valid) tokens of the whole optimizer step, or None for this batch's own"
     if isinstance(n, torch.Tensor):
         if n.numel() != 1 or n.dtype == torch.bool or n.is_complex():
             raise ConfigError(f"num_items_in_batch: expected one number, found a {n.dtype} tensor of shape "
                               f"{tuple(n.shape)}; {fix}")
-        if n.device.type != "cpu":
-            return
+        if n.device.type != "cpu" or torch.compiler.is_compiling():
+            return  # reading the value would be a host sync on a GPU, a graph break under torch.compile
         n = n.item()
     if isinstance(n, bool) or not isinstance(n, (int, float)) or not math.isfinite(n) or n <= 0:
         raise ConfigError(f"num_items_in_batch: expected a positive count of tokens, found {n!r}; {fix}")

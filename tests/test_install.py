@@ -118,7 +118,8 @@ def test_lowest_versions_pin_every_direct_dependency_at_its_bound(tmp_path):
     deps = (ROOT / "pyproject.toml").read_text()
     core = deps.split("dependencies = [", 1)[1].split("]", 1)[0]
     named = {lv._name(n) for n in re.findall(r'"([A-Za-z0-9._-]+)', core)} | {"matplotlib", "pytest", "hypothesis",
-                                                                               "setuptools", "build", "twine"}
+                                                                               "setuptools", "build", "twine",
+                                                                               "mypy", "ruff"}
     assert set(pins) | set(not_pinned) == named
     bad = tmp_path / "pyproject.toml"
     bad.write_text('[project]\ndependencies = ["torch>=2.6", "numpy"]\n[project.optional-dependencies]\n'

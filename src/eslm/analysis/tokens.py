@@ -256,7 +256,7 @@ def kept_dropped_by_domain(records: list[dict], tok, key: str, k: int = TOP_K) -
             return [[t, c, n[t]] for t, c in order[:k]]
 
         total = sum(n.values())
-        out[d] = {"tokens": total, "kept_frac": sum(kept[d].values()) / total if total else 0.0,
+        out[d] = {"tokens": total, M.KEPT_FRAC: sum(kept[d].values()) / total if total else 0.0,
                   "kept": ranked(+kept[d]), "dropped": ranked(dropped)}
     return out
 
@@ -275,7 +275,7 @@ def domain_table(domain: str, by_variant: dict[str, dict]) -> str:
 
     body = "".join("<tr>" + "".join(cell(by_variant[k][side], i) for k, *_ in VARIANTS for side in ("kept", "dropped"))
                    + "</tr>" for i in range(rows))
-    info = ", ".join(f"{title}: {by_variant[k]['kept_frac']:.0%} kept" for k, title, _ in VARIANTS)
+    info = ", ".join(f"{title}: {by_variant[k][M.KEPT_FRAC]:.0%} kept" for k, title, _ in VARIANTS)
     return (f"<h3>{html.escape(domain)}</h3><p class='note'>{by_variant[VARIANTS[0][0]]['tokens']} scored tokens; "
             f"{info}</p><table class='v kd'><tr>{head}</tr><tr>{sub}</tr>{body}</table>")
 

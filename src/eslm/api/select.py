@@ -73,7 +73,7 @@ def over_batch(scores: torch.Tensor, valid: torch.Tensor, alpha, bound: float | 
     assert bound is not None, "a tensor alpha needs its bound (check_alpha)"
     ranked = scores.masked_fill(~valid, float("-inf"))
     k_max = risk.num_kept(ranked.numel(), bound)
-    index = torch.topk(ranked, k_max, sorted=True).indices
+    index = risk.ranked_topk_index(ranked, k_max)
     n = valid.sum()
     k = risk.num_kept_tensor(n, alpha)
     keep = torch.arange(k_max, device=scores.device) < k

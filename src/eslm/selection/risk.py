@@ -70,6 +70,13 @@ def topk_index(scores: torch.Tensor, k: int) -> torch.Tensor:
     return torch.topk(flat, k, sorted=False).indices
 
 
+def ranked_topk_index(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices (k,) of the k largest of a 1-D score tensor in descending order of score, so that its first j
+    entries are the top j for every j <= k (a static k with a data-dependent cut-off, as Ada's moving alpha under
+    torch.compile needs: no recompile, no sync)."""
+    return torch.topk(scores, k, sorted=True).indices
+
+
 def at_or_above(scores: torch.Tensor, threshold) -> torch.Tensor:
     """Boolean mask (same shape as scores): the tokens a shared threshold keeps (score >= threshold, ties kept)."""
     return scores >= threshold

@@ -22,7 +22,7 @@ Run names are readable: ``<method or label>[-<key><value> ...]-s<seed>``, e.g. `
 
 Pairing: for one seed, every run sees the same data order and the same initial weights (the model is
 initialised from ``run.seed`` before any method component exists, and the training stream is seeded by
-``run.seed`` alone), so differences between methods can be paired per seed; tests/test_study.py checks it.
+``run.seed`` alone), so differences between methods can be paired per seed; tests/study/test_study.py checks it.
 
 Runs are resumable: a finished run (it has result.json) is skipped, an interrupted one resumes. Runs go
 seed by seed, so a study stopped half-way holds complete paired comparisons for its first seeds. With

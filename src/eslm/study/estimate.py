@@ -24,6 +24,8 @@ import math
 import os
 from pathlib import Path
 
+from eslm import metrics as M
+
 K = 1.19  # a step's CPU time / the head-cost model's matmul + softmax prediction (Intel Xeon, idle)
 RUN_OVERHEAD_S = 3.0  # process start, imports, model and data set-up of one run
 STUDY_OVERHEAD_S = 3.0  # the study's own process
@@ -96,7 +98,7 @@ def estimate(configs: list, jobs: int) -> dict | None:
         prep = not (_data_dir(configs[0]) / MANIFEST_NAME).is_file()
         serial += PREP_STDLIB_S if prep else 0.0
     cores = max(1, min(len(configs), jobs * threads, os.cpu_count() or 1))
-    return {"cpu_s": runs + serial, "wall_s": runs / cores + serial, "table": table, "prep": prep,
+    return {M.CPU_S: runs + serial, "wall_s": runs / cores + serial, "table": table, "prep": prep,
             "cores": cores}
 
 
@@ -108,6 +110,6 @@ def describe(est: dict | None) -> str | None:
     where = ("this machine's measured head costs" if t["table"] == "measured" else
              f"head costs from {t['path']}" if t["table"] == "file" else
              "the shipped head costs (none measured here yet: eslm calibrate measures them in seconds)")
-    return (f"estimate: about {est['cpu_s'] / 60:.1f} CPU-minutes, about {est['wall_s'] / 60:.1f} min on "
+    return (f"estimate: about {est[M.CPU_S] / 60:.1f} CPU-minutes, about {est['wall_s'] / 60:.1f} min on "
             f"{est['cores']} idle core{'s' if est['cores'] > 1 else ''}"
             + (" (corpus preparation included)" if est["prep"] else "") + f", from {where}")

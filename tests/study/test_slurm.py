@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from eslm.errors import ConfigError, ESLMError
-from eslm.study import run_study
+from eslm.files import atomic_write, new_marker
+from eslm.study import STUDY_FORMAT, STUDY_MARKER, run_study
 from eslm.study.slurm import RunJob, launcher_problems, time_minutes
 
 THREE = "[clm, eslm-entropy, eslm-loss]"
@@ -176,8 +177,12 @@ def test_slurm_runs_equal_local_runs_and_a_failing_run_is_reported(slurm_cluster
                                                                    capsys):
     # the failing run first: it fails within seconds and frees its slot (the node runs 2 one-CPU runs at once)
     f = _study(tmp_path, tiny_data, methods="[eslm-loss, clm, eslm-entropy]", launcher="launcher: {parallel: 2}")
-    broken = tmp_path / "out" / "tiny" / "eslm-loss-s1"  # not a run directory eslm can resume: its run fails
-    broken.mkdir(parents=True)
+    # an earlier study of eslm's (its marker) whose eslm-loss-s1 is not a run directory eslm can resume: that run fails
+    study_dir = tmp_path / "out" / "tiny"
+    study_dir.mkdir(parents=True)
+    atomic_write(study_dir / STUDY_MARKER, (json.dumps(new_marker(STUDY_FORMAT)) + "\n").encode())
+    broken = study_dir / "eslm-loss-s1"
+    broken.mkdir()
     (broken / "metrics.jsonl").write_text("not json\n")
     code = run_study(str(f), tmp_path / "out", launcher="slurm")
     out, err = capsys.readouterr()

@@ -394,6 +394,9 @@ def test_every_command_that_writes_uses_the_one_writer(run, tiny_data, text_file
         "tokens": ["tokens", str(run), "--text", str(text_file), "--out", str(work / "v")],
         "study": ["study", str(study), "--out", str(work / "st")],
     }
+    import importlib.util
+    if importlib.util.find_spec("transformers") is None:  # the hf extra is absent (CI's lowest-versions run)
+        del commands["export-hf"]
     active, writes = [None], []
 
     def hook(event, args):

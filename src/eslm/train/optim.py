@@ -24,6 +24,38 @@ def build_optimizer(model: torch.nn.Module, *, lr: float, weight_decay: float, b
     return torch.optim.AdamW(groups, lr=lr, betas=betas, **({"fused": True} if fused else {}))
 
 
+def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer.step()`` can skip itself on the device: torch's fused AdamW reads a ``found_inf``
+    flag tensor in its kernel (it is how torch's GradScaler skips a step without a host sync), and leaves
+    weights, moments and step count as they were when the flag is 1. Not with DTensor parameters (FSDP2),
+    whose flag would have to be a DTensor too."""
+    return bool(optimizer.defaults.get("fused")) and getattr(optimizer, "_step_supports_amp_scaling", False) and \
+        not any(hasattr(p, "to_local") for g in optimizer.param_groups for p in g["params"])
+
+
+def step_if_finite(optimizer: torch.optim.Optimizer, readout: torch.Tensor) -> list[float]:
+    """The optimizer step unless ``readout[0]`` (the loss) or ``readout[1]`` (the gradient norm) is a NaN or
+    inf; returns ``readout`` read to the host, the training step's one host sync.
+
+    Where the optimizer ``skips_on_device`` (the fused AdamW built for CUDA), the decision is the device's: the
+    flag is formed there and passed to the kernel, and the read comes after the update is queued, so the GPU
+    never waits for the host between backward and update. Otherwise (the CPU's default AdamW, whose own step
+    reads its step count on the host anyway) the values are read first and the step is taken on the host's
+    word. A finite step runs the very same update either way (a flag of 0 skips nothing: same bits)."""
+    if not skips_on_device(optimizer):
+        values = readout.tolist()
+        if math.isfinite(values[0]) and math.isfinite(values[1]):
+            optimizer.step()
+        return values
+    found_inf = (~torch.isfinite(readout[:2]).all()).float()
+    optimizer.found_inf, optimizer.grad_scale = found_inf, None  # type: ignore[attr-defined]
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.found_inf, optimizer.grad_scale  # type: ignore[attr-defined]
+    return readout.tolist()
+
+
 def lr_at(step: int, *, lr: float, min_lr: float, warmup_steps: int, decay_steps: int) -> float:
     """Learning rate for optimizer step ``step`` (0-based): linear warmup over ``warmup_steps``, then cosine
     decay to ``min_lr`` at ``decay_steps``, then ``min_lr``. The paper sets decay_steps (200k / 600k) far past

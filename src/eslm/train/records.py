@@ -5,7 +5,7 @@ A record holds metrics only (names in ``eslm.metrics``); the step's tensors trav
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -15,13 +15,34 @@ from eslm.train.step import StepResult
 
 @dataclass
 class Update:
-    """One optimizer step as the loop sees it."""
+    """One optimizer step as the loop sees it (its numbers read to the host in the step's one read, ``readout``)."""
 
     res: StepResult  # what forward_backward returned (this rank)
-    loss: float  # the optimised loss (host float: the one sync per step that refuses a non-finite update)
+    loss: float  # the optimised loss
     lr: float
     grad_norm: float  # before clipping
     tokens_seen: int  # all ranks
+    loss_all: float = float("nan")  # the mean CE over all tokens seen
+    selection: list[float] = field(default_factory=list)  # readout's selection part (steps that are logged)
+
+
+def readout(res: StepResult, grad_norm: torch.Tensor, with_selection: bool) -> torch.Tensor:
+    """What a step reads to the host, as one fp32 vector on the device (one read, however many numbers): the
+    loss, the gradient norm (the non-finite check reads these two), the all-token CE, then, ``with_selection``
+    (a step that is logged) and when the selector produced statistics, the means over micro-batches of the
+    threshold, CVaR and dropped-score mean, the kept fraction per domain and the tokens per domain (decoded by
+    ``selection_metrics``). Each number is the fp32 value the record used to read from its own tensor."""
+    head = [res.loss.float(), grad_norm.float().to(res.loss.device), res.loss_all.float().to(res.loss.device)]
+    stats = [s.stats for s in res.selections if s.stats is not None] if with_selection else []
+    if not stats:
+        return torch.stack(head)
+    mean = lambda values: torch.stack([v.float() for v in values]).mean()  # noqa: E731
+    kept = sum(s.kept_per_domain for s in stats)
+    tot = sum(s.tokens_per_domain for s in stats)
+    parts = [torch.stack(head + [mean(s.threshold for s in stats), mean(s.cvar for s in stats),
+                                 mean(s.score_dropped_mean for s in stats)]).to(res.loss.device),
+             (kept / tot).float().to(res.loss.device), tot.float().to(res.loss.device)]
+    return torch.cat(parts)
 
 
 def train_record(u: Update, step: int, *, tokens_seen_total: int, step_cpu_s: float, step_time_s: float,
@@ -30,7 +51,7 @@ def train_record(u: Update, step: int, *, tokens_seen_total: int, step_cpu_s: fl
     """The record of a logged training step (the key order is that of the metrics file)."""
     rec = {M.KIND: M.KIND_TRAIN, M.STEP: step, M.TRAIN_LOSS: u.loss, M.LR: u.lr, M.GRAD_NORM: u.grad_norm,
            M.KEPT_FRAC: u.res.tokens_kept / max(u.res.tokens_seen, 1), M.STEP_CPU_S: step_cpu_s,
-           M.TOKENS_PER_S: tokens_per_s, M.TRAIN_LOSS_ALL: float(u.res.loss_all), **selection,
+           M.TOKENS_PER_S: tokens_per_s, M.TRAIN_LOSS_ALL: u.loss_all, **selection,
            M.TOKENS_SEEN: tokens_seen_total, M.ELAPSED_S: elapsed_s, M.CPU_S: cpu_s, M.STEP_TIME_S: step_time_s}
     if load_avg_1m is not None:
         rec[M.LOAD_AVG_1M] = load_avg_1m
@@ -40,23 +61,21 @@ def train_record(u: Update, step: int, *, tokens_seen_total: int, step_cpu_s: fl
     return rec
 
 
-def selection_metrics(res: StepResult, tokens, domains: list[str]) -> dict:
+def selection_metrics(values: list[float], tokens, domains: list[str]) -> dict:
     """alpha (selective methods), the threshold, CVaR and dropped-score mean averaged over the step's micro-batches,
-    and the kept fraction per domain. ``tokens``: the method's token selector."""
-    stats = [s.stats for s in res.selections if s.stats is not None]
+    and the kept fraction per domain, from ``values``: the selection part of the step's ``readout`` read to the host
+    (empty when the selector has no statistics). ``tokens``: the method's token selector."""
     out = {}
     if tokens.score is not None:
         out[M.ALPHA] = tokens.alpha
-    if not stats:
+    if not values:
         return out
-    mean = lambda values: float(torch.stack([v.float() for v in values]).mean())  # noqa: E731
-    out.update({M.THRESHOLD: mean(s.threshold for s in stats), M.CVAR: mean(s.cvar for s in stats),
-                M.SCORE_DROPPED_MEAN: mean(s.score_dropped_mean for s in stats)})
-    kept = sum(s.kept_per_domain for s in stats)
-    tot = sum(s.tokens_per_domain for s in stats)
+    n = len(domains)
+    threshold, cvar, dropped, frac, tot = values[0], values[1], values[2], values[3:3 + n], values[3 + n:3 + 2 * n]
+    out.update({M.THRESHOLD: threshold, M.CVAR: cvar, M.SCORE_DROPPED_MEAN: dropped})
     for i, dom in enumerate(domains):
-        if float(tot[i]) > 0:
-            out[M.kept_frac_key(dom)] = float(kept[i] / tot[i])
+        if tot[i] > 0:
+            out[M.kept_frac_key(dom)] = frac[i]
     return out
 
 

@@ -1,7 +1,8 @@
 """What the machine measured while training: wall-clock and CPU time of a step, throughput, load, MFU.
 
 These numbers differ between two identical runs (``metrics.TIMING_KEYS``); nothing that is trained depends on
-them. CUDA steps are synchronised at their ends so that a step's wall-clock time is its real time.
+them. CUDA steps end synchronised (the step's own read of its loss waits for its update) so that a step's
+wall-clock time is its real time.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ import torch
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 
 
-def timed(fn, device: torch.device):
-    """(fn(), wall-clock seconds, process CPU seconds): the device is synchronised before the clocks stop."""
+def timed(fn, device: torch.device, synchronize: bool = True):
+    """(fn(), wall-clock seconds, process CPU seconds): the device is synchronised before the clocks stop, unless
+    ``fn`` ends with a blocking read of its own (``synchronize=False``: the training step, whose one host read
+    comes after its update is queued)."""
     t0, c0 = time.perf_counter(), time.process_time()
     out = fn()
-    if device.type == "cuda":
+    if synchronize and device.type == "cuda":
         torch.cuda.synchronize(device)
     return out, time.perf_counter() - t0, time.process_time() - c0
 

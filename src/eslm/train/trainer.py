@@ -30,9 +30,9 @@ from eslm.train import checkpoint as ckpt
 from eslm.train import setup, snapshots
 from eslm.train.branch import read_branch_point
 from eslm.train.distributed import full_state_dicts, init_distributed, load_full_state_dicts, shutdown
-from eslm.train.optim import build_optimizer, plan_schedule
+from eslm.train.optim import build_optimizer, plan_schedule, skips_on_device, step_if_finite
 from eslm.train.progress import progress_line
-from eslm.train.records import Update, eval_record, selection_metrics, train_record
+from eslm.train.records import Update, eval_record, readout, selection_metrics, train_record
 from eslm.train.resume import check_checkpoint_of_run, open_run_dir, record_resumed_at
 from eslm.train.run_dir import MetricsWriter, append_to_env, last_records
 from eslm.train.step import StepOptions, forward_backward
@@ -118,11 +118,13 @@ class Trainer:
                     if self.budget.flops_reached(self.flops.totals()):
                         stopped_by = "max_flops"
                         break
-                    update, dt, dc = timed(self._train_one_step, self.device)
+                    # where the update is queued before the step's read, that read is the step's end: no second sync
+                    update, dt, dc = timed(self._train_one_step, self.device,
+                                           synchronize=not skips_on_device(self.optimizer))
                     self.elapsed_s += dt
                     self.cpu_s += dc
                     throughput.add(update.tokens_seen, dt)  # the step's own time: evaluation excluded
-                    if self.step % c.log.interval == 0 or self.step == max_steps:
+                    if self._logs_at(self.step):
                         self._log_step(update, dt, dc, throughput.read())
                     if c.eval.interval and self.step % c.eval.interval == 0:
                         last_val = self._evaluate()
@@ -149,23 +151,25 @@ class Trainer:
             g["lr"] = lr
         batches = [self.loader.next_batch().to(self.device) for _ in range(t.grad_accum_steps)]
         res = forward_backward(self.model, self.raw_model, self.method, batches, self.opts, self.step + 1, lr)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), t.grad_clip if t.grad_clip > 0
-                                                   else float("inf"))
-        if hasattr(grad_norm, "full_tensor"):  # FSDP: a replicated DTensor
-            grad_norm = grad_norm.full_tensor()
-        # the step's one host sync: loss and gradient norm read together (a non-finite update is refused)
-        loss, grad_norm = torch.stack([res.loss.float(), grad_norm.float().to(res.loss.device)]).tolist()
-        try:
-            check_update(loss, grad_norm, self.step + 1, self.run_dir)
-        except TrainingDiverged:
-            self.optimizer.zero_grad(set_to_none=True)
-            raise
-        self.optimizer.step()
+        norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), t.grad_clip if t.grad_clip > 0
+                                              else float("inf"))
+        if hasattr(norm, "full_tensor"):  # FSDP: a replicated DTensor
+            norm = norm.full_tensor()
+        # the step's one host sync: loss, gradient norm (and what a logged step records) read together, after
+        # the update is queued where the optimizer skips a non-finite update on the device (train/optim.py)
+        values = step_if_finite(self.optimizer, readout(res, norm, self._logs_at(self.step + 1)))
         self.optimizer.zero_grad(set_to_none=True)
+        loss, grad_norm, loss_all = values[:3]
+        check_update(loss, grad_norm, self.step + 1, self.run_dir)  # raises; the update was not applied
         self.step += 1
         self.method.on_step_end(self.step)
         self.flops.add_step(self.fm, self.method, res, world_size=self.dist.world_size)
-        return Update(res, loss, lr, grad_norm, tokens_seen=res.tokens_seen * self.dist.world_size)
+        return Update(res, loss, lr, grad_norm, tokens_seen=res.tokens_seen * self.dist.world_size,
+                      loss_all=loss_all, selection=values[3:])
+
+    def _logs_at(self, step: int) -> bool:
+        """Whether optimizer step ``step`` (1-based) writes a train record."""
+        return step % self.cfg.log.interval == 0 or step == self.cfg.train.max_steps
 
     def _finish(self, stopped_by: str, last_val: float | None) -> None:
         """The final checkpoint, the load summary in env.json and (unless preempted) result.json."""
@@ -187,7 +191,7 @@ class Trainer:
         rec = train_record(
             update, self.step, tokens_seen_total=self.loader_tokens_seen(), step_cpu_s=dc, step_time_s=dt,
             tokens_per_s=tokens_per_s, elapsed_s=self.elapsed_s, cpu_s=self.cpu_s,
-            selection=selection_metrics(update.res, self.method.tokens, self.dataset.domains),
+            selection=selection_metrics(update.selection, self.method.tokens, self.dataset.domains),
             flops_totals=self.flops.totals(), load_avg_1m=self.load.sample(),
             mfu=mfu(tokens_per_s, self.fm.train_per_token, self.device, self.dist.world_size))
         if self.dist.is_main:

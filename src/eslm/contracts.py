@@ -5,7 +5,7 @@ A method (``eslm.methods.Method``) is one ``RowSelector``, one ``TokenSelector``
 of ``Controller``s. The step (``eslm.train.step``) and the trainer call exactly the hooks declared here and
 nothing else: no ``hasattr`` probing. Each hook is declared once, here, with its documentation; the base classes
 that give the no-op defaults subclass their protocol and only implement (``eslm.selection.rows.AllRows``,
-``eslm.selection.selectors.TokenSelector``, ``eslm.objectives.base.Objective``), so a new component overrides
+``eslm.selection.selectors.AllTokens``, ``eslm.objectives.base.BaseObjective``), so a new component overrides
 only what it changes.
 
 Cost is part of the contract: every component returns an ``ExtraWork`` per micro-batch (``extra_work``), and

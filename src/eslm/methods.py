@@ -27,7 +27,7 @@ from eslm.objectives.frozen import ReferenceModel
 from eslm.objectives.kd_objective import Distill, KDSection, Salt, SaltSection
 from eslm.selection.ada import AdaController, AdaSection
 from eslm.selection.rows import AllRows
-from eslm.selection.selectors import RandomSelector, TokenSelector, VaRSelector
+from eslm.selection.selectors import AllTokens, RandomSelector, VaRSelector
 from eslm.data.loader import TrainLoader
 from eslm.model.gpt import ModelConfig
 from eslm.settings import Section, setting
@@ -86,7 +86,7 @@ class BuildContext:
 class Method:
     name: str
     rows: contracts.RowSelector = field(default_factory=AllRows)
-    tokens: contracts.TokenSelector = field(default_factory=TokenSelector)
+    tokens: contracts.TokenSelector = field(default_factory=AllTokens)
     objective: contracts.Objective = field(default_factory=CrossEntropy)
     controllers: list[contracts.Controller] = field(default_factory=list)
 

@@ -7,7 +7,7 @@ from eslm.data.batch import Batch
 from eslm.ops.token_stats import TokenStats
 from eslm.selection.ada import AdaController
 from eslm.selection.scores import standardize
-from eslm.selection.selectors import RandomSelector, TokenSelector, VaRSelector
+from eslm.selection.selectors import AllTokens, RandomSelector, VaRSelector
 from eslm.selection.stats import selection_stats
 
 
@@ -83,7 +83,7 @@ def test_random_selector_same_k_and_resumable():
 
 
 def test_all_tokens_default():
-    sel = TokenSelector().select(None, _batch())
+    sel = AllTokens().select(None, _batch())
     assert sel.index is None and sel.num_kept == 64
 
 

@@ -13,6 +13,7 @@ training with full logits; memory: one (chunk, V) fp32 block, not the (N, V) log
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from eslm.errors import ConfigError
+from eslm.ops.token_stats import loss_entropy
 
 
 @dataclass(frozen=True)
@@ -56,16 +58,25 @@ class Head:
 
 
 @torch.no_grad()
+def chunked_scores(logits_of: Callable[[int, int], torch.Tensor], targets: torch.Tensor, *, need_entropy: bool,
+                   chunk_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Detached fp32 per-token loss and entropy (None unless asked) of N tokens, chunk by chunk
+    (``eslm.ops.token_stats.loss_entropy``): ``logits_of(s, e)`` gives rows s:e's fp32 logits, so only one
+    (chunk, V) block is alive."""
+    loss, ent = [], []
+    for s in range(0, targets.shape[0], chunk_size):
+        chunk_loss, chunk_ent = loss_entropy(logits_of(s, s + chunk_size), targets[s:s + chunk_size], need_entropy)
+        loss.append(chunk_loss)
+        if chunk_ent is not None:
+            ent.append(chunk_ent)
+    return torch.cat(loss), (torch.cat(ent) if need_entropy else None)
+
+
 def token_stats(head: Head, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
                 need_entropy: bool, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Detached fp32 per-token loss and entropy (None unless asked) of hidden (N, C), chunk by chunk."""
-    loss, ent = [], []
-    for s in range(0, hidden.shape[0], chunk_size):
-        logp = torch.log_softmax(head.logits(hidden[s:s + chunk_size], weight), dim=-1)
-        loss.append(-logp.gather(1, targets[s:s + chunk_size, None]).squeeze(1))
-        if need_entropy:
-            ent.append(-(logp.exp() * logp).sum(-1))
-    return torch.cat(loss), (torch.cat(ent) if need_entropy else None)
+    return chunked_scores(lambda s, e: head.logits(hidden[s:e], weight), targets, need_entropy=need_entropy,
+                          chunk_size=chunk_size)
 
 
 def row_loss(z: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0,

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from eslm.api import select
-from eslm.api.head import Head, row_loss
+from eslm.api.head import Head, chunked_scores, row_loss
 from eslm.api.head import selected_ce as head_selected_ce
 from eslm.api.head import token_stats as head_token_stats
 from eslm.errors import ConfigError
@@ -38,7 +38,7 @@ from eslm.selection import risk
 from eslm.selection.stats import SelectionStats, selection_stats
 
 SCORES = ("entropy", "loss")
-SCOPES = ("batch", "sequence")
+LOSS_SCOPES = ("batch", "sequence")  # the drop-in loss's scope (the trainer's method.scope: selectors.SCOPES)
 REDUCTIONS = ("mean", "sum")
 IMPLS = IMPL_CHOICES  # the head backends of eslm.ops.head_backend
 # every keyword selective_loss takes, for the one-line refusal of one it does not
@@ -198,8 +198,8 @@ def _check_num_items(n) -> None:
 def _check_options(score, scores, scope, reduction, num_items_in_batch, group, position_ids):
     if scores is None and score not in SCORES:
         raise ConfigError(f"score must be one of {' | '.join(SCORES)}; found {score!r}; fix: score='entropy'")
-    if scope not in SCOPES:
-        raise ConfigError(f"scope must be one of {' | '.join(SCOPES)}; found {scope!r}; fix: scope='batch'")
+    if scope not in LOSS_SCOPES:
+        raise ConfigError(f"scope must be one of {' | '.join(LOSS_SCOPES)}; found {scope!r}; fix: scope='batch'")
     if reduction not in REDUCTIONS:
         raise ConfigError(f"reduction must be one of {' | '.join(REDUCTIONS)}; found {reduction!r}; "
                           "fix: reduction='mean' (or 'sum' and divide by your own count)")
@@ -220,14 +220,8 @@ def _scores_from_logits(logits: torch.Tensor, targets: torch.Tensor, need_entrop
                         chunk_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Detached fp32 per-token loss and entropy (None unless asked) from logits (N, V), chunked so only a
     (chunk, V) fp32 copy is alive. loss = -log p(target); entropy H = -sum_v p_v log p_v."""
-    loss, ent = [], []
-    with torch.no_grad():
-        for s in range(0, logits.shape[0], chunk_size):
-            logp = torch.log_softmax(logits[s:s + chunk_size].float(), dim=-1)
-            loss.append(-logp.gather(1, targets[s:s + chunk_size, None]).squeeze(1))
-            if need_entropy:
-                ent.append(-(logp.exp() * logp).sum(-1))
-    return torch.cat(loss), (torch.cat(ent) if need_entropy else None)
+    return chunked_scores(lambda s, e: logits[s:e].float(), targets, need_entropy=need_entropy,
+                          chunk_size=chunk_size)
 
 
 def _token_scores(t, logits2d, hidden2d, weight, head, impl, need_entropy, chunk_size):

@@ -154,7 +154,7 @@ def stream_linear_io(model: nn.Module, x: torch.Tensor, y: torch.Tensor, on_laye
 # ---------------------------------------------------------------------------------------------------------
 
 
-ROUTES = ("flops", "memory", "ghost", "materialised")  # method.greats.route (layer_route)
+LAYER_ROUTES = ("flops", "memory", "ghost", "materialised")  # method.greats.route (layer_route); head routes: ops.head_route.ROUTES
 GHOST, MATERIALISED = "ghost", "materialised"  # the form a layer takes (info["layer_modes"])
 DEFAULT_MEMORY_CAP_MB = 1024.0  # method.greats.memory_cap_mb (what layers need: docs/flops.md)
 _MB = 2.0 ** 20
@@ -175,8 +175,8 @@ def layer_memory_bytes(n_in: int, n_out: int, has_bias: bool, n_rows: int) -> fl
 
 def check_route(route: str, memory_cap_mb: float) -> None:
     """One ConfigError line for an unknown route or a non-positive cap."""
-    if route not in ROUTES:
-        raise ConfigError(f"GREATS route: expected one of {' | '.join(ROUTES)}, found {route!r}; "
+    if route not in LAYER_ROUTES:
+        raise ConfigError(f"GREATS route: expected one of {' | '.join(LAYER_ROUTES)}, found {route!r}; "
                           f"fix: set method.greats.route=flops")
     if not memory_cap_mb > 0:
         raise ConfigError(f"GREATS memory cap: expected > 0 MiB, found {memory_cap_mb}; "
@@ -487,8 +487,8 @@ class GreatsSection(Section):
         out = []
         if self.pool not in POOLS:
             out.append(f"pool: expected one of {', '.join(POOLS)}, got {self.pool!r}")
-        if self.route not in ROUTES:
-            out.append(f"route: expected one of {', '.join(ROUTES)}, got {self.route!r}")
+        if self.route not in LAYER_ROUTES:
+            out.append(f"route: expected one of {', '.join(LAYER_ROUTES)}, got {self.route!r}")
         if not (0.0 < self.val_fraction <= 4.0):
             out.append(f"val_fraction: expected in (0, 4], got {self.val_fraction}")
         if not self.memory_cap_mb > 0:

@@ -32,7 +32,7 @@ from eslm.model.snapshot_file import SNAPSHOT_DIR, SNAPSHOT_FORMAT, SnapshotDama
 from eslm.model.state import build_checked, clean_state_dict, non_finite
 
 CHECKPOINT_FORMAT = "eslm-checkpoint-v1"
-_STEP_FILE = re.compile(r"^step_(\d{7,})\.pt$")
+CHECKPOINT_FILE = re.compile(r"^step_(\d{7,})\.pt$")  # train.checkpoint.checkpoint_name's (7 digits or more)
 # Prefixes that torch.compile ("_orig_mod.") and DDP ("module.") add to parameter names.
 
 
@@ -143,7 +143,7 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     ckpt_dir = p / "checkpoints" if (p / "checkpoints").is_dir() else p
     if not ckpt_dir.is_dir():
         return []
-    files = [f for f in ckpt_dir.iterdir() if _STEP_FILE.match(f.name)]
+    files = [f for f in ckpt_dir.iterdir() if CHECKPOINT_FILE.match(f.name)]
     return sorted(files, key=_step_of)
 
 

@@ -16,7 +16,7 @@ from eslm.ops.head_backend import HeadBackend, backend
 from eslm.ops.token_stats import HeadOptions, HeadState, HeadWork, TokenStats
 
 
-class Objective(contracts.Objective):
+class BaseObjective(contracts.Objective):
     """The ``eslm.contracts.Objective`` protocol's defaults (its hooks are documented there): ``score`` is the plain
     scoring pass of the head backend (None when no scores are needed); ``loss_sum`` sums ``per_token``, which
     subclasses define as ``per_token(hidden, weight, batch, index, stats) -> (K,)`` fp32 with gradient (or they
@@ -64,7 +64,7 @@ class Objective(contracts.Objective):
         pass
 
 
-class CrossEntropy(Objective):
+class CrossEntropy(BaseObjective):
     """Next-token cross-entropy on the kept tokens (CLM, ESLM, Rho-1, GREATS), through the head backend's score
     pass and kept-rows loss (``eslm.ops.head_backend``): the scoring pass over all rows leaves the backend's state,
     which the loss of the kept rows consumes. With the fused backend the route is the cost model's pick per

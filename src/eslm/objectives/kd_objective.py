@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from eslm.contracts import ExtraWork, Pass
-from eslm.objectives.base import CrossEntropy, Objective
+from eslm.objectives.base import BaseObjective, CrossEntropy
 from eslm.objectives.distill import kd_per_token
 from eslm.settings import Section, setting
 
@@ -48,7 +48,7 @@ class SaltSection(Section):
         return [f"kd_steps: expected >= 0, got {self.kd_steps!r}"] if self.kd_steps < 0 else []
 
 
-class Distill(Objective):
+class Distill(BaseObjective):
     """lambda * KL(teacher_rho || student_rho) + (1 - lambda) * CE on the kept tokens (all tokens: Dense-KD).
     Selection scores (ESLM-KD) come from the student's own scoring pass (``Objective.score``)."""
 
@@ -70,7 +70,7 @@ class Distill(Objective):
         return ExtraWork(passes=(Pass(tokens_seen, self.teacher.config, self.seq_len),))
 
 
-class Salt(Objective):
+class Salt(BaseObjective):
     """SALT: dense KD for the first ``kd_steps`` optimizer steps, then plain cross-entropy. Every hook goes to
     the objective in force (``active``)."""
 
@@ -80,7 +80,7 @@ class Salt(Objective):
         self.step = 0
 
     @property
-    def active(self) -> Objective:
+    def active(self) -> BaseObjective:
         return self.kd if self.step < self.kd_steps else self.ce
 
     def score(self, hidden, weight, targets, **kw):

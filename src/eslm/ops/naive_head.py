@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from eslm.ops.token_stats import HeadOptions, HeadState, HeadWork, TokenStats
+from eslm.ops.token_stats import HeadOptions, HeadState, HeadWork, TokenStats, loss_entropy
 
 
 def naive_token_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
@@ -15,10 +15,8 @@ def naive_token_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch
     """Reference: full logits, fp32 log-softmax. No gradient."""
     with torch.no_grad():
         logits = (hidden @ weight.t()).float()
-        logp = torch.log_softmax(logits, dim=-1)
-        loss = -logp.gather(1, targets[:, None]).squeeze(1)
+        loss, entropy = loss_entropy(logits, targets, need_entropy)
         lse = torch.logsumexp(logits, dim=-1)
-        entropy = -(logp.exp() * logp).sum(-1) if need_entropy else None
     return TokenStats(loss=loss, entropy=entropy, lse=lse)
 
 

@@ -1,7 +1,8 @@
 """The lowest layer's data types, shared by the head backends in ``eslm.ops`` and the objectives, selectors and FLOPs
 accounting above them without importing upward: ``TokenStats`` (what a scoring pass over the LM head returns, per
 token), ``HeadWork`` (what a head backend ran), and the backends' ``HeadOptions`` and ``HeadState``
-(``eslm.ops.head_backend``)."""
+(``eslm.ops.head_backend``); and ``loss_entropy``, the one computation of a token's loss and entropy from its
+logits (the naive backend's and the drop-in API's)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,15 @@ class TokenStats:
     loss: torch.Tensor
     entropy: torch.Tensor | None
     lse: torch.Tensor
+
+
+def loss_entropy(z: torch.Tensor, targets: torch.Tensor,
+                 need_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token loss -log p(target) and entropy -sum_v p_v log p_v (None unless asked) of fp32 logits z (n, V),
+    through one log-softmax; targets (n,) int64. Differentiable: callers that want scores run it under no_grad."""
+    logp = torch.log_softmax(z, dim=-1)
+    loss = -logp.gather(1, targets[:, None]).squeeze(1)
+    return loss, (-(logp.exp() * logp).sum(-1) if need_entropy else None)
 
 
 @dataclass(frozen=True)

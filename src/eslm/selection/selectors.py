@@ -6,7 +6,7 @@ in the selection scope "step" it also turns the ranked scores of every micro-bat
 one threshold (``step_threshold``). Everything is computed on detached fp32 scores. In the scope "micro" the
 kept count K is a Python int derived from shapes and nothing reads the device.
 
-* ``TokenSelector``  keep everything (CLM, dense KD). No scores needed, so no scoring pass runs.
+* ``AllTokens``    keep everything (CLM, dense KD). No scores needed, so no scoring pass runs.
 * ``VaRSelector`` keep the top K = N - floor(alpha*N) by score (ESLM VaR-entropy / CVaR-loss; Rho-1 subclasses it).
 * ``RandomSelector`` keep K uniformly random tokens: the control that tells selection from mere sparsity.
 
@@ -29,9 +29,9 @@ from eslm.selection.scores import standardize
 from eslm.selection.stats import selection_stats
 
 
-__all__ = ["Selection", "TokenSelector", "VaRSelector", "RandomSelector", "SCOPES"]
+__all__ = ["Selection", "AllTokens", "VaRSelector", "RandomSelector", "SCOPES"]
 
-SCOPES = ("micro", "step")
+SCOPES = ("micro", "step")  # method.scope (the drop-in loss's batch | sequence: api.loss.LOSS_SCOPES)
 
 
 def _stats(raw: torch.Tensor, ranked: torch.Tensor, index: torch.Tensor, batch: Batch, n_domains: int):
@@ -40,7 +40,7 @@ def _stats(raw: torch.Tensor, ranked: torch.Tensor, index: torch.Tensor, batch: 
     return selection_stats(raw, kept, ranked=ranked, domain=batch.domain, n_domains=n_domains)
 
 
-class TokenSelector(contracts.TokenSelector):
+class AllTokens(contracts.TokenSelector):
     """The ``eslm.contracts.TokenSelector`` protocol's default (its hooks are documented there): keep every token,
     rank nothing, no step threshold, no extra work; its state is alpha."""
 
@@ -74,7 +74,7 @@ class TokenSelector(contracts.TokenSelector):
         self.alpha = float(sd["alpha"])
 
 
-class VaRSelector(TokenSelector):
+class VaRSelector(AllTokens):
     """Keep the tokens whose (standardised) score is in the top 1-alpha: score >= VaR_alpha."""
 
     def __init__(self, score: str, alpha: float, standardize: str = "none", n_domains: int = 1,
@@ -114,7 +114,7 @@ class VaRSelector(TokenSelector):
         return Selection(index, k, ranked.numel(), _stats(raw, ranked, index, batch, self.n_domains))
 
 
-class RandomSelector(TokenSelector):
+class RandomSelector(AllTokens):
     """Keep K uniformly random tokens (same K as VaR at this alpha). Its generator state is checkpointed."""
 
     def __init__(self, alpha: float, seed: int, n_domains: int = 1):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from eslm import metrics as M
 from eslm.errors import ConfigError
+from eslm.model.loading import CHECKPOINT_FILE
 
 # what a branch must share with the run it continues: the same data and model, the same optimizer and the
 # same schedule up to the branch point (the method, budget, run name and evaluation may differ)
@@ -53,7 +54,7 @@ def read_branch_point(cfg, tokens_per_step: int) -> BranchPoint:
 
     path = Path(cfg.train.branch_from)
     where = f"train.branch_from {str(path)!r}"
-    if not path.is_file() or ckpt._NAME.match(path.name) is None:
+    if not path.is_file() or CHECKPOINT_FILE.match(path.name) is None:
         raise ConfigError(f"{where}: expected the checkpoint file (checkpoints/step_NNNNNNN.pt) of the run this one "
                           "continues, found no such file; train that run first (a branched study trains its trunks "
                           "before its arms)")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +20,9 @@ import torch
 from eslm.errors import CheckpointError
 from eslm.files import (CHECKSUM_SUFFIX, atomic_write, checksum_path, ensure_dir, read_checksums, sha256_file,
                         stale_temporaries, verify_checksum, write_checksums)
+from eslm.model.loading import CHECKPOINT_FILE, CHECKPOINT_FORMAT
 from eslm.model.state import non_finite
 
-CHECKPOINT_FORMAT = "eslm-checkpoint-v1"
-_NAME = re.compile(r"^step_(\d{7})\.pt$")
 
 
 def checkpoint_name(step: int) -> str:
@@ -76,7 +74,7 @@ def os_fix(e: OSError) -> str:
 
 def _own(name: str) -> bool:
     """A name eslm writes in checkpoints/: a checkpoint, its checksum, ``latest``."""
-    return name == "latest" or bool(_NAME.match(name.removesuffix(CHECKSUM_SUFFIX)))
+    return name == "latest" or bool(CHECKPOINT_FILE.match(name.removesuffix(CHECKSUM_SUFFIX)))
 
 
 def remove_stale_temporaries(ckpt_dir: Path) -> list[Path]:
@@ -107,7 +105,7 @@ def checkpoint_at(run_dir: Path, step: int) -> Path:
 def kept_steps(ckpt_dir: Path) -> list[int]:
     if not ckpt_dir.is_dir():
         return []
-    return sorted(int(m.group(1)) for p in ckpt_dir.iterdir() if (m := _NAME.match(p.name)))
+    return sorted(int(m.group(1)) for p in ckpt_dir.iterdir() if (m := CHECKPOINT_FILE.match(p.name)))
 
 
 def supersede_after(run_dir: Path, step: int) -> list[str]:
@@ -139,7 +137,7 @@ def superseded_dir(ckpt_dir: Path, names: list[str]) -> Path:
 
 
 def _prune(ckpt_dir: Path, keep_last: int, milestones: set) -> None:
-    steps = sorted(int(m.group(1)) for p in ckpt_dir.iterdir() if (m := _NAME.match(p.name)))
+    steps = sorted(int(m.group(1)) for p in ckpt_dir.iterdir() if (m := CHECKPOINT_FILE.match(p.name)))
     regular = [s for s in steps if s not in milestones]
     for s in regular[:-keep_last] if keep_last > 0 else regular[:-1]:
         (ckpt_dir / checkpoint_name(s)).unlink(missing_ok=True)
@@ -153,7 +151,7 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
         p = ckpt_dir / pointer.read_text().strip()
         if p.is_file():
             return p
-    steps = sorted(int(m.group(1)) for p in ckpt_dir.glob("step_*.pt") if (m := _NAME.match(p.name)))
+    steps = sorted(int(m.group(1)) for p in ckpt_dir.glob("step_*.pt") if (m := CHECKPOINT_FILE.match(p.name)))
     return ckpt_dir / checkpoint_name(steps[-1]) if steps else None
 
 
@@ -211,7 +209,7 @@ def newest_good_checkpoint(run_dir: Path, skip: Path | None = None) -> tuple[Pat
 
 def step_of(path: Path) -> int:
     """The step of a checkpoint file named step_XXXXXXX.pt."""
-    m = _NAME.match(Path(path).name)
+    m = CHECKPOINT_FILE.match(Path(path).name)
     if m is None:
         raise ValueError(f"expected a checkpoint file named step_XXXXXXX.pt, found {Path(path).name!r}")
     return int(m.group(1))

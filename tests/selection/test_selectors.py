@@ -80,6 +80,10 @@ def test_random_selector_same_k_and_resumable():
     s2.load_state_dict(state)
     assert first.num_kept == 32
     assert torch.equal(s2.select(None, b).index, nxt)
+    # it ranked no scores: no threshold, CVaR or dropped-score mean to report (NaN, not a made-up 0.0)
+    st = first.stats
+    assert all(math.isnan(float(v)) for v in (st.threshold, st.cvar, st.score_dropped_mean))
+    assert float(st.kept_frac) == 0.5 and float(st.kept_per_domain.sum()) == 32
 
 
 def test_all_tokens_default():

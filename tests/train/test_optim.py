@@ -1,5 +1,5 @@
 """The learning-rate schedule under a FLOPs budget: each run's warmup and cosine end at its own step count
-(``train.lr_schedule: budget``), or at the configured steps for every method (``steps``, the rule before)."""
+(``train.lr_schedule: budget``), or at the configured steps for every method (``steps``, the paper's schedule)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def test_plan_stretches_by_the_paper_flops_ratio(tiny_data, tmp_path):
     c = plan_schedule(clm, build_method(method_context(clm, device=torch.device("cpu"), n_domains=2)),
                       training_flops_model(clm))
     assert (c.warmup_steps, c.decay_steps, c.ratio) == (2, 8, 1.0)
-    # the old rule, and no FLOPs budget: the configured steps whatever the method
+    # the paper's schedule (steps), and no FLOPs budget: the configured steps whatever the method
     for other in (budget_cfg(tiny_data, tmp_path, "eslm-entropy", "e", **{"train.lr_schedule": "steps"}),
                   build_config(overrides=tiny_overrides(tiny_data, tmp_path, **{"method.name": "eslm-entropy",
                                                                                   "train.max_steps": 8}))):

@@ -43,6 +43,18 @@ def test_selection_metrics_average_micro_batches_and_split_by_domain():
     assert (u.loss, u.grad_norm, u.loss_all) == (2.0, 0.5, 3.0)
 
 
+class _RandomControl:
+    score, alpha = None, 0.25
+
+
+def test_the_random_control_logs_no_score_statistics():
+    # it ranks no scores: threshold, CVaR and dropped-score mean are absent from its records (not 0.0), while
+    # its kept fraction per domain is logged like any selector's
+    out = selection_metrics(_update().selection, _RandomControl(), ["code", "docs"])
+    assert not {M.ALPHA, M.THRESHOLD, M.CVAR, M.SCORE_DROPPED_MEAN} & set(out)
+    assert out[M.kept_frac_key("code")] == 3.0 / 12.0
+
+
 def test_the_readout_holds_each_number_as_its_own_tensor_gave_it():
     """One read of one vector instead of a float() per number: the same fp32 values, bit for bit (the refactor
     guard's records), and only the loss, gradient norm and all-token CE on a step that is not logged."""

@@ -17,6 +17,8 @@ that this needs and declares it (``eslm.train.step.step_work``).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from eslm import contracts
@@ -129,7 +131,10 @@ class RandomSelector(AllTokens):
         k = risk.num_kept(n, self.alpha)
         index = torch.randperm(n, generator=self.generator)[:k].to(batch.x.device)
         fake = torch.zeros(batch.x.shape, device=batch.x.device)
-        return Selection(index, k, n, _stats(fake, fake, index, batch, self.n_domains))
+        no_score = torch.full((), float("nan"), device=batch.x.device)  # it ranked no scores: none to report
+        stats = replace(_stats(fake, fake, index, batch, self.n_domains), threshold=no_score, cvar=no_score,
+                        score_dropped_mean=no_score)
+        return Selection(index, k, n, stats)
 
     def state_dict(self) -> dict:
         return {"alpha": self.alpha, "generator": self.generator.get_state()}

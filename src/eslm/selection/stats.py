@@ -26,6 +26,8 @@ class SelectionStats:
     cvar:               fp32, the mean raw score of the kept tokens: CVaR_alpha, the tail at or above the VaR,
                         when the ranking is the raw scores; 0 when K = 0
     score_dropped_mean: fp32, the mean raw score of the scored tokens not kept; 0 when none
+                        (threshold, cvar and score_dropped_mean are NaN for a selection that ranked no scores:
+                        the random control)
     kept_per_domain:    (D,) fp32, kept tokens per domain id; None when the caller has no domains
     tokens_per_domain:  (D,) fp32, scored tokens per domain id; None when the caller has no domains
     """

@@ -62,7 +62,8 @@ def train_record(u: Update, step: int, *, tokens_seen_total: int, step_cpu_s: fl
 
 
 def selection_metrics(values: list[float], tokens, domains: list[str]) -> dict:
-    """alpha (selective methods), the threshold, CVaR and dropped-score mean averaged over the step's micro-batches,
+    """alpha, the threshold, CVaR and dropped-score mean averaged over the step's micro-batches (selectors that rank
+    a score; none of them for the random control, which has no scores),
     and the kept fraction per domain, from ``values``: the selection part of the step's ``readout`` read to the host
     (empty when the selector has no statistics). ``tokens``: the method's token selector."""
     out = {}
@@ -72,7 +73,8 @@ def selection_metrics(values: list[float], tokens, domains: list[str]) -> dict:
         return out
     n = len(domains)
     threshold, cvar, dropped, frac, tot = values[0], values[1], values[2], values[3:3 + n], values[3 + n:3 + 2 * n]
-    out.update({M.THRESHOLD: threshold, M.CVAR: cvar, M.SCORE_DROPPED_MEAN: dropped})
+    if tokens.score is not None:  # a selector that ranks no scores (the random control) has none to report
+        out.update({M.THRESHOLD: threshold, M.CVAR: cvar, M.SCORE_DROPPED_MEAN: dropped})
     for i, dom in enumerate(domains):
         if tot[i] > 0:
             out[M.kept_frac_key(dom)] = frac[i]

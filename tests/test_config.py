@@ -37,6 +37,24 @@ def test_every_problem_reported_at_once():
     assert "did you mean 'eslm-entropy'" in msg and "train.dtype" in msg and "train.lr" in msg
 
 
+def test_a_yaml_file_with_several_problems_lists_one_per_line_each_with_its_fix(tmp_path, capsys):
+    from eslm.cli import main
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  lr: abc\n  max_stepz: 10\nmethod:\n  alpha: 2.0\n")
+    assert main(["train", "--print-config", str(bad)]) == 2
+    head, *lines = capsys.readouterr().err.strip().splitlines()
+    assert head == "eslm train: error: 3 config problems:" and len(lines) == 3, lines
+    assert lines[0] == ("  - train.lr: expected a number, found 'abc'; fix: set train.lr as expected, e.g. its "
+                        f"default train.lr={Config().train.lr}")
+    assert lines[1] == "  - unknown config key 'train.max_stepz'; did you mean 'train.max_steps'?"
+    assert lines[2].startswith("  - method.alpha: expected 0 <= alpha < 1") and "got 2.0; fix: set method.alpha" in \
+        lines[2]
+    # one problem stays on one line
+    assert main(["train", "--print-config", "train.lr=abc"]) == 2
+    assert capsys.readouterr().err.strip().startswith("eslm train: error: config problem: train.lr: expected a number")
+
+
 def test_resolved_config_round_trips():
     import yaml
 
@@ -82,7 +100,7 @@ def test_a_stored_config_of_an_earlier_eslm_names_its_problem():
     assert stored_config_problem({"train": {"lr": 1e-3}}, complete=True).startswith("no run.name (and ")
     assert stored_config_problem({"method": {"kd_lambda": 0.3}}) == (
         "unknown config key 'method.kd_lambda'; did you mean 'method.kd.lambda'?")
-    assert stored_config_problem({"train": {"lr": "fast", "lr_schedule": "steps"}}) == "train.lr: expected float, got 'fast'"
+    assert stored_config_problem({"train": {"lr": "fast", "lr_schedule": "steps"}}) == "train.lr: expected a number, found 'fast'"
 
 
 def test_config_choices_are_the_constants_of_the_code_that_reads_them():

@@ -234,7 +234,9 @@ def _coerce(value: Any, typ, key: str, problems: list[str]) -> Any:
         pass
     else:
         return value
-    problems.append(f"{key}: expected {getattr(typ, '__name__', typ)}, got {value!r}")
+    words = {bool: "true or false", int: "an integer", float: "a number", str: "text"}.get(typ) or (
+        "a list of integers" if typ is tuple or origin is tuple else getattr(typ, "__name__", str(typ)))
+    problems.append(f"{key}: expected {words}, found {value!r}")
     return None
 
 
@@ -305,10 +307,34 @@ def build_config(files: Sequence[str] = (), overrides: Sequence[str] = (), base:
         cfg = _fit_seq_len(cfg)
     problems += validate(cfg)
     if problems:
-        raise ConfigError(f"{len(problems)} config problem(s): " + "; ".join(problems))
+        raise problems_error(problems)
     for message in config_warnings(cfg):
         warnings.warn(message, stacklevel=1)
     return cfg
+
+
+def problems_error(problems: Sequence[str]) -> ConfigError:
+    """One ConfigError for a config's problems: one problem on one line, several one per line under a count line;
+    each line says what was expected, what was found and the fix (``with_fix``)."""
+    lines = [with_fix(p) for p in problems]
+    if len(lines) == 1:
+        return ConfigError(f"config problem: {lines[0]}", tuple(lines))
+    return ConfigError(f"{len(lines)} config problems:" + "".join(f"\n  - {line}" for line in lines), tuple(lines))
+
+
+def with_fix(problem: str) -> str:
+    """``problem`` ending in a fix: a check that says only what it expected and found (``train.lr: expected
+    float, got 'abc'``) gets the key's default as a value that passes; a line with a fix of its own is kept."""
+    if any(w in problem for w in ("fix:", "did you mean", "; set ", "see `eslm")):
+        return problem
+    key = problem.split(":", 1)[0].split(" ", 1)[0]
+    default = all_keys().get(key)
+    if default is None:
+        return problem
+    value = default[0]
+    shown = "[" + ",".join(map(str, value)) + "]" if isinstance(value, tuple) else \
+        str(value).lower() if isinstance(value, bool) else repr(value) if value == "" else str(value)
+    return f"{problem}; fix: set {key} as expected, e.g. its default {key}={shown}"
 
 
 def _fit_seq_len(cfg: Config) -> Config:

@@ -6,7 +6,12 @@ class ESLMError(Exception):
 
 
 class ConfigError(ESLMError):
-    """One or more invalid config values; the message lists every problem."""
+    """One or more invalid config values; the message lists every problem, one per line. ``problems`` holds the
+    lines themselves (a study names the runs each one concerns), or just the message."""
+
+    def __init__(self, message: str = "", problems: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.problems = problems or (message,)
 
 
 class DataError(ESLMError):

@@ -270,7 +270,7 @@ def test_a_missing_extra_is_one_line_naming_it(run, tmp_path, monkeypatch, capsy
     ("model.dropout=-0.5", "model.dropout: expected 0 <= dropout < 1"),
     ("run.seed=-1", "run.seed: expected an integer in [0, "),
     ("run.seed=1e20", "run.seed: expected an integer below 2**53"),
-    ("train.max_steps=1e400", "train.max_steps: expected int, got '1e400'"),
+    ("train.max_steps=1e400", "train.max_steps: expected an integer, found '1e400'"),
 ])
 def test_config_values_are_checked_in_one_line(capsys, override, expected):
     err = _one_line(capsys, cli_main(["train", "--print-config", override]))
@@ -280,7 +280,7 @@ def test_config_values_are_checked_in_one_line(capsys, override, expected):
 def test_a_yaml_file_with_a_huge_number_is_one_line(tmp_path, capsys):
     p = tmp_path / "c.yaml"
     p.write_text("train:\n  max_steps: 1e400\n")
-    assert "train.max_steps: expected int" in _one_line(capsys, cli_main(["train", "--print-config", str(p)]))
+    assert "train.max_steps: expected an integer" in _one_line(capsys, cli_main(["train", "--print-config", str(p)]))
 
 
 def test_study_seeds_are_checked_in_dry_run(tmp_path, capsys):

@@ -172,7 +172,7 @@ def plan(study: dict, out: Path, seeds=None, overrides=()) -> list:
         try:
             configs.append(build_config(overrides=items))
         except ConfigError as e:
-            failures.append((name, str(e)))
+            failures += [(name, problem) for problem in e.problems]
     problems = _by_message(failures, len(points))
     if not failures:
         if budget.get("steps_of"):

@@ -211,7 +211,7 @@ def _budget_problems(budget, names: list[str], labels: list[str]) -> list[str]:
         try:  # the config's own check of flops.budget_counter (its choices live there)
             build_config(overrides=[f"flops.budget_counter={budget['counter']}"])
         except ConfigError as e:
-            problems.append(f"budget.counter: {str(e).partition('flops.budget_counter: ')[2] or e}")
+            problems += [p.replace("flops.budget_counter", "budget.counter") for p in e.problems]
         else:
             if "steps_of" not in budget:
                 problems.append("budget.counter applies with budget.steps_of only; add steps_of: METHOD, or "

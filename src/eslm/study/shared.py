@@ -100,7 +100,7 @@ def plan_models(study: dict, study_dir: Path, base: list[str], seeds: list[int])
             try:
                 configs.append(build_config(overrides=items))
             except ConfigError as e:
-                problems.append(f"models {name!r}: {e}")
+                problems += [f"models {name!r}: {problem}" for problem in dict.fromkeys(e.problems)]
     return configs, problems + changed_problems(configs)
 
 

@@ -121,6 +121,13 @@ def test_resume_refuses_other_settings(ds):
         _loader(ds, weights={"low": 0.6, "high": 0.4}).load_state_dict(state)
 
 
+def test_a_resume_on_another_world_size_warns_with_the_way_back(ds):
+    state = _loader(ds).state_dict()
+    with pytest.warns(UserWarning, match=r"batches continue but differ .*resume on as many processes \(torchrun "
+                                         r"--nproc_per_node 1\)"):
+        _loader(ds, rank=0, world_size=2).load_state_dict(state)
+
+
 def test_short_domain_with_positive_weight_is_an_error(ds):
     assert ds.num_tokens("train", "tiny") < 17
     with pytest.raises(DataError, match=r"'tiny'.*found \d+.*weight 0") as e:
@@ -130,7 +137,7 @@ def test_short_domain_with_positive_weight_is_an_error(ds):
 
 def test_val_batches_fixed_capped_and_non_overlapping(ds):
     kw = dict(seq_len=16, batch_size_seqs=4, tokens_per_domain=160)
-    with pytest.warns(UserWarning, match="tiny"):
+    with pytest.warns(UserWarning, match=r"'tiny'.*left out of validation; to evaluate it, .*--val-fraction"):
         v1 = val_batches(ds, **kw)
     with pytest.warns(UserWarning):
         v2 = val_batches(ds, **kw)

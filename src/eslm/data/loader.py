@@ -213,7 +213,9 @@ class TrainLoader:
                                   "fix: resume with the original weights")
         if state.get("world_size") != self.world_size:
             warnings.warn(f"loader resumed with world_size {self.world_size} (checkpoint: {state.get('world_size')}):"
-                          " batches continue but differ from the original run's", stacklevel=2)
+                          " batches continue but differ from the original run's; to continue its exact batches, "
+                          f"resume on as many processes (torchrun --nproc_per_node {state.get('world_size')})",
+                          stacklevel=2)
         self.batch_index = int(state["batch_index"])
 
 
@@ -241,7 +243,8 @@ def val_batches(dataset: Dataset, *, seq_len: int, batch_size_seqs: int, tokens_
         available = max(0, len(stream) - 1) // seq_len  # an empty stream has no window, not -1
         if available == 0:
             warnings.warn(f"val: domain {domain!r} has {len(stream)} {split} tokens, fewer than seq_len+1 = "
-                          f"{seq_len + 1}; it is left out of validation", stacklevel=2)
+                          f"{seq_len + 1}; it is left out of validation; to evaluate it, prepare the data again "
+                          "with a larger --val-fraction (eslm prepare) or lower data.seq_len", stacklevel=2)
             continue
         wanted = max(1, tokens_per_domain // seq_len)
         out[domain] = _domain_val_batches(stream, di, min(wanted, available), available, seq_len,

@@ -1,5 +1,6 @@
 """eslm study --dry-run's time estimate (eslm.study.estimate): from this machine's measured head-route costs."""
 
+import re
 from pathlib import Path
 
 
@@ -52,4 +53,39 @@ def test_dry_run_prints_the_estimate(tmp_path, capsys, monkeypatch):
     est = [line for line in lines if line.startswith("estimate: about ")]
     assert len(est) == 1 and "CPU-minutes" in est[0] and "idle cores" in est[0]
     assert "corpus preparation included" in est[0]  # nothing prepared in this directory
+    runs = [line for line in lines if line.startswith("  ")]  # each run with its steps beside its budget
+    assert len(runs) == 6 and all(re.search(r"seed=\d, \d+ steps, budget [0-9.e+]+ flops_paper$", r) for r in runs)
     assert not Path(tmp_path / "runs").exists()
+
+
+def test_the_dry_run_steps_are_the_steps_the_runs_take(tiny_data, tmp_path):
+    """Each run's planned step count (eslm.study.estimate.run_steps, what --dry-run prints) is the step at which
+    the trained run stops on its FLOPs budget: counters, scopes and a branched run from its trunk's checkpoint."""
+    from conftest import tiny_overrides
+    from eslm.config import build_config
+    from eslm.study.estimate import steps_by_run
+    from eslm.study.grid import Stage, _with_budget
+    from eslm.train.trainer import train
+
+    def cfg(name, counter="flops_paper", **extra):
+        c = build_config(overrides=tiny_overrides(tiny_data, tmp_path, **{
+            "run.name": name, "method.name": name.split("_")[0], "train.max_steps": 6, "checkpoint.interval": 0,
+            "train.lr_decay_steps": 6, "train.lr_schedule": "budget", **extra}))
+        return _with_budget(c, {"steps_of": "clm", "counter": counter})
+
+    runs = [cfg("clm"), cfg("eslm-entropy", **{"method.alpha": 0.5}),
+            cfg("random", "flops_executed", **{"method.alpha": 0.3}),
+            cfg("eslm-loss", "flops_executed", **{"method.alpha": 0.5, "method.scope": "step"})]
+    trunk = build_config(overrides=tiny_overrides(tiny_data, tmp_path, **{
+        "run.name": "trunk", "method.name": "clm", "train.max_steps": 3, "checkpoint.interval": 3,
+        "train.lr_decay_steps": 6, "train.lr_schedule": "steps"}))
+    train(trunk)
+    arm = cfg("eslm-entropy_arm", **{"method.alpha": 0.5,
+                                     "train.branch_from": str(tmp_path / "trunk" / "checkpoints" / "step_0000003.pt")})
+    planned = steps_by_run([Stage("trunks", (trunk,)), Stage("runs", (*runs, arm))])
+    assert planned[trunk] == (3, "exact")
+    steps = {c.run.name: planned[c][0] for c in (*runs, arm)}
+    assert steps["clm"] == 6 and steps["eslm-entropy"] > 6 and len(set(steps.values())) > 2, steps
+    for c in (*runs, arm):
+        res = train(c)
+        assert res.stopped_by == "max_flops" and res.step == steps[c.run.name], (c.run.name, res.step, steps)

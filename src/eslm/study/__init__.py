@@ -85,14 +85,18 @@ def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int]
     how = getattr(launcher, "describe", None)
     print(f"study {study['name']}: {len(configs)} runs -> {out / study['name']}"
           + (f" ({how()})" if how else f" ({jobs} at a time)" if jobs > 1 else ""))
-    for stage in stages(study, configs)[:-1]:
+    from eslm.study.estimate import describe, describe_steps, estimate, steps_by_run
+
+    planned = stages(study, configs)
+    steps = steps_by_run(planned)
+    for stage in planned[:-1]:
         for c in stage.runs:
             print(f"  {Path(c.run.out_dir).name}/{c.run.name}: method={c.method.name} seed={c.run.seed} "
-                  f"{c.train.max_steps} steps ({stage.name}: trained once, before the runs)")
+                  f"{describe_steps(steps[c])} ({stage.name}: trained once, before the runs)")
     for c in configs:
-        print(f"  {c.run.name}: method={c.method.name} seed={c.run.seed} budget {c.train.max_flops:.3g} "
-              f"{c.flops.budget_counter}" + (" (from its trunk's checkpoint)" if c.train.branch_from else ""))
-    from eslm.study.estimate import describe, estimate
+        budget = f", budget {c.train.max_flops:.3g} {c.flops.budget_counter}" if c.train.max_flops > 0 else ""
+        print(f"  {c.run.name}: method={c.method.name} seed={c.run.seed}, {describe_steps(steps[c])}{budget}"
+              + (" (from its trunk's checkpoint)" if c.train.branch_from else ""))
 
     if line := describe(estimate(configs, jobs)):
         print(line)

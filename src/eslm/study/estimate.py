@@ -78,6 +78,73 @@ def run_seconds(cfg, costs) -> float:
     return K * (flops * costs.matmul_s_per_flop + softmax * costs.softmax_s_per_elem) + RUN_OVERHEAD_S
 
 
+def step_flops_of(cfg) -> tuple[float, str] | None:
+    """(FLOPs of one micro-batch of a run of ``cfg`` as its ``flops.budget_counter`` counts them, how exact:
+    "exact" | "about"), as the trainer plans it (``eslm.train.optim.planned_micro_batch_flops``) for the
+    registry's method built from the config alone; "about" where a controller moves alpha (planned at
+    ``method.alpha``). None for a method that needs a frozen model or held-out data (``MethodSpec.needs``): its
+    work depends on a model not loaded here, or on the data."""
+    import torch
+
+    from eslm.config import method_context, training_flops_model
+    from eslm.methods import METHODS
+    from eslm.train.optim import planned_micro_batch_flops
+
+    spec = METHODS[cfg.method.name]
+    if spec.needs:
+        return None
+    method = spec.build(method_context(cfg, device=torch.device("cpu"), n_domains=_domains(cfg)))
+    return (planned_micro_batch_flops(cfg, method, training_flops_model(cfg)),
+            "about" if method.controllers else "exact")
+
+
+def run_steps(cfg, start: tuple[int, float] | None = (0, 0.0)) -> tuple[int | None, str]:
+    """(the optimizer step a run of ``cfg`` ends at, how exact: "exact" | "about"; or None and why not):
+    ``train.max_steps`` without a FLOPs budget; with one, the step whose counted FLOPs reach ``train.max_flops``
+    (``eslm.train.optim.budget_steps``), capped by ``train.max_steps``. ``start``: (step, counted FLOPs) a
+    branched run continues from (its trunk's), None when unknown."""
+    from eslm.methods import METHODS
+    from eslm.train.optim import budget_steps
+
+    t = cfg.train
+    if t.max_flops <= 0:
+        return t.max_steps, "exact"
+    spent = step_flops_of(cfg)
+    if spent is None or start is None:
+        needs = METHODS[cfg.method.name].needs
+        what = " and ".join(n.words for n in needs) if needs else "its trunk"
+        return None, f"steps not estimated before it runs ({what} decide how many the budget pays for)"
+    steps = budget_steps(cfg, spent[0], *start)
+    return min(steps, t.max_steps), spent[1] if steps <= t.max_steps else "exact"
+
+
+def steps_by_run(planned: list) -> dict:
+    """{config: ``run_steps``} for every run of the study's stages (``eslm.study.stages``); a branched run starts
+    from its trunk's last step and the FLOPs its trunk counted (as the branched run's counter counts them)."""
+    from dataclasses import replace
+
+    trunks = {c.run.seed: c for stage in planned if stage.name == "trunks" for c in stage.runs}
+    out = {}
+    for stage in planned:
+        for c in stage.runs:
+            start: tuple[int, float] | None = (0, 0.0)
+            if c.train.branch_from:
+                trunk = trunks.get(c.run.seed)
+                per = None if trunk is None else step_flops_of(replace(trunk, flops=c.flops))
+                micro_batches = c.train.grad_accum_steps if c.flops.count_per == "global" else 1
+                start = None if per is None or trunk is None else (
+                    trunk.train.max_steps, trunk.train.max_steps * micro_batches * per[0])
+            out[c] = run_steps(c, start)
+    return out
+
+
+def describe_steps(steps: tuple[int | None, str]) -> str:
+    n, how = steps
+    if n is None:
+        return how
+    return f"{'' if how == 'exact' else how + ' '}{n} step{'s' if n != 1 else ''}"
+
+
 def estimate(configs: list, jobs: int) -> dict | None:
     """{"cpu_s", "wall_s", "table" (lookup's record), "prep" (whether stdlib preparation is counted)} for the
     planned runs on this machine's CPU; None when they run on a GPU (no model for that here)."""

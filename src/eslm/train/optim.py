@@ -91,6 +91,29 @@ class Schedule:
         return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
 
 
+def planned_micro_batch_flops(cfg, method, fm) -> float:
+    """FLOPs of one micro-batch of ``method`` (as built, before its first step) on ``flops.budget_counter``: it
+    keeps ``tokens.num_kept`` of ``rows.num_rows`` rows and counts the work every component declares before its
+    first step (``plan_schedule``; ``eslm study --dry-run`` plans each run's steps with it)."""
+    from eslm.flops import micro_batch_flops
+    from eslm.train.step import step_work
+
+    n = method.rows.num_rows(cfg.train.micro_batch_size_seqs) * cfg.data.seq_len
+    planned = micro_batch_flops(fm, method, tokens_seen=n, tokens_kept=method.tokens.num_kept(n),
+                                step_work=step_work(method, n))
+    return {M.FLOPS_PAPER: planned.paper, M.FLOPS_EXECUTED: planned.executed,
+            M.FLOPS_DENSE: planned.dense}[cfg.flops.budget_counter]
+
+
+def budget_steps(cfg, spent: float, start_step: int = 0, start_flops: float = 0.0) -> int:
+    """The step at which a run of ``cfg`` whose micro-batches each count ``spent`` FLOPs
+    (``planned_micro_batch_flops``) reaches its budget ``train.max_flops`` (``eslm.train.stopping``), from
+    ``start_step`` with ``start_flops`` counted (a branched run: its trunk's). Not capped by ``train.max_steps``."""
+    t = cfg.train
+    micro_batches = t.grad_accum_steps if cfg.flops.count_per == "global" else 1  # as equal_flops_budget
+    return start_step + max(1, math.ceil((t.max_flops - start_flops) / (spent * micro_batches) - 1e-9))
+
+
 def plan_schedule(cfg, method, fm, branch=None) -> Schedule:
     """The schedule of a run of ``cfg`` training ``method`` (an ``eslm.methods.Method`` as built, before any step
     or resume: Ada-ESLM at its starting alpha) on a model priced by ``fm`` (``eslm.flops.FlopsModel``).
@@ -111,24 +134,14 @@ def plan_schedule(cfg, method, fm, branch=None) -> Schedule:
     schedule is the trunk's (``warmup_steps`` and the decay length, unstretched) up to the branch point, then
     the cosine continued from there to its own last step: the branch step plus the steps it takes to spend
     the rest of the FLOPs budget at its planned step FLOPs (``Schedule.end_step``); otherwise the trunk's."""
-    from eslm.flops import micro_batch_flops
-    from eslm.train.step import step_work
-
     t = cfg.train
     warmup, decay = t.warmup_steps, t.lr_decay_steps or t.max_steps
     if t.lr_schedule != "budget" or t.max_flops <= 0:
         return Schedule(warmup, decay, **({"branch_step": branch.step, "end_step": decay} if branch else {}))
-    rows_in = t.micro_batch_size_seqs
-    n = method.rows.num_rows(rows_in) * cfg.data.seq_len
-    planned = micro_batch_flops(fm, method, tokens_seen=n, tokens_kept=method.tokens.num_kept(n),
-                                step_work=step_work(method, n))
-    spent = {M.FLOPS_PAPER: planned.paper, M.FLOPS_EXECUTED: planned.executed,
-             M.FLOPS_DENSE: planned.dense}[cfg.flops.budget_counter]
-    ratio = fm.train_per_token * rows_in * cfg.data.seq_len / spent
+    spent = planned_micro_batch_flops(cfg, method, fm)
+    ratio = fm.train_per_token * t.micro_batch_size_seqs * cfg.data.seq_len / spent
     if branch is not None:  # the trunk's schedule to the branch point, then the cosine to this run's own end
-        micro_batches = t.grad_accum_steps if cfg.flops.count_per == "global" else 1  # as equal_flops_budget
-        left = t.max_flops - branch.totals.get(cfg.flops.budget_counter, 0.0)
-        end = branch.step + max(1, math.ceil(left / (spent * micro_batches) - 1e-9))
+        end = budget_steps(cfg, spent, branch.step, branch.totals.get(cfg.flops.budget_counter, 0.0))
         return Schedule(warmup, decay, ratio, branch_step=branch.step, end_step=end)
     # the smallest whole step counts covering the stretched lengths; 1e-9 keeps a ratio of 1.0 exact
     return Schedule(math.ceil(warmup * ratio - 1e-9), math.ceil(decay * ratio - 1e-9), ratio)

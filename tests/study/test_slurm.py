@@ -5,7 +5,9 @@ killed by ``scancel`` is resubmitted by the next invocation and resumes, and a r
 resumes bit-exact."""
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -81,6 +83,37 @@ def _steps(run_dir: Path) -> int:
         return sum('"kind": "train"' in line for line in (run_dir / "metrics.jsonl").read_text().splitlines())
     except OSError:
         return 0
+
+
+def _hold(run_dir: Path) -> int:
+    """Stops the run's ``eslm train`` process (its PID from the run directory's lock) with SIGSTOP, so that it
+    cannot finish before the interruption the test sends reaches it: on an idle machine a tiny run does its 30
+    steps in about a second, less than SLURM takes to deliver a signal."""
+    pid = json.loads((run_dir / "eslm.lock").read_text())["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    return pid
+
+
+def _release_when_signalled(pid: int, timeout: float = 60.0) -> None:
+    """Continues a process held by ``_hold`` once SIGTERM is pending for it (or SLURM has continued it itself):
+    it then stops after the step it was in, with its checkpoint, as a real pre-emption or cancellation does."""
+
+    def signalled():
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return True  # gone: nothing to hold
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        pending = int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)
+        return bool(pending & (1 << (signal.SIGTERM - 1))) or not fields["State"].strip().startswith("T")
+
+    try:
+        _wait(f"SIGTERM pending for PID {pid}", signalled, timeout=timeout, every=0.05)
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
 
 
 def _squeue_state(job: str) -> str:
@@ -202,8 +235,6 @@ def test_slurm_runs_equal_local_runs_and_a_failing_run_is_reported(slurm_cluster
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="racy on an idle machine: the requeued tiny run can finish before the "
-                   "status check expects it pending (seen once in a fresh-clone CI run); to be made deterministic")
 def test_scancel_requeue_and_time_limit_resume_bit_exact_and_the_same_command_resubmits_only_the_cancelled(
         slurm_cluster, tiny_data, local_runs, tmp_path, capsys):
     f = _study(tmp_path, tiny_data, methods=THREE, launcher="launcher: {parallel: 2}")
@@ -211,14 +242,21 @@ def test_scancel_requeue_and_time_limit_resume_bit_exact_and_the_same_command_re
     assert run_study(str(f), tmp_path / "out", launcher="slurm", detach=True) == 0
     jobs = _jobs(study_dir)
     cancelled, requeued, timed = jobs["clm-s1"], jobs["eslm-entropy-s1"], jobs["eslm-loss-s1"]
-    # each run is interrupted after its first steps (SIGTERM reaches it: a checkpoint after the step), by
-    _wait("clm-s1's first steps", lambda: _steps(study_dir / "clm-s1") >= 4, every=0.2)
+    # each run is interrupted after its first steps (SIGTERM reaches it: a checkpoint after the step), held
+    # still from its 4th step until the signal is pending (_hold), so that it cannot finish first, by
+    _wait("clm-s1's first steps", lambda: _steps(study_dir / "clm-s1") >= 4, every=0.02)
+    pid = _hold(study_dir / "clm-s1")
     slurm_cluster.run("scancel", cancelled)  # ... scancel: it stays stopped
-    _wait("eslm-entropy-s1's first steps", lambda: _steps(study_dir / "eslm-entropy-s1") >= 4, every=0.2)
+    _release_when_signalled(pid)
+    _wait("eslm-entropy-s1's first steps", lambda: _steps(study_dir / "eslm-entropy-s1") >= 4, every=0.02)
+    pid = _hold(study_dir / "eslm-entropy-s1")
     slurm_cluster.run("scontrol", "requeue", requeued)  # ... a pre-emption (PreemptMode=REQUEUE does this)
+    _release_when_signalled(pid)
     _wait("eslm-loss-s1's first steps (it starts in clm-s1's slot)",
-          lambda: _steps(study_dir / "eslm-loss-s1") >= 4, every=0.2)
+          lambda: _steps(study_dir / "eslm-loss-s1") >= 4, every=0.02)
+    pid = _hold(study_dir / "eslm-loss-s1")
     slurm_cluster.run("scancel", "--signal=USR2", timed)  # ... the time limit's warning (--signal=USR2@90)
+    _release_when_signalled(pid)
     for job in (requeued, timed):  # requeued, each held back by SLURM (BeginTime, 120 s)
         _wait(f"job {job} requeued, pending", lambda job=job: _squeue_state(job) == "PENDING")
     _wait("the cancelled job over", lambda: not _squeue_state(cancelled)

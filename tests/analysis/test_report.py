@@ -378,6 +378,8 @@ def test_report_with_one_seed_says_no_interval(tmp_path):
     assert page.count("One seed per group: no number below has an interval") == 1
     summary = page.split("<h2>Summary</h2>", 1)[1].split("<h2>Paired differences</h2>", 1)[0]
     assert "(n=1, no interval)" not in summary and "<table>" in summary
+    md = (tmp_path / "rep" / "summary.md").read_text()  # summary.md too: said once, above its table
+    assert md.startswith("**One seed per group**: no number below has an interval") and "(n=1)" not in md, md
 
 
 def test_baseline_option_and_its_errors(tmp_path):

@@ -9,7 +9,7 @@ from eslm import metrics as M
 from eslm.analysis import stats as S
 from eslm.analysis.report.downstream import is_percent
 from eslm.analysis.report import figure_table
-from eslm.analysis.report.markdown import since_branch_lines, spread_lines
+from eslm.analysis.report.markdown import one_seed, since_branch_lines, spread_lines
 from eslm.analysis.report.summary import COSTS
 from eslm.analysis.rundir import IGNORED_FOR_GROUPING
 
@@ -33,11 +33,6 @@ def _agg_cell(a: dict, spec=".4g", single: bool = False) -> str:
     if a["count"] > 1 and a.get("ci_half_width") is not None:
         return s + f" ± {_fmt(a['ci_half_width'], spec)} <small>(n={a['count']})</small>"
     return s if single else s + " <small>(n=1, no interval)</small>"
-
-
-def _one_seed(summary: dict) -> bool:
-    """Every group has at most one run: no number of the report has an interval."""
-    return all(len(g["runs"]) <= 1 for g in summary["groups"])
 
 
 ONE_SEED_NOTE = ("<p class='note warn'>One seed per group: no number below has an interval, and a difference "
@@ -71,7 +66,7 @@ def _label_of(summary: dict, label: str) -> str:
 
 def _summary_table(summary: dict) -> str:
     rows = []
-    one = _one_seed(summary)
+    one = one_seed(summary)
     for g in summary["groups"]:
         rows.append([_label(g), str(len(g["runs"]))]
                     + [_agg_cell(g[key], spec, one) for key, spec in (
@@ -97,7 +92,7 @@ def _censored_cell(t: dict, spec=".3g") -> str:
 def _costs_table(summary: dict) -> str:
     """To-target costs in both FLOPs conventions, tokens and time, side by side; with censored seeds, the
     paper-FLOPs mean that counts them at their budget."""
-    one = _one_seed(summary)
+    one = one_seed(summary)
     rows = [[_label(g)] + [_target_cell(g["to_target"][k], single=one) for k in COSTS]
             + [_censored_cell(g["to_target"][M.FLOPS_PAPER])] for g in summary["groups"]]
     time_head = "CPU s" if summary["time_key"] == M.CPU_S else "wall-clock s"
@@ -232,7 +227,7 @@ def render_html(summary: dict, written: dict) -> str:
         "that never reached the target counts at its budget (censored, said in the verdict). The equal-token "
         "read-out is the loss at the baseline's last evaluation, where every run has seen the same tokens. "
         f"Learning-rate schedule: {html.escape(s['schedule'])}.</p>",
-        "<h2>Summary</h2>", ONE_SEED_NOTE if _one_seed(s) else "", _summary_table(s),
+        "<h2>Summary</h2>", ONE_SEED_NOTE if one_seed(s) else "", _summary_table(s),
         "<p class='note'>Mean over the seeds of a group ± the half-width of its 95% Student-t interval. "
         "<i>Executed per step / CLM step</i>: flops_executed / flops_dense, what one step of the method executes "
         "in units of a plain CLM step on the same tokens (e.g. GREATS' scoring and gradient inner products).</p>",

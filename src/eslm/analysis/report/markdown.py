@@ -5,20 +5,29 @@ from __future__ import annotations
 from eslm import metrics as M
 from eslm.analysis import stats as S
 
-def _md_ci(a: dict, spec: str) -> str:
+ONE_SEED_NOTE = ("**One seed per group**: no number below has an interval, and a difference between groups is not "
+                 "evidence of an effect; run more seeds (eslm study ... --seeds N).")
+
+
+def one_seed(summary: dict) -> bool:
+    """Every group has at most one run: no number of the report has an interval (said once, not in each cell)."""
+    return all(len(g["runs"]) <= 1 for g in summary["groups"])
+
+
+def _md_ci(a: dict, spec: str, single: bool = False) -> str:
     if a["count"] == 0:
         return "—"
     if a.get("ci_half_width") is None:
-        return f"{format(a['mean'], spec)} (n=1)"
+        return format(a["mean"], spec) + ("" if single else " (n=1)")
     return f"{format(a['mean'], spec)} ± {format(a['ci_half_width'], spec)}"
 
 
-def _md_paired(ci: dict | None, rel: bool) -> str:
+def _md_paired(ci: dict | None, rel: bool, single: bool = False) -> str:
     if ci is None or ci["n"] == 0:
         return "—"
     spec = "+.1%" if rel else "+.4f"
     if ci["lo"] is None:
-        return f"{ci['mean']:{spec}} (n=1)"
+        return f"{ci['mean']:{spec}}" + ("" if single else " (n=1)")
     mark = {-1: " **↓**", 1: " **↑**", 0: ""}[S.significant(ci)]
     return f"{ci['mean']:{spec}} [{ci['lo']:{spec}}, {ci['hi']:{spec}}]{mark}"
 
@@ -85,18 +94,19 @@ def render_markdown(summary: dict) -> str:
             f"Δ {t_words} | reached | step cost / CLM |")
     lines = [head, "|" + "---|" * 11]
     unfinished = any(g["unfinished"] for g in s["groups"])
+    one = one_seed(s)
     for g in s["groups"]:
         c, r = comp.get(g["label"]), ctrl.get(g["label"])
         tt = g["to_target"][M.FLOPS_PAPER]
         lines.append("| " + " | ".join([
-            _md_label(g), str(g["final_val_loss"]["count"]), _md_ci(g["final_val_loss"], ".4f"),
-            _md_paired(c["losses"]["final validation loss"] if c else None, False),
-            _md_paired(r["losses"]["final validation loss"] if r else None, False),
-            _md_paired(c["losses"]["equal-token validation loss"] if c else None, False),
-            _md_paired(c["to_target"][M.FLOPS_PAPER] if c else None, True),
-            _md_paired(c["to_target"][M.FLOPS_EXECUTED] if c else None, True),
-            _md_paired(c["to_target"]["time_s"] if c else None, True),
-            f"{tt['reached']}/{tt['n']}", _md_ci(g["step_cost_vs_clm"], ".3f")]) + " |")
+            _md_label(g), str(g["final_val_loss"]["count"]), _md_ci(g["final_val_loss"], ".4f", one),
+            _md_paired(c["losses"]["final validation loss"] if c else None, False, one),
+            _md_paired(r["losses"]["final validation loss"] if r else None, False, one),
+            _md_paired(c["losses"]["equal-token validation loss"] if c else None, False, one),
+            _md_paired(c["to_target"][M.FLOPS_PAPER] if c else None, True, one),
+            _md_paired(c["to_target"][M.FLOPS_EXECUTED] if c else None, True, one),
+            _md_paired(c["to_target"]["time_s"] if c else None, True, one),
+            f"{tt['reached']}/{tt['n']}", _md_ci(g["step_cost_vs_clm"], ".3f", one)]) + " |")
     notes = [f"Target validation loss {s['target_loss']:.4f} ({s['target_source']}). Mean ± 95% Student-t "
              f"half-width over seeds; Δ: mean paired (by seed) difference [95% interval], relative for costs, a "
              f"seed that never reached the target counted at its budget (censored); **↓**/**↑**: below / above 0 "
@@ -108,6 +118,8 @@ def render_markdown(summary: dict) -> str:
                      "\"final\" values are those of their last evaluation, not of the end of training.")
     verdicts = [f"- **{c['group']}** vs {c['against']}: " + "; ".join(c["verdicts"])
                 for c in s["comparisons"] + s["controls"]]
+    if one:
+        lines = [ONE_SEED_NOTE, ""] + lines
     if s.get("primary"):
         lines = [f"**{s['primary']['primary_verdict']}**", ""] + lines
     gaps = [f"- {x}." for x in s["flops_gaps"]]

@@ -99,3 +99,80 @@ def test_head_paths_benchmark_times_every_path_interleaved(tmp_path):
         if r["path"] == "fp32":
             assert r["cpu_vs_fp32"] == 1.0
     assert res["env"]["cpu"] and res["env"]["cpu_id"] is not None
+
+
+def _fake_study(root: Path, losses: dict[str, dict[int, float]]) -> Path:
+    """A study directory with one finished run per (group, seed): only its result.json's final loss."""
+    for group, per_seed in losses.items():
+        for seed, loss in per_seed.items():
+            (root / f"{group}-s{seed}").mkdir(parents=True)
+            (root / f"{group}-s{seed}" / "result.json").write_text(json.dumps({"val_loss": loss}))
+    return root
+
+
+def test_dose_response_slope_against_scipy(tmp_path):
+    # the slope of ESLM - random against alpha (alpha-cpu's primary): the mean of the per-seed least-squares
+    # slopes with its t interval, checked against scipy's linregress per seed and its one-sample t test
+    scipy_stats = pytest.importorskip("scipy.stats")
+    import random as _random
+
+    rng = _random.Random(7)
+    alphas, seeds = [0.1, 0.3, 0.5], [1, 2, 3, 4, 5]
+    losses: dict[str, dict[int, float]] = {}
+    for a in alphas:
+        losses[f"eslm-entropy-alpha{a:g}"] = {s: 4.0 - 0.05 * a + rng.gauss(0, 0.02) for s in seeds}
+        losses[f"random-alpha{a:g}"] = {s: 4.0 + rng.gauss(0, 0.02) for s in seeds if s != 5 or a != 0.3}
+    study = _fake_study(tmp_path / "alpha-cpu", losses)
+    out = tmp_path / "slope.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "dose_response.py"), str(study),
+                           "--json", str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(out.read_text())
+    assert r["seeds"] == [1, 2, 3, 4]  # seed 5 lacks random at 0.3: left out, not half-counted
+    slopes = [scipy_stats.linregress(alphas, [losses[f"eslm-entropy-alpha{a:g}"][s] - losses[f"random-alpha{a:g}"][s]
+                                              for a in alphas]).slope for s in r["seeds"]]
+    t = scipy_stats.ttest_1samp(slopes, 0.0)
+    ci = t.confidence_interval(0.95)
+    assert r["slope"]["mean"] == pytest.approx(sum(slopes) / 4, abs=1e-12)
+    assert (r["slope"]["lo"], r["slope"]["hi"]) == (pytest.approx(ci.low, abs=1e-9), pytest.approx(ci.high, abs=1e-9))
+    assert r["p"] == pytest.approx(t.pvalue, rel=1e-6)
+    assert "nats per unit of alpha" in proc.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "dose_response.py"), str(tmp_path / "nope")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "fix:" in bad.stderr
+
+
+def test_plan_from_pilot_against_scipy(tmp_path):
+    # the pilot's paired SD, its chi-squared interval and the pairs it plans, recomputed with scipy
+    scipy_stats = pytest.importorskip("scipy.stats")
+    import math
+
+    a = {1: 4.06, 2: 4.01, 3: 4.09, 4: 4.03, 5: 4.05}
+    b = {1: 4.07, 2: 4.05, 3: 4.08, 4: 4.06, 5: 4.10}
+    study = _fake_study(tmp_path / "pilot", {"eslm-loss": a, "random": b})
+    out = tmp_path / "plan.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "plan_from_pilot.py"), str(study), "--margin",
+                           "0.015", "--json", str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    row = json.loads(out.read_text())[0]
+    d = [a[s] - b[s] for s in a]
+    n, sd = len(d), statistics_stdev(d)
+    assert row["pairs"] == n and row["sd"] == pytest.approx(sd, rel=1e-9)
+    assert row["sd_lo"] == pytest.approx(sd * math.sqrt((n - 1) / scipy_stats.chi2.ppf(0.975, n - 1)), rel=1e-6)
+    assert row["sd_hi"] == pytest.approx(sd * math.sqrt((n - 1) / scipy_stats.chi2.ppf(0.025, n - 1)), rel=1e-6)
+    upper = sd * math.sqrt((n - 1) / scipy_stats.chi2.ppf(0.2, n - 1))
+    assert row["sd_upper"] == pytest.approx(upper, rel=1e-6)
+
+    def power(k, s, effect):  # a two-sided paired t test at 5%: scipy's noncentral t
+        tc = scipy_stats.t.ppf(0.975, k - 1)
+        ncp = effect / (s / math.sqrt(k))
+        return scipy_stats.nct.sf(tc, k - 1, ncp) + scipy_stats.nct.cdf(-tc, k - 1, ncp)
+
+    k = row["pairs_at_upper"]
+    assert power(k, upper, 0.025) >= 0.8 > power(k - 1, upper, 0.025)
+
+
+def statistics_stdev(values):
+    import statistics
+
+    return statistics.stdev(values)

@@ -210,7 +210,8 @@ def _clm(ctx: BuildContext) -> Method:
 
 
 def _random(ctx: BuildContext) -> Method:
-    sel = RandomSelector(ctx.method.alpha, seed=seeds.random_control(ctx.seed, ctx.rank), n_domains=ctx.n_domains)
+    sel = RandomSelector(ctx.method.alpha, seed=seeds.random_control(ctx.seed, ctx.rank), n_domains=ctx.n_domains,
+                         device=ctx.device)
     return Method(name="random", tokens=sel, objective=_ce(ctx))
 
 

@@ -45,6 +45,7 @@ K is a Python int fixed by the selection; nothing here synchronises with the dev
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -96,6 +97,27 @@ def _no_autocast(t: torch.Tensor):
     """Dtypes are managed explicitly below (fp32 softmax and accumulators, matmuls in the compute dtype)."""
     return torch.autocast(device_type=t.device.type, enabled=False) if torch.is_autocast_enabled(
         t.device.type) else contextlib.nullcontext()
+
+
+def autocast_consistent(cls):
+    """``torch.amp.custom_fwd`` / ``custom_bwd`` on an autograd Function (a class decorator), for the device type
+    of its first tensor input (torch's decorators take the device type when the class is written; the head runs on
+    any device): the backward runs under the autocast state its forward ran under, also where autograd runs it on
+    another thread (CUDA), where it would otherwise see none. The Functions here manage their dtypes explicitly
+    (their matmuls run under ``_no_autocast``), so their results do not depend on that state either way."""
+    fwd, bwd = cls.forward, cls.backward
+
+    @functools.wraps(fwd)
+    def forward(ctx, *args):
+        ctx.amp_device_type = next(a.device.type for a in args if isinstance(a, torch.Tensor))
+        return torch.amp.custom_fwd(fwd, device_type=ctx.amp_device_type)(ctx, *args)
+
+    @functools.wraps(bwd)
+    def backward(ctx, *grads):
+        return torch.amp.custom_bwd(bwd, device_type=ctx.amp_device_type)(ctx, *grads)
+
+    cls.forward, cls.backward = staticmethod(forward), staticmethod(backward)
+    return cls
 
 
 def _logits(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -247,6 +269,7 @@ def fused_token_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch
 # --------------------------------------------------------------------------- the summed loss (training)
 
 
+@autocast_consistent
 class _PrecomputedGrad(torch.autograd.Function):
     """A scalar whose gradient with respect to (hidden, weight) was formed in the forward."""
 
@@ -441,6 +464,7 @@ def _route_of(pre: HeadPass | None) -> str:
 # --------------------------------------------------------------------------- per-token loss (any upstream grads)
 
 
+@autocast_consistent
 class _SelectedCE(torch.autograd.Function):
     """Per-token CE of the given rows; the backward forms their logits again (``kept_recompute``)."""
 
@@ -461,13 +485,15 @@ class _SelectedCE(torch.autograd.Function):
                        weight_grad=ctx.needs_input_grad[1])  # GREATS' head weight is detached: no G_W
         w = weight.to(h.dtype)
         g = grad_out.float()
-        for s, e in _chunks(h.shape[0], ctx.chunk_size):
-            dz = _logits(h[s:e], w).sub_(lse[s:e, None]).exp_()  # softmax of the kept rows
-            dz.scatter_add_(1, y[s:e, None], torch.full((e - s, 1), -1.0, device=dz.device))
-            grads.add(slice(s, e), dz.mul_(g[s:e, None]), h[s:e], w)
+        with _no_autocast(h):  # the forward's autocast state is restored here (autocast_consistent)
+            for s, e in _chunks(h.shape[0], ctx.chunk_size):
+                dz = _logits(h[s:e], w).sub_(lse[s:e, None]).exp_()  # softmax of the kept rows
+                dz.scatter_add_(1, y[s:e, None], torch.full((e - s, 1), -1.0, device=dz.device))
+                grads.add(slice(s, e), dz.mul_(g[s:e, None]), h[s:e], w)
         return (grads.hidden, None if grads.weight is None else grads.weight.to(weight.dtype), None, None, None)
 
 
+@autocast_consistent
 class _RowGradCE(torch.autograd.Function):
     """Per-token CE whose rows' hidden-state gradients (p_i - onehot(y_i)) W were formed by the forward's one
     pass (``grads_in_pass`` for a head weight that needs no gradient); the backward scales row i by its

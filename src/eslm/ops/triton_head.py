@@ -31,7 +31,7 @@ import triton  # noqa: F401  (the gpu extra: a missing one is reported by eslm.o
 import triton.language as tl
 
 from eslm.errors import ConfigError
-from eslm.ops.fused_head import _compute_dtype, _no_autocast, _PrecomputedGrad
+from eslm.ops.fused_head import _compute_dtype, _no_autocast, _PrecomputedGrad, autocast_consistent
 from eslm.ops.token_stats import HeadOptions, HeadState, HeadWork, TokenStats
 
 BLOCK_V = 1024  # logits per program step along the vocabulary (a power of two)
@@ -176,6 +176,7 @@ def _pass_b(hidden, weight, targets, index, cache: _Cache):
     return gh.to(hidden.dtype), gw, per_token
 
 
+@autocast_consistent
 class _TokenCE(torch.autograd.Function):
     """Per-token CE of the given rows for any upstream gradient: the forward caches their logits (one matmul),
     the backward forms dz from them, scaled per row, and the two gradient matmuls."""

@@ -24,7 +24,7 @@ import torch
 from eslm import contracts
 from eslm.contracts import NO_EXTRA_WORK, ExtraWork, Selection, StepThreshold
 from eslm.data.batch import Batch
-from eslm.errors import ConfigError
+from eslm.errors import CheckpointError, ConfigError
 from eslm.ops.token_stats import TokenStats
 from eslm.selection import risk
 from eslm.selection.scores import standardize
@@ -117,11 +117,13 @@ class VaRSelector(AllTokens):
 
 
 class RandomSelector(AllTokens):
-    """Keep K uniformly random tokens (same K as VaR at this alpha). Its generator state is checkpointed."""
+    """Keep K uniformly random tokens (same K as VaR at this alpha). Its generator lives on the model's device, so
+    the permutation is drawn there (no CPU permutation copied each step); on the CPU it is the same stream as
+    ever. Its generator state is checkpointed (with the device type: a CUDA stream cannot continue on the CPU)."""
 
-    def __init__(self, alpha: float, seed: int, n_domains: int = 1):
+    def __init__(self, alpha: float, seed: int, n_domains: int = 1, device: torch.device | str = "cpu"):
         super().__init__(alpha, n_domains)
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator(device=device).manual_seed(seed)
 
     def num_kept(self, n_tokens: int) -> int:
         return risk.num_kept(n_tokens, self.alpha)
@@ -129,7 +131,7 @@ class RandomSelector(AllTokens):
     def select(self, stats, batch, threshold=None) -> Selection:
         n = batch.num_tokens
         k = risk.num_kept(n, self.alpha)
-        index = torch.randperm(n, generator=self.generator)[:k].to(batch.x.device)
+        index = torch.randperm(n, generator=self.generator, device=self.generator.device)[:k].to(batch.x.device)
         fake = torch.zeros(batch.x.shape, device=batch.x.device)
         no_score = torch.full((), float("nan"), device=batch.x.device)  # it ranked no scores: none to report
         stats = replace(_stats(fake, fake, index, batch, self.n_domains), threshold=no_score, cvar=no_score,
@@ -137,8 +139,14 @@ class RandomSelector(AllTokens):
         return Selection(index, k, n, stats)
 
     def state_dict(self) -> dict:
-        return {"alpha": self.alpha, "generator": self.generator.get_state()}
+        return {"alpha": self.alpha, "generator": self.generator.get_state(),
+                "generator_device": self.generator.device.type}
 
     def load_state_dict(self, sd: dict) -> None:
+        saved = sd.get("generator_device", "cpu")  # checkpoints written before the key: a CPU generator
+        if saved != self.generator.device.type:
+            raise CheckpointError(f"expected the random control's generator state of a {self.generator.device.type} "
+                                  f"run; found one drawn on {saved}; fix: resume on a {saved} device (its random "
+                                  "stream cannot continue on another), or start the run afresh")
         self.alpha = float(sd["alpha"])
         self.generator.set_state(sd["generator"])

@@ -22,6 +22,7 @@ import torch
 
 from eslm import metrics as M
 from eslm.config import Config, method_context
+from eslm.data.prefetch import StepBatches
 from eslm.files import atomic_write
 from eslm.flops import FlopsCounter, FlopsModel
 from eslm.methods import build_method
@@ -74,6 +75,7 @@ class Trainer:
         self.optimizer = build_optimizer(self.raw_model, lr=t.lr, weight_decay=t.weight_decay,
                                          betas=(t.beta1, t.beta2), device_type=self.device.type)
         self.weights, self.loader, self.val = setup.data_streams(cfg, self.dataset, self.dist, self.device)
+        self.batches = StepBatches(self.loader, self.device, t.grad_accum_steps)  # a step ahead on CUDA
         self.method = build_method(method_context(
             cfg, device=self.device, n_domains=len(self.dataset.domains), rank=self.dist.rank,
             model_config=self.model_config,
@@ -149,8 +151,9 @@ class Trainer:
         lr = self.schedule.lr(self.step, lr=t.lr, min_lr=t.min_lr)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
-        batches = [self.loader.next_batch().to(self.device) for _ in range(t.grad_accum_steps)]
+        batches = self.batches.next_step()
         res = forward_backward(self.model, self.raw_model, self.method, batches, self.opts, self.step + 1, lr)
+        self.batches.prefetch()  # CUDA: the next step's batches drawn and copied while this one's work runs
         norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), t.grad_clip if t.grad_clip > 0
                                               else float("inf"))
         if hasattr(norm, "full_tensor"):  # FSDP: a replicated DTensor
@@ -273,7 +276,7 @@ class Trainer:
         else:
             self.raw_model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
-        self.loader.load_state_dict(state["loader"])
+        self.batches.load_state_dict(state["loader"])
         if own:  # a branch starts its own method afresh
             self.method.load_state_dict(state["method"])
         self.flops.load_state_dict(state["flops"])
@@ -297,7 +300,7 @@ class Trainer:
         c = self.cfg.checkpoint
         state = {"model": model_sd,
                  "model_config": self.model_config.to_dict(), "tokenizer": self.dataset.tokenizer_name,
-                 "step": self.step, "optimizer": optim_sd, "loader": self.loader.state_dict(),
+                 "step": self.step, "optimizer": optim_sd, "loader": self.batches.state_dict(),
                  "method": self.method.state_dict(), "flops": self.flops.state_dict(), "rng": ckpt.rng_state(),
                  M.ELAPSED_S: self.elapsed_s, M.CPU_S: self.cpu_s, "config": self.cfg.to_dict(),
                  **self.flops.totals()}

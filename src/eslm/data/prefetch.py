@@ -1,0 +1,58 @@
+"""The training loader's micro-batches on the device, one optimizer step ahead on CUDA.
+
+On CUDA the next step's micro-batches are drawn while the current step's work is still queued on the GPU, put in
+pinned (page-locked) host memory and copied with ``non_blocking=True``: the copy is queued behind the step's
+kernels instead of the host waiting for them, and drawing the windows (numpy reads of the memory-mapped tokens)
+overlaps the GPU's work. Elsewhere nothing is drawn ahead: each step draws its micro-batches when it asks, as a
+plain loop over the loader would.
+
+The loader's position saved in a checkpoint is that of the batches handed out (``state_dict``), not of the ones
+drawn ahead, so a resumed run trains on the same batches as one that never stopped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from eslm.data.batch import Batch
+
+
+class StepBatches:
+    """``loader``: a ``TrainLoader`` (``next_batch``, ``state_dict``, ``load_state_dict`` with a ``batch_index``);
+    ``per_step``: micro-batches per optimizer step. ``ahead`` (draw the next step's batches at ``prefetch``) and
+    ``pin`` (through pinned memory) default to whether ``device`` is a CUDA device."""
+
+    def __init__(self, loader: Any, device: torch.device, per_step: int, *, ahead: bool | None = None,
+                 pin: bool | None = None):
+        cuda = device.type == "cuda"
+        self.loader, self.device, self.per_step = loader, device, per_step
+        self.ahead = cuda if ahead is None else ahead
+        self.pin = cuda if pin is None else pin
+        self._next: list[Batch] = []
+
+    def next_step(self) -> list[Batch]:
+        """This optimizer step's micro-batches on the device: those drawn ahead, or drawn now."""
+        if not self._next:
+            self._next = [self._to_device(self.loader.next_batch()) for _ in range(self.per_step)]
+        out, self._next = self._next, []
+        return out
+
+    def prefetch(self) -> None:
+        """Draws the next step's micro-batches and queues their copies (with ``ahead``; otherwise nothing)."""
+        if self.ahead and not self._next:
+            self._next = [self._to_device(self.loader.next_batch()) for _ in range(self.per_step)]
+
+    def _to_device(self, batch: Batch) -> Batch:
+        return (batch.pin_memory() if self.pin else batch).to(self.device)
+
+    def state_dict(self) -> dict:
+        """The loader's state at the first batch not yet handed out."""
+        state = self.loader.state_dict()
+        state["batch_index"] -= len(self._next)
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self._next = []
+        self.loader.load_state_dict(state)

@@ -65,6 +65,10 @@ def _label_of(summary: dict, label: str) -> str:
 
 
 def _summary_table(summary: dict) -> str:
+    return _table(*_summary_rows(summary))
+
+
+def _summary_rows(summary: dict) -> tuple[list[str], list[list[str]]]:
     rows = []
     one = one_seed(summary)
     for g in summary["groups"]:
@@ -77,8 +81,8 @@ def _summary_table(summary: dict) -> str:
     time_head = "CPU s" if summary["time_key"] == M.CPU_S else "wall-clock s"
     equal = f"val loss at {summary['baseline']}'s last eval (equal tokens)" if summary["baseline"] else \
         "val loss at the baseline's last eval"
-    return _table(["group", "seeds", "final val loss", equal, "best val loss", "steps", M.FLOPS_PAPER,
-                   M.FLOPS_EXECUTED, "executed per step / CLM step", time_head], rows)
+    return (["group", "seeds", "final val loss", equal, "best val loss", "steps", M.FLOPS_PAPER,
+             M.FLOPS_EXECUTED, "executed per step / CLM step", time_head], rows)
 
 
 def _censored_cell(t: dict, spec=".3g") -> str:
@@ -90,17 +94,25 @@ def _censored_cell(t: dict, spec=".3g") -> str:
 
 
 def _costs_table(summary: dict) -> str:
+    return _table(*_costs_rows(summary))
+
+
+def _costs_rows(summary: dict) -> tuple[list[str], list[list[str]]]:
     """To-target costs in both FLOPs conventions, tokens and time, side by side; with censored seeds, the
     paper-FLOPs mean that counts them at their budget."""
     one = one_seed(summary)
     rows = [[_label(g)] + [_target_cell(g["to_target"][k], single=one) for k in COSTS]
             + [_censored_cell(g["to_target"][M.FLOPS_PAPER])] for g in summary["groups"]]
     time_head = "CPU s" if summary["time_key"] == M.CPU_S else "wall-clock s"
-    return _table(["group", "flops_paper to target", "flops_executed to target", "tokens to target",
-                   f"{time_head} to target", "flops_paper, censored seeds at their budget"], rows)
+    return (["group", "flops_paper to target", "flops_executed to target", "tokens to target",
+             f"{time_head} to target", "flops_paper, censored seeds at their budget"], rows)
 
 
 def _comparison_table(summary: dict, comparisons: list[dict]) -> str:
+    return _table(*_comparison_rows(summary, comparisons))
+
+
+def _comparison_rows(summary: dict, comparisons: list[dict]) -> tuple[list[str], list[list[str]]]:
     """Paired differences per group: final loss (nats) and relative to-target costs, with 95% intervals."""
     def cell(ci, rel):
         if ci["n"] == 0:
@@ -114,8 +126,8 @@ def _comparison_table(summary: dict, comparisons: list[dict]) -> str:
     rows = [[_label_of(summary, c["group"]), _label_of(summary, c["against"]),
              cell(c["losses"]["final validation loss"], False), cell(c["losses"]["equal-token validation loss"], False)]
             + [cell(c["to_target"][k], True) for k in COSTS] for c in comparisons]
-    return _table(["group", "vs", "Δ final val loss (nats)", "Δ equal-token val loss", "Δ flops_paper",
-                   "Δ flops_executed", "Δ tokens", "Δ time"], rows)
+    return (["group", "vs", "Δ final val loss (nats)", "Δ equal-token val loss", "Δ flops_paper",
+             "Δ flops_executed", "Δ tokens", "Δ time"], rows)
 
 
 def _primary_html(summary: dict) -> str:
@@ -150,12 +162,16 @@ def _verdicts_html(summary: dict) -> str:
 
 
 def _groups_table(summary: dict) -> str:
+    return _table(*_groups_rows(summary))
+
+
+def _groups_rows(summary: dict) -> tuple[list[str], list[list[str]]]:
     rows = [[_label(g), html.escape(g["method"]),
              html.escape(", ".join(f"{k}={v}" for k, v in g["settings"].items()) or "—"),
              ", ".join(html.escape(r) + (" <small class='warn'>(unfinished)</small>" if r in g["unfinished"] else "")
                        for r in g["runs"]), html.escape(", ".join(str(s) for s in g["seeds"]))]
             for g in summary["groups"]]
-    return _table(["group", "method", "settings that differ", "runs", "seeds"], rows)
+    return ["group", "method", "settings that differ", "runs", "seeds"], rows
 
 
 def _downstream_cell(d: dict | None) -> str:
@@ -278,3 +294,74 @@ def _skipped_html(s: dict) -> str:
         return ""
     items = "".join(f"<li>{html.escape(x['path'])}: {html.escape(x['reason'])}</li>" for x in s["skipped"])
     return f"<h2>Skipped</h2><ul>{items}</ul>"
+
+
+# ---------------------------------------------------------------- the page from its template
+
+
+def _figures(written: dict) -> list[dict]:
+    """Every figure of ``FIGURES`` in its order: {heading (its section, where one begins), alt, src or None}."""
+    out, section = [], None
+    for fig in figure_table.FIGURES:
+        heading = fig.section if fig.section != section else None
+        section = fig.section
+        out.append({"heading": heading, "alt": fig.alt, "src": written.get(fig.id)})
+    return out
+
+
+def _downstream(summary: dict) -> tuple[list[str], list[list[str]]] | None:
+    """The downstream table's header (HTML) and rows, or None without downstream results."""
+    tasks = sorted(set().union(*(g["downstream"] for g in summary["groups"])))
+    if not tasks:
+        return None
+    meta: dict[str, str] = {}
+    for g in summary["groups"]:
+        for t, d in g["downstream"].items():
+            meta.setdefault(t, f"{t}<br><small>{html.escape(str(d['metric']))}, {d['num_fewshot']}-shot</small>")
+    rows = []
+    for g in summary["groups"]:
+        cells = [_downstream_cell(g["downstream"].get(t)) for t in tasks]
+        pct = [g["downstream"][t]["value"] * 100 for t in tasks
+               if t in g["downstream"] and is_percent(g["downstream"][t]["metric"])]
+        avg = f"{statistics.fmean(pct):.1f}" if pct and len(pct) == len(tasks) else "—"
+        rows.append([_label(g)] + cells + [avg])
+    return ["group"] + [meta[t] for t in tasks] + ["avg"], rows
+
+
+def _extra_tables(s: dict) -> list[tuple[str, list[str], list[list[str]], str]]:
+    """The tables given as Markdown lines (``spread_lines``, ``since_branch_lines``) that have rows:
+    (title, header, escaped cells, note)."""
+    def cells(line):
+        return [c.strip() for c in line.strip().strip("|").split("|")]
+
+    out = []
+    for title, lines, note in (
+            ("Reproducibility across seeds", spread_lines(s),
+             "Between-seed standard deviation of each group's final validation loss with its chi-squared 95% "
+             "interval; its ratio to random's (same alpha) and CLM's with the F interval; p (F): the F test of "
+             "equal variances (ignores the pairing), p (paired): the Pitman-Morgan test over the seeds both groups "
+             "have."),
+            ("Costs from the branch point", since_branch_lines(s),
+             "A branched study: every run continues its seed's trunk at the branch point; costs from there on "
+             "beside the totals, which include the trunk's share.")):
+        if lines:
+            out.append((title, cells(lines[0]), [[html.escape(c) for c in cells(x)] for x in lines[2:]], note))
+    return out
+
+
+def render_html_from_template(summary: dict, written: dict) -> str:
+    """The whole page from templates/index.html.j2 (jinja2, installed with torch): the layout and words live in
+    the template, the formatted numbers come from the functions above."""
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("eslm.analysis.report", "templates"),
+                             autoescape=False, trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+    env.filters["esc"] = html.escape  # every text from the runs goes through it in the template
+    s = summary
+    return env.get_template("index.html.j2").render(
+        css=CSS, s=s, one_seed=one_seed(s), ignored=IGNORED_FOR_GROUPING,
+        verdicts=[("Against the baseline", s["comparisons"]),
+                  ("Against the random-drop control at the same alpha", s["controls"])],
+        summary_table=_summary_rows(s), costs_table=_costs_rows(s),
+        comparison_table=_comparison_rows(s, s["comparisons"] + s["controls"]), groups_table=_groups_rows(s),
+        extra_tables=_extra_tables(s), figures=_figures(written), downstream=_downstream(s))

@@ -61,7 +61,7 @@ def _eslm(venv: Path, args: list[str], cwd: Path) -> subprocess.CompletedProcess
 
 
 @pytest.mark.slow
-def test_wheel_carries_configs_vocabulary_and_py_typed(venv, tmp_path):
+def test_wheel_carries_configs_vocabulary_templates_and_py_typed(venv, tmp_path):
     out = subprocess.run([str(venv / "bin" / "python"), "-c", "import eslm, pathlib; print(eslm.__file__)"],
                          cwd=tmp_path, capture_output=True, text=True, env=_env())
     pkg = Path(out.stdout.strip()).parent
@@ -76,6 +76,16 @@ def test_wheel_carries_configs_vocabulary_and_py_typed(venv, tmp_path):
                            "print(get_tokenizer('gpt2').encode('Hello world'))"],
                           cwd=tmp_path, capture_output=True, text=True, env=_env())
     assert gpt2.stdout.strip() == "[15496, 995]", gpt2.stderr[-2000:]
+    # the report page's templates: every one in the repository, and the installed renderer finds them
+    templates = ROOT / "src" / "eslm" / "analysis" / "report" / "templates"
+    shipped = {p.name for p in (pkg / "analysis" / "report" / "templates").glob("*.j2")}
+    assert shipped == {p.name for p in templates.glob("*.j2")} and "index.html.j2" in shipped
+    page = subprocess.run([str(venv / "bin" / "python"), "-c", "import json, sys; from eslm.analysis.report import "
+                           "render_html; d = json.load(open(sys.argv[1])); print(render_html(d['summary'], "
+                           "d['written']), end='')", str(ROOT / "tests" / "analysis" / "report_pages" / "one-seed.json")],
+                          cwd=tmp_path, capture_output=True, text=True, env=_env())
+    expected = (ROOT / "tests" / "analysis" / "report_pages" / "one-seed.html").read_text(encoding="utf-8")
+    assert page.returncode == 0 and page.stdout == expected, page.stderr[-2000:]
 
 
 @pytest.mark.slow

@@ -89,3 +89,17 @@ def test_the_dry_run_steps_are_the_steps_the_runs_take(tiny_data, tmp_path):
     for c in (*runs, arm):
         res = train(c)
         assert res.stopped_by == "max_flops" and res.step == steps[c.run.name], (c.run.name, res.step, steps)
+
+
+def test_the_estimate_says_it_is_low_for_work_it_cannot_price(tmp_path):
+    """GREATS' held-out gradients and a teacher's or reference's forwards are not in the model: the estimate of a
+    study with such runs says "at least" and names them, and one without them does not."""
+    from eslm.study import load_study, plan
+    from eslm.study.estimate import describe, estimate
+
+    greats = estimate(plan(load_study("greats-pilot-cpu"), tmp_path / "runs", None, []), jobs=2)
+    assert greats["unpriced"] == {"greats": 3}
+    line = describe(greats)
+    assert line.startswith("estimate: at least about ") and "greats (3 runs)" in line and "not priced" in line
+    demo = describe(estimate(_demo(tmp_path), jobs=2))
+    assert demo.startswith("estimate: about ") and "not priced" not in demo

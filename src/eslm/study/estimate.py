@@ -165,8 +165,22 @@ def estimate(configs: list, jobs: int) -> dict | None:
         prep = not (_data_dir(configs[0]) / MANIFEST_NAME).is_file()
         serial += PREP_STDLIB_S if prep else 0.0
     cores = max(1, min(len(configs), jobs * threads, os.cpu_count() or 1))
+    unpriced = unpriced_work(configs)
     return {M.CPU_S: runs + serial, "wall_s": runs / cores + serial, "table": table, "prep": prep,
-            "cores": cores}
+            "cores": cores, "unpriced": unpriced}
+
+
+def unpriced_work(configs: list) -> dict[str, int]:
+    """{method: runs} of the planned runs whose method does work beside its own model's dense step that the
+    estimate does not price: a frozen reference or teacher model's forwards, GREATS' held-out gradients
+    (the registry's ``MethodSpec.needs``). Their runs are priced as dense steps only, so the estimate is low."""
+    from eslm.methods import METHODS
+
+    out: dict[str, int] = {}
+    for c in configs:
+        if METHODS[c.method.name].needs:
+            out[c.method.name] = out.get(c.method.name, 0) + 1
+    return out
 
 
 def describe(est: dict | None) -> str | None:
@@ -177,6 +191,10 @@ def describe(est: dict | None) -> str | None:
     where = ("this machine's measured head costs" if t["table"] == "measured" else
              f"head costs from {t['path']}" if t["table"] == "file" else
              "the shipped head costs (none measured here yet: eslm calibrate measures them in seconds)")
-    return (f"estimate: about {est[M.CPU_S] / 60:.1f} CPU-minutes, about {est['wall_s'] / 60:.1f} min on "
+    low = est.get("unpriced") or {}
+    return (f"estimate: {'at least ' if low else ''}about {est[M.CPU_S] / 60:.1f} CPU-minutes, "
+            f"{'at least ' if low else ''}about {est['wall_s'] / 60:.1f} min on "
             f"{est['cores']} idle core{'s' if est['cores'] > 1 else ''}"
-            + (" (corpus preparation included)" if est["prep"] else "") + f", from {where}")
+            + (" (corpus preparation included)" if est["prep"] else "") + f", from {where}"
+            + (f"; low: the extra work of {', '.join(f'{m} ({n} runs)' for m, n in sorted(low.items()))} (a "
+               "frozen model's forwards, held-out gradients) is not priced, only their dense steps" if low else ""))

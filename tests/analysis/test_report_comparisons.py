@@ -164,3 +164,22 @@ def test_a_primary_that_names_no_group_is_one_line(study, tmp_path):
 def test_colours_are_never_reused(n):
     colors = report.figures.color_map([f"g{i}" for i in range(n)])
     assert len(set(colors.values())) == n
+
+
+def test_a_control_that_is_the_baseline_is_compared_once(tmp_path, capsys):
+    """A study whose baseline is the random control (confirm-loss-cpu): each method is compared with random once,
+    one verdict line per pair (not a second, identical 'control' line), and the table's control column shows
+    that comparison."""
+    runs = [str(write_run(tmp_path, m, s)) for s in SEEDS for m in ("eslm-entropy", "random")]
+    out = tmp_path / "report"
+    s = report.build_report(runs, out, target_loss="baseline", baseline="random",
+                            primary=["eslm-entropy", "random"])
+    assert [(c["group"], c["against"]) for c in s["comparisons"]] == [("eslm-entropy", "random")]
+    assert s["controls"] == []
+    md = (out / "summary.md").read_text()
+    assert sum(line.startswith("- **eslm-entropy** vs random: ") for line in md.splitlines()) == 1
+    row = next(line for line in md.splitlines() if line.startswith("| eslm-entropy"))
+    final = s["comparisons"][0]["losses"][C.FINAL]
+    assert row.split(" | ")[3] == row.split(" | ")[4] != "—" and f"{final['mean']:+.4f}" in row.split(" | ")[4]
+    report.print_summary(s, out)
+    assert sum(line.startswith("eslm-entropy vs random: ") for line in capsys.readouterr().out.splitlines()) == 1

@@ -97,6 +97,8 @@ def render_markdown(summary: dict) -> str:
     one = one_seed(s)
     for g in s["groups"]:
         c, r = comp.get(g["label"]), ctrl.get(g["label"])
+        if r is None and c is not None and g.get("control") == c["against"]:  # its control is the baseline
+            r = c
         tt = g["to_target"][M.FLOPS_PAPER]
         lines.append("| " + " | ".join([
             _md_label(g), str(g["final_val_loss"]["count"]), _md_ci(g["final_val_loss"], ".4f", one),

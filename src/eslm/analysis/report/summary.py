@@ -256,7 +256,8 @@ def summarize(runs: list[Run], groups: list[Group], *, target: float, target_sou
             if gap and role_of(g.method) != "baseline":
                 gaps.append(gap)
         ctrl = _control_for(g, groups)
-        if ctrl is not None:
+        by_label[g.label]["control"] = ctrl.label if ctrl is not None else None
+        if ctrl is not None and ctrl is not base:  # a control that is the baseline: compared above, once
             controls.append(compare(g, ctrl))
             pairs.append((controls[-1], g, ctrl))
             differences["control"].append(C.difference_curve(g, ctrl))

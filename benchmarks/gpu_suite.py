@@ -1,23 +1,29 @@
-"""One command that validates, measures and reports the CUDA path (issue 13), in under 9 minutes on one GPU.
+"""One command that validates, measures and reports the CUDA path (issues 13 and 32), in 17 minutes on one GPU.
 
     PYTHONPATH=src python benchmarks/gpu_suite.py --out DIR [--device cuda] [--preset gpt2-124m] [--data DIR]
         [--bundle FILE.tar.gz] [--skip STEP ...] [--budget-s SECONDS]
 
-Steps, in order. Each writes DIR/<n>-<step>.json and .md the moment it ends, and DIR/summary.{json,md} is
+Steps, in order, the measurements first. Every step runs in a child process (group) of its own with its own
+time limit (``PRESETS[...]["limits"]``, capped by what is left of ``--budget-s``), so a hang or a crash costs
+that step only. Each writes DIR/<n>-<step>.json and .md the moment it ends, and DIR/summary.{json,md} is
 rewritten after every step (with ``--bundle``, so is a .tar.gz of DIR), so a time-out leaves what finished:
 
-1. ``env``: GPU name, torch / CUDA versions, the peak bf16 TFLOP/s of a large matmul (8192^3 on CUDA);
-   it is the MFU denominator only for a GPU the trainer's peak table lacks (and in the CPU smoke mode); and the
-   LM-head route chooser's coefficients measured on the device (``eslm calibrate``) into DIR/head_costs.json,
-   which the later steps use (ESLM_HEAD_COSTS);
-2. ``pytest``: ``pytest -m gpu`` in a subprocess (fused head vs the oracle, one step of every method, no host
-   sync in the selection), its output in DIR/2-pytest.log;
+1. ``env``: GPU name, torch / CUDA versions, the peak bf16 TFLOP/s of a large matmul (8192^3 on CUDA, its
+   tensors made on the device); it is the MFU denominator only for a GPU the trainer's peak table lacks (and in
+   the CPU smoke mode);
+2. ``calibrate``: the LM-head route chooser's coefficients measured on the device (``eslm calibrate``'s
+   measurement) into DIR/head_costs.json, which the later steps use (ESLM_HEAD_COSTS);
 3. ``loss_path``: ``benchmarks/loss_path.py`` at 124M, 12 x 1024 tokens, bf16 autocast: CLM naive / fused,
    ESLM-entropy naive / fused on the chooser's route / fused with each head route forced, ESLM-loss fused at
-   alpha 0.1, 0.2, 0.5: step time (CUDA events), peak memory (torch.cuda.max_memory_allocated), tokens/s, MFU,
-   selection cost, the route each ran;
-4. ``loss_path_compile``: the same with torch.compile (on CPU only with --compile yes);
-5. ``train_clm``, 6. ``train_eslm_entropy``: the real ``eslm train`` command with a config written to DIR
+   alpha 0.1, 0.2, 0.5 (and the triton backend where it is available): step time (CUDA events), peak memory
+   (torch.cuda.max_memory_allocated), tokens/s, MFU, selection cost, the route each ran;
+4. ``profile``: ``torch.profiler`` over a few real training steps (``Trainer``'s step) of CLM and ESLM-entropy
+   at alpha 0.2: the top ops by device time, tables in DIR/4-profile/;
+5. ``loss_path_compile``: the loss path with torch.compile, trimmed to what compiling changes (the trunk):
+   CLM and ESLM at alpha 0.2 on the chooser's route, no forced routes (on CPU only with --compile yes);
+6. ``pytest``: ``pytest -m gpu`` (fused head vs the oracle, one step of every method, no host sync in the
+   selection), its output in DIR/6-pytest.log;
+7. ``train_clm``, 8. ``train_eslm_entropy``: the real ``eslm train`` command with a config written to DIR
    (a few hundred 124M steps on the built-in corpus, eager, bf16): progress lines with MFU in DIR/<n>-*.log,
    metrics.jsonl and result.json copied into DIR, first / last loss and MFU in the step's JSON.
 
@@ -28,12 +34,12 @@ The GPU machine has no internet, so the built-in corpus travels with the working
 
     ESLM_DATA_DIR= PYTHONPATH=src python -m eslm.cli prepare stdlib --out data/stdlib-gpt2   # ~13 MB
 
-``/data/`` is git-ignored; name it in the device tool's ``carry`` (carry=["data/stdlib-gpt2"]) and run there:
+``/data/`` is git-ignored: copy it to the GPU machine beside the working tree, and run there:
 
     PYTHONPATH=src PYTHONUNBUFFERED=1 python benchmarks/gpu_suite.py --out /tmp/gpu_suite \\
         --bundle $OUT/gpu_suite.tar.gz 2>&1 | tee $OUT/gpu_suite.log
 
-(only 8 files come back from $OUT, hence the bundle). ``--data`` defaults to data/stdlib-gpt2, then
+(a bundle is one file to bring back). ``--data`` defaults to data/stdlib-gpt2, then
 $ESLM_DATA_DIR/stdlib-gpt2. Smoke mode, seconds on a CPU (the test suite runs it; tiny shapes, few steps, fp32,
 no compile unless --compile yes):
 
@@ -61,19 +67,23 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))  # this tree's eslm, as the subprocesses get it (PYTHONPATH below)
-STEPS = ("env", "pytest", "loss_path", "loss_path_compile", "train_clm", "train_eslm_entropy")
+STEPS = ("env", "calibrate", "loss_path", "profile", "loss_path_compile", "pytest", "train_clm",
+         "train_eslm_entropy")
+CHILD_STEPS = ("env", "calibrate", "profile")  # run by this script in a child process of their own
 
 # per preset: shapes, rounds, training length, each step's own time limit and the total (s; the total wins).
 # The tiny smoke's limits only guard against a hang: a loaded 2-core CI box can be 20x slower than an idle one.
 PRESETS = {
     "gpt2-124m": dict(seq_len=1024, micro_batch=12, matmul_n=8192, bench_steps=10, bench_warmup=3, train_steps=300,
-                      log_interval=25, eval_tokens=4096, budget_s=530, alphas=("0.1", "0.2", "0.5"), memory=True,
-                      calib_reps=5,
-                      limits=dict(pytest=180, loss_path=150, loss_path_compile=220, train=120)),
+                      log_interval=25, eval_tokens=4096, budget_s=1020, alphas=("0.1", "0.2", "0.5"), memory=True,
+                      calib_reps=5, profile_steps=3,
+                      limits=dict(env=60, calibrate=90, loss_path=150, profile=120, loss_path_compile=180,
+                                  pytest=180, train=120)),
     "tiny": dict(seq_len=16, micro_batch=2, matmul_n=256, bench_steps=1, bench_warmup=1, train_steps=8,
                  log_interval=2, eval_tokens=256, budget_s=3600, alphas=("0.1", "0.5"), memory=False,
-                 calib_reps=1,
-                 limits=dict(pytest=600, loss_path=600, loss_path_compile=900, train=600)),
+                 calib_reps=1, profile_steps=1,
+                 limits=dict(env=600, calibrate=600, loss_path=600, profile=600, loss_path_compile=900,
+                             pytest=600, train=600)),
 }
 
 TARGETS = {  # issue 13's targets on an H100 / H200
@@ -179,15 +189,15 @@ def tail(path: Path, n: int = 15) -> list[str]:
 # ----------------------------------------------------------------------------------------------- steps
 
 
-def step_env(ctx) -> tuple[dict, list[str]]:
-    """Versions, the device, and the peak matmul rate in the suite's precision (bf16 on CUDA)."""
+def child_env(a) -> dict:
+    """(In the child.) Versions, the device, and the peak matmul rate in the suite's precision (bf16 on CUDA)."""
     import platform
 
     import torch
 
-    dev = torch.device(ctx.device)
+    dev = torch.device(a.device)
     env = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-           "device": ctx.device}
+           "device": a.device}
     if dev.type == "cuda":
         p = torch.cuda.get_device_properties(dev)
         env.update(gpu=p.name, capability=f"{p.major}.{p.minor}", gpu_memory_gib=round(p.total_memory / 2**30, 1),
@@ -195,25 +205,59 @@ def step_env(ctx) -> tuple[dict, list[str]]:
         smi = shutil.which("nvidia-smi")
         if smi:
             q = subprocess.run([smi, "--query-gpu=driver_version,clocks.max.sm,power.limit", "--format=csv,noheader"],
-                               capture_output=True, text=True)
+                               capture_output=True, text=True, timeout=30)
             env["nvidia_smi"] = q.stdout.strip()
     else:
         env.update(cpu=platform.processor() or platform.machine(), threads=torch.get_num_threads())
-    tflops = matmul_tflops(dev, ctx.cfg["matmul_n"], ctx.dtype)
-    env.update(matmul_tflops=float(f"{tflops:.4g}"), matmul=f"{ctx.cfg['matmul_n']}^3 {ctx.dtype}")
-    ctx.matmul_peak = tflops * 1e12
-    md = [f"- {k}: {v}" for k, v in env.items()]
-    # the head route chooser's coefficients, measured here (eslm calibrate); the later steps use them
+    tflops = matmul_tflops(dev, a.matmul_n, a.dtype)
+    env.update(matmul_tflops=float(f"{tflops:.4g}"), matmul=f"{a.matmul_n}^3 {a.dtype}")
+    return env
+
+
+def child_calibrate(a) -> dict:
+    """(In the child.) The LM-head route chooser's coefficients measured on the device into ``a.costs_file``."""
+    import torch
+
     from eslm.ops.calibrate import calibrate, write
 
-    costs = calibrate(ctx.device, ["bf16", "fp32"] if dev.type == "cuda" else ["fp32"], ctx.cfg["calib_reps"])
-    ctx.head_costs = ctx.out / "head_costs.json"
-    write(str(ctx.head_costs), dev.type, costs)
-    env["head_costs"] = {k: {f: getattr(c, f) for f in ("matmul_s_per_flop", "copy_s_per_byte",
-                                                        "softmax_s_per_elem", "entropy_s_per_elem")}
-                           for k, c in costs.items()}
-    md.append(f"- head route costs measured into {ctx.head_costs.name} (ESLM_HEAD_COSTS of the later steps)")
-    return {"environment": env}, md
+    kind = torch.device(a.device).type
+    costs = calibrate(a.device, ["bf16", "fp32"] if kind == "cuda" else ["fp32"], a.reps)
+    write(str(a.costs_file), kind, costs)
+    return {k: {f: getattr(c, f) for f in ("matmul_s_per_flop", "copy_s_per_byte", "softmax_s_per_elem",
+                                           "entropy_s_per_elem")} for k, c in costs.items()}
+
+
+def run_child(ctx, step: str, args: list[str], env: dict | None = None) -> tuple[dict, int | None, float, Path]:
+    """This script's ``--child STEP`` in its own process (group) with the step's time limit: (what it wrote,
+    exit status or None on time-out, wall seconds, its log)."""
+    out = ctx.report.path(ctx.n, step, "-child.json")
+    log = ctx.report.path(ctx.n, step, ".log")
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", step, "--child-out", str(out),
+           "--device", ctx.device, "--dtype", ctx.dtype, *args]
+    rc, wall = run_logged(cmd, log, ctx.limit(step), env=env)
+    got = json.loads(out.read_text()) if rc == 0 and out.exists() else {}
+    out.unlink(missing_ok=True)
+    return got, rc, wall, log
+
+
+def step_env(ctx) -> tuple[dict, list[str]]:
+    env, rc, wall, log = run_child(ctx, "env", ["--matmul-n", str(ctx.cfg["matmul_n"])])
+    if rc != 0:
+        return {"status": status_of(rc), "returncode": rc, "log": log.name}, ["```", *tail(log), "```"]
+    ctx.matmul_peak = env["matmul_tflops"] * 1e12
+    return {"environment": env}, [f"- {k}: {v}" for k, v in env.items()] + [f"({wall:.0f} s)"]
+
+
+def step_calibrate(ctx) -> tuple[dict, list[str]]:
+    path = ctx.out / "head_costs.json"
+    costs, rc, wall, log = run_child(ctx, "calibrate", ["--reps", str(ctx.cfg["calib_reps"]),
+                                                        "--costs-file", str(path)])
+    if rc != 0 or not path.exists():
+        return {"status": status_of(rc), "returncode": rc, "log": log.name}, ["```", *tail(log), "```"]
+    ctx.head_costs = path
+    return ({"head_costs": costs, "note": f"measured into {path.name}"},
+            [f"head route costs measured into {path.name} in {wall:.0f} s (ESLM_HEAD_COSTS of the later steps):",
+             ""] + [f"- {k}: {v}" for k, v in costs.items()])
 
 
 def matmul_tflops(dev, n: int, dtype: str, reps: int = 10) -> float:
@@ -257,10 +301,13 @@ def step_pytest(ctx) -> tuple[dict, list[str]]:
 def step_loss_path(ctx, compile: bool) -> tuple[dict, list[str]]:
     name = "loss_path_compile" if compile else "loss_path"
     c = ctx.cfg
+    # compiled, only the trunk differs (the head's code is the same): CLM and ESLM at alpha 0.2 on the chooser's
+    # route, no forced routes and one alpha
+    alphas, routes = (["0.2"], ["--routes"]) if compile else (list(c["alphas"]), [])
     cmd = [sys.executable, "benchmarks/loss_path.py", "--preset", ctx.preset, "--seq-len", str(c["seq_len"]),
            "--micro-batch", str(c["micro_batch"]), "--device", ctx.device, "--dtype", ctx.dtype,
            "--steps", str(c["bench_steps"]), "--warmup", str(c["bench_warmup"] + (1 if compile else 0)),
-           "--alphas", *c["alphas"], "--name", f"{ctx.n}-{name}"]
+           "--alphas", *alphas, *routes, "--name", f"{ctx.n}-{name}"]
     if not c["memory"]:
         cmd.append("--no-cpu-memory")
     if compile:
@@ -294,10 +341,11 @@ def loss_path_targets(bench: dict) -> dict:
     """The issue's targets from one loss_path result (ratios measured in that one run)."""
     rows = {r["variant"]: r for r in bench["rows"]}
     over = bench["selection_overhead"]
+    time_at = lambda a: rows.get(f"eslm-entropy-fused@{a}", {}).get("time_vs_clm_fused")  # noqa: E731
     values = {
         "clm_fused_mfu": rows["clm-fused"]["mfu"],
-        "eslm_entropy_vs_clm_fused_time@0.1": rows["eslm-entropy-fused@0.1"]["time_vs_clm_fused"],
-        "eslm_entropy_vs_clm_fused_time@0.5": rows["eslm-entropy-fused@0.5"]["time_vs_clm_fused"],
+        "eslm_entropy_vs_clm_fused_time@0.1": time_at(0.1),  # None where the step ran another alpha (compile)
+        "eslm_entropy_vs_clm_fused_time@0.5": time_at(0.5),
         # the worst of the fused methods against their naive twins (CLM, ESLM-entropy at every alpha)
         "fused_vs_naive_peak_memory": _max([rows["clm-fused"]["mem_vs_clm_naive"]] +
                                            [r["mem_vs_naive_twin"] for v, r in rows.items()
@@ -360,6 +408,72 @@ def step_train(ctx, method: str) -> tuple[dict, list[str]]:
     return rec, md
 
 
+PROFILED = (("clm", "clm"), ("eslm-entropy@0.2", "eslm-entropy"))  # (label, method): at alpha 0.2
+
+
+def child_profile(a) -> dict:
+    """(In the child.) ``torch.profiler`` over ``a.steps`` optimizer steps of each config in ``a.configs``
+    (LABEL=FILE, the real trainer's step), after two warm-up steps: each label's table of the top ops by device
+    time (CPU time on a CPU) into ``a.table_dir``/LABEL.txt, and its step time and top ops returned."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from eslm.config import build_config
+    from eslm.train.trainer import Trainer
+
+    out = {}
+    for item in a.configs:
+        label, path = item.split("=", 1)
+        trainer = Trainer(build_config([path]))
+        for _ in range(2):
+            trainer._train_one_step()
+        cuda = trainer.device.type == "cuda"
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        sort = "device_time_total" if cuda else "cpu_time_total"
+        t0 = time.perf_counter()
+        with profile(activities=acts) as prof:
+            for _ in range(a.steps):
+                trainer._train_one_step()
+        wall = (time.perf_counter() - t0) / a.steps
+        table = prof.key_averages().table(sort_by=sort, row_limit=30)
+        (Path(a.table_dir) / f"{label}.txt").write_text(table + "\n")
+        attr = "device_time_total" if cuda else "cpu_time_total"
+        top = sorted(prof.key_averages(), key=lambda e: getattr(e, attr, 0.0), reverse=True)[:12]
+        out[label] = {"step_s_profiled": wall, "sorted_by": sort,
+                      "top": [{"op": e.key, "total_ms": getattr(e, attr, 0.0) / 1e3 / a.steps, "calls": e.count}
+                              for e in top]}
+        del trainer
+        if cuda:
+            torch.cuda.empty_cache()
+    return out
+
+
+def step_profile(ctx) -> tuple[dict, list[str]]:
+    import yaml
+
+    tables = ctx.out / f"{ctx.n}-profile"
+    tables.mkdir(exist_ok=True)
+    configs = []
+    for label, method in PROFILED:
+        cfg = train_config(ctx, method, ctx.scratch / "profile" / label)
+        cfg["method"]["alpha"] = 0.2
+        path = ctx.report.path(ctx.n, "profile", f"-{label}.yaml")
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        configs.append(f"{label}={path}")
+    got, rc, wall, log = run_child(ctx, "profile", ["--steps", str(ctx.cfg["profile_steps"]), "--table-dir",
+                                                    str(tables), "--configs", *configs], env=ctx.costs_env())
+    rec = {"status": status_of(rc), "returncode": rc, "log": log.name, "profiles": got}
+    if got:
+        rec["note"] = ", ".join(f"{k} {v['step_s_profiled'] * 1e3:.1f} ms/step" for k, v in got.items())
+    md = [f"torch.profiler over {ctx.cfg['profile_steps']} step(s) each after 2 warm-up steps ({wall:.0f} s); "
+          f"tables in {tables.name}/", ""]
+    for label, prof in got.items():
+        md += [f"## {label}: {prof['step_s_profiled'] * 1e3:.1f} ms per step under the profiler", "",
+               "| op | ms per step | calls |", "|---|---:|---:|"]
+        md += [f"| `{t['op']}` | {t['total_ms']:.3f} | {t['calls']} |" for t in prof["top"]] + [""]
+    return rec, md + ([] if rc == 0 else ["```", *tail(log), "```"])
+
+
 def train_figures(metrics: Path) -> dict:
     """First / last training loss, whether it fell, median MFU and tokens/s over the second half, val loss."""
     if not metrics.exists():
@@ -420,7 +534,7 @@ class Context:
 
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, required=True, help="results directory (created)")
+    p.add_argument("--out", type=Path, help="results directory (created)")
     p.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu for the smoke mode")
     p.add_argument("--preset", default="gpt2-124m", choices=sorted(PRESETS))
     p.add_argument("--data", type=Path, default=None, help="prepared corpus (default data/stdlib-gpt2, then "
@@ -442,7 +556,19 @@ def parse(argv):
     p.add_argument("--scratch", type=Path, default=None,
                    help="parent of the training run directories, kept (default: a temporary one, removed)")
     p.add_argument("--force", action="store_true", help="write into an --out that holds an earlier summary")
-    return p.parse_args(argv)
+    # internal: one step run by the suite in a child process of its own
+    p.add_argument("--child", choices=CHILD_STEPS, help=argparse.SUPPRESS)
+    p.add_argument("--child-out", help=argparse.SUPPRESS)
+    p.add_argument("--matmul-n", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--reps", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--costs-file", help=argparse.SUPPRESS)
+    p.add_argument("--steps", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--table-dir", help=argparse.SUPPRESS)
+    p.add_argument("--configs", nargs="*", default=[], help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.child is None and a.out is None:
+        p.error("the following arguments are required: --out")
+    return a
 
 
 def check_args(a) -> None:
@@ -472,6 +598,10 @@ def check_args(a) -> None:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     a = parse(argv)
+    if a.child:  # one step's work in this process (the parent holds its time limit)
+        fn = {"env": child_env, "calibrate": child_calibrate, "profile": child_profile}[a.child]
+        Path(a.child_out).write_text(json.dumps(fn(a), indent=2, default=str) + "\n")
+        return 0
     try:
         check_args(a)
         a.out.mkdir(parents=True, exist_ok=True)
@@ -481,7 +611,8 @@ def main(argv=None) -> int:
     report = Report(a.out, a.bundle, argv)
     signal.signal(signal.SIGTERM, _stop)
     ctx = Context(a, report)
-    runners = {"env": step_env, "pytest": step_pytest, "loss_path": lambda c: step_loss_path(c, False),
+    runners = {"env": step_env, "calibrate": step_calibrate, "profile": step_profile, "pytest": step_pytest,
+               "loss_path": lambda c: step_loss_path(c, False),
                "loss_path_compile": lambda c: step_loss_path(c, True),
                "train_clm": lambda c: step_train(c, "clm"),
                "train_eslm_entropy": lambda c: step_train(c, "eslm-entropy")}

@@ -35,12 +35,10 @@ def test_smoke_mode_runs_every_step(tiny_data, tmp_path):
     env = _json(out / "1-env.json")
     assert env["status"] == "ok" and env["environment"]["torch"] == torch.__version__
     assert env["environment"]["matmul_tflops"] > 0 and env["environment"]["matmul"] == "256^3 fp32"
+    assert (out / "1-env.log").is_file()  # measured in a child process of its own
+    cal = _json(out / "2-calibrate.json")
     costs = json.loads((out / "head_costs.json").read_text())  # measured here, used by the later steps
-    assert set(costs["costs"]) == {"cpu/float32"} and env["environment"]["head_costs"]["float32"]["matmul_s_per_flop"] > 0
-
-    pt = _json(out / "2-pytest.json")
-    assert pt["status"] == "ok" and pt["counts"].get("skipped", 0) > 0 and "-m gpu" in pt["command"]
-    assert "skipped" in (out / "2-pytest.log").read_text()
+    assert set(costs["costs"]) == {"cpu/float32"} and cal["head_costs"]["float32"]["matmul_s_per_flop"] > 0
 
     lp = _json(out / "3-loss_path.json")
     assert lp["status"] == "ok", lp
@@ -57,9 +55,21 @@ def test_smoke_mode_runs_every_step(tiny_data, tmp_path):
     assert bench["settings"]["dtype"] == "fp32" and bench["settings"]["preset"] == "tiny"
     assert (out / "3-loss_path-bench.md").is_file()
 
-    assert _json(out / "4-loss_path_compile.json")["status"] == "skipped"  # no compile on a CPU unless asked
+    prof = _json(out / "4-profile.json")
+    assert prof["status"] == "ok", prof
+    assert set(prof["profiles"]) == {"clm", "eslm-entropy@0.2"}
+    for label, p in prof["profiles"].items():
+        assert p["step_s_profiled"] > 0 and p["top"] and p["top"][0]["total_ms"] > 0
+        assert "Name" in (out / "4-profile" / f"{label}.txt").read_text()  # the profiler's own table
+    assert "aten::" in (out / "4-profile.md").read_text()
 
-    for n, step, kept in ((5, "train_clm", 1.0), (6, "train_eslm_entropy", 0.9)):
+    assert _json(out / "5-loss_path_compile.json")["status"] == "skipped"  # no compile on a CPU unless asked
+
+    pt = _json(out / "6-pytest.json")  # after the measurements
+    assert pt["status"] == "ok" and pt["counts"].get("skipped", 0) > 0 and "-m gpu" in pt["command"]
+    assert "skipped" in (out / "6-pytest.log").read_text()
+
+    for n, step, kept in ((7, "train_clm", 1.0), (8, "train_eslm_entropy", 0.9)):
         rec = _json(out / f"{n}-{step}.json")
         assert rec["status"] == "ok", rec
         assert rec["steps_logged"] >= 2 and rec["first_loss"] > 0 and rec["last_loss"] > 0
@@ -70,11 +80,12 @@ def test_smoke_mode_runs_every_step(tiny_data, tmp_path):
         assert "train:" in (out / f"{n}-{step}.yaml").read_text()
 
     summary = _json(out / "summary.json")
-    assert [s["step"] for s in summary["steps"]] == ["env", "pytest", "loss_path", "loss_path_compile",
-                                                     "train_clm", "train_eslm_entropy"]
+    assert [s["step"] for s in summary["steps"]] == ["env", "calibrate", "loss_path", "profile",
+                                                     "loss_path_compile", "pytest", "train_clm",
+                                                     "train_eslm_entropy"]
     assert "clm_fused_mfu" in summary["targets"] and (out / "summary.md").is_file()
     with tarfile.open(bundle) as tar:
-        assert "suite/summary.md" in tar.getnames() and "suite/6-train_eslm_entropy.json" in tar.getnames()
+        assert "suite/summary.md" in tar.getnames() and "suite/8-train_eslm_entropy.json" in tar.getnames()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
@@ -86,3 +97,32 @@ def test_cuda_without_a_gpu_and_missing_data_are_one_line_errors(tmp_path):
     proc = _suite(["--out", str(tmp_path / "b"), "--device", "cpu", "--data", str(tmp_path / "none")])
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert "expected a prepared corpus" in proc.stderr and not (tmp_path / "b").exists()
+
+
+def test_the_pilot_corpus_builder_dedupes_and_splits_by_package(tmp_path):
+    """benchmarks/site_corpus.py on a made-up site-packages: a vendored copy kept once, tests, caches,
+    dist-info and non-UTF-8 files left out, packages in their domains, then prepared by `eslm prepare text`."""
+    site = tmp_path / "site"
+    files = {"torch/nn/mod.py": "import math\n\ndef f(x):\n    return math.sqrt(x)\n" * 20,
+             "numpy/core.py": "def add(a, b):\n    return a + b\n" * 20,
+             "foo/__init__.py": "VALUE = 1\n" * 30,
+             "foo/_vendor/core.py": "def add(a, b):\n    return a + b\n" * 20,  # numpy/core.py's bytes again
+             "foo/tests/test_foo.py": "def test():\n    pass\n", "foo/__pycache__/x.py": "x = 1\n",
+             "foo-1.0.dist-info/x.py": "y = 2\n", "single.py": "Z = 3\n" * 30}
+    for rel, text in files.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(text)
+    (site / "foo" / "latin.py").write_bytes(b"# caf\xe9\n")
+    out = tmp_path / "corpus"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "site_corpus.py"), "--out", str(out),
+                           "--roots", str(site), "--tokenizer", "byte"], env=env, capture_output=True, text=True,
+                          timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    src = tmp_path / "corpus.src"
+    got = sorted(str(p.relative_to(src)) for p in src.rglob("*.py"))
+    assert got == ["science/numpy/core.py", "tools/foo/__init__.py", "tools/single.py", "torch/torch/nn/mod.py"]
+    info = json.loads((src / "corpus.json").read_text())
+    assert info["domains"]["tools"]["duplicates"] == 1 and info["domains"]["tools"]["not_utf8"] == 1
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert sorted(manifest["domains"]) == ["science", "tools", "torch"]

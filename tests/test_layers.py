@@ -168,6 +168,44 @@ def test_a_planted_upward_type_checking_import_fails():
     assert any("eslm.model.gpt" in loop and "eslm.config" in loop for loop in import_loops(graph))
 
 
+# Imports of eslm modules inside a function, each with the reason it cannot be at the module's top: a true import
+# cycle that cannot be broken, or a heavy optional path. "module:function" -> reason. (Optional extras such as
+# matplotlib or lm_eval are third-party imports, imported where used; they are not listed here.)
+LOCAL_IMPORTS: dict[str, str] = {}
+
+
+def local_eslm_imports(trees: dict[str, tuple[ast.AST, str]]) -> list[str]:
+    """"module:function: statement" for every import of an eslm module (absolute or relative) inside a function
+    that ``LOCAL_IMPORTS`` does not list: an import at the module's top shows the dependency to a reader (and to
+    the checks above) where a function-local one hides it."""
+    out = []
+    for name, (tree, _) in trees.items():
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                local = (isinstance(node, ast.ImportFrom)
+                         and (node.level or (node.module or "").split(".")[0] == "eslm")
+                         or isinstance(node, ast.Import) and any(a.name.split(".")[0] == "eslm" for a in node.names))
+                if local and f"{name}:{fn.name}" not in LOCAL_IMPORTS:
+                    out.append(f"{name}:{fn.name}: {ast.unparse(node)}")
+    return sorted(set(out))
+
+
+def test_eslm_modules_are_imported_at_the_top():
+    assert local_eslm_imports(_trees()) == [], "move these imports to the module's top (or list them, with why)"
+    assert all(reason.strip() for reason in LOCAL_IMPORTS.values())
+
+
+def test_a_planted_function_local_import_fails():
+    trees = {**_trees(), "eslm.study.grid": (ast.parse(
+        "import torch\ndef plan():\n    from eslm.config import build_config\n    import eslm.files\n"
+        "def stages():\n    from . import shared\n    from torch import nn\n"), "eslm.study")}
+    assert local_eslm_imports(trees) == ["eslm.study.grid:plan: from eslm.config import build_config",
+                                         "eslm.study.grid:plan: import eslm.files",
+                                         "eslm.study.grid:stages: from . import shared"]
+
+
 def test_only_the_commands_import_argparse():
     assert argparse_importers({name: tree for name, (tree, _) in _trees().items()}) == []
 

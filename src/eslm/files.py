@@ -26,7 +26,9 @@ import unicodedata
 import uuid
 from pathlib import Path
 
+import eslm
 from eslm.errors import ConfigError, OwnershipError, link_refused  # noqa: F401  (files.link_refused)
+from eslm.lock import DirLock
 
 MAX_NAME = 200  # characters; file systems allow 255 bytes per component, eslm adds suffixes to some names
 _NOT_PORTABLE = ':*?"<>|'
@@ -276,10 +278,8 @@ RUN_MARKER, RUN_FORMAT = "eslm-run.json", "eslm-run-v1"  # in every run director
 
 def new_marker(fmt: str, **extra) -> dict:
     """The content of a marker file: the format, a random id, when and by which eslm it was made."""
-    from eslm import __version__
-
     return {"format": fmt, "id": uuid.uuid4().hex, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "eslm_version": __version__, **extra}
+            "eslm_version": eslm.__version__, **extra}
 
 
 def read_marker(path: Path, fmt: str) -> dict | None:
@@ -431,8 +431,6 @@ def output_lock(out: Path, what: str):
     """The lock of an output directory eslm writes whole (report, export, token view, prepared data): a file
     beside it, ``.NAME.eslm.lock`` (the directory itself is replaced by a rename). A second command writing the
     same ``--out`` at the same time gets a one-line error instead of deleting the first one's files."""
-    from eslm.lock import DirLock
-
     out = Path(out)
     return DirLock(out, what, path=out.parent / f".{out.name}.eslm.lock")
 

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from eslm.errors import ESLMError
+from eslm.errors import ESLMError, link_refused
 
 LOCK_NAME = "eslm.lock"
 
@@ -59,8 +59,6 @@ class DirLock:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
             except OSError as e:
                 if e.errno == errno.ELOOP:  # never truncate a link's target
-                    from eslm.errors import link_refused
-
                     raise link_refused(self.path) from None
                 raise
             try:

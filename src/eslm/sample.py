@@ -14,6 +14,9 @@ from typing import Iterator
 import torch
 
 from eslm.errors import ConfigError
+from eslm.eval.harness import check_device, resolve_tokenizer
+from eslm.model.gpt import KVCache
+from eslm.model.loading import load_model
 
 
 @torch.no_grad()
@@ -48,8 +51,6 @@ def generate(model, prompt: list[int], max_new_tokens: int, *, temperature: floa
 
 
 def _new_cache(model):
-    from eslm.model.gpt import KVCache
-
     return KVCache(model.config.n_layer)
 
 
@@ -73,8 +74,6 @@ def sample_texts(checkpoint: str, prompt: str | None = None, *, num_samples: int
     no prompt: start from end-of-text."""
     import math
 
-    from eslm.eval.harness import check_device, resolve_tokenizer
-    from eslm.model.loading import load_model
 
     if max_new_tokens < 1 or num_samples < 1 or not math.isfinite(temperature) or temperature < 0 or top_k < 0:
         raise ConfigError("expected --max-new-tokens >= 1, --num-samples >= 1, a finite --temperature >= 0 and "

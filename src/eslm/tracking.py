@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 from eslm import metrics as M
+from eslm.errors import ConfigError
+from eslm.files import atomic_write
 
 
 def warn_missing(option: str, package: str, extra: str) -> None:
@@ -48,11 +50,8 @@ def open_trackers(cfg, run_dir: Path, env: dict) -> list:
         return []
     import secrets
 
-    from eslm.errors import ConfigError
-
     id_file = Path(run_dir) / "wandb_run_id"
     run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(8)
-    from eslm.files import atomic_write
 
     atomic_write(id_file, (run_id + "\n").encode())
     try:

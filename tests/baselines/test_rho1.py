@@ -1,8 +1,6 @@
 """Rho-1's reference model: frozen, no gradient, correct per-token losses, excess-loss sign, FLOPs."""
 
 import copy
-import sys
-import types
 
 import pytest
 import torch
@@ -84,10 +82,11 @@ def test_smaller_reference_vocabulary_scores_real_token_ids():
 
 def test_from_path_uses_loading_module(monkeypatch):
     model = _gpt()
-    fake = types.ModuleType("eslm.model.loading")
+    from eslm.model import loading
+
     calls = []
-    fake.load_model = lambda path, device: calls.append((path, device)) or (model, {"kind": "fake", "step": 7})
-    monkeypatch.setitem(sys.modules, "eslm.model.loading", fake)
+    monkeypatch.setattr(loading, "load_model",
+                        lambda path, device: calls.append((path, device)) or (model, {"kind": "fake", "step": 7}))
     ref = ReferenceModel.from_path("runs/clm/checkpoints/step_0040000.pt", "cpu", impl="naive")
     assert calls == [("runs/clm/checkpoints/step_0040000.pt", "cpu")]
     assert ref.source.endswith("step_0040000.pt") and ref.meta["step"] == 7

@@ -33,6 +33,9 @@ from eslm.errors import DataError, ESLMError
 from eslm.files import check_output_dir, replace_dir
 from eslm.objectives.cross_entropy import token_stats
 from eslm.selection.risk import at_or_above, check_alpha, var_threshold
+from eslm.data.loader import open_dataset
+from eslm.data.tokenizers import get_tokenizer
+from eslm.model.loading import load_model
 
 # (score key, title, RGB of the highlight) — the paper's colours: electric blue for entropy, salmon for loss.
 VARIANTS = (("entropy", "ESLM-VaR-entropy", (44, 117, 255)), ("loss", "ESLM-CVaR-loss", (250, 128, 114)))
@@ -57,8 +60,6 @@ class TokensViewError(ESLMError):
 
 def load_checkpoint_model(path: str, device: str = "cpu"):
     """(model in eval mode, info with "tokenizer" and "step") through ``eslm.model.loading.load_model``."""
-    from eslm.model.loading import load_model
-
     return load_model(path, device)
 
 
@@ -100,8 +101,6 @@ def stream_passages(stream, eot_id: int, num: int, max_tokens: int, domain: str)
 
 def dataset_passages(data_dir: str, num: int, max_tokens: int) -> tuple[list[Passage], str]:
     """Passages from each domain's validation tokens of a prepared dataset, and its tokenizer name."""
-    from eslm.data.loader import open_dataset
-
     ds = open_dataset(data_dir)
     out = []
     for domain in ds.domains:
@@ -308,8 +307,6 @@ def frequency_chart(path: Path, items: list[tuple[str, int]], title: str, rgb) -
 
 def _passages(data, text, tok_name, num, max_tokens):
     """(passages, tokenizer name) from --data or --text."""
-    from eslm.data.tokenizers import get_tokenizer
-
     if data:
         passages, data_tok = dataset_passages(data, num, max_tokens)
         if tok_name and data_tok != tok_name:
@@ -344,8 +341,6 @@ def build_token_view(checkpoint: str, out_dir: str | Path, *, data: str | None =
                      tokenizer: str | None = None, device: str = "cpu", top: int = TOP_K) -> dict:
     """Score, select, and write index.html, top_tokens_<variant>.png and tokens.json; returns the JSON dict
     (``by_domain``: per domain and variant, the ``top`` tokens most often kept and most often dropped)."""
-    from eslm.data.tokenizers import get_tokenizer
-
     _check_options(alpha, num_passages, max_tokens, top)
     model, info = load_checkpoint_model(checkpoint, device)
     max_tokens = min(max_tokens, model.config.block_size)  # inputs are the first max_tokens ids

@@ -59,6 +59,7 @@ from eslm.errors import CheckpointError, ConfigError
 from eslm.selection.risk import FLOOR_EPS
 from eslm.selection.rows import AllRows
 from eslm.settings import Section, setting
+from eslm.objectives.cross_entropy import selected_ce
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -98,8 +99,6 @@ def _per_sample_loss(model, hidden: torch.Tensor, y: torch.Tensor, exclude_head:
     """(N,) mean next-token CE per row, differentiable w.r.t. the hidden states (and the hooked head)."""
     N, T, C = hidden.shape
     if exclude_head:
-        from eslm.objectives.cross_entropy import selected_ce
-
         # The head weight is detached: only activation gradients are wanted, never the head's weight gradient.
         ce = selected_ce(hidden.reshape(N * T, C), model.head_weight.detach(), y.reshape(-1), None, impl=impl)
     else:

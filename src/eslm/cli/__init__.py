@@ -18,6 +18,9 @@ import os
 import re
 import sys
 
+import eslm
+from eslm.errors import ConfigError, ESLMError, extra_of, os_error_line
+
 # Large CPU tensors on transparent huge pages (PyTorch's allocator madvises them when this is set before its
 # first allocation). The fused loss allocates tokens x vocab blocks each step; with 4 KiB pages their page
 # faults can cost about as much as the softmax over them. No effect on CUDA; set THP_MEM_ALLOC_ENABLE=0 to
@@ -93,8 +96,6 @@ def split_config_items(items: list[str]) -> tuple[list[str], list[str]]:
     shows the override as it should be written."""
     from pathlib import Path
 
-    from eslm.errors import ConfigError
-
     files, overrides = [], []
     for i, item in enumerate(items):
         nxt = items[i + 1] if i + 1 < len(items) else None
@@ -148,9 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         top = _top_parser()
         ns, _ = top.parse_known_args(argv)
         if ns.version:
-            from eslm import __version__
-
-            print(__version__)
+            print(eslm.__version__)
             return 0
         if ns.command is None:
             top.print_help()
@@ -160,7 +159,6 @@ def main(argv: list[str] | None = None) -> int:
         top.error(f"unknown command {ns.command!r}; {hint}expected one of: {', '.join(COMMANDS)}")
     name, rest = argv[0], argv[1:]
     module, args = parse_command(name, rest)
-    from eslm.errors import ESLMError
 
     try:
         with one_line_warnings(f"eslm {name}"):
@@ -169,13 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"eslm {name}: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # permissions, full disk, missing paths: one line, never a traceback
-        from eslm.errors import os_error_line
-
         print(f"eslm {name}: error: {os_error_line(e)}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as e:  # an optional dependency: one line naming the extra that installs it
-        from eslm.errors import extra_of
-
         extra = extra_of(e.name)
         if extra is None:
             raise

@@ -7,6 +7,10 @@ import argparse
 
 import torch
 
+from eslm.ops import head_costs as hc
+from eslm.ops.calibrate import calibrate, write
+from eslm.ops.head_costs import ENV
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
@@ -19,9 +23,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from eslm.ops import head_costs as hc
-    from eslm.ops.calibrate import calibrate, write
-    from eslm.ops.head_costs import ENV
 
     dtypes = ["fp32", "bf16"] if args.dtype == "both" else [args.dtype]
     entries = calibrate(args.device, dtypes, args.reps, threads=args.threads, cache=True)

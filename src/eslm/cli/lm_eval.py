@@ -14,6 +14,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from eslm.errors import ConfigError
+from eslm.eval.harness import lm_class
+
 PASSTHROUGH = True  # the dispatcher (eslm/cli/__init__.py) hands the arguments over unparsed
 
 
@@ -25,10 +28,7 @@ def run(args: list[str]) -> int:
     try:
         from lm_eval.__main__ import cli_evaluate
     except ImportError:
-        from eslm.errors import ConfigError
-
         raise ConfigError("expected lm-eval to be installed, found it missing; pip install 'eslm[eval]'") from None
-    from eslm.eval.harness import lm_class
 
     lm_class()  # registers "eslm" in lm-eval's model registry
     saved = sys.argv

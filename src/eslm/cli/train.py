@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import argparse
 
+from eslm.cli import split_config_items
+from eslm.config import build_config, describe_keys, to_yaml
+from eslm.methods import describe_methods
+from eslm.study import watch_parent
+from eslm.train import trainer
+from eslm.train.resume import resume_base
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from eslm.config import describe_keys
-    from eslm.methods import describe_methods
 
     p.add_argument("items", nargs="*", metavar="CONFIG.yaml|key=value",
                    help="YAML files of config deltas (applied in order), then dotted overrides like method.alpha=0.2")
@@ -24,11 +29,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from eslm.cli import split_config_items
-    from eslm.config import build_config, to_yaml
-    from eslm.study import watch_parent
-    from eslm.train.trainer import train
-
     base, items, resume = _resume_args(args)
     files, overrides = split_config_items(items)
     overrides += ["run.resume=true"] if resume else []
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         print(to_yaml(cfg), end="")
         return 0
     watch_parent()  # a run started by eslm study stops (with a checkpoint) when the study's process is gone
-    result = train(cfg)
+    result = trainer.train(cfg)
     return 0 if result.stopped_by in ("max_steps", "max_flops", "preempted") else 1
 
 
@@ -53,8 +53,6 @@ def _resume_args(args):
         items.insert(0, r)
         r = True
     if isinstance(r, str):
-        from eslm.train.resume import resume_base
-
         base, where = resume_base(r)
         items = where + items
     if args.resume_from is not None:

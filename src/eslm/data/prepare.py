@@ -23,11 +23,12 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+import eslm
 from eslm.data import manifest as mf
 from eslm.data.sources import Document, document_text, get_source
 from eslm.data.tokenizers import get_tokenizer
 from eslm.errors import ConfigError, DataError
-from eslm.files import foreign_entries, link_refused, listing, named, temp_of
+from eslm.files import foreign_entries, link_refused, listing, named, output_lock as lock_of, temp_of
 
 CHUNK_DOCS = 64  # documents per worker task: big enough to amortise IPC, small enough for a smooth bar
 CHUNK_CHARS = 4_000_000  # ... and at most this many characters of inline text per task
@@ -126,8 +127,6 @@ def prepare(source: str, out_dir: str | os.PathLike, *, tokenizer: str = "gpt2",
 def output_lock(out_dir: Path):
     """The lock of a prepare output directory: a file beside it (the directory itself appears only at the end,
     renamed from a temporary one). A second ``eslm prepare`` into the same place gets a one-line error."""
-    from eslm.files import output_lock as lock_of
-
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     return lock_of(out_dir, "prepare output directory")
 
@@ -215,8 +214,6 @@ def _write_all(src, tokenizer: str, dtype: str, writers: dict, workers: int, pro
 
 
 def _build_manifest(src, tok, dtype, files, writers, seconds) -> dict:
-    from eslm import __version__
-
     count = {s: {d: writers[(s, d)].num_tokens for d in src.domains} for s in mf.SPLITS}
     docs = {s: {d: writers[(s, d)].num_documents for d in src.domains} for s in mf.SPLITS}
     return {
@@ -227,7 +224,7 @@ def _build_manifest(src, tok, dtype, files, writers, seconds) -> dict:
         "files": files, "num_tokens": count, "num_documents": docs,
         "content_hash": mf.content_hash(files),
         "source": src.description, "val_fraction": src.description.get("val_fraction"),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "eslm_version": __version__, "id": uuid.uuid4().hex,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "eslm_version": eslm.__version__, "id": uuid.uuid4().hex,
         "prepare_seconds": round(seconds, 3),
     }
 

@@ -32,6 +32,8 @@ import torch
 from eslm import metrics as M
 from eslm.errors import CheckpointError, ConfigError, DataError, OwnershipError
 from eslm.files import atomic_write, ensure_dir
+from eslm.data.tokenizers import get_tokenizer
+from eslm.model.loading import list_evaluable, load_model
 
 # The paper's downstream suite: task -> number of few-shot examples.
 PAPER_TASKS: dict[str, int] = {
@@ -169,8 +171,6 @@ def lm_class():
                      device: str | None = None, **_):
             super().__init__()
             if model is None:  # by name from lm-eval's CLI: --model eslm --model_args run_dir=PATH (eslm lm-eval)
-                from eslm.model.loading import load_model
-
                 path = run_dir or checkpoint or pretrained
                 if not path:
                     raise ConfigError("expected --model_args run_dir=PATH (a run directory, checkpoint, snapshot "
@@ -228,7 +228,6 @@ def resolve_tokenizer(name: str | None):
     """Our tokenizer by name (from the checkpoint); a clear error when the checkpoint does not say."""
     if not name:
         raise ConfigError("expected the checkpoint to name its tokenizer, found none; pass --tokenizer gpt2|byte")
-    from eslm.data.tokenizers import get_tokenizer
 
     return get_tokenizer(name)
 
@@ -500,8 +499,6 @@ def write_summary(eval_dir: Path) -> Path | None:
 
 
 def _checkpoints(paths: list[str], all_checkpoints: bool) -> list[str]:
-    from eslm.model.loading import list_evaluable
-
     out: list[str] = []
     for p in paths:
         found = list_evaluable(p) if all_checkpoints and Path(p).is_dir() else []
@@ -516,8 +513,6 @@ def evaluate_checkpoints(paths: list[str], tasks: dict[str, int], *, all_checkpo
     """Evaluate ``tasks`` (task -> shots) on each checkpoint of ``paths`` (``eslm eval``): per checkpoint, print
     its table and write its results JSON + markdown (``out``, or <run>/eval/step_XXXXXXX.json), then one
     summary per eval directory. ``limit``: documents per task (int) or a fraction < 1. Returns the JSON paths."""
-    from eslm.model.loading import load_model
-
     check_eval_options(limit, batch_size, bootstrap_iters, seed)
     device = check_device(device or ("cuda" if torch.cuda.is_available() else "cpu"), "--device")
     _require_lm_eval()

@@ -39,6 +39,7 @@ import torch
 from eslm.api import AdaAlpha, kept_tokens, select_tokens, selective_loss, shift_for_causal_lm
 from eslm.api.loss import TokenScores
 from eslm.errors import ConfigError
+from eslm.api.head import Head
 
 IGNORE_INDEX = -100
 METRICS = ("eslm/kept_frac", "eslm/var", "eslm/cvar")
@@ -217,7 +218,6 @@ class SelectiveCausalLM:
             self.model.train(was_training)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         head = self.model.get_output_embeddings()
-        from eslm.api.head import Head
 
         mine = Head(getattr(head, "bias", None), **head_transform(self.model.config)).logits(
             hidden.reshape(-1, hidden.shape[-1]).to(head.weight.device), head.weight)

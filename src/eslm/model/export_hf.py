@@ -17,7 +17,8 @@ from eslm import metrics as M
 from eslm.errors import ConfigError
 from eslm.files import foreign_entries, link_refused, listing, os_error_in, output_lock
 from eslm.model.hf import EXPORT_FORMAT, EXPORT_INFO_FILE, read_export_info, to_hf
-from eslm.model.loading import load_model
+from eslm.model.loading import is_run_dir, load_model
+from eslm.data.tokenizers import get_tokenizer, gpt2_bpe_files
 
 
 # ----------------------------------------------------------------------------------------- tokenizer
@@ -30,7 +31,6 @@ def save_gpt2_tokenizer(out_dir: str | Path) -> bool:
         from transformers import GPT2Tokenizer
     except ImportError:
         return False
-    from eslm.data.tokenizers import gpt2_bpe_files
 
     vocab_bpe, encoder_json = gpt2_bpe_files()  # checked against OpenAI's digests
     vocab = json.loads(encoder_json.read_text(encoding="utf-8"))
@@ -53,8 +53,6 @@ def _tokenizer_vocab(name: str | None) -> tuple[int | None, int | None]:
     if name == "gpt2":  # fixed by GPT-2's BPE; no need to build the tokenizer
         return 50257, 50256
     try:
-        from eslm.data.tokenizers import get_tokenizer
-
         tok = get_tokenizer(name)
         return tok.vocab_size, tok.eot_id
     except Exception:
@@ -122,8 +120,6 @@ def _export_locked(source, out: Path, keep_padded_vocab: bool, with_tokenizer: b
 def check_export_target(out: Path, force: bool) -> dict | None:
     """None when ``out`` is new or empty; the metadata of the earlier export it holds when ``force`` may replace
     it; else a one-line ConfigError (a run directory, another program's files, an export without --force)."""
-    from eslm.model.loading import is_run_dir
-
     if out.is_symlink():
         raise link_refused(out)
     if not out.exists():

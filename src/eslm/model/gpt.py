@@ -21,6 +21,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from eslm.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -55,8 +57,6 @@ def pad_vocab(n: int, multiple: int = 64) -> int:
 def preset(name: str, **overrides) -> ModelConfig:
     """The ModelConfig of a named preset, with field overrides (e.g. vocab_size)."""
     if name not in PRESETS:
-        from eslm.errors import ConfigError
-
         raise ConfigError(f"unknown model preset {name!r}; expected one of {', '.join(PRESETS)}")
     return ModelConfig(**{**PRESETS[name], **overrides})
 

@@ -30,6 +30,7 @@ from eslm.files import RUN_MARKER, verify_checksum
 from eslm.model.gpt import GPT, ModelConfig
 from eslm.model.snapshot_file import SNAPSHOT_DIR, SNAPSHOT_FORMAT, SnapshotDamaged, list_snapshots, read_snapshot
 from eslm.model.state import build_checked, clean_state_dict, non_finite
+from eslm.model.hf import from_hf, read_export_info
 
 CHECKPOINT_FORMAT = "eslm-checkpoint-v1"
 CHECKPOINT_FILE = re.compile(r"^step_(\d{7,})\.pt$")  # train.checkpoint.checkpoint_name's (7 digits or more)
@@ -263,8 +264,6 @@ def _load_snapshot_file(path: Path, device: str | torch.device) -> tuple[GPT, di
 
 
 def _load_hf_dir(path: Path, device: str | torch.device) -> tuple[GPT, dict]:
-    from eslm.model.hf import from_hf, read_export_info
-
     model = from_hf(path)
     bad = non_finite(model.state_dict())
     if bad is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from eslm.model import loading
 from eslm.objectives.cross_entropy import token_stats
 
 
@@ -30,9 +31,7 @@ class ReferenceModel:
     @classmethod
     def from_path(cls, path: str, device: torch.device | str = "cpu", **kw) -> "ReferenceModel":
         """Load a run dir, an eslm checkpoint .pt or a local HF GPT-2 dir (via ``eslm.model.loading``)."""
-        from eslm.model.loading import load_model
-
-        model, meta = load_model(path, device)
+        model, meta = loading.load_model(path, device)
         return cls(model, source=str(path), meta=meta, **kw)
 
     @property

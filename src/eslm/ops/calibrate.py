@@ -34,6 +34,8 @@ import torch
 from eslm.errors import ESLMError
 from eslm.ops import head_costs as hc
 from eslm.ops.head_costs import FILE_KIND, HeadCosts
+from eslm.files import atomic_write, ensure_dir, new_marker, read_marker
+from eslm.lock import DirLock, LOCK_NAME
 
 SHAPES = {"cpu": (512, 256, 16384), "cuda": (8192, 1024, 65536)}  # (rows R, width C, vocabulary V)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -125,7 +127,6 @@ def write(path: str, device_type: str, entries: dict[str, HeadCosts]) -> None:
         data = old
     for dtype, c in entries.items():
         data["costs"][f"{device_type}/{dtype}"] = c.to_dict()
-    from eslm.files import atomic_write
 
     atomic_write(Path(path), json.dumps(data, indent=1).encode())  # written whole, renamed over the old file
 
@@ -167,8 +168,6 @@ def calibrate(device: str, dtypes: list[str], reps: int = 5, threads: int = 0,
 def _cache_problem(directory: Path) -> str | None:
     """None when eslm may write its cache files in ``directory`` (its marker is there, or it is new or empty,
     and gets the marker now); else why not, in a few words."""
-    from eslm.files import atomic_write, ensure_dir, new_marker, read_marker
-    from eslm.lock import LOCK_NAME
 
     ensure_dir(directory)
     if read_marker(directory / hc.DIR_MARKER, hc.DIR_FORMAT) is not None:
@@ -184,8 +183,6 @@ def store(key: dict, entries: dict[str, HeadCosts]) -> Path:
     over the old one; a damaged or foreign file of that name in eslm's cache directory is replaced, anything
     else is never touched); this process's later lookups use them. Raises ESLMError (one line) when the
     directory is not eslm's, OSError when it cannot be written."""
-    from eslm.files import atomic_write, new_marker
-
     path = hc.cache_file(key)
     problem = _cache_problem(path.parent)
     if problem:
@@ -216,8 +213,6 @@ def ensure_measured(device: torch.device | str, dtype: str, *, reps: int = 5, lo
         return hc.lookup(dev.type, dtype)[1]
     if dtype not in BY_NAME:  # a dtype calibrate does not measure: the chooser's fallback (the fp32 entry)
         return hc.lookup(dev.type, dtype)[1]
-    from eslm.files import ensure_dir
-    from eslm.lock import DirLock
 
     key = hc.machine_key(dev.type)
     try:

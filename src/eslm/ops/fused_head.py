@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 import torch
 
+from eslm.ops import head_route
 from eslm.ops.token_stats import HeadOptions, HeadState, HeadWork, TokenStats
 
 
@@ -514,10 +515,8 @@ class _RowGradCE(torch.autograd.Function):
 
 def geometry(hidden: torch.Tensor, weight: torch.Tensor):
     """The ``eslm.ops.head_route.Geometry`` of a head call: width, vocabulary, device type, compute dtype."""
-    from eslm.ops.head_route import Geometry
-
-    return Geometry(int(hidden.shape[-1]), int(weight.shape[0]), hidden.device.type,
-                    str(_compute_dtype(hidden)).replace("torch.", ""))
+    return head_route.Geometry(int(hidden.shape[-1]), int(weight.shape[0]), hidden.device.type,
+                               str(_compute_dtype(hidden)).replace("torch.", ""))
 
 
 def fused_selected_ce(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
@@ -527,16 +526,14 @@ def fused_selected_ce(hidden: torch.Tensor, weight: torch.Tensor, targets: torch
     for any upstream gradient. The gather ``hidden[index]`` scatters the kept rows' gradients back into an
     (N, C) zero tensor, so dropped rows get exactly zero gradient from the head. ``lse`` (N,): the scoring
     pass's, when one ran. The route is the chooser's (``eslm.ops.head_route``, per-token routes)."""
-    from eslm.ops.head_route import choose_route
-
     n = hidden.shape[0]
     k = n if index is None else index.numel()
     grad = torch.is_grad_enabled()
     if k == 0 or not (grad and (hidden.requires_grad or weight.requires_grad)):
         route = "kept_recompute"  # no backward will run: the forward alone (the lse, or one scores pass)
     else:
-        route = choose_route(n, k, geometry(hidden, weight), scored=lse is not None, per_token=True,
-                             weight_grad=weight.requires_grad)
+        route = head_route.choose_route(n, k, geometry(hidden, weight), scored=lse is not None, per_token=True,
+                                        weight_grad=weight.requires_grad)
     if index is not None:
         hidden, targets = hidden[index], targets[index]
         lse = lse[index] if lse is not None else None
@@ -561,10 +558,8 @@ class FusedHead:
     def choose(self, n: int, k: int, geom, *, scored: bool, entropy: bool = False) -> str:
         """The route of n rows with k kept (the one chooser, ``eslm.ops.head_route``); ``geom`` None: before
         anything ran (the FLOPs alone decide)."""
-        from eslm.ops.head_route import choose_route
-
-        return choose_route(n, k, geom, scored=scored, cache=self.options.cache_probs, forced=self.options.route,
-                            entropy=entropy)
+        return head_route.choose_route(n, k, geom, scored=scored, cache=self.options.cache_probs,
+                                       forced=self.options.route, entropy=entropy)
 
     def score(self, hidden, weight, targets, *, num_kept, need_scores, need_entropy):
         n = hidden.shape[0]
@@ -581,10 +576,8 @@ class FusedHead:
         return fused_ce_sum(hidden, weight, targets, index, pre=pre, chunk_size=self.options.chunk_size)
 
     def work(self, n, k, *, scored, state=None) -> HeadWork:
-        from eslm.ops.head_route import route_work
-
         route = state.route if state is not None else self.choose(n, max(k, 1), None, scored=scored)
-        return route_work(route, n, k, scored=scored)
+        return head_route.route_work(route, n, k, scored=scored)
 
     def token_stats(self, hidden, weight, targets, *, need_entropy):
         return fused_token_stats(hidden, weight, targets, need_entropy=need_entropy,

@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eslm.ops.token_stats import HeadWork
+from eslm.ops.head_costs import FLOPS_ONLY, costs_for
 
 ROUTES = ("all_rows", "kept_cached", "grads_in_pass", "kept_recompute")
 CACHED_ROUTES = ("all_rows", "kept_cached")
@@ -155,12 +156,8 @@ def choose_route(n: int, k: int, geom: Geometry | None, *, scored: bool, cache: 
     if len(options) == 1:
         return options[0]
     if geom is None:
-        from eslm.ops.head_costs import FLOPS_ONLY
-
         geom, costs = Geometry(1, 1), FLOPS_ONLY
     elif costs is None:
-        from eslm.ops.head_costs import costs_for
-
         costs = costs_for(geom.device, geom.dtype)
     cost = {r: route_seconds(r, n, k, geom, costs, scored=scored, per_token=per_token, weight_grad=weight_grad,
                              entropy=entropy) for r in options}

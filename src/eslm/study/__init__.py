@@ -52,6 +52,10 @@ from eslm.study.launch import (LAUNCHERS, PARENT_FD_ENV, QUEUED, Launched, Launc
                                watch_parent)
 from eslm.study.report import _report, mark_earlier_report_stale
 from eslm.study.schema import STUDIES_DIR, _is_int, load_study, study_dirs, study_problems
+from eslm.analysis.report.output import check_report_dir
+from eslm.lock import DirLock
+from eslm.study.estimate import describe, describe_steps, estimate, steps_by_run
+from eslm.train.run_dir import run_marker, written_by_earlier_eslm
 
 if TYPE_CHECKING:
     from eslm.study.slurm import SlurmLauncher
@@ -85,8 +89,6 @@ def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int]
     how = getattr(launcher, "describe", None)
     print(f"study {study['name']}: {len(configs)} runs -> {out / study['name']}"
           + (f" ({how()})" if how else f" ({jobs} at a time)" if jobs > 1 else ""))
-    from eslm.study.estimate import describe, describe_steps, estimate, steps_by_run
-
     planned = stages(study, configs)
     steps = steps_by_run(planned)
     for stage in planned[:-1]:
@@ -102,8 +104,6 @@ def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int]
         print(line)
     if dry_run:
         return 0
-    from eslm.analysis.report.output import check_report_dir
-    from eslm.lock import DirLock
 
     study_dir = out / study["name"]
     check_study_dir(study_dir)  # before anything is written: another program's directory is refused
@@ -141,8 +141,6 @@ def check_study_dir(study_dir: Path) -> None:
     """A study directory eslm may write: new, empty, marked by eslm (``eslm-study.json``), or one an earlier eslm
     wrote (only plan/, logs/, report/, slurm/, models/, branch.json and run directories eslm made); anything else is refused in one line,
     and so is a link where the study keeps its plan, logs or report."""
-    from eslm.train.run_dir import run_marker, written_by_earlier_eslm
-
     if study_dir.is_symlink():
         raise link_refused(study_dir)
     if not study_dir.exists():

@@ -25,6 +25,12 @@ import os
 from pathlib import Path
 
 from eslm import metrics as M
+from eslm.config import method_context, training_flops_model
+from eslm.data.manifest import MANIFEST_NAME
+from eslm.data.prepare import default_data_root
+from eslm.ops.head_costs import lookup
+from eslm.methods import METHODS
+from eslm.train.optim import budget_steps, planned_micro_batch_flops
 
 K = 1.19  # a step's CPU time / the head-cost model's matmul + softmax prediction (Intel Xeon, idle)
 RUN_OVERHEAD_S = 3.0  # process start, imports, model and data set-up of one run
@@ -43,8 +49,6 @@ def _device(cfg) -> str:
 
 
 def _data_dir(cfg) -> Path:
-    from eslm.data.prepare import default_data_root
-
     d = cfg.data
     return Path(d.dir) if d.dir else Path(default_data_root()) / f"{d.source}-{d.tokenizer}"
 
@@ -52,8 +56,6 @@ def _data_dir(cfg) -> Path:
 def _domains(cfg) -> int:
     """The corpus's number of domains (each evaluated): from its manifest when prepared, else stdlib's 3."""
     import json
-
-    from eslm.data.manifest import MANIFEST_NAME
 
     try:
         return max(1, len(json.loads((_data_dir(cfg) / MANIFEST_NAME).read_text())["domains"]))
@@ -63,8 +65,6 @@ def _domains(cfg) -> int:
 
 def run_seconds(cfg, costs) -> float:
     """Estimated CPU seconds of one run of ``cfg`` with head costs ``costs`` (``eslm.ops.head_costs.HeadCosts``)."""
-    from eslm.config import training_flops_model
-
     fm, t, e = training_flops_model(cfg), cfg.train, cfg.eval
     tokens_per_step = t.micro_batch_size_seqs * cfg.data.seq_len * t.grad_accum_steps
     dense_step = fm.train_per_token * tokens_per_step
@@ -86,10 +86,6 @@ def step_flops_of(cfg) -> tuple[float, str] | None:
     work depends on a model not loaded here, or on the data."""
     import torch
 
-    from eslm.config import method_context, training_flops_model
-    from eslm.methods import METHODS
-    from eslm.train.optim import planned_micro_batch_flops
-
     spec = METHODS[cfg.method.name]
     if spec.needs:
         return None
@@ -103,9 +99,6 @@ def run_steps(cfg, start: tuple[int, float] | None = (0, 0.0)) -> tuple[int | No
     ``train.max_steps`` without a FLOPs budget; with one, the step whose counted FLOPs reach ``train.max_flops``
     (``eslm.train.optim.budget_steps``), capped by ``train.max_steps``. ``start``: (step, counted FLOPs) a
     branched run continues from (its trunk's), None when unknown."""
-    from eslm.methods import METHODS
-    from eslm.train.optim import budget_steps
-
     t = cfg.train
     if t.max_flops <= 0:
         return t.max_steps, "exact"
@@ -150,7 +143,6 @@ def estimate(configs: list, jobs: int) -> dict | None:
     planned runs on this machine's CPU; None when they run on a GPU (no model for that here)."""
     if not configs or _device(configs[0]) != "cpu":
         return None
-    from eslm.ops.head_costs import lookup
 
     threads = configs[0].train.num_threads or max(1, (os.cpu_count() or 1) // max(1, jobs))
     costs, table = lookup("cpu", "float32" if configs[0].train.dtype != "bf16" else "bfloat16",
@@ -160,8 +152,6 @@ def estimate(configs: list, jobs: int) -> dict | None:
     prep = False
     d = configs[0].data
     if not d.dir and d.source == "stdlib":
-        from eslm.data.manifest import MANIFEST_NAME
-
         prep = not (_data_dir(configs[0]) / MANIFEST_NAME).is_file()
         serial += PREP_STDLIB_S if prep else 0.0
     cores = max(1, min(len(configs), jobs * threads, os.cpu_count() or 1))

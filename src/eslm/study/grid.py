@@ -18,6 +18,11 @@ from pathlib import Path
 from eslm import metrics as M
 from eslm.errors import ConfigError
 from eslm.study.schema import _entry, _flatten, _refuse, _seeds_problems, _slug
+from eslm.analysis.rundir import comparable_sets_problem, experiment_key, find_group, planned_groups
+from eslm.config import build_config, equal_flops_budget
+from eslm.files import atomic_write
+from eslm.methods import baseline
+from eslm.study import shared
 
 
 @dataclass(frozen=True)
@@ -32,8 +37,6 @@ class Stage:
 def stages(study: dict, configs: list) -> list[Stage]:
     """The stages the planned runs ``configs`` train in, first to last: the study's shared models when it declares
     some (``eslm.study.shared``), its trunks when it branches (``branch``), then the runs."""
-    from eslm.study import shared
-
     first = []
     if study.get("models") and configs:
         models, _ = shared.plan_models(study, Path(configs[0].run.out_dir), _flatten(study["config"] or {}),
@@ -89,8 +92,6 @@ def _trunks(study: dict, runs: list) -> list:
     """One trunk per seed: its runs' config (the study's, with any command-line overrides) with the method
     ``branch.from`` and the study's method settings, trained to the branch point on the dense run's schedule
     (warmup, then the cosine of the dense run's length, unstretched), without a FLOPs budget."""
-    from eslm.config import build_config
-
     first = runs[0].train
     step, decay = branch_step(study, runs[0]), first.lr_decay_steps or first.max_steps
     method = {"method": ((study["config"] or {}).get("method") or {})}
@@ -155,8 +156,6 @@ def plan(study: dict, out: Path, seeds=None, overrides=()) -> list:
     report section's group names against the groups the planned runs form. A frozen-model key naming one of the
     study's shared models becomes that model's directory, and the models' plan is checked with the runs'
     (``eslm.study.shared``)."""
-    from eslm.config import build_config
-    from eslm.study import shared
 
     where = f"study {study['name']}"
     if seeds:
@@ -189,8 +188,6 @@ def plan(study: dict, out: Path, seeds=None, overrides=()) -> list:
 
 def _same_run_problems(configs: list) -> list[str]:
     """Grid points whose runs' resolved configs are equal but for their names: the same training twice."""
-    from eslm.analysis.rundir import experiment_key
-
     seen: dict[tuple[str, int], str] = {}
     pairs: dict[tuple[str, str], None] = {}
     for c in configs:
@@ -207,8 +204,6 @@ def _same_run_problems(configs: list) -> list[str]:
 def _report_group_problems(report: dict, configs: list) -> list[str]:
     """Names in the report section that would not name one group of the planned runs (``find_group``), and
     runs the report could not put on one target (``comparable_sets_problem``: data, tokenizer, model)."""
-    from eslm.analysis.rundir import comparable_sets_problem, find_group, planned_groups
-    from eslm.methods import baseline
 
     groups = planned_groups([c.to_dict() for c in configs])
     why = comparable_sets_problem(groups)
@@ -234,8 +229,6 @@ def _with_budget(cfg, budget: dict):
     each run's own step count under ``train.lr_schedule: budget`` (``eslm.train.optim.plan_schedule``)."""
     from dataclasses import replace
 
-    from eslm.config import equal_flops_budget
-
     t = cfg.train
     flops, max_steps = equal_flops_budget(cfg)
     counter = budget.get("counter", M.FLOPS_PAPER)
@@ -251,8 +244,6 @@ def check_branch_record(study: dict, study_dir: Path, runs: list) -> None:
     runs were started, or that starts branching runs trained without; else record them in
     ``<study>/branch.json``. Runs of two branch points are never mixed in one study directory."""
     import json
-
-    from eslm.files import atomic_write
 
     now = ({"from": study["branch"]["from"], "at_tokens": study["branch"]["at_tokens"],
             "step": branch_step(study, runs[0])} if study.get("branch") else None)

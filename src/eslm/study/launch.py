@@ -23,6 +23,8 @@ from typing import Protocol, Sequence
 
 from eslm.errors import ConfigError
 from eslm.files import atomic_write, ensure_dir, open_nofollow
+from eslm.config import to_yaml
+from eslm.train import trainer
 
 FINISHED, PREEMPTED, STOPPED, FAILED, NOT_STARTED = "finished", "preempted", "stopped", "failed", "not started"
 # The launchers by the name ``eslm study --launcher`` takes: the module whose ``from_study(study, jobs, detach=,
@@ -116,14 +118,12 @@ class Progress:
 
 
 def _run_serial(configs: list) -> Launched:
-    from eslm.train.trainer import train
-
     outcomes = []
     progress = Progress(len(configs))
     for i, c in enumerate(configs):
         c, resume = with_resume_flag(c)
         print(f"== [{i + 1}/{len(configs)}] {c.run.name}{' (resuming)' if resume else ''}", flush=True)
-        if train(c).stopped_by == "preempted":  # SIGTERM: the run saved a checkpoint; stop here, no report
+        if trainer.train(c).stopped_by == "preempted":  # SIGTERM: the run saved a checkpoint; stop here, no report
             outcomes.append(Outcome(c.run.name, PREEMPTED, "preempted (checkpoint saved; the same command "
                                                            "resumes it)"))
             outcomes += [Outcome(x.run.name, NOT_STARTED, "not started") for x in configs[i + 1:]]
@@ -191,8 +191,6 @@ class _Pool:
         self.stop = True
 
     def start(self, c, lifeline_r: int, env: dict) -> None:
-        from eslm.config import to_yaml
-
         c, resume = with_resume_flag(c)
         if c.train.num_threads == 0:
             c = replace(c, train=replace(c.train, num_threads=self.threads))

@@ -8,6 +8,9 @@ from pathlib import Path
 
 from eslm.errors import ConfigError
 from eslm.files import name_problem, read_yaml
+from eslm.config import MAX_SEED, build_config
+from eslm.methods import METHODS
+from eslm.study.slurm import launcher_problems
 
 # Study files ship inside the package: src/eslm/configs is a link to the repository's configs/, so a
 # checkout, an editable install and a wheel all find them beside this package (the wheel holds a copy).
@@ -87,8 +90,6 @@ def _name_list(v) -> str:
 def _method_problem(name) -> str | None:
     import difflib
 
-    from eslm.methods import METHODS
-
     if not isinstance(name, str):
         return f"expected a method name, found {name!r}"
     if name not in METHODS:
@@ -143,7 +144,6 @@ def _seeds_problems(seeds, where: str) -> list[str]:
     bad = [s for s in seeds if not _is_int(s)]
     if bad:
         return [f"{where}: expected integer seeds, found {_name_list(bad)}"]
-    from eslm.config import MAX_SEED
 
     out = [s for s in seeds if not 0 <= s < MAX_SEED - 1024]  # run.seed's range (eslm.config.value_problems)
     if out:
@@ -193,8 +193,6 @@ def _sweep_problems(sweep, labels: list[str]) -> list[str]:
 
 
 def _budget_problems(budget, names: list[str], labels: list[str]) -> list[str]:
-    from eslm.config import build_config
-
     if budget is None:
         return []
     if not isinstance(budget, dict):
@@ -335,8 +333,6 @@ def study_problems(study: dict) -> list[str]:
         problems.append(f"jobs: expected an integer >= 1, found {study['jobs']!r}")
     problems += models_problems(study.get("models"))
     if "launcher" in study:  # its keys are the SLURM launcher's (eslm.study.slurm)
-        from eslm.study.slurm import launcher_problems
-
         problems += launcher_problems(study["launcher"])
     if "description" in study and not isinstance(study["description"], str):
         problems.append(f"description: expected a text, found {study['description']!r}")

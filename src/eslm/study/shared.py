@@ -33,6 +33,11 @@ from pathlib import Path
 
 from eslm.errors import ConfigError
 from eslm.study.schema import MODEL_KEYS, _flatten
+from eslm.config import build_config
+from eslm.files import atomic_write, sha256_file
+from eslm.methods import METHODS
+from eslm.model.loading import resolve_checkpoint
+from eslm.train.resume import INVOCATION_KEYS, effective_config, flat
 
 MODELS_DIR = "models"
 STAGE = "shared models"  # the name of their stage (``eslm.study.grid.stages``): trained before the runs
@@ -43,8 +48,6 @@ _NEUTRAL_KEYS = ("train.num_threads", "distributed.backend")
 
 def frozen_model_keys() -> set[str]:
     """The config keys through which a method takes a frozen model (the registry's needs)."""
-    from eslm.methods import METHODS
-
     return {n.key for spec in METHODS.values() for n in spec.frozen_models}
 
 
@@ -79,8 +82,6 @@ def plan_models(study: dict, study_dir: Path, base: list[str], seeds: list[int])
     the study's config that names a shared model does not apply to the models themselves. Command-line
     overrides of ``eslm study`` apply to the runs only: a model is what the study file says (an override that
     changed it would be refused on the next call without it)."""
-    from eslm.config import build_config
-
     models = study.get("models") or {}
     keys = frozen_model_keys()
     configs, problems = [], []
@@ -105,16 +106,12 @@ def plan_models(study: dict, study_dir: Path, base: list[str], seeds: list[int])
 
 
 def _neutral(key: str) -> bool:
-    from eslm.train.resume import INVOCATION_KEYS
-
     return key in INVOCATION_KEYS or key in _NEUTRAL_KEYS or key.startswith(_NEUTRAL_PREFIXES)
 
 
 def changed_problems(configs: list) -> list[str]:
     """Shared models already (partly) trained whose config differs from the planned one: refused, one line each,
     naming the differing keys (old -> new)."""
-    from eslm.train.resume import effective_config, flat
-
     out = []
     for c in configs:
         d = Path(c.run.out_dir) / c.run.name
@@ -137,8 +134,6 @@ def changed_problems(configs: list) -> list[str]:
 def used_models(cfg, study: dict, study_dir: Path) -> dict[str, Path]:
     """{frozen-model key: model directory} of a planned run that uses shared models of its study: the keys its
     method needs (a study-wide ``method.kd.teacher`` is set in CLM's config too, but CLM does not use it)."""
-    from eslm.methods import METHODS
-    from eslm.train.resume import flat
 
     models = study.get("models") or {}
     values = flat(cfg)
@@ -168,9 +163,6 @@ def write_record(study: dict, study_dir: Path, model_configs: list, run_configs:
     runs that use it. Written after the models are trained, before the runs start."""
     if not model_configs:
         return None
-    from eslm.files import atomic_write, sha256_file
-    from eslm.model.loading import resolve_checkpoint
-    from eslm.train.resume import flat
 
     record = {}
     for c in model_configs:

@@ -39,6 +39,8 @@ from typing import Sequence
 from eslm.errors import ConfigError, ESLMError
 from eslm.study.launch import (FAILED, FINISHED, LAUNCHERS, NOT_STARTED, PREEMPTED, QUEUED, STOPPED, Launched,
                                Outcome)
+from eslm.config import to_yaml
+from eslm.files import atomic_write, ensure_dir, open_nofollow
 
 LAUNCHER_KEYS = ("name", "partition", "time", "cpus_per_run", "gpus_per_run", "mem_gb", "parallel", "sbatch")
 # sbatch options the launcher sets itself (or takes from a key of the section): refused under launcher.sbatch
@@ -172,8 +174,6 @@ class RunJob:
         return [sys.executable, *train]
 
     def __call__(self) -> str:
-        from eslm.files import open_nofollow
-
         global _CHILD
         resume = (Path(self.run_dir) / "metrics.jsonl").is_file()
         cmd = self.command(resume)
@@ -325,8 +325,6 @@ class SlurmLauncher:
         return {k: v["job"] for k, v in (data.get("runs") or {}).items() if isinstance(v, dict) and "job" in v}
 
     def _record(self, study_dir: Path, submitted: dict[str, str]) -> None:
-        from eslm.files import atomic_write, ensure_dir
-
         path = self._jobs_file(study_dir)
         ensure_dir(path.parent)
         try:
@@ -411,8 +409,6 @@ class SlurmLauncher:
     def _submit(self, configs: Sequence, study_dir: Path) -> dict[str, str]:
         """Plan files, then one array job of ``configs`` (a single run: one job); each task renamed after its
         run. Returns {run name: job id}."""
-        from eslm.config import to_yaml
-        from eslm.files import atomic_write, ensure_dir
 
         submitit = _import_submitit()
         try:

@@ -18,6 +18,7 @@ from pathlib import Path
 from eslm import metrics as M
 from eslm.errors import ConfigError
 from eslm.model.loading import CHECKPOINT_FILE
+from eslm.train import checkpoint as ckpt
 
 # what a branch must share with the run it continues: the same data and model, the same optimizer and the
 # same schedule up to the branch point (the method, budget, run name and evaluation may differ)
@@ -50,8 +51,6 @@ def _get(d: dict, key: str):
 def read_branch_point(cfg, tokens_per_step: int) -> BranchPoint:
     """The checkpoint ``cfg.train.branch_from`` names, checked: an intact eslm checkpoint of a run that shares
     ``SHARED_KEYS`` with ``cfg``, at a step past the warmup. One-line errors."""
-    from eslm.train import checkpoint as ckpt
-
     path = Path(cfg.train.branch_from)
     where = f"train.branch_from {str(path)!r}"
     if not path.is_file() or CHECKPOINT_FILE.match(path.name) is None:

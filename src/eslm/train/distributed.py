@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from eslm.model.gpt import GPT
+from eslm.errors import CheckpointError, ConfigError
 
 
 @dataclass
@@ -61,8 +62,6 @@ def resolve_device(pref: str, local_rank: int = 0) -> torch.device:
         return torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
     device = torch.device(f"cuda:{local_rank}" if pref == "cuda" else pref)
     if device.type == "cuda":
-        from eslm.errors import ConfigError
-
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
             why = "this torch is a CPU-only build" if torch.version.cuda is None else "torch sees no CUDA device"
@@ -159,8 +158,6 @@ def load_full_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimiz
     FSDP, into the sharded model and its optimizer. Every rank passes the full dicts (each keeps its shard)."""
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                          set_optimizer_state_dict)
-
-    from eslm.errors import CheckpointError
 
     fqns = _optimizer_fqns(model, optimizer)
     n_saved = sum(len(g["params"]) for g in optim_sd["param_groups"])

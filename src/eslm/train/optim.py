@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import torch
 
 from eslm import metrics as M
+from eslm.flops import micro_batch_flops
+from eslm.train.step import step_work
 
 
 def build_optimizer(model: torch.nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float],
@@ -95,9 +97,6 @@ def planned_micro_batch_flops(cfg, method, fm) -> float:
     """FLOPs of one micro-batch of ``method`` (as built, before its first step) on ``flops.budget_counter``: it
     keeps ``tokens.num_kept`` of ``rows.num_rows`` rows and counts the work every component declares before its
     first step (``plan_schedule``; ``eslm study --dry-run`` plans each run's steps with it)."""
-    from eslm.flops import micro_batch_flops
-    from eslm.train.step import step_work
-
     n = method.rows.num_rows(cfg.train.micro_batch_size_seqs) * cfg.data.seq_len
     planned = micro_batch_flops(fm, method, tokens_seen=n, tokens_kept=method.tokens.num_kept(n),
                                 step_work=step_work(method, n))

@@ -22,7 +22,16 @@ from typing import Any
 
 from eslm.config import Config, all_keys, from_dict, stored_config_problem, to_yaml, unknown_key_message
 from eslm.errors import ConfigError, OwnershipError
-from eslm.files import named, open_nofollow, read_yaml
+from eslm.files import (atomic_write, foreign_entries, link_refused, listing, named, open_nofollow, read_yaml,
+                        stale_temporaries)
+from eslm.lock import DirLock
+from eslm.model.snapshot_file import SNAPSHOT_DIR, SNAPSHOT_FILE
+from eslm.tracking import open_trackers
+from eslm.train import checkpoint as ckpt
+from eslm.train.checkpoint import kept_steps, remove_stale_temporaries
+from eslm.train.run_dir import (LINK_FREE, MetricsWriter, RUN_MARKER, WHOLE_FILES, code_version, cut_torn_tail,
+                                env_info, last_records, new_run_marker, read_env, run_marker, written_by_earlier_eslm)
+from eslm.train.timing import load_avg
 
 RESUMES_FILE = "resumes.jsonl"
 
@@ -138,8 +147,6 @@ def check_resume(run_dir: Path, requested: Config) -> dict:
 
 def record_resume(run_dir: Path, changed: dict, step: int | None, **extra) -> None:
     """Append one record to resumes.jsonl (a torn previous line, from a kill mid-write, is cut first)."""
-    from eslm.train.run_dir import cut_torn_tail
-
     path = Path(run_dir) / RESUMES_FILE
     if path.is_file():
         cut_torn_tail(path)
@@ -165,8 +172,6 @@ def check_owner(run_dir: Path, resume: bool) -> str:
     """Whose directory ``run_dir`` is, before anything is written: "new" (absent or empty), "ours" (eslm's
     marker), "earlier" (written by an eslm from before markers). Anything else is refused in one line, and so
     is a symbolic link where eslm appends or keeps its subdirectories."""
-    from eslm.files import foreign_entries, link_refused, listing
-    from eslm.train.run_dir import LINK_FREE, RUN_MARKER, run_marker, written_by_earlier_eslm
 
     if not run_dir.is_dir():
         return "new"
@@ -192,8 +197,6 @@ def check_owner(run_dir: Path, resume: bool) -> str:
 
 def holds_run(run_dir: Path) -> bool:
     """A run has begun there: metrics were written or a checkpoint saved."""
-    from eslm.train.checkpoint import kept_steps
-
     metrics = run_dir / "metrics.jsonl"
     return (metrics.is_file() and metrics.stat().st_size > 0) or bool(kept_steps(run_dir / "checkpoints"))
 
@@ -206,11 +209,6 @@ def _refuse_existing(run_dir: Path) -> None:
 def lock_run_dir(run_dir: Path, resume: bool, log):
     """Create the run directory, take its lock (LockHeld if another process runs there) and remove the temporary
     files killed or failed writes left (only names eslm writes). Returns the held ``DirLock``."""
-    from eslm.files import stale_temporaries
-    from eslm.lock import DirLock
-    from eslm.model.snapshot_file import SNAPSHOT_DIR, SNAPSHOT_FILE
-    from eslm.train.checkpoint import remove_stale_temporaries
-    from eslm.train.run_dir import WHOLE_FILES
 
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = DirLock(run_dir, "run directory", warn=log).acquire()
@@ -236,8 +234,6 @@ def version_change(run_dir: Path, last: dict | None = None) -> dict:
     this process (empty when the same). A commit counts as changed only when both are known (an installed
     package has none); on one commit, uncommitted changes count as a change when either side has some and their
     ``git diff HEAD`` differs (``git_diff_sha256``; a segment of an earlier eslm without it: any now differ)."""
-    from eslm.train.run_dir import code_version
-
     last, now = last_segment(run_dir) if last is None else last, code_version()
     out = {k: [last.get(k), now[k]] for k in ("eslm_version", "git_commit")
            if last.get(k) is not None and now[k] is not None and last.get(k) != now[k]}
@@ -278,8 +274,6 @@ def check_resume_point(run_dir: Path, cfg: Config) -> None:
     """Before anything is written: the checkpoint a resume continues from is there, and train.max_steps is not
     below its step. A run with no checkpoint left that had written one (result.json, or metrics past the first
     save step) is refused: starting again from step 0 would replace its results."""
-    from eslm.train import checkpoint as ckpt
-    from eslm.train.run_dir import last_records
 
     run_dir = Path(run_dir)
     rf = cfg.run.resume_from
@@ -345,8 +339,6 @@ def _short(v):
 
 def last_segment(run_dir: Path) -> dict:
     """The provenance of the run's last segment: its last resume record that has one, else env.json (the start)."""
-    from eslm.train.run_dir import read_env
-
     for rec in reversed(read_resumes(run_dir)):
         if "eslm_version" in rec:
             return rec
@@ -360,11 +352,6 @@ def open_run_dir(run_dir: Path, cfg: Config, *, device, world_size: int, num_par
 
     Whose directory it is, a resume's config and eslm version are checked (reading only) before anything is
     written; a new run writes its marker, config.yaml and env.json once, describing its start."""
-    from eslm.files import atomic_write
-    from eslm.tracking import open_trackers
-    from eslm.train.run_dir import (RUN_MARKER, MetricsWriter, code_version, env_info, new_run_marker,
-                                    read_env)
-    from eslm.train.timing import load_avg
 
     owner = check_owner(run_dir, cfg.run.resume)
     changes = check_resume(run_dir, cfg) if cfg.run.resume else None
@@ -403,8 +390,6 @@ def _now() -> str:
 def record_resumed_at(run_dir: Path, cfg: Config, changes: dict | None, step: int, log) -> None:
     """Rank 0, once the checkpoint is loaded: checkpoints after a --resume-from step are moved aside
     (superseded), the applied changes are logged, and resumes.jsonl gains its record."""
-    from eslm.train import checkpoint as ckpt
-
     extra: dict[str, Any] = {}
     if cfg.run.resume_from:
         extra["resume_from"] = step
@@ -414,7 +399,6 @@ def record_resumed_at(run_dir: Path, cfg: Config, changes: dict | None, step: in
         if extra["superseded"]:
             extra["superseded_to"] = str(dest.relative_to(run_dir))
             log(f"later checkpoints moved to {dest}: {', '.join(extra['superseded'])}")
-    from eslm.train.run_dir import code_version
 
     changed_code = version_change(run_dir)  # allowed by check_provenance: run.allow_version_change
     if not (Path(run_dir) / ENV_FILE).is_file():
@@ -435,8 +419,6 @@ def record_resumed_at(run_dir: Path, cfg: Config, changes: dict | None, step: in
 
 def _record_segment(run_dir: Path, segment: dict) -> None:
     """env.json's ``segments`` gains this segment's provenance (the start is its first entry)."""
-    from eslm.files import atomic_write
-    from eslm.train.run_dir import read_env
 
     env = read_env(run_dir)
     if not isinstance(env, dict) or not env:

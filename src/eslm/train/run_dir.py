@@ -19,9 +19,13 @@ from pathlib import Path
 
 import torch
 
+import eslm
 from eslm import metrics as M
 from eslm.errors import ESLMError
-from eslm.files import RUN_FORMAT, RUN_MARKER, named, new_marker, open_nofollow, read_marker, read_yaml
+from eslm.files import (RUN_FORMAT, RUN_MARKER, atomic_write, ensure_dir, named, new_marker, open_nofollow,
+                        read_marker, read_yaml)
+from eslm.tracking import warn_missing
+from eslm.versions import dependency_versions
 # The files eslm writes whole (temporary file + rename) at the top of a run directory.
 WHOLE_FILES = ("config.yaml", "env.json", "result.json", RUN_MARKER, "wandb_run_id")
 # What eslm appends to, or keeps as subdirectories: never written through a symbolic link.
@@ -53,9 +57,7 @@ def git_info() -> dict:
 def code_version() -> dict:
     """The eslm that runs now: ``eslm_version``, ``git_commit``, ``git_dirty`` and, with uncommitted changes,
     ``git_diff_sha256`` (the SHA-256 of ``git diff HEAD``): a run segment's provenance."""
-    from eslm import __version__
-
-    return {"eslm_version": __version__, **git_info()}
+    return {"eslm_version": eslm.__version__, **git_info()}
 
 
 def run_marker(run_dir: Path) -> dict | None:
@@ -87,10 +89,7 @@ def written_by_earlier_eslm(run_dir: Path) -> bool:
 
 
 def env_info(device: torch.device, world_size: int, seed: int) -> dict:
-    from eslm import __version__
-    from eslm.versions import dependency_versions
-
-    info = {"eslm_version": __version__, **git_info(), "torch_version": torch.__version__,
+    info = {"eslm_version": eslm.__version__, **git_info(), "torch_version": torch.__version__,
             "python_version": sys.version.split()[0], "platform": platform.platform(),
             "device": str(device), "world_size": world_size, "seed": seed,
             "num_threads": torch.get_num_threads(), "versions": dependency_versions()}
@@ -141,12 +140,8 @@ class MetricsWriter:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                from eslm.files import ensure_dir
-
                 self.tb = SummaryWriter(str(ensure_dir(run_dir / "tb")))
             except ImportError:
-                from eslm.tracking import warn_missing
-
                 warn_missing("log.tensorboard", "tensorboard", "tb")
 
     def write(self, record: dict) -> None:
@@ -180,8 +175,6 @@ def read_env(run_dir: Path) -> dict:
 
 def append_to_env(run_dir: Path, key: str, entry: dict) -> None:
     """env.json's list ``key`` gains ``entry`` (one per start or resume); nothing when env.json is unreadable."""
-    from eslm.files import atomic_write
-
     env = read_env(run_dir)
     if not isinstance(env, dict) or not env:
         return

@@ -16,6 +16,13 @@ from eslm.errors import ConfigError
 from eslm.model.gpt import GPT
 from eslm.train import checkpoint as ckpt
 from eslm.train.distributed import FSDPModel, shard_fsdp
+from eslm.data.loader import TrainLoader, open_dataset, val_batches
+from eslm.data.mixture import resolve_weights
+from eslm.data.prepare import ensure_prepared
+from eslm.model.loading import load_model
+from eslm.ops.calibrate import ensure_measured
+from eslm.ops.head_backend import resolve
+from eslm.ops.head_costs import lookup
 
 def setup_torch(cfg: Config, rank: int, device: torch.device) -> None:
     if cfg.train.num_threads > 0:
@@ -52,9 +59,6 @@ def head_costs_for_run(cfg: Config, method, device: torch.device, log) -> dict:
     env.json and result.json). A selective run (the fused loss with train.loss_route=auto and a selector that
     drops tokens) on a machine that has no measured table for its device, compute dtype and thread count
     measures one first, in a few seconds, into the machine's cache (``eslm.ops.calibrate.ensure_measured``)."""
-    from eslm.ops.calibrate import ensure_measured
-    from eslm.ops.head_backend import resolve
-    from eslm.ops.head_costs import lookup
 
     t = cfg.train
     dtype = "bfloat16" if autocast_for(t.dtype, device) is not None else "float32"
@@ -67,12 +71,9 @@ def head_costs_for_run(cfg: Config, method, device: torch.device, log) -> dict:
 
 def open_data(cfg: Config, dist):
     """The prepared dataset: data.dir, or data.source prepared once (rank 0 prepares, the others wait)."""
-    from eslm.data.loader import open_dataset
-
     d = cfg.data
     if d.dir:
         return open_dataset(d.dir)
-    from eslm.data.prepare import ensure_prepared
 
     if dist.enabled:
         import torch.distributed as tdist
@@ -108,8 +109,6 @@ def init_from(cfg: Config, dataset, model_config, raw_model: GPT, device: torch.
     data's; with model.vocab_size=0 (auto) the source's vocabulary is used when it covers the data's (an
     export-hf or HF GPT-2 directory holds 50257 rows, not the padded 50304: padding a tied head with rows would
     put mass on ids that do not exist), and the model is then rebuilt with it."""
-    from eslm.model.loading import load_model
-
     src, info = load_model(cfg.model.init_from, device=device)
     src_vocab, src_tokenizer = src.config.vocab_size, info.get("tokenizer")
     if src_tokenizer is not None and src_tokenizer != dataset.tokenizer_name:
@@ -154,8 +153,6 @@ def wrap(model: GPT, cfg: Config, dist, device: torch.device, fsdp: bool) -> tor
 
 def data_streams(cfg: Config, dataset, dist, device: torch.device):
     """(mixture weights, the training loader, the fixed validation batches per domain on the device)."""
-    from eslm.data.loader import TrainLoader, val_batches
-    from eslm.data.mixture import resolve_weights
 
     d, t, e = cfg.data, cfg.train, cfg.eval
     counts = {dom: dataset.num_tokens("train", dom) for dom in dataset.domains}
@@ -170,8 +167,6 @@ def data_streams(cfg: Config, dataset, dist, device: torch.device):
 
 def val_loader_factory(cfg: Config, dataset, weights: dict, dist):
     """A function batch_size_seqs -> a loader over the validation split (GREATS' validation gradient)."""
-    from eslm.data.loader import TrainLoader
-
     def factory(batch_size_seqs: int):
         return TrainLoader(dataset, seq_len=cfg.data.seq_len, micro_batch_size_seqs=batch_size_seqs,
                            weights=weights, seed=seeds.greats_val(cfg.run.seed), rank=dist.rank,

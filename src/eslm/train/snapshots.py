@@ -21,8 +21,9 @@ from eslm.errors import CheckpointError
 from eslm.files import atomic_write, ensure_dir, os_error_in
 from eslm.model.snapshot_file import (SNAPSHOT_DIR, SNAPSHOT_FORMAT, list_snapshots, snapshot_digest, snapshot_name,
                                       write_safetensors)
-from eslm.model.state import non_finite
+from eslm.model.state import clean_state_dict, non_finite
 from eslm.train.checkpoint import os_fix
+from eslm.train.stopping import TrainingDiverged, last_good_hint
 
 
 def _atomic_write(path: Path, write) -> str:
@@ -34,8 +35,6 @@ def save_snapshot(snap_dir: Path, state: dict[str, torch.Tensor], meta: dict, ke
     """Write ``state`` (CPU tensors) with ``meta`` (JSON-able values) and its checksum atomically (temporary
     file, fsync, rename, fsync of the directory); prune to the newest ``keep``. Non-finite weights are never
     written (TrainingDiverged); a failed write removes its temporary file and is one CheckpointError line."""
-    from eslm.train.stopping import TrainingDiverged, last_good_hint
-
     ensure_dir(snap_dir)
     state = {k: v.detach().cpu().contiguous() for k, v in state.items() if k != "lm_head.weight"}
     path = snap_dir / snapshot_name(int(meta["step"]))
@@ -76,7 +75,6 @@ def maybe_snapshot(trainer, at_eval: bool) -> Path | None:
         state = trainer.raw_model.state_dict()
     if not trainer.dist.is_main:
         return None
-    from eslm.model.state import clean_state_dict
 
     meta = {"model_config": trainer.model_config.to_dict(), "tokenizer": trainer.dataset.tokenizer_name,
             "step": trainer.step, M.TOKENS_SEEN: trainer.loader_tokens_seen(), **trainer.flops.totals()}

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from eslm.files import atomic_write
+
 # peak dense bf16 FLOP/s for MFU (H100 SXM / H200: 989 TFLOP/s; A100: 312)
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 
@@ -94,6 +96,5 @@ class LoadSampler:
         except (OSError, json.JSONDecodeError):
             return
         env.setdefault("load_avg_during_run", []).append({"until_step": step, **summary})
-        from eslm.files import atomic_write
 
         atomic_write(path, (json.dumps(env, indent=2) + "\n").encode())  # replaces a link, never follows it

@@ -23,6 +23,7 @@ import torch
 from eslm import metrics as M
 from eslm.config import Config, method_context
 from eslm.data.prefetch import StepBatches
+from eslm.eval import val_loss as validation
 from eslm.files import atomic_write
 from eslm.flops import FlopsCounter, FlopsModel
 from eslm.methods import build_method
@@ -204,15 +205,13 @@ class Trainer:
             print(progress_line(rec, self.step, total, done, self.elapsed_s), flush=True)
 
     def _evaluate(self) -> float:
-        from eslm.eval.val_loss import evaluate
-
         t0 = time.perf_counter()
         t = self.cfg.train
         if self.dist.is_main:  # the evaluation can take a while: say what it is doing before it starts
             n = sum(len(bs) for bs in self.val.values())
             self._log(f"eval step {self.step}: {n} batches over {len(self.val)} domain(s)...")
-        res = evaluate(self.raw_model, self.val, self.weights, impl=t.loss_impl, chunk_size=t.loss_chunk_size,
-                       autocast=setup.autocast_for(t.dtype, self.device))
+        res = validation.evaluate(self.raw_model, self.val, self.weights, impl=t.loss_impl,
+                                  chunk_size=t.loss_chunk_size, autocast=setup.autocast_for(t.dtype, self.device))
         if self.dist.is_main:
             assert self.writer is not None
             self.writer.write(eval_record(self.step, tokens_seen_total=self.loader_tokens_seen(),

@@ -12,7 +12,8 @@ from eslm.analysis.report import comparisons as C
 from eslm.analysis.report.curves import (aggregate, domains_of, group_final, last_value, series,
                                          to_target)
 from eslm.analysis.report.downstream import group_downstream
-from eslm.analysis.rundir import IGNORED_FOR_GROUPING, Group, Run, distinct_names, find_group, is_number, load_run
+from eslm.analysis.rundir import (Group, IGNORED_FOR_GROUPING, Run, config_get, distinct_names, find_group, is_number,
+                                  load_run)
 from eslm.errors import ESLMError
 from eslm.methods import baseline, control_of, role_of
 
@@ -92,15 +93,11 @@ def _control_for(g: Group, groups: list[Group]) -> Group | None:
 
 
 def config_alpha(g: Group):
-    from eslm.analysis.rundir import config_get
-
     return config_get(g.runs[0].config, "method.alpha")
 
 
 def schedule_words(runs: list[Run]) -> str:
     """How the runs' learning-rate schedules were set (``train.lr_schedule`` under a FLOPs budget)."""
-    from eslm.analysis.rundir import config_get
-
     kinds = set()
     for r in runs:
         budget = is_number(config_get(r.config, "train.max_flops")) and config_get(r.config, "train.max_flops") > 0
@@ -194,8 +191,6 @@ def spread(groups: list[Group]) -> list[dict]:
 def branch_costs(g: Group) -> dict | None:
     """A branched group (``train.branch_from``): the branch step and its runs' costs from the branch point on
     (final minus the first evaluation, the trunk's at the branch point), beside their totals."""
-    from eslm.analysis.rundir import config_get
-
     if not all(config_get(r.config, "train.branch_from") for r in g.runs):
         return None
     out = {"step": aggregate([r.eval[0].get(M.STEP) if r.eval else None for r in g.runs])}

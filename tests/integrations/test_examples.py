@@ -58,8 +58,9 @@ def test_nanogpt_step_gradient_is_the_exact_kept_mean():
         assert torch.allclose(a, w, atol=1e-6)
 
 
-def _hand_grads(ex, model, micro, alpha):
-    """The gradient of the mean CE over every micro-batch's own top K by entropy (full logits, by hand)."""
+def _hand_grads(ex, model, micro, alpha, with_loss=False):
+    """The gradient of the mean CE over every micro-batch's own top K by entropy (full logits, by hand), and with
+    ``with_loss`` that mean too."""
     import math
 
     import torch
@@ -77,10 +78,11 @@ def _hand_grads(ex, model, micro, alpha):
         n = int(valid.sum())
         kept.append(F.cross_entropy(logits[torch.topk(s, n - math.floor(alpha * n)).indices],
                                     t[torch.topk(s, n - math.floor(alpha * n)).indices], reduction="none"))
-    torch.cat(kept).mean().backward()
+    loss = torch.cat(kept).mean()
+    loss.backward()
     out = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    return out
+    return (out, float(loss)) if with_loss else out
 
 
 DDP_SCRIPT = """
@@ -102,6 +104,54 @@ torch.save({"grads": [p.grad for p in raw.parameters()], "micro": micro}, f"{sys
 dist.barrier()
 dist.destroy_process_group()
 """
+
+
+FSDP_SCRIPT = """
+import sys, torch, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+sys.path.insert(0, sys.argv[2])
+import nanogpt_eslm as ex
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+raw = ex.GPT()
+handle = ex.patch_model(raw, head=raw.lm_head, alpha=0.3)  # patched first, then sharded (FSDP2)
+for block in raw.h:
+    fully_shard(block)
+fully_shard(raw)
+data, g = ex.toy_tokens(512), torch.Generator().manual_seed(10 + rank)
+micro = [ex.get_batch(data, 4, 32, g) for _ in range(2)]
+if rank == 1:
+    micro[0][1][:, 8:] = -100  # rank 1 keeps far fewer tokens: a per-rank mean would weight it wrongly
+loss, _ = ex.step(raw, handle, micro)
+grads = [p.grad.full_tensor() for p in raw.parameters()]  # each rank holds a shard: gather the whole gradient
+torch.save({"grads": grads, "micro": micro, "loss": loss}, f"{sys.argv[1]}/rank{rank}.pt")
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_patch_model_under_fsdp2_gives_the_exact_kept_mean_and_its_gradient(tmp_path):
+    """torchrun, two gloo ranks on CPU, FSDP2 ``fully_shard`` on each block and the root of a patched model: the
+    selective loss summed over the ranks is the mean CE over the kept tokens of every micro-batch of both ranks,
+    and the gathered gradient is its gradient, both by hand on one process (full logits)."""
+    import torch
+
+    from conftest import torchrun
+
+    script = tmp_path / "fsdp.py"
+    script.write_text(FSDP_SCRIPT)
+    torchrun([str(script), str(tmp_path), str(EXAMPLES)])
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
+    for a, b in zip(r0["grads"], r1["grads"]):
+        assert torch.equal(a, b)
+    ex = load("nanogpt_eslm")
+    torch.manual_seed(0)
+    want, loss = _hand_grads(ex, ex.GPT(), r0["micro"] + r1["micro"], 0.3, with_loss=True)
+    assert r0["loss"] + r1["loss"] == pytest.approx(loss, rel=1e-5)
+    for a, w in zip(r0["grads"], want):
+        assert torch.allclose(a, w, atol=1e-6)
 
 
 @pytest.mark.slow

@@ -106,7 +106,7 @@ def run_steps(cfg, start: tuple[int, float] | None = (0, 0.0)) -> tuple[int | No
     if spent is None or start is None:
         needs = METHODS[cfg.method.name].needs
         what = " and ".join(n.words for n in needs) if needs else "its trunk"
-        return None, f"steps not estimated before it runs ({what} decide how many the budget pays for)"
+        return None, f"steps not estimated before it runs (the work of {what} decides how many the budget pays for)"
     steps = budget_steps(cfg, spent[0], *start)
     return min(steps, t.max_steps), spent[1] if steps <= t.max_steps else "exact"
 

@@ -164,8 +164,6 @@ def unpriced_work(configs: list) -> dict[str, int]:
     """{method: runs} of the planned runs whose method does work beside its own model's dense step that the
     estimate does not price: a frozen reference or teacher model's forwards, GREATS' held-out gradients
     (the registry's ``MethodSpec.needs``). Their runs are priced as dense steps only, so the estimate is low."""
-    from eslm.methods import METHODS
-
     out: dict[str, int] = {}
     for c in configs:
         if METHODS[c.method.name].needs:

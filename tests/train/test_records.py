@@ -1,5 +1,7 @@
 """train/records.py: a record holds metrics only (every key a name declared in eslm.metrics), in the file's order."""
 
+import dataclasses
+
 import torch
 
 from eslm import metrics as M
@@ -22,9 +24,12 @@ class _Tokens:
 
 
 def _selection(kept, total):
-    stats = SelectionStats(num_tokens=torch.tensor(8), num_kept=torch.tensor(2), kept_frac=torch.tensor(0.25),
-                           threshold=torch.tensor(1.0), cvar=torch.tensor(2.0), score_dropped_mean=torch.tensor(0.5),
-                           kept_per_domain=torch.tensor(kept), tokens_per_domain=torch.tensor(total))
+    # every field of SelectionStats, so that a statistic added there needs no edit here
+    zero = {f.name: torch.tensor(0.0) for f in dataclasses.fields(SelectionStats)}
+    stats = SelectionStats(**{**zero, "num_tokens": torch.tensor(8), "num_kept": torch.tensor(2),
+                              "kept_frac": torch.tensor(0.25), "threshold": torch.tensor(1.0), "cvar": torch.tensor(2.0),
+                              "score_dropped_mean": torch.tensor(0.5), "kept_per_domain": torch.tensor(kept),
+                              "tokens_per_domain": torch.tensor(total)})
     return Selection(torch.arange(2), 2, 8, stats)
 
 

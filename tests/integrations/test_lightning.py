@@ -161,3 +161,35 @@ def test_the_returned_loss_is_the_kept_mean(accumulate):
         idx = torch.topk(s, n - math.floor(0.3 * n)).indices
         assert value == pytest.approx(float(F.cross_entropy(logits[idx], t[idx])), rel=1e-5)
     assert len(lit.returned) == accumulate
+
+
+DDP_SCRIPT = """
+import sys, torch
+sys.path.insert(0, sys.argv[2])
+import test_lightning as T
+lit = T.LitLM()
+trainer = T.L.Trainer(max_steps=1, accumulate_grad_batches=2, accelerator="cpu", devices=2, strategy="ddp",
+                      logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False)
+trainer.fit(lit, torch.utils.data.DataLoader(T.micro_batches(), batch_size=None))
+torch.save([p.grad.clone() for p in lit.model.parameters()], f"{sys.argv[1]}/rank{trainer.global_rank}.pt")
+"""
+
+
+@pytest.mark.slow
+def test_ddp_on_two_processes_gives_the_exact_kept_mean_of_both_ranks(tmp_path):
+    """Lightning's strategy="ddp" with two CPU processes (torchrun, gloo), two micro-batches of different padding
+    each: both ranks step with the gradient of the mean CE over the kept tokens of all four micro-batches."""
+    from pathlib import Path
+
+    from conftest import torchrun
+
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_SCRIPT)
+    torchrun([str(script), str(tmp_path), str(Path(__file__).parent)])
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
+    for a, b in zip(r0, r1):
+        assert torch.equal(a, b)
+    want = hand_grads(TinyLM(), micro_batches(), 0.3)  # the sampler deals micro-batches 0, 2 and 1, 3
+    for a, w in zip(r0, want):
+        assert torch.allclose(a, w, atol=1e-6)

@@ -94,6 +94,22 @@ def _hold(run_dir: Path) -> int:
     return pid
 
 
+def _hold_when_started(*run_dirs: Path, steps: int = 4) -> dict[str, int]:
+    """Holds each run (``_hold``) as soon as it has logged ``steps`` training steps, all of them in one polling
+    loop: the runs train at the same time, and one left running while another is handled could finish first."""
+    held: dict[str, int] = {}
+
+    def all_held():
+        for d in run_dirs:
+            if d.name not in held and _steps(d) >= steps:
+                assert not (d / "result.json").exists(), f"{d.name} finished before it could be held"
+                held[d.name] = _hold(d)
+        return len(held) == len(run_dirs)
+
+    _wait(f"the first steps of {', '.join(d.name for d in run_dirs)}", all_held, every=0.02)
+    return held
+
+
 def _release_when_signalled(pid: int, timeout: float = 60.0) -> None:
     """Continues a process held by ``_hold`` once SIGTERM is pending for it (or SLURM has continued it itself):
     it then stops after the step it was in, with its checkpoint, as a real pre-emption or cancellation does."""
@@ -244,19 +260,14 @@ def test_scancel_requeue_and_time_limit_resume_bit_exact_and_the_same_command_re
     cancelled, requeued, timed = jobs["clm-s1"], jobs["eslm-entropy-s1"], jobs["eslm-loss-s1"]
     # each run is interrupted after its first steps (SIGTERM reaches it: a checkpoint after the step), held
     # still from its 4th step until the signal is pending (_hold), so that it cannot finish first, by
-    _wait("clm-s1's first steps", lambda: _steps(study_dir / "clm-s1") >= 4, every=0.02)
-    pid = _hold(study_dir / "clm-s1")
+    pids = _hold_when_started(study_dir / "clm-s1", study_dir / "eslm-entropy-s1")  # the first two, together
     slurm_cluster.run("scancel", cancelled)  # ... scancel: it stays stopped
-    _release_when_signalled(pid)
-    _wait("eslm-entropy-s1's first steps", lambda: _steps(study_dir / "eslm-entropy-s1") >= 4, every=0.02)
-    pid = _hold(study_dir / "eslm-entropy-s1")
+    _release_when_signalled(pids["clm-s1"])
     slurm_cluster.run("scontrol", "requeue", requeued)  # ... a pre-emption (PreemptMode=REQUEUE does this)
-    _release_when_signalled(pid)
-    _wait("eslm-loss-s1's first steps (it starts in clm-s1's slot)",
-          lambda: _steps(study_dir / "eslm-loss-s1") >= 4, every=0.02)
-    pid = _hold(study_dir / "eslm-loss-s1")
+    _release_when_signalled(pids["eslm-entropy-s1"])
+    pids = _hold_when_started(study_dir / "eslm-loss-s1")  # it starts in clm-s1's slot
     slurm_cluster.run("scancel", "--signal=USR2", timed)  # ... the time limit's warning (--signal=USR2@90)
-    _release_when_signalled(pid)
+    _release_when_signalled(pids["eslm-loss-s1"])
     for job in (requeued, timed):  # requeued, each held back by SLURM (BeginTime, 120 s)
         _wait(f"job {job} requeued, pending", lambda job=job: _squeue_state(job) == "PENDING")
     _wait("the cancelled job over", lambda: not _squeue_state(cancelled)

@@ -110,12 +110,17 @@ def autocast_consistent(cls):
 
     @functools.wraps(fwd)
     def forward(ctx, *args):
+        if torch.compiler.is_compiling():  # dynamo cannot trace a decorator built at run time; the graph's
+            return fwd(ctx, *args)  # backward runs where its forward was traced, so it needs none
         ctx.amp_device_type = next(a.device.type for a in args if isinstance(a, torch.Tensor))
         return torch.amp.custom_fwd(fwd, device_type=ctx.amp_device_type)(ctx, *args)
 
     @functools.wraps(bwd)
     def backward(ctx, *grads):
-        return torch.amp.custom_bwd(bwd, device_type=ctx.amp_device_type)(ctx, *grads)
+        device_type = getattr(ctx, "amp_device_type", None)
+        if device_type is None or torch.compiler.is_compiling():
+            return bwd(ctx, *grads)
+        return torch.amp.custom_bwd(bwd, device_type=device_type)(ctx, *grads)
 
     cls.forward, cls.backward = staticmethod(forward), staticmethod(backward)
     return cls

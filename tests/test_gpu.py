@@ -190,6 +190,11 @@ def test_every_method_takes_a_step(name, device, precision, tiny_data, frozen_ck
     assert got["finite"] and got["moved"] > 0
     assert (got["seen"], got["kept"]) == (ref["seen"], ref["kept"])
     tol, tol_grad = (1e-4, 1e-3) if precision == "fp32" else (2e-2, 5e-2)
+    if METHODS[name].role == "control" and device != "cpu":
+        # a control keeps a uniformly random set drawn from the device's own generator (no host sync), which on
+        # CUDA is another draw than the CPU's: the same count, another set, so its gradient only in magnitude
+        # (2.4% apart seen on an H200 in fp32)
+        tol_grad = 0.1
     assert got["loss"] == pytest.approx(ref["loss"], rel=tol)
     assert got["loss_all"] == pytest.approx(ref["loss_all"], rel=tol)
     assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=tol_grad)

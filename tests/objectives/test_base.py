@@ -132,3 +132,21 @@ def test_the_random_controls_executed_flops_count_only_the_head_forwards_that_ra
     got = micro_batch_flops(fm, method, tokens_seen=n, tokens_kept=k, step_work=res.work)
     head_matmul_per_row = 2 * fm.n_embd * fm.vocab_size
     assert got.executed == pytest.approx(got.dense - (n - k) * 3 * head_matmul_per_row)
+
+
+def test_head_work_asks_the_backend_that_ran(monkeypatch):
+    """On CUDA "auto" is the triton backend, while a prediction (no tensor at hand) asks the CPU's: the FLOPs
+    booking after a step must ask the backend that ran, whose routes the CPU backend does not know (every
+    `eslm train` on an H200 stopped at its first step on this). Modelled on the CPU by "auto" resolving to
+    triton for a tensor's device and to fused without one."""
+    pytest.importorskip("triton")
+    from eslm.ops import head_backend as hb
+    from eslm.ops.head_backend import HeadState
+
+    real = hb.resolve
+    monkeypatch.setattr(hb, "resolve", lambda name, device_type=None:
+                        "triton" if name == "auto" and device_type else real(name, device_type))
+    res, _, method = _step("eslm-entropy", 0.5, [])
+    ce, n, k = method.objective, res.tokens_seen // 2, res.tokens_kept // 2
+    assert ce.last_head is not None and ce.last_head.name == "triton" and ce.head().name == "fused"
+    assert ce.head_work(n, k, scored=True) == ce.last_head.work(n, k, scored=True, state=HeadState(ce.last_route))

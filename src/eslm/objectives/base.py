@@ -76,14 +76,16 @@ class CrossEntropy(BaseObjective):
         super().__init__(impl, chunk_size, cache_probs=cache_probs, route=route)
         self._pending: tuple[TokenStats | None, HeadState] | None = None  # the last pass, until its loss_sum
         self.last_route: str | None = None  # the backend's route of the last micro-batch (for head_work)
+        self.last_head: HeadBackend | None = None  # the backend that ran it (on CUDA, not the CPU's)
 
     def score(self, hidden, weight, targets, *, need_scores, need_entropy, num_kept, for_loss=True):
         if not for_loss:  # scores only (the step scope's pre-pass): the plain pass, nothing kept for a loss
             return super().score(hidden, weight, targets, need_scores=need_scores, need_entropy=need_entropy,
                                  num_kept=num_kept)
-        stats, state = self.head(hidden).score(hidden, weight, targets, num_kept=num_kept,
-                                               need_scores=need_scores, need_entropy=need_entropy)
-        self._pending, self.last_route = (stats, state), state.route
+        head = self.head(hidden)
+        stats, state = head.score(hidden, weight, targets, num_kept=num_kept, need_scores=need_scores,
+                                  need_entropy=need_entropy)
+        self._pending, self.last_route, self.last_head = (stats, state), state.route, head
         return stats
 
     def loss_sum(self, hidden, weight, batch, index, stats):
@@ -92,9 +94,11 @@ class CrossEntropy(BaseObjective):
         return self.head(hidden).kept_loss(hidden, weight, batch.y.reshape(-1), index, state)
 
     def head_work(self, n, k, *, scored):
-        """What the backend ran for the last micro-batch's route (its prediction for (n, k) before any ran)."""
-        ran = None if self.last_route is None else HeadState(self.last_route)
-        return self.head().work(n, k, scored=scored, state=ran)
+        """What the backend ran for the last micro-batch's route (the CPU backend's prediction for (n, k) before
+        any ran): the backend of the device the step ran on, whose routes may not be the CPU backend's."""
+        if self.last_route is None or self.last_head is None:
+            return self.head().work(n, k, scored=scored, state=None)
+        return self.last_head.work(n, k, scored=scored, state=HeadState(self.last_route))
 
     def per_token(self, hidden: torch.Tensor, weight: torch.Tensor, batch: Batch, index: torch.Tensor | None,
                   stats: TokenStats | None) -> torch.Tensor:

@@ -90,6 +90,9 @@ TARGETS = {  # issue 13's targets on an H100 / H200
     "clm_fused_mfu": (">=", 0.45), "eslm_entropy_vs_clm_fused_time@0.1": ("<=", 1.02),
     "eslm_entropy_vs_clm_fused_time@0.5": ("<", 1.0), "fused_vs_naive_peak_memory": ("<=", 0.5),
     "selection_fraction_of_step": ("<=", 0.02),
+    # the same targets on the triton backend, what train.loss_impl=auto runs on CUDA (issue 32's backend)
+    "clm_triton_mfu": (">=", 0.45), "eslm_entropy_vs_clm_triton_time@0.1": ("<=", 1.02),
+    "eslm_entropy_vs_clm_triton_time@0.5": ("<", 1.0), "triton_vs_naive_peak_memory": ("<=", 0.5),
 }
 
 
@@ -352,6 +355,17 @@ def loss_path_targets(bench: dict) -> dict:
                                             if v.startswith("eslm-entropy-fused@")]),
         "selection_fraction_of_step": _max([o["fraction_of_clm_fused_step"] for o in over.values()]),
     }
+    if "clm-triton" in rows:  # a CUDA device with the gpu extra: the backend that auto picks there
+        clm = rows["clm-triton"]
+        ratio = lambda a: (rows[f"eslm-entropy-triton@{a}"]["step_s"] / clm["step_s"]  # noqa: E731
+                           if f"eslm-entropy-triton@{a}" in rows else None)
+        values.update({
+            "clm_triton_mfu": clm["mfu"],
+            "eslm_entropy_vs_clm_triton_time@0.1": ratio(0.1), "eslm_entropy_vs_clm_triton_time@0.5": ratio(0.5),
+            "triton_vs_naive_peak_memory": _max([clm["mem_vs_clm_naive"]] + [
+                r["peak_bytes"] / rows[v.replace("-triton@", "-naive@")]["peak_bytes"] for v, r in rows.items()
+                if v.startswith("eslm-entropy-triton@") and v.replace("-triton@", "-naive@") in rows]),
+        })
     return {k: check(k, v) for k, v in values.items()}
 
 

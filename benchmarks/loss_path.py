@@ -33,11 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
+from eslm.ops.head_route import ROUTES  # noqa: E402  (the head routes, named once)
 from harness import (Bench, Variant, environment, fmt_mb, fmt_ratio, median, peak_flops,  # noqa: E402
                      run_and_measure, sync, write_results)
 
 
-ROUTES = ("kept_cached", "all_rows", "grads_in_pass", "kept_recompute")
 
 
 def variants(alphas: list[float], chunk: int, routes=ROUTES, gpu_backend: bool = False) -> list[Variant]:
@@ -68,9 +68,10 @@ def variants(alphas: list[float], chunk: int, routes=ROUTES, gpu_backend: bool =
 
 
 def route_of(bench: Bench, v: Variant) -> str | None:
-    """The route a variant's micro-batches take (the chooser's, or the forced one); None for the naive path."""
+    """The route a variant's micro-batches take (the chooser's, or the forced one; the triton backend's own:
+    ``cached_logits`` after a scoring pass, ``kept_only`` without one); None for the naive path."""
     cfg, method = bench.method(v)
-    if cfg.train.loss_impl in ("naive", "triton"):
+    if cfg.train.loss_impl == "naive":
         return None
     return method.objective.last_route
 
@@ -89,8 +90,9 @@ def head_costs(bench: Bench) -> dict:
 
 
 def model_seconds(bench: Bench, route: str | None, kept: float, scored: bool) -> float | None:
-    """The cost model's prediction for the head of one step on this route (eslm.ops.head_route)."""
-    if route is None:
+    """The cost model's prediction for the head of one step on this route (eslm.ops.head_route); None for the
+    naive path and the triton backend's routes, which the fused head's model does not price."""
+    if route not in ROUTES:
         return None
     from eslm.ops.head_costs import costs_for
     from eslm.ops.head_route import Geometry, route_seconds

@@ -176,3 +176,30 @@ def statistics_stdev(values):
     import statistics
 
     return statistics.stdev(values)
+
+
+def test_the_gpu_pilot_table_pairs_finished_seeds_from_the_logs(tmp_path, monkeypatch):
+    """benchmarks/gpu_pilot_table.py: every evaluation line under its run's header, the final and CLM's-last-step
+    losses per seed, paired differences by seed; a seed with a preempted arm is left out."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import gpu_pilot_table
+
+    def run(name, losses, done="done (max_flops) at step 9; run directory: x"):
+        head = f"run directory: /tmp/p/study/{name}  | method m | model gpt2-124m"
+        evals = [f"eval step {s}: val_loss {v} (code=1) [0.1s]" for s, v in losses]
+        return [head, "step 50/~600 | loss 4.0", *evals, done]
+    lines = []
+    for seed, (c, e, r) in {1: (3.10, 3.00, 3.03), 2: (3.09, 2.97, 3.02)}.items():
+        lines += run(f"clm-s{seed}", [(300, 3.4), (600, c)])
+        lines += run(f"eslm-entropy-s{seed}", [(300, 3.4), (600, e + 0.05), (693, e)])
+        lines += run(f"random-s{seed}", [(300, 3.4), (600, r + 0.04), (693, r)])
+    lines += run("clm-s3", [(150, 3.6)], done="done (preempted) at step 248; run directory: x")
+    log = tmp_path / "a.log"
+    log.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "t.md"
+    assert gpu_pilot_table.main([str(log), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "2 seeds (1, 2)" in text
+    assert "| 1 | 3.1000 | 3.0000 | 3.0300 | 3.1000 | 3.0500 | 3.0700 |" in text
+    row = next(r for r in text.splitlines() if r.startswith("| eslm-entropy - random | final |"))
+    assert row.split(" | ")[2] == "-0.0400"  # mean of -0.03 and -0.05

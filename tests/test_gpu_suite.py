@@ -126,3 +126,29 @@ def test_the_pilot_corpus_builder_dedupes_and_splits_by_package(tmp_path):
     assert info["domains"]["tools"]["duplicates"] == 1 and info["domains"]["tools"]["not_utf8"] == 1
     manifest = json.loads((out / "manifest.json").read_text())
     assert sorted(manifest["domains"]) == ["science", "tools", "torch"]
+
+
+def test_the_triton_backend_is_checked_against_the_targets_where_it_ran(monkeypatch):
+    """On CUDA the loss path also times the triton backend (what train.loss_impl=auto runs there): the targets
+    are checked on it too, each ratio within that backend (ESLM-entropy triton over CLM triton; triton over the
+    naive twin's memory), from a result that has the rows; none where it did not run (a CPU)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import gpu_suite
+
+    def row(variant, step_s, peak, mfu=0.3):
+        return {"variant": variant, "step_s": step_s, "peak_bytes": peak, "mfu": mfu, "mem_vs_clm_naive": peak / 10.0,
+                "time_vs_clm_fused": step_s / 4.0, "mem_vs_naive_twin": 0.6}
+    rows = [row("clm-naive", 3.5, 10.0), row("clm-fused", 4.0, 5.0), row("clm-triton", 3.0, 4.5, mfu=0.37)]
+    for a, t in ((0.1, 3.03), (0.5, 2.85)):
+        rows += [row(f"eslm-entropy-naive@{a}", 4.8, 12.0), row(f"eslm-entropy-fused@{a}", 4.3, 7.0),
+                 row(f"eslm-entropy-triton@{a}", t, 6.6)]
+    bench = {"rows": rows, "selection_overhead": {"0.1": {"fraction_of_clm_fused_step": 0.1}}}
+    got = gpu_suite.loss_path_targets(bench)
+    assert got["clm_triton_mfu"] == {"value": 0.37, "goal": ">= 0.45", "met": False}
+    assert got["eslm_entropy_vs_clm_triton_time@0.1"]["value"] == pytest.approx(1.01)
+    assert got["eslm_entropy_vs_clm_triton_time@0.1"]["met"] is True
+    assert got["eslm_entropy_vs_clm_triton_time@0.5"]["value"] == pytest.approx(0.95)
+    assert got["triton_vs_naive_peak_memory"]["value"] == pytest.approx(0.55)  # 6.6 / 12.0 beats 4.5 / 10.0
+    assert got["triton_vs_naive_peak_memory"]["met"] is False
+    cpu = gpu_suite.loss_path_targets({**bench, "rows": [r for r in rows if "triton" not in r["variant"]]})
+    assert not any("triton" in k for k in cpu)

@@ -367,19 +367,45 @@ def test_report_with_five_seeds_has_intervals_paired_verdicts_and_controls(tmp_p
     assert "Verdicts" in html and "flops_executed to target" in html and "CPU s" in html and "(n=5)" in html
 
 
-def test_report_with_one_seed_says_no_interval(tmp_path):
+def test_report_with_one_seed_says_no_interval_once(tmp_path, capsys):
+    """A one-seed study's report says once that nothing has an interval (summary.md, index.html, the printed
+    verdicts), and no cell, verdict or the primary line repeats it."""
     shifts = {"clm": lambda s: 0.0, "eslm-entropy": lambda s: 0.0, "random": lambda s: 0.0}
     runs = _study(tmp_path / "r", [1], shifts)
+    out = tmp_path / "rep"
+    s = report.build_report([str(p) for p in runs], out, primary=["eslm-entropy", "random"])
+    note = "One seed per group: no number in this report has an interval"
+    assert s["one_seed"] is True
+    verdicts = [v for c in s["comparisons"] + s["controls"] for v in c["verdicts"]] + [s["primary"]["primary_verdict"]]
+    assert len(verdicts) > 6 and not any("n=1" in v or "interval" in v for v in verdicts), verdicts
+    assert s["primary"]["primary_verdict"].endswith("final validation loss: +0.0000 nats vs random")
+    page = (out / "index.html").read_text()
+    assert page.count(note) == 1 and page.index(note) < page.index("<h2>Primary comparison</h2>")
+    assert "n=1" not in page and "no interval" not in page
+    md = (out / "summary.md").read_text()
+    lines = md.splitlines()
+    assert lines[0] == f"**{s['primary']['primary_verdict']}**"  # the primary line first, then the note once
+    assert lines[2].startswith("**One seed per group**: no number in this report has an interval"), md
+    assert md.count("One seed per group") == 1 and "n=1" not in md and "no interval" not in md, md
+    report.print_summary(s, out)
+    printed = capsys.readouterr().out
+    assert printed.splitlines()[0] == s["primary"]["primary_verdict"]
+    assert printed.count(note) == 1 and "n=1" not in printed and "no interval" not in printed, printed
+
+
+def test_a_one_pair_verdict_in_a_report_with_more_seeds_says_n_1(tmp_path):
+    """Only a report whose groups all have one seed drops the words: beside groups with two seeds, a group with
+    one run still reads "(n=1, no interval)" in its verdicts and cells, and no one-seed note is shown."""
+    shifts = {"clm": lambda s: 0.0, "eslm-entropy": lambda s: 0.0, "random": lambda s: 0.0}
+    runs = [p for p in _study(tmp_path / "r", [1, 2], shifts) if p.name != "eslm-entropy-s2"]
     s = report.build_report([str(p) for p in runs], tmp_path / "rep")
-    c = {x["group"]: x for x in s["comparisons"]}["eslm-entropy"]
-    assert all("(n=1, no interval)" in v for v in c["verdicts"])
+    assert s["one_seed"] is False
+    c = {x["group"]: x for x in s["comparisons"]}
+    assert all(v.endswith("(n=1, no interval)") for v in c["eslm-entropy"]["verdicts"])
+    assert not any("n=1" in v for v in c["random"]["verdicts"])
     page = (tmp_path / "rep" / "index.html").read_text()
-    # said once, above the tables, not in every cell
-    assert page.count("One seed per group: no number below has an interval") == 1
-    summary = page.split("<h2>Summary</h2>", 1)[1].split("<h2>Paired differences</h2>", 1)[0]
-    assert "(n=1, no interval)" not in summary and "<table>" in summary
-    md = (tmp_path / "rep" / "summary.md").read_text()  # summary.md too: said once, above its table
-    assert md.startswith("**One seed per group**: no number below has an interval") and "(n=1)" not in md, md
+    assert "One seed per group" not in page and "(n=1, no interval)" in page and "<small>(n=1)</small>" in page
+    assert "One seed per group" not in (tmp_path / "rep" / "summary.md").read_text()
 
 
 def test_baseline_option_and_its_errors(tmp_path):

@@ -178,16 +178,18 @@ def _pct(v: float) -> str:
     return f"{100.0 * v:.1f}%"
 
 
-def _verdict(ci: dict, fmt, none: str, below: str, above: str, what: str, baseline: str, unit: str) -> str:
+def _verdict(ci: dict, fmt, none: str, below: str, above: str, what: str, baseline: str, unit: str,
+             single: bool = False) -> str:
     """The shared skeleton of the verdicts: no pair, one pair, a difference below / above zero, or none
     detectable (with the smallest difference the comparison could have detected, and Holm's adjustment when
     it is what hid a raw interval that excludes 0). ``below`` and ``above`` are templates with {m} {lo} {hi}
-    (magnitudes, formatted by ``fmt``)."""
+    (magnitudes, formatted by ``fmt``). ``single``: the whole report has one seed per group and says once that
+    nothing has an interval, so one pair is not followed by "(n=1, no interval)"."""
     n, m = ci["n"], ci["mean"]
     if n == 0:
         return f"{what}: {none}"
     if n == 1:
-        return f"{what}: {fmt(m, True)}{unit} vs {baseline} (n=1, no interval)"
+        return f"{what}: {fmt(m, True)}{unit} vs {baseline}" + ("" if single else " (n=1, no interval)")
     lo, hi = ci["lo"], ci["hi"]
     sign = significant(ci)
     adjusted = ci.get("p_adjusted")
@@ -204,16 +206,17 @@ def _verdict(ci: dict, fmt, none: str, below: str, above: str, what: str, baseli
             f"{fmt(hi, True)}]{unit} vs {baseline}{seen}){hidden}")
 
 
-def cost_verdict(ci: dict, cost: str, baseline: str, group: str | None = None) -> str:
+def cost_verdict(ci: dict, cost: str, baseline: str, group: str | None = None, single: bool = False) -> str:
     """Words for a relative paired difference of a to-target cost (negative = cheaper than the baseline),
-    with the censored seeds of ``paired_censored`` said and the direction of the bias they leave."""
+    with the censored seeds of ``paired_censored`` said and the direction of the bias they leave (``single``:
+    see ``_verdict``)."""
     def fmt(v, signed=False):
         return f"{v:+.1%}" if signed else _pct(v)
 
     words = _verdict(ci, fmt, "no seed pair where both reach the target",
                      f"reaches the target with {{m}} [{{lo}}, {{hi}}] less {cost} than {baseline}",
                      f"needs {{m}} [{{lo}}, {{hi}}] more {cost} than {baseline} to reach the target",
-                     cost, baseline, "")
+                     cost, baseline, "", single)
     return words + censoring_note(ci, group or "the group", baseline)
 
 
@@ -237,14 +240,15 @@ def censoring_note(ci: dict, group: str, baseline: str) -> str:
     return " [" + "; ".join(parts + ([bias] if bias else [])) + "]"
 
 
-def loss_verdict(ci: dict, what: str, baseline: str) -> str:
-    """Words for an absolute paired difference of a loss (negative = lower loss than the baseline)."""
+def loss_verdict(ci: dict, what: str, baseline: str, single: bool = False) -> str:
+    """Words for an absolute paired difference of a loss (negative = lower loss than the baseline; ``single``:
+    see ``_verdict``)."""
     def fmt(v, signed=False):
         return f"{v:+.4f}" if signed else f"{v:.4f}"
 
     return _verdict(ci, fmt, "no seed pair to compare",
                     f"{what} lower than {baseline} by {{m}} [{{lo}}, {{hi}}] nats",
-                    f"{what} higher than {baseline} by {{m}} [{{lo}}, {{hi}}] nats", what, baseline, " nats")
+                    f"{what} higher than {baseline} by {{m}} [{{lo}}, {{hi}}] nats", what, baseline, " nats", single)
 
 
 def fmt_ci(ci: dict, spec: str = ".4f") -> str:

@@ -18,7 +18,7 @@ Reads only run directories (``eslm.analysis.rundir``). What it computes:
   run trained on a CPU, wall-clock (``elapsed_s``, device synchronised at step ends) otherwise; evaluation
   is excluded from both.
 * Statistics (``eslm.analysis.stats``): every group value has a 95% Student-t interval over seeds ("n=1, no
-  interval" for one seed); every group is compared with the baseline group (CLM by default) by paired
+  interval" for one seed; a report whose groups all have one seed says it once, ``summary.ONE_SEED_NOTE``); every group is compared with the baseline group (CLM by default) by paired
   differences per seed, and every selective group with the random-drop control at the same alpha, each
   with a verdict in words.
 
@@ -39,7 +39,8 @@ from eslm.analysis.report.figure_table import FIGURES, make_figures
 from eslm.analysis.report.html import render_html
 from eslm.analysis.report.markdown import render_markdown
 from eslm.analysis.report.output import check_report_dir, mark_stale, write_report_dir
-from eslm.analysis.report.summary import FLOPS_KEYS, ReportError, find_baseline, load_runs, summarize
+from eslm.analysis.report.summary import (FLOPS_KEYS, ONE_SEED_NOTE, ReportError, find_baseline, load_runs, one_seed,
+                                          summarize)
 from eslm.analysis.rundir import comparable_sets_problem, group_runs, is_number, one_run_per_seed
 
 __all__ = ["FIGURES", "FLOPS_KEYS", "ReportError", "build_report", "crossing", "load_runs", "make_figures",
@@ -52,6 +53,8 @@ def print_summary(summary: dict, out: Path) -> None:
         print(f"eslm report: warning: {w}", file=sys.stderr)
     if summary.get("primary"):
         print(summary["primary"]["primary_verdict"])
+    if one_seed(summary):  # once, instead of "(n=1, no interval)" after every verdict
+        print(ONE_SEED_NOTE)
     for c in summary["comparisons"] + summary["controls"]:
         print(f"{c['group']} vs {c['against']}: " + "; ".join(c["verdicts"]))
     print(f"wrote {Path(out) / 'index.html'} ({len(summary['groups'])} groups, {len(summary['runs'])} runs)")

@@ -107,13 +107,15 @@ def adjust(comparisons: list[dict]) -> int:
     return size
 
 
-def write_verdicts(c: dict, costs: dict, tt: dict, other_tt: dict, equal_words: str) -> list[str]:
-    """The verdicts of one comparison in words: final loss, equal-token loss, then each to-target cost."""
+def write_verdicts(c: dict, costs: dict, tt: dict, other_tt: dict, equal_words: str,
+                   single: bool = False) -> list[str]:
+    """The verdicts of one comparison in words: final loss, equal-token loss, then each to-target cost.
+    ``single``: a one-seed report, which says once that nothing has an interval (not in each verdict)."""
     against = c["against"]
-    out = [S.loss_verdict(c["losses"][FINAL], FINAL, against)]
+    out = [S.loss_verdict(c["losses"][FINAL], FINAL, against, single)]
     eq = c["losses"][EQUAL]
     if eq["n"]:
-        out.append(S.loss_verdict(eq, equal_words, against))
+        out.append(S.loss_verdict(eq, equal_words, against, single))
     cost_lines, said = [], None
     for key, (_, words) in costs.items():
         ci = c["to_target"][key]
@@ -122,7 +124,7 @@ def write_verdicts(c: dict, costs: dict, tt: dict, other_tt: dict, equal_words: 
             cost_lines.append(f"{words}: {c['group']} reaches the target in {a['reached']}/{a['n']} seeds, "
                               f"{against} in {b['reached']}/{b['n']}: no pair to compare")
             continue
-        line = S.cost_verdict(ci, words, against, c["group"])
+        line = S.cost_verdict(ci, words, against, c["group"], single)
         note = S.censoring_note(ci, c["group"], against)
         if note and note == said:  # every cost crosses the target at the same evaluation: say it once
             line = line[:-len(note)] + " [censored as above]"
@@ -135,10 +137,11 @@ def write_verdicts(c: dict, costs: dict, tt: dict, other_tt: dict, equal_words: 
     return out + cost_lines
 
 
-def primary_verdict(c: dict) -> str:
-    """The one line of the pre-registered primary comparison (its final validation loss, unadjusted)."""
+def primary_verdict(c: dict, single: bool = False) -> str:
+    """The one line of the pre-registered primary comparison (its final validation loss, unadjusted;
+    ``single``: as in ``write_verdicts``)."""
     ci = c["losses"][FINAL]
-    words = S.loss_verdict(ci, FINAL, c["against"])
+    words = S.loss_verdict(ci, FINAL, c["against"], single)
     mde = f"; smallest difference detectable at 80% power: {ci['mde']:.4f} nats" \
         if ci.get("mde") is not None and S.significant(ci) != 0 else ""
     p = f", p = {ci['p']:.2g}" if ci.get("p") is not None else ""

@@ -15,8 +15,8 @@ from eslm import metrics as M
 from eslm.analysis import stats as S
 from eslm.analysis.report.downstream import is_percent
 from eslm.analysis.report import figure_table
-from eslm.analysis.report.markdown import one_seed, since_branch_lines, spread_lines
-from eslm.analysis.report.summary import COSTS
+from eslm.analysis.report.markdown import since_branch_lines, spread_lines
+from eslm.analysis.report.summary import COSTS, ONE_SEED_NOTE, one_seed
 from eslm.analysis.rundir import IGNORED_FOR_GROUPING
 
 def _fmt(v, spec=".4g") -> str:
@@ -90,14 +90,17 @@ def _costs_rows(summary: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def _comparison_rows(summary: dict, comparisons: list[dict]) -> tuple[list[str], list[list[str]]]:
-    """Paired differences per group: final loss (nats) and relative to-target costs, with 95% intervals."""
+    """Paired differences per group: final loss (nats) and relative to-target costs, with 95% intervals (a
+    one-seed report: the means alone, the page says once that nothing has an interval)."""
+    single = one_seed(summary)
+
     def cell(ci, rel):
         if ci["n"] == 0:
             return "—"
         spec = "+.1%" if rel else "+.4f"
         mark = {-1: " ▼", 1: " ▲", 0: ""}[S.significant(ci)]
         if ci["lo"] is None:
-            return f"{ci['mean']:{spec}} <small>(n=1)</small>"
+            return f"{ci['mean']:{spec}}" + ("" if single else " <small>(n=1)</small>")
         return f"{ci['mean']:{spec}} [{ci['lo']:{spec}}, {ci['hi']:{spec}}]{mark} <small>(n={ci['n']})</small>"
 
     rows = [[_label_of(summary, c["group"]), _label_of(summary, c["against"]),
@@ -189,7 +192,7 @@ def render_html(summary: dict, written: dict) -> str:
     env.filters["esc"] = html.escape  # every text from the runs goes through it in the template
     s = summary
     return env.get_template("index.html.j2").render(
-        s=s, one_seed=one_seed(s), ignored=IGNORED_FOR_GROUPING,
+        s=s, one_seed_note=ONE_SEED_NOTE if one_seed(s) else None, ignored=IGNORED_FOR_GROUPING,
         verdicts=[("Against the baseline", s["comparisons"]),
                   ("Against the random-drop control at the same alpha", s["controls"])],
         summary_table=_summary_rows(s), costs_table=_costs_rows(s),

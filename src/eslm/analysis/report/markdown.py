@@ -4,14 +4,7 @@ from __future__ import annotations
 
 from eslm import metrics as M
 from eslm.analysis import stats as S
-
-ONE_SEED_NOTE = ("**One seed per group**: no number below has an interval, and a difference between groups is not "
-                 "evidence of an effect; run more seeds (eslm study ... --seeds N).")
-
-
-def one_seed(summary: dict) -> bool:
-    """Every group has at most one run: no number of the report has an interval (said once, not in each cell)."""
-    return all(len(g["runs"]) <= 1 for g in summary["groups"])
+from eslm.analysis.report.summary import ONE_SEED_NOTE, one_seed
 
 
 def _md_ci(a: dict, spec: str, single: bool = False) -> str:
@@ -121,7 +114,8 @@ def render_markdown(summary: dict) -> str:
     verdicts = [f"- **{c['group']}** vs {c['against']}: " + "; ".join(c["verdicts"])
                 for c in s["comparisons"] + s["controls"]]
     if one:
-        lines = [ONE_SEED_NOTE, ""] + lines
+        head_words, rest = ONE_SEED_NOTE.split(": ", 1)
+        lines = [f"**{head_words}**: {rest}", ""] + lines
     if s.get("primary"):
         lines = [f"**{s['primary']['primary_verdict']}**", ""] + lines
     gaps = [f"- {x}." for x in s["flops_gaps"]]

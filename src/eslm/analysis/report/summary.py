@@ -23,6 +23,10 @@ COSTS = {M.FLOPS_PAPER: (M.FLOPS_PAPER, "paper-FLOPs"), M.FLOPS_EXECUTED: (M.FLO
          "tokens": (M.TOKENS_SEEN, "tokens"), "time_s": (None, "time")}  # time: cpu_s or elapsed_s, see time_key
 LOAD_RATIO_WARN = 1.5  # warn when the mean load of compared runs differs by more than this factor
 REPORT_FORMAT = "eslm-report-v1"
+# a report whose groups all have one run says this once (summary.md, index.html, the printed verdicts) instead of
+# "(n=1, no interval)" in each cell and verdict
+ONE_SEED_NOTE = ("One seed per group: no number in this report has an interval, and a difference between groups is "
+                 "not evidence of an effect; run more seeds (eslm study ... --seeds N).")
 INTERPOLATION_NOTE = ("first eval point with val_loss <= target; the crossing between it and the previous eval "
                       "point is interpolated linearly in log(x) (linearly in x if the previous x is 0); "
                       "never reached = null")
@@ -30,6 +34,12 @@ INTERPOLATION_NOTE = ("first eval point with val_loss <= target; the crossing be
 
 class ReportError(ESLMError):
     """Nothing to report on, or report options that cannot be honoured."""
+
+
+def one_seed(summary: dict) -> bool:
+    """Every group has at most one run: no number of the report has an interval (``ONE_SEED_NOTE``, said once,
+    not in each cell or verdict)."""
+    return all(len(g["runs"]) <= 1 for g in summary["groups"])
 
 
 def load_runs(paths: list[str]) -> tuple[list[Run], list[dict], list[str]]:
@@ -229,6 +239,7 @@ def summarize(runs: list[Run], groups: list[Group], *, target: float, target_sou
             "downstream": group_downstream(g),
             "since_branch": branch_costs(g),
         })
+    single = one_seed({"groups": gs})
     base, why = find_baseline(groups, baseline, where)
     comparisons, controls, gaps = [], [], []
     if why:
@@ -272,15 +283,15 @@ def summarize(runs: list[Run], groups: list[Group], *, target: float, target_sou
     equal_words = (f"validation loss at {base.label}'s last evaluation (equal tokens)" if base is not None
                    else C.EQUAL)
     for c, g, o in pairs:
-        c["verdicts"] = C.write_verdicts(c, COSTS, tts[g.label], tts[o.label], equal_words)
+        c["verdicts"] = C.write_verdicts(c, COSTS, tts[g.label], tts[o.label], equal_words, single)
     if primary_entry is not None:
         if margin is not None:
             primary_entry["tost"] = S.tost(primary_entry["losses"][C.FINAL], margin)
-        primary_entry["primary_verdict"] = C.primary_verdict(primary_entry)
+        primary_entry["primary_verdict"] = C.primary_verdict(primary_entry, single)
     warnings += [w for w in (load_warning(runs), machine_warning(runs)) if w]
     return {
         "format": REPORT_FORMAT, "flops_convention": flops, "flops_key": flops_key,
-        "time_key": time_key, "time_words": time_words,
+        "time_key": time_key, "time_words": time_words, "one_seed": single,
         "target_loss": target, "target_source": target_source, "interpolation": INTERPOLATION_NOTE,
         "grouping": "same resolved config except " + ", ".join(IGNORED_FOR_GROUPING),
         "statistics": ("mean over seeds with a 95% Student-t interval (n=1: no interval); comparisons are "

@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     frozen = frozen_checkpoint(bench, Path(tmp.name) / "frozen.pt")
     names = a.methods or list(METHODS)
     vs = [Variant("clm-naive", {"method.name": "clm", "train.loss_impl": "naive"})]
-    vs += [Variant(n, {"method.name": n, "method.rho1.reference": frozen, "method.kd.teacher": frozen}) for n in names]
+    vs += [Variant(n, {"method.name": n, **{need.key: frozen for need in METHODS[n].frozen_models}}) for n in names]
     print(f"methods benchmark: {a.preset}, {a.micro_batch}x{a.seq_len} tokens/micro-step, {a.device} {a.dtype}, "
           f"{torch.get_num_threads()} threads, {len(vs)} variants x ({a.warmup} warm-up + {a.steps}) rounds",
           flush=True)

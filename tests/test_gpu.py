@@ -21,6 +21,7 @@ from eslm.methods import METHODS, build_method
 from eslm.model.gpt import GPT, preset
 from eslm.objectives.cross_entropy import naive_selected_ce, naive_token_stats
 from eslm.ops.fused_head import fused_ce_sum, head_pass
+from eslm.selection.scores import STANDARDIZE_MODES
 from eslm.train.optim import build_optimizer
 from eslm.train.step import StepOptions, forward_backward
 
@@ -121,7 +122,8 @@ SEQ, ROWS = 32, 4
 
 @pytest.fixture(scope="module")
 def frozen_ckpt(tmp_path_factory, tiny_data):
-    """A checkpoint of another tiny model on the tiny corpus: the Rho-1 reference and the KD teacher."""
+    """A checkpoint of another tiny model on the tiny corpus: every frozen model a method needs (the Rho-1
+    reference, the KD teacher), at the config key its registry line names."""
     from eslm.data.loader import open_dataset
     from eslm.train.checkpoint import save_checkpoint
     from eslm.model.gpt import pad_vocab
@@ -140,7 +142,7 @@ def _setup(name: str, device: str, data, ckpt, **overrides):
     ds = open_dataset(data)
     dev = torch.device(device)
     over = {"method.name": name, "data.seq_len": SEQ, "train.micro_batch_size_seqs": ROWS, "run.seed": 0,
-            "method.rho1.reference": ckpt, "method.kd.teacher": ckpt, "method.salt.kd_steps": 1, **overrides}
+            "method.salt.kd_steps": 1, **{need.key: ckpt for need in METHODS[name].frozen_models}, **overrides}
     cfg = build_config(overrides=[f"{k}={v}" for k, v in over.items()])
     torch.manual_seed(0)
     mc = preset("tiny", vocab_size=pad_vocab(ds.vocab_size))
@@ -215,27 +217,33 @@ def no_host_sync(device: str):
             yield
 
 
-SYNC_FREE = [("clm", {}), ("eslm-entropy", {}), ("eslm-loss", {}), ("ada-eslm-entropy", {}),
-             ("ada-eslm-loss", {}),
-             ("eslm-entropy", {"train.loss_cache_probs": "false"}),  # all-row grads, dropped rows recomputed
-             ("eslm-entropy", {"method.alpha": 0.5, "train.loss_cache_probs": "false"}),  # kept rows only
-             ("eslm-entropy", {"train.loss_impl": "naive"}), ("eslm-loss", {"train.loss_impl": "naive"})]
-SYNC_FREE += [("eslm-entropy", {"method.standardize": m}) for m in ("batch", "sequence", "domain")]
+# every registered method (micro scope), then the options whose code paths differ (head routes, standardisation)
+MICRO_STEPS = [(name, {}) for name in METHODS]
+MICRO_STEPS += [("eslm-entropy", {"train.loss_cache_probs": "false"}),  # all-row grads, dropped rows recomputed
+                ("eslm-entropy", {"method.alpha": 0.5, "train.loss_cache_probs": "false"}),  # kept rows only
+                ("eslm-entropy", {"train.loss_impl": "naive"}), ("eslm-loss", {"train.loss_impl": "naive"})]
+MICRO_STEPS += [("eslm-entropy", {"method.standardize": m}) for m in STANDARDIZE_MODES if m != "none"]
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("name,overrides", SYNC_FREE, ids=lambda x: x if isinstance(x, str) else
+@pytest.mark.parametrize("name,overrides", MICRO_STEPS, ids=lambda x: x if isinstance(x, str) else
                          ",".join(f"{k.split('.')[-1]}={v}" for k, v in x.items()) or "default")
 def test_micro_scope_step_never_waits_for_the_device(name, overrides, device, precision, tiny_data, frozen_ckpt):
     """forward_backward of a micro-scope method (scores, VaR threshold, top-k mask, the selected loss, backward)
     with no host synchronisation: after one warm-up step (lazy one-time initialisation), the second step runs
-    under torch.cuda.set_sync_debug_mode("error") on CUDA, under ``HostReads`` on the CPU."""
+    under torch.cuda.set_sync_debug_mode("error") on CUDA, under ``HostReads`` on the CPU. A method whose row
+    selector declares ``syncs_host`` (GREATS' greedy loop) must be seen to wait, so the declaration is true both
+    ways and no list of methods is kept here."""
     model, method, opt, batches, cfg = _setup(name, device, tiny_data, frozen_ckpt, **overrides)
     opts = StepOptions(accum_steps=2, normalize=cfg.train.normalize,
                        autocast=torch.autocast(device, dtype=torch.bfloat16) if precision == "bf16" else None)
     forward_backward(model, model, method, batches, opts, step=1, lr=1e-3)
     model.zero_grad(set_to_none=True)
+    if method.rows.syncs_host:
+        with pytest.raises(RuntimeError, match="host sync|synchroniz"), no_host_sync(device):
+            forward_backward(model, model, method, batches, opts, step=2, lr=1e-3)
+        return
     with no_host_sync(device):
         res = forward_backward(model, model, method, batches, opts, step=2, lr=1e-3)
     assert torch.isfinite(res.loss) and res.tokens_kept == sum(method.tokens.num_kept(b.x.numel()) for b in batches)

@@ -26,13 +26,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from eslm import metrics as M
+from eslm.data.mixture import PRESETS as MIXTURES
 from eslm.data.tokenizers import TOKENIZER_NAMES, tokenizer_vocab_size
 from eslm.errors import ConfigError
 from eslm.files import name_problem, read_yaml
 from eslm.flops import COUNT_PER, COUNTER_KEYS, FlopsModel
 from eslm.methods import METHODS, BuildContext, SharedMethodSettings
 from eslm.model.gpt import PRESETS, ModelConfig, pad_vocab, preset
-from eslm.ops.head_backend import IMPL_CHOICES, HeadOptions, option_problems
+from eslm.ops.head_backend import BACKENDS, IMPL_CHOICES, HeadOptions, option_problems
 from eslm.ops.head_route import ROUTE_CHOICES
 from eslm.selection.scores import STANDARDIZE_MODES
 from eslm.selection.selectors import SCOPES
@@ -52,7 +53,7 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class ModelSection:
-    preset: str = _f("small", "tiny | small | gpt2-124m | gpt2-350m | gpt2-774m")
+    preset: str = _f("small", " | ".join(PRESETS))
     vocab_size: int = _f(0, "0 = the tokenizer's vocabulary padded up to a multiple of 64 (GPT-2: 50304)")
     block_size: int = _f(0, "context length; 0 = the preset's")
     dropout: float = _f(0.0, "dropout (the paper: 0)")
@@ -64,7 +65,7 @@ class DataSection:
     source: str = _f("stdlib", "built-in corpus prepared on first use (stdlib); ignored when dir is set")
     dir: str = _f("", "a prepared data directory (eslm prepare SOURCE --out DIR)")
     tokenizer: str = _f("gpt2", "gpt2 (exact GPT-2 BPE, offline) | byte")
-    weights: str = _f("natural", "domain mixture: natural | unif | doremi | domain=w,domain=w,...")
+    weights: str = _f("natural", f"domain mixture: {' | '.join(MIXTURES)} | domain=w,domain=w,...")
     seq_len: int = _f(128, "tokens per training sequence (the paper: 1024); when not set, at most the model's "
                            "context (model.preset=tiny: 64)")
 
@@ -87,7 +88,7 @@ class TrainSection:
     device: str = _f("auto", "auto | cpu | cuda | cuda:N")
     dtype: str = _f("auto", "auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16")
     compile: bool = _f(False, "torch.compile each transformer block (one graph all blocks share; the step scope's and evaluation's forwards run compiled too)")
-    loss_impl: str = _f("auto", "the LM-head backend (eslm.ops.head_backend): auto (the device's default: fused on CPU; triton on CUDA where the gpu extra is installed, else fused) | fused (chunked, head backward only for kept tokens) | naive (full logits, the oracle) | triton (GPU: bf16 logits cached by the scoring pass, Triton row kernels, kept rows' backward only; the gpu extra)")
+    loss_impl: str = _f("auto", "the LM-head backend (eslm.ops.head_backend): auto (the device's default: fused on CPU; triton on CUDA where the gpu extra is installed, else fused) | " + " | ".join(f"{s.name} ({s.summary}{'; the ' + s.extra + ' extra' if s.extra else ''})" for s in BACKENDS))
     loss_chunk_size: int = _f(1024, "tokens per chunk in the fused loss")
     loss_cache_probs: bool = _f(True, "fused loss with selection scores: allow keeping the scoring pass's softmax (one tokens x vocab fp32 buffer per micro-batch) so the gradients need no second logits matmul; false: no such buffer, recompute instead")
     loss_route: str = _f("auto", "fused loss route (docs/fused_loss.md): auto (the cheapest by the per-device cost model) | kept_cached | all_rows | grads_in_pass | kept_recompute (forced where it can run: the cached two need selection scores)")

@@ -140,6 +140,9 @@ class Stateful(Protocol):
 class RowSelector(Stateful, Protocol):
     """Which sequences of a micro-batch train (default ``AllRows``: every row; GREATS: a greedy subset)."""
 
+    syncs_host: bool  # select reads the device on the host (GREATS' greedy loop), so the step waits there; False:
+    # it queues work only (tests/test_gpu.py runs every registered method's step and checks this both ways)
+
     def select(self, model, batch: Batch, step: int, lr: float) -> tuple[Batch, dict]:
         """(the rows that train, info for the logs). ``step`` is 1-based, ``lr`` the step's learning rate."""
 

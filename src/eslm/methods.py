@@ -27,6 +27,7 @@ from eslm.objectives.frozen import ReferenceModel
 from eslm.objectives.kd_objective import Distill, KDSection, Salt, SaltSection
 from eslm.selection.ada import AdaController, AdaSection
 from eslm.selection.rows import AllRows
+from eslm.selection.scores import STANDARDIZE_MODES
 from eslm.selection.selectors import AllTokens, RandomSelector, VaRSelector
 from eslm.data.loader import TrainLoader
 from eslm.model.gpt import ModelConfig
@@ -42,7 +43,7 @@ class SharedMethodSettings:
 
     name: str = setting("eslm-entropy", "training method; `eslm train --help` lists them")
     alpha: float = setting(0.1, "VaR confidence level: the fraction of tokens dropped (keep the top 1-alpha)")
-    standardize: str = setting("none", "score standardisation: none | batch | sequence | domain")
+    standardize: str = setting("none", f"score standardisation: {' | '.join(STANDARDIZE_MODES)}")
     scope: str = setting("micro", "selection scope: micro (per micro-batch per rank, the paper) | step (whole optimizer step, all ranks; one extra forward)")
 
 

@@ -125,3 +125,18 @@ def test_snapshot_keep_may_change_at_resume_like_keep_last(run_copy):
     assert cli_main(["train", "--resume", str(run_copy), "train.max_steps=4", "checkpoint.snapshot_keep=1",
                      "checkpoint.keep_last=1"]) == 0
     assert set(read_resumes(run_copy)[-1]["changed"]) >= {"checkpoint.snapshot_keep", "checkpoint.keep_last"}
+
+
+def test_docs_training_lists_every_key_a_resume_may_change():
+    # docs/training.md tells a user which keys may change on a resume; it names RESUME_MAY_CHANGE exactly
+    import dataclasses
+    import re
+
+    from eslm.config import Config
+    from eslm.train.resume import RESUME_MAY_CHANGE
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text()
+    section = doc.split("These keys may change", 1)[1].split("(the list is", 1)[0]
+    sections = {f.name for f in dataclasses.fields(Config)}  # config keys, not file names like resumes.jsonl
+    named = {k for k in re.findall(r"`([a-z_]+\.[a-z_]+)`", section) if k.split(".")[0] in sections}
+    assert named == set(RESUME_MAY_CHANGE)

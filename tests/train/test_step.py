@@ -9,6 +9,7 @@ from eslm.config import build_config, method_context
 from eslm.data.batch import Batch
 from eslm.methods import build_method
 from eslm.model.gpt import GPT, preset
+from eslm.selection.scores import STANDARDIZE_MODES
 from eslm.train.step import StepOptions, forward_backward
 
 
@@ -33,7 +34,7 @@ def _host_reads(**overrides) -> list[str]:
     return reads
 
 
-@pytest.mark.parametrize("standardize", ["batch", "sequence", "domain"])
+@pytest.mark.parametrize("standardize", [m for m in STANDARDIZE_MODES if m != "none"])
 def test_step_scope_standardisation_adds_no_host_read(standardize):
     # the step scope reads the device where its kept count varies (the threshold's count, the kept indices);
     # ranking the scores must add nothing: domain standardisation knows the number of domains, it never reads

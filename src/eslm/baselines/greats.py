@@ -512,6 +512,8 @@ class GreatsRows(AllRows):
                part of ``state_dict``, so a resumed run draws the same candidates.
     """
 
+    syncs_host = True  # the greedy loop reads each chosen row's index (greedy_select)
+
     def __init__(self, val_loader, *, alpha: float, exclude_head: bool, model_config, device,
                  pool: str = "floor", candidate_loader=None, route: str = "flops",
                  memory_cap_mb: float = DEFAULT_MEMORY_CAP_MB):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from eslm.study import run_study
+from eslm.study.launch import LAUNCHERS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -16,9 +17,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="runs trained at once, each in its own process (default: the study file's 'jobs', else 1: "
                         "one after the other, in this process)")
     p.add_argument("--dry-run", action="store_true", help="print the planned runs and exit")
-    p.add_argument("--launcher", default=None, metavar="{local,slurm}",
-                   help="where the runs train: local (this machine, the default) or slurm (one SLURM array job; "
-                        "needs the extra slurm). Default: the study file's launcher.name, else local")
+    p.add_argument("--launcher", default=None, metavar="{" + ",".join(LAUNCHERS) + "}",
+                   help="where the runs train (a launcher of eslm.study.launch.LAUNCHERS): local (this machine, the "
+                        "default), slurm (one SLURM array job; needs the extra slurm), ... Default: the study file's "
+                        "launcher.name, else local")
     p.add_argument("--detach", action="store_true",
                    help="slurm: return once the runs are submitted (the same command later waits and reports)")
     p.add_argument("--status", action="store_true",

@@ -15,6 +15,8 @@ from eslm.data.batch import Batch
 class AllRows(contracts.RowSelector):
     """Keep every row (the default for every token-level method); no extra work, no state."""
 
+    syncs_host = False
+
     def select(self, model, batch: Batch, step: int, lr: float) -> tuple[Batch, dict]:
         return batch, {}
 

@@ -28,7 +28,7 @@ from eslm.errors import CheckpointError, ConfigError
 from eslm.ops.token_stats import TokenStats
 from eslm.selection import risk
 from eslm.selection.scores import standardize
-from eslm.selection.stats import selection_stats
+from eslm.selection.stats import SCORE_FIELDS, selection_stats
 
 
 __all__ = ["Selection", "AllTokens", "VaRSelector", "RandomSelector", "SCOPES"]
@@ -134,8 +134,7 @@ class RandomSelector(AllTokens):
         index = torch.randperm(n, generator=self.generator, device=self.generator.device)[:k].to(batch.x.device)
         fake = torch.zeros(batch.x.shape, device=batch.x.device)
         no_score = torch.full((), float("nan"), device=batch.x.device)  # it ranked no scores: none to report
-        stats = replace(_stats(fake, fake, index, batch, self.n_domains), threshold=no_score, cvar=no_score,
-                        score_dropped_mean=no_score)
+        stats = replace(_stats(fake, fake, index, batch, self.n_domains), **{f: no_score for f in SCORE_FIELDS})
         return Selection(index, k, n, stats)
 
     def state_dict(self) -> dict:

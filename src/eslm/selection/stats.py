@@ -13,6 +13,10 @@ from dataclasses import dataclass
 import torch
 
 
+# the fields that describe the ranked scores: NaN for a selection that ranked none (the random control)
+SCORE_FIELDS = ("threshold", "cvar", "score_dropped_mean")
+
+
 @dataclass
 class SelectionStats:
     """One selection's statistics (0-dim unless said otherwise).

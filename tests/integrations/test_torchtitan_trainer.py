@@ -1,0 +1,154 @@
+"""ESLM in torchtitan itself (0.3.0 from PyPI): ``loss_config`` set as a torchtitan ``Trainer.Config.loss``, built
+by the config as the trainer builds it, and called by torchtitan's own forward-backward body
+(``Trainer._forward_backward_body``: ``loss, _ = self.loss_fn(pred, labels, global_valid_tokens)`` then
+``loss.backward()``) on two gloo ranks with a tiny model sharded by FSDP2 with torchtitan's gradient division
+turned off, the divisor counted as torchtitan's ``train_step`` counts it (the valid labels of every micro-batch
+of both ranks). Skipped where torchtitan is not installed (it is not part of eslm[all]: see docs/dropin.md;
+.ci/run installs it in a venv of its own and runs this file there with ESLM_REQUIRE_TORCHTITAN=1, which makes a
+failed import fail)."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+if os.environ.get("ESLM_REQUIRE_TORCHTITAN"):  # CI's torchtitan venv: a failed import fails, not skips
+    import torchtitan.trainer  # noqa: F401
+else:
+    pytest.importorskip("torchtitan.trainer", reason="torchtitan is not installed (see docs/dropin.md)")
+
+V, C, T, ALPHA = 37, 8, 12, 0.25
+HERE = Path(__file__).resolve().parent
+
+SCRIPT = r'''
+import contextlib, sys, types
+import torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torchtitan.components.loss import IGNORE_INDEX
+from torchtitan.distributed.fsdp import disable_fsdp_gradient_division
+from torchtitan.trainer import Trainer
+
+sys.path.insert(0, sys.argv[2])
+from test_torchtitan_trainer import ALPHA, micro_batches, tiny_model
+from eslm.integrations.torchtitan import loss_config
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+model = tiny_model()
+mesh = init_device_mesh("cpu", (2,))
+fully_shard(model.body, mesh=mesh)
+fully_shard(model, mesh=mesh)
+disable_fsdp_gradient_division(model)  # torchtitan's own setting: gradients summed over ranks
+for m in model.modules():  # gloo has no PREMUL_SUM (what a divide factor of 1 asks for): the same sum, as SUM
+    if hasattr(m, "set_force_sum_reduction_for_comms"):
+        m.set_force_sum_reduction_for_comms(True)
+
+config = Trainer.Config(loss=loss_config(alpha=ALPHA, score="loss"))
+loss_fn = config.loss.build(compile_config=config.compile)  # as Trainer.__init__ builds it
+trainer = types.SimpleNamespace(model_parts=[model], loss_fn=loss_fn, train_context=contextlib.nullcontext)
+out = {}
+for case in ("packed", "padded"):
+    micro = micro_batches(rank, padded=case == "padded")
+    valid = sum((labels != IGNORE_INDEX).sum() for _, labels in micro)  # Trainer.train_step's count
+    dist.all_reduce(valid)
+    losses = [Trainer._forward_backward_body(trainer, x, y, valid, {}).detach() for x, y in micro]
+    out[case] = {"loss": float(sum(losses)), "valid": int(valid),
+                 "grads": [p.grad.full_tensor().clone() for p in model.parameters()]}
+    model.zero_grad()
+out["metrics"] = sorted(loss_fn(model(micro[0][0]), micro[0][1])[1])
+torch.save(out, f"{sys.argv[1]}/rank{rank}.pt")
+dist.destroy_process_group()
+'''
+
+
+class Tiny(torch.nn.Module):
+    """An embedding, one hidden block and an LM head: logits (B, T, V), as torchtitan's models return them."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(V, C)
+        self.body = torch.nn.Sequential(torch.nn.Linear(C, C), torch.nn.Tanh())
+        self.head = torch.nn.Linear(C, V, bias=False)
+
+    def forward(self, x):
+        return self.head(self.body(self.emb(x)))
+
+
+def tiny_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return Tiny()
+
+
+def micro_batches(rank: int, *, padded: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Two micro-batches of (inputs, labels) for ``rank``; ``padded``: each its own number of -100 labels."""
+    out = []
+    for i in range(2):
+        g = torch.Generator().manual_seed(10 * rank + i)
+        x = torch.randint(0, V, (2, T), generator=g)
+        y = torch.randint(0, V, (2, T), generator=g)
+        if padded:
+            y[0, T - (3 + 4 * i + rank):] = -100
+        out.append((x, y))
+    return out
+
+
+def _by_hand(micro: list, *, weighted: bool):
+    """The loss and gradient by hand on one process with the full model: the mean CE over the kept tokens of
+    all micro-batches (``weighted``: each micro-batch's kept mean x its valid tokens / all valid tokens)."""
+    model = tiny_model()
+    parts, n_all = [], sum(int((y != -100).sum()) for _, y in micro)
+    for x, y in micro:
+        ce = F.cross_entropy(model(x).reshape(-1, V), y.reshape(-1).clamp(min=0), reduction="none")
+        score = ce.detach().masked_fill(y.reshape(-1) == -100, float("-inf"))
+        n = int((y != -100).sum())
+        kept = ce[torch.topk(score, n - math.floor(ALPHA * n)).indices]
+        parts.append((kept, n))
+    k_all = sum(len(k) for k, _ in parts)
+    loss = sum(k.sum() * n / len(k) / n_all for k, n in parts) if weighted else sum(k.sum() for k, _ in parts) / k_all
+    loss.backward()
+    return float(loss), [p.grad for p in model.parameters()]
+
+
+@pytest.mark.slow
+def test_torchtitan_trainer_step_with_the_eslm_loss_hook(tmp_path):
+    from conftest import torchrun
+
+    script = tmp_path / "titan.py"
+    script.write_text(SCRIPT)
+    torchrun([str(script), str(tmp_path), str(HERE)])
+    r = [torch.load(tmp_path / f"rank{i}.pt") for i in range(2)]
+    assert r[0]["metrics"] == ["eslm/cvar", "eslm/kept_frac", "eslm/var"]
+    for case, weighted in (("packed", False), ("padded", True)):
+        for a, b in zip(r[0][case]["grads"], r[1][case]["grads"]):
+            assert torch.equal(a, b)
+        micro = micro_batches(0, padded=case == "padded") + micro_batches(1, padded=case == "padded")
+        assert r[0][case]["valid"] == sum(int((y != -100).sum()) for _, y in micro)
+        loss, grads = _by_hand(micro, weighted=weighted)
+        assert r[0][case]["loss"] + r[1][case]["loss"] == pytest.approx(loss, rel=1e-5), case
+        for got, want in zip(r[0][case]["grads"], grads):
+            assert torch.allclose(got, want, atol=1e-6), case
+
+
+def test_loss_config_is_torchtitans_loss_hook():
+    """The config is a torchtitan BaseLoss.Config that builds the ESLM loss; a bad alpha is refused at build."""
+    from torchtitan.components.loss import BaseLoss
+    from torchtitan.trainer import Trainer
+
+    from eslm.errors import ESLMError
+    from eslm.integrations.torchtitan import loss_config
+
+    config = Trainer.Config(loss=loss_config(alpha=0.3))
+    assert isinstance(config.loss, BaseLoss.Config)
+    loss_fn = config.loss.build(compile_config=config.compile)
+    assert isinstance(loss_fn, BaseLoss)
+    logits, labels = torch.randn(1, 10, V), torch.randint(0, V, (1, 10))
+    _, m = loss_fn(logits, labels)
+    assert float(m["eslm/kept_frac"]) == pytest.approx(0.7)
+    with pytest.raises(ESLMError):
+        loss_config(alpha=1.5).build(compile_config=config.compile)

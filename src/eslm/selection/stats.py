@@ -8,13 +8,9 @@ a host sync; ``.item()`` them where a number is needed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import torch
-
-
-# the fields that describe the ranked scores: NaN for a selection that ranked none (the random control)
-SCORE_FIELDS = ("threshold", "cvar", "score_dropped_mean")
 
 
 @dataclass
@@ -39,11 +35,16 @@ class SelectionStats:
     num_tokens: torch.Tensor
     num_kept: torch.Tensor
     kept_frac: torch.Tensor
-    threshold: torch.Tensor
-    cvar: torch.Tensor
-    score_dropped_mean: torch.Tensor
+    threshold: torch.Tensor = field(metadata={"score": True})
+    cvar: torch.Tensor = field(metadata={"score": True})
+    score_dropped_mean: torch.Tensor = field(metadata={"score": True})
     kept_per_domain: torch.Tensor | None = None
     tokens_per_domain: torch.Tensor | None = None
+
+
+# the fields that describe the ranked scores (metadata "score"): NaN for a selection that ranked none (the random
+# control, eslm.selection.selectors.RandomSelector)
+SCORE_FIELDS = tuple(f.name for f in fields(SelectionStats) if f.metadata.get("score"))
 
 
 def selection_stats(scores: torch.Tensor, kept: torch.Tensor, *, ranked: torch.Tensor | None = None,

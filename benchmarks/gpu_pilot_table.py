@@ -18,6 +18,8 @@ import statistics
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this tree's eslm
+
 ARMS = ("clm", "eslm-entropy", "random")
 PAIRS = (("eslm-entropy", "random"), ("eslm-entropy", "clm"), ("random", "clm"))
 
@@ -42,12 +44,14 @@ def read_logs(paths: list[Path]) -> dict[str, dict[int, float]]:
 
 
 def paired(d: list[float]) -> str:
-    from scipy import stats
+    """Mean, SD, Student-t 95% interval and two-sided p of paired differences (eslm's own t distribution, which
+    the report uses and tests/analysis checks against scipy)."""
+    from eslm.analysis.stats import t_cdf, t_quantile
 
     n, m = len(d), statistics.mean(d)
     sd = statistics.stdev(d)
-    half = stats.t.ppf(0.975, n - 1) * sd / n ** 0.5
-    p = stats.ttest_1samp(d, 0.0).pvalue
+    half = t_quantile(0.975, n - 1) * sd / n ** 0.5
+    p = 2.0 * (1.0 - t_cdf(abs(m) / (sd / n ** 0.5), n - 1))
     return f"{m:+.4f} | {sd:.4f} | [{m - half:+.4f}, {m + half:+.4f}] | {p:.3f}"
 
 

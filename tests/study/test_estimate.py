@@ -44,9 +44,14 @@ def test_the_estimate_scales_with_the_run_and_skips_the_gpu(tmp_path, monkeypatc
     short, long = estimate(configs, jobs=2), estimate(_demo(tmp_path, "train.max_steps=90"), jobs=2)
     # what does not grow with the steps: each run's start, the study's own work, the corpus preparation if due
     fixed = len(configs) * RUN_OVERHEAD_S + STUDY_OVERHEAD_S + REPORT_S + (PREP_STDLIB_S if short["prep"] else 0.0)
-    # twice the steps: training's share doubles, evaluation's grows from 45 // 15 + 1 = 4 to 90 // 15 + 1 = 7
-    ratio = (long["cpu_s"] - fixed) / (short["cpu_s"] - fixed)
-    assert 1.75 < ratio < 2.0
+    # the same two lengths evaluated once each (the interval beyond the run): only training grows
+    once = [estimate(_demo(tmp_path, f"train.max_steps={n}", "eval.interval=1000"), jobs=2)["cpu_s"] for n in (45, 90)]
+    grow, grow_once = long["cpu_s"] - short["cpu_s"], once[1] - once[0]  # 45 more steps, with / without evals
+    one_eval = once[0] - fixed - grow_once  # what a run evaluated once costs beyond its 45 steps' training
+    assert grow_once > 0 and one_eval > 0
+    # evaluation every 15 steps: 45 // 15 + 1 = 4 evaluations, 90 // 15 + 1 = 7; so 3 more, and 4 in the short run
+    assert abs(grow - (grow_once + 3 * one_eval)) < 1e-9 * long["cpu_s"]
+    assert abs(short["cpu_s"] - (fixed + grow_once + 4 * one_eval)) < 1e-9 * long["cpu_s"]
     assert estimate(_demo(tmp_path), jobs=1)["wall_s"] > short["wall_s"]
     assert estimate(_demo(tmp_path, "train.device=cuda"), jobs=2) is None
 

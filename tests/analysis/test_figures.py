@@ -75,3 +75,22 @@ def test_panels_fit_each_log_axis(kept_figures, tmp_path):
         lo, hi = ax.get_ylim()
         labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text() and lo <= t.get_position()[1] <= hi]
         assert lo > a * 0.98 and hi < b * 1.02 and len(labels) >= 3 and len(set(labels)) == len(labels), labels
+
+
+@pytest.mark.parametrize("n_lines", [2, 14])
+def test_panels_legend_never_covers_an_axis_label(kept_figures, tmp_path, n_lines):
+    """Many lines (Ada's alpha of every seed) make a legend of several rows: it sits below every panel's x-axis
+    label and tick labels, never on them."""
+    series = [_series((0.1, 0.12, 0.14), label=f"seed {i}") for i in range(n_lines)]
+    figures.panels(tmp_path / "p.png", {"ada": series}, {}, xlabel="optimizer step", ylabel="alpha",
+                   title="t", logx=False, logy=False)
+    fig = kept_figures[0]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legend = fig.legends[0].get_window_extent(renderer)
+    ax = fig.axes[0]
+    texts = [ax.xaxis.label] + [t for t in ax.get_xticklabels() if t.get_text()]
+    for t in texts:
+        box = t.get_window_extent(renderer)
+        assert legend.y1 <= box.y0, (t.get_text(), legend, box)
+    assert legend.y0 >= 0, legend  # and the legend is inside the figure

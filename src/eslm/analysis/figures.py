@@ -175,7 +175,11 @@ def panels(path: Path, panel_series: dict[str, list[dict]], colors: dict, *, xla
     n = len(panel_series)
     cols = min(3, n)
     rows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False, sharex=True)
+    labels = list(dict.fromkeys(s["label"] for s in next(iter(panel_series.values()))))
+    ncol = min(4, max(1, len(labels)))
+    legend_in = 0.15 + 0.2 * -(-len(labels) // ncol)  # inches below the panels: one line per legend row
+    height = 3.2 * rows + legend_in
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, height), squeeze=False, sharex=True)
     for ax, (name, series) in zip(axes.flat, panel_series.items()):
         _draw_series(ax, series, colors, logx, logy)
         ax.set_title(name, fontsize=10)
@@ -187,8 +191,9 @@ def panels(path: Path, panel_series: dict[str, list[dict]], colors: dict, *, xla
             ax.set_ylim(*ylim)
         _finish_log_y(ax, logy, fit=ylim is None)
     handles, labels = list(axes.flat)[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(4, max(1, len(labels))), fontsize=8)
-    _finish(plt, fig, axes, n, title, path, rect=(0, 0.08, 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8)
+    # the legend's rows get their own strip under the panels, so many labels never cover an x-axis label
+    _finish(plt, fig, axes, n, title, path, rect=(0, legend_in / height, 1, 1))
 
 
 def target_bars(path: Path, bars: list[dict], colors: dict, *, ylabel: str, title: str) -> None:

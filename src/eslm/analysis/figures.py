@@ -175,9 +175,9 @@ def panels(path: Path, panel_series: dict[str, list[dict]], colors: dict, *, xla
     n = len(panel_series)
     cols = min(3, n)
     rows = (n + cols - 1) // cols
-    labels = list(dict.fromkeys(s["label"] for s in next(iter(panel_series.values()))))
-    ncol = min(4, max(1, len(labels)))
-    legend_in = 0.15 + 0.2 * -(-len(labels) // ncol)  # inches below the panels: one line per legend row
+    n_legend = len({s["label"] for s in next(iter(panel_series.values()))})  # the legend is the first panel's
+    ncol = min(4, max(1, n_legend))
+    legend_in = 0.15 + 0.2 * -(-n_legend // ncol)  # inches below the panels: one line per legend row
     height = 3.2 * rows + legend_in
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, height), squeeze=False, sharex=True)
     for ax, (name, series) in zip(axes.flat, panel_series.items()):

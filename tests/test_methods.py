@@ -4,11 +4,16 @@ consistent, and the report and the study read them instead of method names."""
 import dataclasses
 
 import pytest
+import torch
 
 from eslm import methods
-from eslm.config import build_config
+from eslm.config import build_config, method_context
+from eslm.data.batch import Batch
 from eslm.errors import ConfigError
 from eslm.methods import METHODS, ROLES, MethodSpec
+from eslm.model.gpt import GPT, preset
+from eslm.selection.selectors import VaRSelector
+from eslm.train.step import StepOptions, forward_backward
 
 
 def test_one_baseline_and_every_control_is_a_registered_control():
@@ -57,3 +62,44 @@ def test_the_report_takes_the_baseline_and_controls_from_the_registry(monkeypatc
     assert why is None and base.method == "random"
     assert summary._control_for(groups[2], groups).method == "clm"
     assert summary._control_for(groups[1], groups) is None
+
+
+class _GapSelector(VaRSelector):
+    """A new rule under a new score name: keep the tokens whose loss most exceeds their entropy (surprise beyond
+    the model's own uncertainty). Its score is its own, formed from two statistics it names in ``needs``."""
+
+    seen: list = []
+
+    def __init__(self, ctx: methods.BuildContext):
+        super().__init__("surprise_gap", ctx.method.alpha, n_domains=ctx.n_domains, needs=("loss", "entropy"))
+
+    def scores(self, stats, batch):
+        self.seen.append(stats.entropy)
+        return (stats.loss - stats.entropy).view(batch.x.shape)
+
+
+def test_a_new_selector_gets_the_statistics_it_declares(monkeypatch):
+    # one module (the selector above) and one registry line: the scoring pass fills stats.entropy for it, whatever
+    # its score is called; no method or score name decides what the step computes
+    monkeypatch.setitem(METHODS, "gap", MethodSpec(
+        "gap", "keep the tokens by loss - entropy",
+        lambda ctx: methods.Method("gap", tokens=_GapSelector(ctx), objective=methods.CrossEntropy()),
+        control="random"))
+    cfg = build_config(overrides=["method.name=gap", "method.alpha=0.25"])
+    method = methods.build_method(method_context(cfg, device=torch.device("cpu"), n_domains=2))
+    assert method.needs_entropy and method.tokens.score == "surprise_gap"
+    torch.manual_seed(0)
+    model = GPT(preset("tiny", vocab_size=64))
+    x = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(1))
+    batch = Batch(x, x.roll(-1, 1), torch.arange(4) % 2)
+    _GapSelector.seen.clear()
+    result = forward_backward(model, model, method, [batch], StepOptions(accum_steps=1), step=1, lr=1e-3)
+    assert len(_GapSelector.seen) == 1 and _GapSelector.seen[0] is not None
+    assert _GapSelector.seen[0].shape == (64,) and bool((_GapSelector.seen[0] >= 0).all())
+    assert result.tokens_kept == 64 - 16
+
+
+def test_a_selector_that_needs_no_known_statistic_is_refused():
+    with pytest.raises(TypeError, match=r"needs \('surprise_gap',\); expected statistics of the scoring pass among "
+                                        r"loss, entropy, lse"):
+        VaRSelector("surprise_gap", 0.1)

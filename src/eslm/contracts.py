@@ -165,7 +165,9 @@ class TokenSelector(Stateful, Protocol):
     """Which tokens of a micro-batch count in the loss (default: all; ESLM: the top 1-alpha by risk). The selector
     owns its rule: the step hands it the scoring pass's statistics and never reads its settings beyond these."""
 
-    score: str | None  # the per-token score it ranks by: None (no scoring pass) | "loss" | "entropy" | "excess_loss"
+    score: str | None  # the name of the per-token score it ranks by (None: it ranks none): "loss", "excess_loss", ...
+    needs: tuple[str, ...]  # the statistics of the scoring pass its hooks read ("loss", "entropy", "lse": the fields
+    # of ``TokenStats``); the step has the objective fill exactly these, and runs no scoring pass when it is empty
     alpha: float  # fraction of tokens dropped, validated once at construction (a controller may change it)
     scope: str  # "micro": a top K per micro-batch | "step": one threshold per optimizer step (an extra forward)
 

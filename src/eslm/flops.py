@@ -211,7 +211,7 @@ def micro_batch_flops(fm: FlopsModel, method, *, tokens_seen: int, tokens_kept: 
     (``head_work``), every component's declared ``extra_work`` and the step's own (``step_work``: what
     ``eslm.train.step.step_work`` declares, e.g. the selection scope "step"'s scoring forward)."""
     head_bwd, head_recompute = method.objective.head_work(tokens_seen, tokens_kept,
-                                                          scored=bool(method.tokens.score)).head_tokens(tokens_seen)
+                                                          scored=bool(method.tokens.needs)).head_tokens(tokens_seen)
     paper, executed, forward_tokens = extra_flops([*method.extra_work(tokens_seen), step_work], fm)
     return step_flops(fm, tokens_seen=tokens_seen, tokens_kept=tokens_kept, head_backward_tokens=head_bwd,
                       head_recompute_tokens=head_recompute, extra_forward_tokens=forward_tokens,

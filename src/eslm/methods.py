@@ -93,7 +93,8 @@ class Method:
 
     @property
     def needs_entropy(self) -> bool:
-        return self.tokens.score == "entropy"
+        """Whether the scoring pass computes the entropy: the token selector says so (``needs``)."""
+        return "entropy" in self.tokens.needs
 
     def extra_work(self, tokens_seen: int) -> list[contracts.ExtraWork]:
         """What each component adds to one micro-batch of ``tokens_seen`` tokens (``eslm.flops`` counts it)."""

@@ -46,7 +46,7 @@ def test_step_scope_standardisation_adds_no_host_read(standardize):
 
 def test_the_step_calls_the_token_selector_and_reads_none_of_its_settings():
     # the selector owns its rule (scores, standardisation, alpha, the step-scope VaR): the step may read the
-    # protocol's score and scope and call its hooks, nothing else of method.tokens
+    # protocol's needs and scope and call its hooks, nothing else of method.tokens
     import ast
     from pathlib import Path
 
@@ -54,5 +54,5 @@ def test_the_step_calls_the_token_selector_and_reads_none_of_its_settings():
 
     used = {node.attr for node in ast.walk(ast.parse(Path(step.__file__).read_text()))
             if isinstance(node, ast.Attribute) and ast.unparse(node.value) == "method.tokens"}
-    assert used <= {"score", "scope", "num_kept", "rank", "step_threshold", "select"}, used
+    assert used <= {"needs", "scope", "num_kept", "rank", "step_threshold", "select"}, used
     assert {"rank", "step_threshold", "select"} <= used

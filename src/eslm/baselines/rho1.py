@@ -53,7 +53,7 @@ class Rho1Selector(VaRSelector):
 
     def __init__(self, reference: ReferenceModel, alpha: float, seq_len: int, standardize: str = "none",
                  n_domains: int = 1, scope: str = "micro"):
-        super().__init__("excess_loss", alpha, standardize, n_domains, scope)
+        super().__init__("excess_loss", alpha, standardize, n_domains, scope, needs=("loss",))
         self.reference, self.seq_len = reference, seq_len
 
     def scores(self, stats, batch) -> torch.Tensor:

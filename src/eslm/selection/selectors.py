@@ -17,7 +17,7 @@ that this needs and declares it (``eslm.train.step.step_work``).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import torch
 
@@ -34,6 +34,7 @@ from eslm.selection.stats import SCORE_FIELDS, selection_stats
 __all__ = ["Selection", "AllTokens", "VaRSelector", "RandomSelector", "SCOPES"]
 
 SCOPES = ("micro", "step")  # method.scope (the drop-in loss's batch | sequence: api.loss.LOSS_SCOPES)
+STATS = tuple(f.name for f in fields(TokenStats))  # what a selector may need of the scoring pass: loss, entropy, lse
 
 
 def _stats(raw: torch.Tensor, ranked: torch.Tensor, index: torch.Tensor, batch: Batch, n_domains: int):
@@ -46,7 +47,8 @@ class AllTokens(contracts.TokenSelector):
     """The ``eslm.contracts.TokenSelector`` protocol's default (its hooks are documented there): keep every token,
     rank nothing, no step threshold, no extra work; its state is alpha."""
 
-    score: str | None = None  # which score the selector needs: None | "loss" | "entropy" | "excess_loss"
+    score: str | None = None  # the name of the score it ranks: None (none) | "loss" | "entropy" | "excess_loss" | ...
+    needs: tuple[str, ...] = ()  # the scoring pass's statistics it reads (of ``STATS``); empty: no scoring pass
     scope: str = "micro"  # selection scope: "micro" (per micro-batch) | "step" (one threshold per optimizer step)
 
     def __init__(self, alpha: float = 0.0, n_domains: int = 1):
@@ -77,13 +79,19 @@ class AllTokens(contracts.TokenSelector):
 
 
 class VaRSelector(AllTokens):
-    """Keep the tokens whose (standardised) score is in the top 1-alpha: score >= VaR_alpha."""
+    """Keep the tokens whose (standardised) score is in the top 1-alpha: score >= VaR_alpha. By default the score
+    is the scoring pass's statistic named ``score`` (``STATS``), so that is what it needs; a subclass that forms
+    its own score (``scores``) names the statistics it reads in ``needs``."""
 
     def __init__(self, score: str, alpha: float, standardize: str = "none", n_domains: int = 1,
-                 scope: str = "micro"):
+                 scope: str = "micro", needs: tuple[str, ...] | None = None):
         super().__init__(alpha, n_domains)
         if scope not in SCOPES:
             raise ConfigError(f"method.scope: expected one of {', '.join(SCOPES)}, got {scope!r}")
+        self.needs = (score,) if needs is None else tuple(needs)
+        if not self.needs or not set(self.needs) <= set(STATS):
+            raise TypeError(f"{type(self).__name__}: needs {self.needs!r}; expected statistics of the scoring pass "
+                            f"among {', '.join(STATS)} (a selector that forms its own score {score!r} names them)")
         self.score, self.standardize, self.scope = score, standardize, scope
 
     def num_kept(self, n_tokens: int) -> int:

@@ -55,7 +55,7 @@ def forward_backward(model, raw_model, method, batches, opts: StepOptions, step:
             hidden = model(batch.x).flatten(0, 1)
             weight, targets, n = raw_model.head_weight, batch.y.reshape(-1), batch.x.numel()
             stats = method.objective.score(hidden.detach(), weight.detach(), targets,
-                                           need_scores=method.tokens.score is not None,
+                                           need_scores=bool(method.tokens.needs),
                                            need_entropy=method.needs_entropy,
                                            num_kept=method.tokens.num_kept(n))
             sel = method.tokens.select(stats, batch, threshold)

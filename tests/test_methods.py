@@ -1,7 +1,10 @@
 """The registry (``eslm.methods``) is the one source of what a method is: each line's role, control and needs are
 consistent, and the report and the study read them instead of method names."""
 
+import ast
 import dataclasses
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -54,7 +57,7 @@ def test_the_report_takes_the_baseline_and_controls_from_the_registry(monkeypatc
 
     def group(method):
         run = type("R", (), {"config": {"method": {"name": method, "alpha": 0.2}}, "name": f"{method}-s1",
-                             "seed": 1})()
+                             "seed": 1, "eval": [{"step": 10, "val_loss": 4.0}]})()
         return Group(key=method, label=method, method=method, settings={}, runs=[run])
 
     groups = [group("clm"), group("random"), group("eslm-entropy")]
@@ -62,6 +65,9 @@ def test_the_report_takes_the_baseline_and_controls_from_the_registry(monkeypatc
     assert why is None and base.method == "random"
     assert summary._control_for(groups[2], groups).method == "clm"
     assert summary._control_for(groups[1], groups) is None
+    # the spread across seeds: each group against the baseline and its own control, found by role
+    against = {row["label"]: set(row["against"]) for row in summary.spread(groups)}
+    assert against == {"clm": {"random"}, "random": set(), "eslm-entropy": {"random", "clm"}}
 
 
 class _GapSelector(VaRSelector):
@@ -103,3 +109,40 @@ def test_a_selector_that_needs_no_known_statistic_is_refused():
     with pytest.raises(TypeError, match=r"needs \('surprise_gap',\); expected statistics of the scoring pass among "
                                         r"loss, entropy, lse"):
         VaRSelector("surprise_gap", 0.1)
+
+
+SRC = Path(methods.__file__).resolve().parent
+
+
+def method_name_literals(root: Path) -> list[str]:
+    """"path:line 'name'" for every string constant in the package that is a registered method's name, outside the
+    registry (``eslm/methods.py``): the rest of the package finds a method by its registry line (``baseline``,
+    ``control_of``, ``role_of``, ``MethodSpec`` fields), never by its name. Docstrings do not count, nor a
+    registered config section's ``key`` in the module that defines the section (``method.rho1.*`` is a config
+    namespace that happens to share Rho-1's name)."""
+    sections = {(Path(sys.modules[cls.__module__].__file__).resolve(), cls.key)
+                for spec in METHODS.values() for cls in spec.settings}
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        if path.resolve() == Path(methods.__file__).resolve():
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)
+                      and isinstance(node.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in METHODS
+                    and id(node) not in docstrings and (path.resolve(), node.value) not in sections):
+                out.append(f"{path.relative_to(root.parent)}:{node.lineno} {node.value!r}")
+    return out
+
+
+def test_no_method_name_literal_outside_the_registry():
+    assert method_name_literals(SRC) == [], "find the method by its registry line (eslm.methods: baseline, ...)"
+
+
+def test_the_literal_scan_sees_a_planted_name(tmp_path):
+    (tmp_path / "eslm").mkdir()
+    (tmp_path / "eslm" / "report.py").write_text('"""Compares with clm."""\nBASE = "clm"\nrefs = ["random", x]\n')
+    assert method_name_literals(tmp_path / "eslm") == ["eslm/report.py:2 'clm'", "eslm/report.py:3 'random'"]

@@ -35,7 +35,7 @@ from eslm.errors import ConfigError
 from eslm.study.schema import MODEL_KEYS, _flatten
 from eslm.config import build_config
 from eslm.files import atomic_write, sha256_file
-from eslm.methods import METHODS
+from eslm.methods import METHODS, baseline
 from eslm.model.loading import resolve_checkpoint
 from eslm.train.resume import INVOCATION_KEYS, effective_config, flat
 
@@ -96,7 +96,7 @@ def plan_models(study: dict, study_dir: Path, base: list[str], seeds: list[int])
                      if not (i.partition("=")[0] in keys and i.partition("=")[2] in models)]
         for seed in _model_seeds(spec, seeds):
             d = model_dir(study_dir, name, spec, seed)
-            items = inherited + own + [f"method.name={spec.get('method', 'clm')}", f"run.seed={seed}",
+            items = inherited + own + [f"method.name={spec.get('method', baseline())}", f"run.seed={seed}",
                                        f"run.out_dir={d.parent}", f"run.name={d.name}"]
             try:
                 configs.append(build_config(overrides=items))

@@ -184,15 +184,18 @@ def machine_warning(runs: list[Run]) -> str | None:
 
 def spread(groups: list[Group]) -> list[dict]:
     """Reproducibility: each group's between-seed standard deviation of the final validation loss with its 95%
-    interval, and its spread against the random-drop control at the same alpha and against CLM (SD ratio, F test,
-    Pitman-Morgan test over the shared seeds; ``stats.spread_comparison``)."""
+    interval, and its spread against its control at the same alpha and against the baseline (the registry's:
+    ``eslm.methods.control_of``, ``baseline``; SD ratio, F test, Pitman-Morgan test over the shared seeds;
+    ``stats.spread_comparison``)."""
     def finals(g):
         return C.per_seed(g, lambda r: last_value(r.eval, M.VAL_LOSS))
 
+    base = baseline()
     out = []
     for g in groups:
-        refs = [c for c in groups if c is not g and (c.method == "clm" or (
-            c.method == "random" and config_alpha(c) == config_alpha(g)))]
+        control = control_of(g.method)
+        refs = [c for c in groups if c is not g and (c.method == base or (
+            c.method == control and config_alpha(c) == config_alpha(g)))]
         out.append({"label": g.label, **S.sd_ci(list(finals(g).values())),
                     "against": {c.label: S.spread_comparison(finals(g), finals(c)) for c in refs}})
     return out

@@ -19,7 +19,8 @@ import pytest
 from eslm.errors import ConfigError, ESLMError
 from eslm.files import atomic_write, new_marker
 from eslm.study import STUDY_FORMAT, STUDY_MARKER, run_study
-from eslm.study.slurm import RunJob, launcher_problems, time_minutes
+from eslm.study.launch import launcher_problems
+from eslm.study.slurm import RunJob, time_minutes
 
 THREE = "[clm, eslm-entropy, eslm-loss]"
 STEPS = 30  # long enough to interrupt a run after its first steps; a tiny run takes ~10-20 s on 2 loaded cores
@@ -163,16 +164,18 @@ def test_launcher_section_mistakes_are_each_one_line():
     assert launcher_problems(None) == [] and launcher_problems({"name": "slurm", "partition": "gpu", "time": "4:00:00",
                                                                 "cpus_per_run": 8, "gpus_per_run": 4, "mem_gb": 64,
                                                                 "parallel": 2, "sbatch": {"account": "abc"}}) == []
-    problems = launcher_problems({"name": "k8s", "time": "1h", "cpus_per_run": 0, "gpus_per_run": -1, "mem_gb": 0,
+    problems = launcher_problems({"name": "slurm", "time": "1h", "cpus_per_run": 0, "gpus_per_run": -1, "mem_gb": 0,
                                   "parallel": 1.5, "sbatch": {"array": "0-3", "qos": None}, "nodes": 2})
     text = "\n".join(problems)
-    for part in ("unknown key(s) 'nodes'", "launcher.name: expected one of local, slurm, found 'k8s'",
+    for part in ("unknown key(s) 'nodes' for the slurm launcher",
                  "launcher.time: expected a time limit", "launcher.cpus_per_run: expected an integer >= 1",
                  "launcher.gpus_per_run: expected an integer >= 0", "launcher.mem_gb: expected a positive",
                  "launcher.parallel: expected an integer >= 1", "--array is set by the launcher; set launcher.parallel",
                  "launcher.sbatch.qos: expected a value"):
         assert part in text, part
-    assert len(problems) == 9
+    assert len(problems) == 8
+    assert launcher_problems({"name": "k8s", "time": "1h"}) == ["launcher.name: expected one of local, slurm, "
+                                                                "found 'k8s'"]
     assert launcher_problems(["slurm"])[0].startswith("launcher: expected a mapping")
 
 
@@ -182,11 +185,10 @@ def test_study_file_launcher_problems_refuse_the_study(tmp_path, tiny_data):
         run_study(str(f), tmp_path / "out", dry_run=True)
 
 
-def test_detach_and_status_need_the_slurm_launcher(tmp_path, tiny_data):
+def test_detach_needs_a_launcher_whose_runs_outlive_the_study(tmp_path, tiny_data):
     f = _study(tmp_path, tiny_data)
-    for flag in ("detach", "status"):
-        with pytest.raises(ConfigError, match=f"--{flag} applies to the SLURM launcher"):
-            run_study(str(f), tmp_path / "out", **{flag: True})
+    with pytest.raises(ConfigError, match="--detach applies to a launcher whose runs outlive the study's process"):
+        run_study(str(f), tmp_path / "out", detach=True)
     with pytest.raises(ConfigError, match="--launcher: expected one of local, slurm, found 'k8s'"):
         run_study(str(f), tmp_path / "out", launcher="k8s")
 

@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--detach", action="store_true",
                    help="slurm: return once the runs are submitted (the same command later waits and reports)")
     p.add_argument("--status", action="store_true",
-                   help="slurm: print each run's state (run directory and scheduler) and submit nothing")
+                   help="print each run's state (its run directory; slurm: and the scheduler's) and train nothing")
     p.add_argument("overrides", nargs="*", default=[], metavar="key=value", help="config overrides for every run")
 
 

@@ -42,23 +42,19 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
 
 from eslm.errors import ConfigError, OwnershipError
 from eslm.files import atomic_write, ensure_dir, foreign_entries, link_refused, listing, new_marker, read_marker
 from eslm.study import shared
 from eslm.study.grid import Stage, check_branch_record, plan, stages
 from eslm.study.launch import (LAUNCHERS, PARENT_FD_ENV, QUEUED, Launched, Launcher, LocalLauncher, Outcome,
-                               watch_parent)
+                               launcher_class, launcher_problems, watch_parent)
 from eslm.study.report import _report, mark_earlier_report_stale
 from eslm.study.schema import STUDIES_DIR, _is_int, load_study, study_dirs, study_problems
 from eslm.analysis.report.output import check_report_dir
 from eslm.lock import DirLock
 from eslm.study.estimate import describe, describe_steps, estimate, steps_by_run
 from eslm.train.run_dir import run_marker, written_by_earlier_eslm
-
-if TYPE_CHECKING:
-    from eslm.study.slurm import SlurmLauncher
 
 __all__ = ["PARENT_FD_ENV", "STUDIES_DIR", "Launched", "Launcher", "LocalLauncher", "Outcome", "Stage",
            "load_study", "make_launcher", "plan", "run_study", "stages", "study_dirs", "study_problems",
@@ -71,8 +67,9 @@ def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int]
     """``eslm study``: plan the study ``preset`` (a name in configs/studies or a path) under ``out``/NAME, print
     the plan, train the unfinished runs (``jobs`` at once; default: the study file's, else 1), then the
     report. ``launcher`` trains them: a Launcher, or a name (``make_launcher``; default: the study file's
-    ``launcher.name``, else ``local``: ``LocalLauncher(jobs)``, on this machine). With the SLURM launcher,
-    ``detach`` returns once the runs are submitted, and ``status`` prints each run's state and submits nothing.
+    ``launcher.name``, else ``local``: ``LocalLauncher(jobs)``, on this machine). ``status`` prints each run's
+    state (``Launcher.status``) and trains nothing; with the SLURM launcher, ``detach`` returns once the runs are
+    submitted.
     Returns the exit code: 0 (also for a detached study), 143 when stopped by SIGTERM, else that of the
     failed run."""
     if jobs is not None and not (_is_int(jobs) and jobs >= 1):
@@ -80,12 +77,11 @@ def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int]
     study = load_study(preset)
     out = Path(out)
     configs = plan(study, out, seeds, overrides)
-    launcher = make_launcher(study, launcher, jobs, detach=detach, status=status)
+    launcher = make_launcher(study, launcher, jobs, detach=detach)
     jobs = jobs or study.get("jobs") or 1
     if status:
         print(f"study {study['name']}: {len(configs)} runs in {out / study['name']}")
-        reporter = cast("SlurmLauncher", launcher)  # make_launcher(status=True) gives one that can tell
-        return reporter.status([c for s in stages(study, configs) for c in s.runs], out / study["name"])
+        return launcher.status([c for s in stages(study, configs) for c in s.runs], out / study["name"])
     how = getattr(launcher, "describe", None)
     print(f"study {study['name']}: {len(configs)} runs -> {out / study['name']}"
           + (f" ({how()})" if how else f" ({jobs} at a time)" if jobs > 1 else ""))
@@ -118,19 +114,24 @@ def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int]
 
 
 def make_launcher(study: dict, launcher: Launcher | str | None = None, jobs: int | None = None, *,
-                  detach: bool = False, status: bool = False) -> Launcher:
+                  detach: bool = False) -> Launcher:
     """The launcher named ``launcher`` (a key of ``LAUNCHERS``; None: the study file's ``launcher.name``, else
-    ``local``), built by its module's ``from_study``, or ``launcher`` itself when it is a Launcher. ``jobs``: runs
-    at once (``--jobs``; default the study file's), the SLURM array's cap unless ``launcher.parallel`` is set."""
-    import importlib
-
+    ``local``), built by its class's ``from_study`` from the study file's ``launcher`` section when that section is
+    its own (it names this launcher, or none: then checked here), or ``launcher`` itself when it is a Launcher.
+    ``jobs``: runs at once (``--jobs``; default the study file's), the SLURM array's cap unless
+    ``launcher.parallel`` is set."""
     if launcher is not None and not isinstance(launcher, str):
         return launcher
-    name = launcher or (study.get("launcher") or {}).get("name") or "local"
+    section = study.get("launcher") or {}
+    name = launcher or section.get("name") or "local"
     if name not in LAUNCHERS:
         raise ConfigError(f"--launcher: expected one of {', '.join(LAUNCHERS)}, found {name!r}")
-    module = importlib.import_module(LAUNCHERS[name])
-    return module.from_study(study, jobs or study.get("jobs"), detach=detach, status=status)
+    own = section if section.get("name", name) == name else {}  # another launcher's section is not this one's
+    if problems := launcher_problems(own, name):
+        raise ConfigError(f"study {study['name']!r}: the launcher section, for the {name} launcher: "
+                          + "; ".join(problems))
+    return launcher_class(name).from_study(study, {k: v for k, v in own.items() if k != "name"},
+                                           jobs or study.get("jobs"), detach=detach)
 
 
 STUDY_MARKER, STUDY_FORMAT = "eslm-study.json", "eslm-study-v1"

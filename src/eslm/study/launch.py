@@ -2,9 +2,12 @@
 
 A launcher is handed the resolved Configs of one stage of a study (``eslm.study.grid.stages``) and the study
 directory; it trains the unfinished ones (each Config says whether it resumes: ``run.resume``), and answers
-what became of each (``Launched``: one ``Outcome`` per run, and the study's exit code). It never plans,
-skips finished runs or writes the report: ``eslm.study.run_study`` does. Another executor (a cluster
-scheduler) is one more class with a ``launch`` method, in its own module beside this one.
+what became of each (``Launched``: one ``Outcome`` per run, and the study's exit code); ``status`` tells each
+run's state without training. It never plans, skips finished runs or writes the report: ``eslm.study.run_study``
+does. A launcher owns its section of the study file (``launcher: {name: NAME, ...}``): its ``KEYS`` and their
+check (``section_problems``), and builds itself from it (``from_study``). Another executor (a cluster
+scheduler) is one more class with the ``Launcher`` protocol, in its own module beside this one, and its line in
+``LAUNCHERS``.
 
 ``LocalLauncher`` trains on this machine: one run after another in this process (``jobs`` 1), or up to
 ``jobs`` child processes at once (``_Pool``), each ``python -m eslm.cli train PLAN.yaml``, its output in
@@ -12,6 +15,8 @@ scheduler) is one more class with a ``launch`` method, in its own module beside 
 
 from __future__ import annotations
 
+import importlib
+import json
 import os
 import signal
 import subprocess
@@ -19,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import ClassVar, Protocol, Sequence
 
 from eslm.errors import ConfigError
 from eslm.files import atomic_write, ensure_dir, open_nofollow
@@ -27,9 +32,9 @@ from eslm.config import to_yaml
 from eslm.train import trainer
 
 FINISHED, PREEMPTED, STOPPED, FAILED, NOT_STARTED = "finished", "preempted", "stopped", "failed", "not started"
-# The launchers by the name ``eslm study --launcher`` takes: the module whose ``from_study(study, jobs, detach=,
-# status=)`` builds one (``eslm.study.make_launcher``). A new launcher is a module and its line here.
-LAUNCHERS = {"local": "eslm.study.launch", "slurm": "eslm.study.slurm"}
+# The launchers by the name ``eslm study --launcher`` and the study file's ``launcher.name`` take: "module:class" of
+# a class with the ``Launcher`` protocol (``launcher_class``). A new launcher is a module and its line here.
+LAUNCHERS = {"local": "eslm.study.launch:LocalLauncher", "slurm": "eslm.study.slurm:SlurmLauncher"}
 QUEUED = "queued"  # submitted to a scheduler and not over yet: a detached launch (``eslm study --detach``)
 
 
@@ -59,9 +64,83 @@ class Launched:
 
 class Launcher(Protocol):
     """Trains the runs ``configs`` (resolved Configs, ``run.resume`` set for the ones that resume) of one stage
-    under ``study_dir``, and reports each one's outcome."""
+    under ``study_dir``, and reports each one's outcome. The class owns its section of the study file."""
+
+    KEYS: ClassVar[tuple[str, ...]]  # the keys of its ``launcher`` section besides ``name``
+
+    @classmethod
+    def section_problems(cls, section: dict) -> list[str]:
+        """Every problem of the values of its section (a mapping of some of ``KEYS``), one phrase each."""
+
+    @classmethod
+    def from_study(cls, study: dict, section: dict, jobs: int | None, *, detach: bool = False) -> Launcher:
+        """The launcher of ``study`` from its section (checked), ``jobs`` runs at once (``--jobs``, else the study
+        file's); ``detach``: return once the runs are handed over (``eslm study --detach``)."""
 
     def launch(self, configs: Sequence, study_dir: Path) -> Launched: ...
+
+    def status(self, configs: Sequence, study_dir: Path) -> int:
+        """``eslm study NAME --status``: print each run's state; trains nothing. Returns the exit code."""
+
+
+def launcher_class(name: str) -> type[Launcher]:
+    """The class of the launcher ``name`` (a key of ``LAUNCHERS``), its module imported."""
+    module, _, cls = LAUNCHERS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def launcher_problems(section, name: str | None = None) -> list[str]:
+    """Every problem of a study file's ``launcher`` section (one phrase each; empty when it is well-formed): a
+    mapping whose ``name`` is a key of ``LAUNCHERS``, and whose other keys that launcher's ``KEYS``, with the
+    values its ``section_problems`` accepts. A section that names no launcher is checked for ``name`` (the
+    launcher ``--launcher`` picks), or not yet when that is None."""
+    if section is None:
+        return []
+    if not isinstance(section, dict):
+        return [f"launcher: expected a mapping {{name: {' | '.join(LAUNCHERS)}, ...its keys}}, found {section!r}"]
+    name = section.get("name", name)
+    if name is None:
+        return []
+    if name not in LAUNCHERS:
+        return [f"launcher.name: expected one of {', '.join(LAUNCHERS)}, found {name!r}"]
+    cls = launcher_class(name)
+    own = {k: v for k, v in section.items() if k != "name"}
+    unknown = [k for k in own if k not in cls.KEYS]
+    out = [f"launcher: unknown key(s) {', '.join(map(repr, unknown))} for the {name} launcher; expected some of "
+           f"{', '.join(map(repr, ('name', *cls.KEYS)))}"] if unknown else []
+    return out + cls.section_problems({k: v for k, v in own.items() if k in cls.KEYS})
+
+
+def last_step(run_dir: Path) -> int | None:
+    """The last training step logged in the run's metrics.jsonl (None without one)."""
+    try:
+        with open(run_dir / "metrics.jsonl", "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 4096))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(step, int) and not isinstance(step, bool):
+            return step
+    return None
+
+
+def print_status(study: str, rows: Sequence[tuple]) -> int:
+    """One line per run (its last logged step and ``Outcome.words``) of rows (Config, Outcome), then the count
+    of each state; a launcher's ``status``."""
+    width = max((len(c.run.name) for c, _ in rows), default=0)
+    counts: dict[str, int] = {}
+    for c, o in rows:
+        label = o.words.split(" (")[0].split(";")[0]  # finished, running, queued, cancelled, failed, ...
+        counts[label] = counts.get(label, 0) + 1
+        step = last_step(Path(c.run.out_dir) / c.run.name)
+        print(f"  {c.run.name:<{width}}  {f'step {step}' if step else '-':<10}  {o.words}")
+    print(f"study {study}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    return 0
 
 
 def with_resume_flag(c):
@@ -72,23 +151,45 @@ def with_resume_flag(c):
 
 @dataclass(frozen=True)
 class LocalLauncher:
-    """Runs on this machine, ``jobs`` at a time (1: in this process, one after another)."""
+    """Runs on this machine, ``jobs`` at a time (1: in this process, one after another). Its section of the
+    study file has no keys of its own (``jobs`` is the study's)."""
 
     jobs: int = 1
+    study: str = ""
+
+    KEYS: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def section_problems(cls, section: dict) -> list[str]:
+        return []
+
+    @classmethod
+    def from_study(cls, study: dict, section: dict, jobs: int | None, *, detach: bool = False) -> LocalLauncher:
+        """The local launcher of ``eslm study --launcher local``: ``jobs`` runs at once (default 1)."""
+        if detach:
+            raise ConfigError("--detach applies to a launcher whose runs outlive the study's process (--launcher "
+                              "slurm, or launcher: {name: slurm} in the study file); the local launcher's runs end "
+                              "with the study's process")
+        return cls(jobs or 1, study.get("name", ""))
 
     def launch(self, configs: Sequence, study_dir: Path) -> Launched:
         if self.jobs == 1:
             return _run_serial(list(configs))
         return _Pool(list(configs), self.jobs, study_dir).run()
 
-
-def from_study(study: dict, jobs: int | None, *, detach: bool = False, status: bool = False) -> LocalLauncher:
-    """The local launcher of ``eslm study --launcher local``: ``jobs`` runs at once (default 1)."""
-    for flag, on in (("detach", detach), ("status", status)):
-        if on:
-            raise ConfigError(f"--{flag} applies to the SLURM launcher (--launcher slurm, or launcher: {{name: "
-                              "slurm}} in the study file); the local launcher's runs end with the study's process")
-    return LocalLauncher(jobs or 1)
+    def status(self, configs: Sequence, study_dir: Path) -> int:
+        """Each run's state from its run directory: finished (result.json), stopped after a step (it has
+        metrics: the same command resumes it), or not started."""
+        rows = []
+        for c in configs:
+            run_dir = Path(c.run.out_dir) / c.run.name
+            if (run_dir / "result.json").is_file():
+                rows.append((c, Outcome(c.run.name, FINISHED, "finished")))
+            elif (run_dir / "metrics.jsonl").is_file():
+                rows.append((c, Outcome(c.run.name, PREEMPTED, "unfinished (the same command resumes it)")))
+            else:
+                rows.append((c, Outcome(c.run.name, NOT_STARTED, "not started")))
+        return print_status(self.study, rows)
 
 
 def _duration(seconds: float) -> str:

@@ -10,7 +10,7 @@ from eslm.errors import ConfigError
 from eslm.files import name_problem, read_yaml
 from eslm.config import MAX_SEED, build_config
 from eslm.methods import METHODS
-from eslm.study.slurm import launcher_problems
+from eslm.study.launch import launcher_problems
 
 # Study files ship inside the package: src/eslm/configs is a link to the repository's configs/, so a
 # checkout, an editable install and a wheel all find them beside this package (the wheel holds a copy).
@@ -304,7 +304,8 @@ def study_problems(study: dict) -> list[str]:
     ``methods`` (known methods, path-safe labels, no entry twice), ``seeds`` (integers, each once), ``sweep``
     (non-empty value lists; ``methods`` naming entries of the study), ``config`` (a mapping), ``budget``
     (``steps_of`` a method of the study, a known ``counter``), ``report`` (its keys and values), ``jobs``,
-    ``models`` (``models_problems``), ``launcher`` (``eslm.study.slurm.launcher_problems``) and ``branch``
+    ``models`` (``models_problems``), ``launcher`` (``eslm.study.launch.launcher_problems``: the launcher it
+    names checks its keys) and ``branch``
     (``from`` a known method, ``at_tokens`` a positive integer). Config keys and values, and the report's
     group names, are checked when the runs are planned (``plan``)."""
     problems = []
@@ -332,7 +333,7 @@ def study_problems(study: dict) -> list[str]:
     if "jobs" in study and not (_is_int(study["jobs"]) and study["jobs"] >= 1):
         problems.append(f"jobs: expected an integer >= 1, found {study['jobs']!r}")
     problems += models_problems(study.get("models"))
-    if "launcher" in study:  # its keys are the SLURM launcher's (eslm.study.slurm)
+    if "launcher" in study:  # a section that names no launcher: checked by the one --launcher picks (make_launcher)
         problems += launcher_problems(study["launcher"])
     if "description" in study and not isinstance(study["description"], str):
         problems.append(f"description: expected a text, found {study['description']!r}")

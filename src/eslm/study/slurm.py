@@ -34,15 +34,14 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 from eslm.errors import ConfigError, ESLMError
-from eslm.study.launch import (FAILED, FINISHED, LAUNCHERS, NOT_STARTED, PREEMPTED, QUEUED, STOPPED, Launched,
-                               Outcome)
+from eslm.study.launch import (FAILED, FINISHED, NOT_STARTED, PREEMPTED, QUEUED, STOPPED, Launched, Outcome,
+                               print_status)
 from eslm.config import to_yaml
 from eslm.files import atomic_write, ensure_dir, open_nofollow
 
-LAUNCHER_KEYS = ("name", "partition", "time", "cpus_per_run", "gpus_per_run", "mem_gb", "parallel", "sbatch")
 # sbatch options the launcher sets itself (or takes from a key of the section): refused under launcher.sbatch
 _OWN_OPTIONS = {"array": "parallel", "job-name": None, "output": None, "error": None, "signal": None,
                 "open-mode": None, "time": "time", "partition": "partition", "cpus-per-task": "cpus_per_run",
@@ -76,64 +75,6 @@ def time_minutes(value) -> int | None:
     h, m, s = (int(p) for p in parts) if len(parts) == 3 else (*(int(p) for p in parts), 0)
     seconds = ((int(days or 0) * 24 + h) * 60 + m) * 60 + s
     return -(-seconds // 60) if seconds > 0 else None
-
-
-def launcher_problems(section) -> list[str]:
-    """Every problem of a study file's ``launcher`` section (one phrase each; empty when it is well-formed)."""
-    if section is None:
-        return []
-    if not isinstance(section, dict):
-        return [f"launcher: expected a mapping {{name: slurm, partition: P, time: HH:MM:SS, cpus_per_run: N, "
-                f"gpus_per_run: N, mem_gb: N, parallel: N, sbatch: {{option: value}}}}, found {section!r}"]
-    out = []
-    unknown = [k for k in section if k not in LAUNCHER_KEYS]
-    if unknown:
-        out.append(f"launcher: unknown key(s) {', '.join(map(repr, unknown))}; expected some of "
-                   f"{', '.join(map(repr, LAUNCHER_KEYS))}")
-    if "name" in section and section["name"] not in LAUNCHERS:
-        out.append(f"launcher.name: expected one of {', '.join(LAUNCHERS)}, found {section['name']!r}")
-    if "partition" in section and not (isinstance(section["partition"], str) and section["partition"].strip()):
-        out.append(f"launcher.partition: expected a partition name, found {section['partition']!r}")
-    if "time" in section and time_minutes(section["time"]) is None:
-        out.append(f"launcher.time: expected a time limit per job as minutes (an integer > 0) or "
-                   f"'[D-]HH:MM:SS', found {section['time']!r}")
-    for key, low in (("cpus_per_run", 1), ("gpus_per_run", 0), ("parallel", 1)):
-        if key in section and not (_is_int(section[key]) and section[key] >= low):
-            out.append(f"launcher.{key}: expected an integer >= {low}, found {section[key]!r}")
-    mem = section.get("mem_gb")
-    if "mem_gb" in section and not (isinstance(mem, (int, float)) and not isinstance(mem, bool) and mem > 0):
-        out.append(f"launcher.mem_gb: expected a positive number of GB, found {mem!r}")
-    extra = section.get("sbatch")
-    if "sbatch" in section:
-        if not isinstance(extra, dict):
-            out.append(f"launcher.sbatch: expected a mapping of sbatch options without their dashes "
-                       f"({{account: ABC, qos: high}}), found {extra!r}")
-        else:
-            for k, v in extra.items():
-                key = str(k).lstrip("-").replace("_", "-")
-                if key in _OWN_OPTIONS:
-                    own = _OWN_OPTIONS[key]
-                    fix = f"set launcher.{own}" if own else "eslm sets it"
-                    out.append(f"launcher.sbatch: --{key} is set by the launcher; {fix} instead")
-                elif not (isinstance(v, (str, int, float)) and v is not False and str(v).strip()):
-                    out.append(f"launcher.sbatch.{k}: expected a value (text or number, or true for a flag), "
-                               f"found {v!r}")
-    return out
-
-
-def from_study(study: dict, jobs: int | None, *, detach: bool = False, status: bool = False) -> "SlurmLauncher":
-    """The launcher of ``eslm study --launcher slurm``, from the study file's ``launcher`` section (checked by
-    ``launcher_problems``); ``jobs`` (``--jobs`` or the file's ``jobs``) caps the array when the section sets
-    no ``parallel``. ``status`` needs nothing more (``SlurmLauncher.status``)."""
-    s = study.get("launcher") or {}
-    time_min = time_minutes(s.get("time", 60))
-    assert time_min is not None, "launcher.time is checked by launcher_problems"
-    return SlurmLauncher(study=study["name"], partition=s.get("partition"), time_min=time_min,
-                         cpus_per_run=s.get("cpus_per_run", 1), gpus_per_run=s.get("gpus_per_run", 0),
-                         mem_gb=s.get("mem_gb"), parallel=s.get("parallel", jobs),
-                         sbatch=tuple((str(k).lstrip("-").replace("_", "-"), v)
-                                      for k, v in (s.get("sbatch") or {}).items()),
-                         detach=detach)
 
 
 # ---------------------------------------------------------------- what runs in one array task
@@ -301,6 +242,55 @@ class SlurmLauncher:
     detach: bool = False
     poll_s: float = 2.0
 
+    KEYS: ClassVar[tuple[str, ...]] = ("partition", "time", "cpus_per_run", "gpus_per_run", "mem_gb", "parallel",
+                                       "sbatch")
+
+    @classmethod
+    def section_problems(cls, section: dict) -> list[str]:
+        """Every problem of the values of the study file's ``launcher`` section (one phrase each)."""
+        out: list[str] = []
+        if "partition" in section and not (isinstance(section["partition"], str) and section["partition"].strip()):
+            out.append(f"launcher.partition: expected a partition name, found {section['partition']!r}")
+        if "time" in section and time_minutes(section["time"]) is None:
+            out.append(f"launcher.time: expected a time limit per job as minutes (an integer > 0) or "
+                       f"'[D-]HH:MM:SS', found {section['time']!r}")
+        for key, low in (("cpus_per_run", 1), ("gpus_per_run", 0), ("parallel", 1)):
+            if key in section and not (_is_int(section[key]) and section[key] >= low):
+                out.append(f"launcher.{key}: expected an integer >= {low}, found {section[key]!r}")
+        mem = section.get("mem_gb")
+        if "mem_gb" in section and not (isinstance(mem, (int, float)) and not isinstance(mem, bool) and mem > 0):
+            out.append(f"launcher.mem_gb: expected a positive number of GB, found {mem!r}")
+        extra = section.get("sbatch")
+        if "sbatch" in section:
+            if not isinstance(extra, dict):
+                out.append(f"launcher.sbatch: expected a mapping of sbatch options without their dashes "
+                           f"({{account: ABC, qos: high}}), found {extra!r}")
+            else:
+                for k, v in extra.items():
+                    key = str(k).lstrip("-").replace("_", "-")
+                    if key in _OWN_OPTIONS:
+                        own = _OWN_OPTIONS[key]
+                        fix = f"set launcher.{own}" if own else "eslm sets it"
+                        out.append(f"launcher.sbatch: --{key} is set by the launcher; {fix} instead")
+                    elif not (isinstance(v, (str, int, float)) and v is not False and str(v).strip()):
+                        out.append(f"launcher.sbatch.{k}: expected a value (text or number, or true for a flag), "
+                                   f"found {v!r}")
+        return out
+
+    @classmethod
+    def from_study(cls, study: dict, section: dict, jobs: int | None, *, detach: bool = False) -> SlurmLauncher:
+        """The launcher of ``eslm study --launcher slurm``, from the study file's ``launcher`` section (checked by
+        ``section_problems``); ``jobs`` (``--jobs`` or the file's ``jobs``) caps the array when the section sets
+        no ``parallel``."""
+        time_min = time_minutes(section.get("time", 60))
+        assert time_min is not None, "launcher.time is checked by section_problems"
+        return cls(study=study["name"], partition=section.get("partition"), time_min=time_min,
+                   cpus_per_run=section.get("cpus_per_run", 1), gpus_per_run=section.get("gpus_per_run", 0),
+                   mem_gb=section.get("mem_gb"), parallel=section.get("parallel", jobs),
+                   sbatch=tuple((str(k).lstrip("-").replace("_", "-"), v)
+                                for k, v in (section.get("sbatch") or {}).items()),
+                   detach=detach)
+
     def describe(self) -> str:
         per_run = [f"{self.cpus_per_run} CPU(s)"] + ([f"{self.gpus_per_run} GPU(s)"] if self.gpus_per_run else [])
         per_run += [f"{self.mem_gb:g} GB"] if self.mem_gb else []
@@ -375,16 +365,7 @@ class SlurmLauncher:
     def status(self, configs: Sequence, study_dir: Path) -> int:
         """``eslm study NAME --status``: one line per run (its last logged step, its state and job). Submits
         nothing."""
-        rows = self.states(configs, study_dir)
-        width = max(len(n) for n, *_ in rows)
-        counts: dict[str, int] = {}
-        for (name, _job, _state, o), c in zip(rows, configs):
-            label = o.words.split(" (")[0].split(";")[0]  # finished, running, queued, cancelled, failed, ...
-            counts[label] = counts.get(label, 0) + 1
-            step = _last_step(Path(c.run.out_dir) / name)
-            print(f"  {name:<{width}}  {f'step {step}' if step else '-':<10}  {o.words}")
-        print(f"study {self.study}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
-        return 0
+        return print_status(self.study, [(c, o) for c, (*_, o) in zip(configs, self.states(configs, study_dir))])
 
     # ---- launching
 
@@ -487,24 +468,6 @@ class SlurmLauncher:
                                                                                      for o in bad), file=sys.stderr)
             return Launched(outcomes, 1)
         return Launched(outcomes, 0)
-
-
-def _last_step(run_dir: Path) -> int | None:
-    """The last training step logged in the run's metrics.jsonl (None without one)."""
-    try:
-        with open(run_dir / "metrics.jsonl", "rb") as f:
-            f.seek(max(0, f.seek(0, 2) - 4096))
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
-        try:
-            step = json.loads(line).get("step")
-        except (ValueError, AttributeError):
-            continue
-        if _is_int(step):
-            return step
-    return None
 
 
 def _import_submitit():

@@ -20,7 +20,8 @@ from eslm.errors import ConfigError, ESLMError
 from eslm.files import atomic_write, new_marker
 from eslm.study import STUDY_FORMAT, STUDY_MARKER, run_study
 from eslm.study.launch import launcher_problems
-from eslm.study.slurm import RunJob, time_minutes
+from eslm.study import slurm
+from eslm.study.slurm import RunJob, SchedulerUnreachable, scheduler_states, time_minutes
 
 THREE = "[clm, eslm-entropy, eslm-loss]"
 STEPS = 30  # long enough to interrupt a run after its first steps; a tiny run takes ~10-20 s on 2 loaded cores
@@ -191,6 +192,47 @@ def test_detach_needs_a_launcher_whose_runs_outlive_the_study(tmp_path, tiny_dat
         run_study(str(f), tmp_path / "out", detach=True)
     with pytest.raises(ConfigError, match="--launcher: expected one of local, slurm, found 'k8s'"):
         run_study(str(f), tmp_path / "out", launcher="k8s")
+
+
+def _fake_commands(tmp_path: Path, monkeypatch, **scripts: str) -> None:
+    """Put shell scripts named after SLURM's commands first on PATH (``sbatch="exec sleep 60"``)."""
+    bin_dir = tmp_path / "fake-slurm"
+    bin_dir.mkdir(exist_ok=True)
+    for name, body in scripts.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_non_utf8_bytes_from_squeue_are_read_not_a_traceback(tmp_path, monkeypatch):
+    _fake_commands(tmp_path, monkeypatch, squeue=r"printf '7_0|RUNNING\n\377\376|PENDING\n'")
+    assert scheduler_states(["7_0"]) == {"7_0": "RUNNING"}
+    _fake_commands(tmp_path, monkeypatch, squeue=r"printf 'slurm_load_jobs error: \377 down\n' >&2; exit 1")
+    with pytest.raises(SchedulerUnreachable, match="squeue: slurm_load_jobs error: \ufffd down"):
+        scheduler_states(["7_0"])
+
+
+def test_a_hanging_squeue_is_stopped_with_one_line(tmp_path, monkeypatch):
+    _fake_commands(tmp_path, monkeypatch, squeue="exec sleep 60")
+    monkeypatch.setattr(slurm, "SCHEDULER_TIMEOUT_S", 1.0)
+    t0 = time.monotonic()
+    with pytest.raises(SchedulerUnreachable, match=r"could not ask SLURM for the study's jobs \(squeue: gave no "
+                                                    r"answer in 1 s\)"):
+        scheduler_states(["7_0"])
+    assert time.monotonic() - t0 < 30
+
+
+def test_a_hanging_sbatch_is_stopped_with_one_line(tmp_path, tiny_data, monkeypatch):
+    pytest.importorskip("submitit")
+    _fake_commands(tmp_path, monkeypatch, srun="exit 0", sbatch="exec sleep 60")
+    monkeypatch.setattr(slurm, "SCHEDULER_TIMEOUT_S", 2.0)
+    t0 = time.monotonic()
+    with pytest.raises(ESLMError, match=r"study tiny: sbatch gave no answer in 2 s and was stopped .* if squeue -n "
+                                        r"eslm-tiny lists a job, it was submitted unrecorded: scancel it"):
+        run_study(str(_study(tmp_path, tiny_data)), tmp_path / "out", launcher="slurm")
+    assert time.monotonic() - t0 < 60
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # the alarm is off again
+    assert not (tmp_path / "out" / "tiny" / "slurm" / "jobs.json").exists()  # nothing recorded as submitted
 
 
 def test_without_submitit_or_slurm_commands_one_line_says_what_is_missing(tmp_path, tiny_data, monkeypatch):

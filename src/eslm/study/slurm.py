@@ -31,7 +31,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar, Sequence
@@ -47,6 +49,7 @@ _OWN_OPTIONS = {"array": "parallel", "job-name": None, "output": None, "error": 
                 "open-mode": None, "time": "time", "partition": "partition", "cpus-per-task": "cpus_per_run",
                 "gpus-per-node": "gpus_per_run", "mem": "mem_gb"}
 MAX_REQUEUES = 100  # time-limit requeues of one run (each slice advances the run by at least a step)
+SCHEDULER_TIMEOUT_S = 60.0  # the longest one of SLURM's commands (sbatch, squeue, sacct, scontrol) is waited for
 SIGNAL_DELAY_S = 90  # USR2 this long before the time limit: time for a step and a checkpoint
 JOBS_FILE = "jobs.json"
 JOBS_FORMAT = "eslm-slurm-jobs"
@@ -92,6 +95,31 @@ class RunFailed(ESLMError):
 
 class SchedulerUnreachable(ESLMError):
     """``squeue`` failed: the study's jobs cannot be seen (nothing is submitted then)."""
+
+
+class _NoAnswer(Exception):
+    """A scheduler command ran past ``SCHEDULER_TIMEOUT_S`` (``_time_limit``)."""
+
+
+@contextmanager
+def _time_limit(seconds: float):
+    """Raise ``_NoAnswer`` in this thread after ``seconds`` (SIGALRM; the main thread only, elsewhere no limit):
+    around a call into submitit, whose sbatch has no time limit of its own (its stream reader kills sbatch on
+    the exception and raises FailedJobError from it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_alarm(*_):
+        raise _NoAnswer
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 @dataclass(frozen=True)
@@ -158,11 +186,16 @@ def _task_id() -> str:
 
 # ---------------------------------------------------------------- the scheduler's view
 
-def _run(cmd: list[str]) -> subprocess.CompletedProcess | None:
+def _run(cmd: list[str]) -> subprocess.CompletedProcess | str:
+    """The finished command (its output decoded as UTF-8, undecodable bytes replaced), or why there is none: it
+    did not run, or gave no answer in ``SCHEDULER_TIMEOUT_S`` (then it is killed)."""
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
+        return subprocess.run(cmd, capture_output=True, text=True, encoding="utf-8", errors="replace",
+                              timeout=SCHEDULER_TIMEOUT_S)
+    except OSError:
+        return "did not run"
+    except subprocess.TimeoutExpired:
+        return f"gave no answer in {SCHEDULER_TIMEOUT_S:g} s"
 
 
 def _base(job: str) -> str:
@@ -193,9 +226,9 @@ def scheduler_states(jobs: Sequence[str]) -> dict[str, str]:
         return {}
     out: dict[str, str] = {}
     q = _run(["squeue", "-h", "-r", "-o", "%i|%T", "-j", ",".join(sorted({_base(j) for j in wanted}))])
-    if q is None or (q.returncode != 0 and "Invalid job id" not in q.stderr):  # (every job listed is purged)
-        why = "did not run" if q is None else next((x.strip() for x in q.stderr.splitlines() if x.strip()),
-                                                   f"exit {q.returncode}")
+    if isinstance(q, str) or (q.returncode != 0 and "Invalid job id" not in q.stderr):  # (all listed are purged)
+        why = q if isinstance(q, str) else next((x.strip() for x in q.stderr.splitlines() if x.strip()),
+                                                f"exit {q.returncode}")
         raise SchedulerUnreachable(f"could not ask SLURM for the study's jobs (squeue: {why}); check that SLURM's "
                                    "commands reach the controller (SLURM_CONF), then run the same command again")
     for line in (q.stdout.splitlines() if q.returncode == 0 else []):
@@ -207,7 +240,7 @@ def scheduler_states(jobs: Sequence[str]) -> dict[str, str]:
     if rest:
         a = _run(["sacct", "-n", "-P", "-X", "-o", "JobID,State,ExitCode", "-j",
                   ",".join(sorted({_base(j) for j in rest}))])
-        for line in (a.stdout.splitlines() if a is not None and a.returncode == 0 else []):
+        for line in (a.stdout.splitlines() if not isinstance(a, str) and a.returncode == 0 else []):
             fields = line.strip().split("|")
             if len(fields) < 3:
                 continue
@@ -419,18 +452,24 @@ class SlurmLauncher:
             params["mem"] = f"{int(self.mem_gb * 1024)}M"
         ex.update_parameters(**params)
         try:
-            with ex.batch():
+            with _time_limit(SCHEDULER_TIMEOUT_S), ex.batch():
                 jobs = [ex.submit(t) for t in tasks]
-        except (subprocess.CalledProcessError, submitit.core.utils.FailedJobError) as e:
+        except (_NoAnswer, subprocess.CalledProcessError, submitit.core.utils.FailedJobError) as e:
+            if isinstance(e, _NoAnswer) or isinstance(e.__cause__, _NoAnswer):
+                raise ESLMError(f"study {self.study}: sbatch gave no answer in {SCHEDULER_TIMEOUT_S:g} s and was "
+                                f"stopped (a busy or unreachable controller); if squeue -n eslm-{self.study} lists "
+                                "a job, it was submitted unrecorded: scancel it, then run the same command again"
+                                ) from None
             err = getattr(e, "stderr", None) or getattr(e, "output", None) or str(e)
-            err = err.decode() if isinstance(err, bytes) else str(err)
+            err = err.decode(errors="replace") if isinstance(err, bytes) else str(err)
             line = next((x.strip() for x in err.splitlines() if x.strip()), "no message")
             raise ESLMError(f"study {self.study}: sbatch refused the runs' array job ({line}); check the study "
                             "file's launcher section (partition, time, cpus_per_run, gpus_per_run, mem_gb, "
                             "sbatch)") from None
         out = {t.name: j.job_id for t, j in zip(tasks, jobs)}
         for name, job in out.items():  # squeue/sacct show run names (the task leaves the array's pending record)
-            _run(["scontrol", "update", f"JobId={job}", f"JobName={name}"])
+            if isinstance(_run(["scontrol", "update", f"JobId={job}", f"JobName={name}"]), str):
+                break  # no answer: the tasks keep the array's name, eslm-STUDY
         self._record(study_dir, out)
         return out
 
@@ -438,15 +477,15 @@ class SlurmLauncher:
         """Poll until no run of ``configs`` is queued or running, printing each change of a run's state."""
         seen: dict[str, str] = {}
         rows: list = []
-        misses = 0
+        unreachable_since = None
         try:
             while True:
                 try:
                     rows = self.states(configs, study_dir)
-                    misses = 0
+                    unreachable_since = None
                 except SchedulerUnreachable:  # a busy controller: try again, give up after a minute or so
-                    misses += 1
-                    if misses * self.poll_s > 60:
+                    unreachable_since = unreachable_since or time.monotonic()
+                    if time.monotonic() - unreachable_since > 60:
                         raise
                     time.sleep(self.poll_s)
                     continue

@@ -8,7 +8,7 @@ import torch
 
 from eslm.cli import main
 from eslm.model.gpt import GPT, KVCache, preset
-from eslm.sample import generate
+from eslm.eval.generate import generate
 from eslm.train.snapshots import save_snapshot
 
 

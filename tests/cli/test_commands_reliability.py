@@ -87,10 +87,10 @@ def _fake_results(*args, **kwargs):
 @pytest.fixture
 def fake_eval(monkeypatch):
     """eslm eval without running lm-eval's tasks: every other step (loading, checking, writing) is real."""
-    from eslm.eval import harness
+    from eslm.eval import command
 
-    monkeypatch.setattr(harness, "evaluate", _fake_results)
-    monkeypatch.setattr(harness, "_require_lm_eval", lambda: None, raising=False)
+    monkeypatch.setattr(command, "evaluate", _fake_results)
+    monkeypatch.setattr(command, "_require_lm_eval", lambda: None, raising=False)
 
 
 def test_eval_never_writes_through_links_planted_in_the_run(run, tmp_path, fake_eval):

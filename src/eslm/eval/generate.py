@@ -2,7 +2,8 @@
 
 The prompt runs once, then one token per step through the model's KV cache (``eslm.model.gpt.KVCache``). Past
 ``block_size`` tokens the context is cropped to the last ``block_size`` tokens, as nanoGPT does (absolute
-positions: the cache is rebuilt from the cropped window each step then). ``temperature=0`` is greedy decoding;
+positions: the cache is rebuilt from the cropped window each step then). ``temperature=0`` is greedy decoding,
+and so is a temperature so small that logits / temperature overflows (sampling's limit as it goes to 0);
 ``top_k`` keeps the k most likely tokens before sampling; ``vocab_limit`` excludes the vocabulary rows added
 by padding.
 """
@@ -47,10 +48,13 @@ def generate(model, prompt: list[int], max_new_tokens: int, *, temperature: floa
 
 
 def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, gen: torch.Generator) -> int:
-    """One token id from logits (V,): argmax at temperature 0, else a draw from softmax(logits / T) over top-k."""
+    """One token id from logits (V,): argmax at temperature 0, else a draw from softmax(logits / T) over top-k.
+    Where logits / T overflows (T of 1e-40 and below in float32) the draw is the argmax: T's limit 0."""
     if temperature <= 0:
         return int(torch.argmax(logits))
     scaled = logits / temperature
+    if bool(torch.isfinite(logits).all()) and not bool(torch.isfinite(scaled).all()):
+        return int(torch.argmax(logits))
     if top_k is not None and top_k < scaled.numel():
         kth = torch.topk(scaled, top_k).values[-1]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))

@@ -1,5 +1,5 @@
 """The files of ``eslm eval``: where a checkpoint's results go (``output_paths``), whether a file there is one eslm
-eval wrote (``is_eval_record``, ``check_output``: only those are replaced), and writing them with their tables
+eval wrote (``read_record``, ``check_output``: only those are replaced), and writing them with their tables
 (``write_results``, ``write_summary``)."""
 
 from __future__ import annotations
@@ -26,13 +26,14 @@ def output_paths(info: dict, out: str | None) -> tuple[Path, Path]:
     return base / "eval" / f"{stem}.json", base / "eval" / f"{stem}.md"
 
 
-def is_eval_record(path: Path) -> bool:
-    """``path`` holds results ``eslm eval`` wrote (a JSON object of ``EVAL_FORMAT``; not a link)."""
+def read_record(path: Path) -> dict | None:
+    """The results ``eslm eval`` wrote at ``path`` (a JSON object of ``EVAL_FORMAT``; not a link), else None: any
+    other file, unreadable, not UTF-8 or not JSON."""
     try:
-        r = json.loads(Path(path).read_text()) if not Path(path).is_symlink() else None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(r, dict) and r.get("format") == EVAL_FORMAT
+        r = None if Path(path).is_symlink() else json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # ValueError: UnicodeDecodeError and json.JSONDecodeError
+        return None
+    return r if isinstance(r, dict) and r.get("format") == EVAL_FORMAT else None
 
 
 def check_output(json_path: Path, md_path: Path) -> None:
@@ -42,7 +43,7 @@ def check_output(json_path: Path, md_path: Path) -> None:
     if json_path.suffix != ".json":
         raise ConfigError(f"expected --out to name a .json file, found {str(json_path)!r}; the table is written "
                           f"beside it as .md: e.g. --out {json_path.with_suffix('.json')}")
-    ours = is_eval_record(json_path)
+    ours = read_record(json_path) is not None
     for p in (json_path, md_path):
         if (p.exists() or p.is_symlink()) and not ours:
             raise OwnershipError(f"{str(p)!r} exists and is not a result eslm eval wrote ({json_path.name} is not "
@@ -59,16 +60,7 @@ def write_results(record: dict, json_path: Path, md_path: Path) -> None:
 
 def write_summary(eval_dir: Path) -> Path | None:
     """``eval/summary.md``: every ``eval/*.json`` of a run in one table (accuracy against FLOPs)."""
-    records = []
-    for f in sorted(eval_dir.glob("*.json")):
-        if f.is_symlink():  # only files eslm wrote there
-            continue
-        try:
-            r = json.loads(f.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if isinstance(r, dict) and r.get("format") == EVAL_FORMAT:
-            records.append(r)
+    records = [r for f in sorted(eval_dir.glob("*.json")) if (r := read_record(f)) is not None]
     if not records:
         return None
     path = eval_dir / "summary.md"

@@ -295,8 +295,11 @@ def status_line(study: dict, configs: list, records: Path) -> str:
     more = "".join(f"; {g} {k} of {n} runs" for g, (k, n) in rest.items())
     if pairs < len(primary):
         return f"{study['name']}: {pairs} of {len(primary)} pairs run, no result read{more}"
+    rep = study.get("report") or {}
+    flags = "".join(f" --{k} {v}" for k, v in rep.items() if k in ("baseline", "target"))
+    flags += f" --primary {' '.join(rep['primary'])}" if rep.get("primary") else ""
     return (f"{study['name']}: all {len(primary)} pairs run{more}; the primary is read by `eslm report "
-            f"{records}/*-s*`")
+            f"{records}/*-s*{flags}`")
 
 
 def status(args) -> int:

@@ -107,6 +107,10 @@ def test_window_smoke_runs_the_primary_pair_then_skips_recorded_runs(tiny_data, 
                                 "--records", str(records)]) == 0
     for run in ("eslm-entropy-s7", "random-s7"):
         assert {"config.yaml", "metrics.jsonl", "result.json", "env.json"} <= {p.name for p in (records / run).iterdir()}
+    mini = confirm_window.load_study(str(study))
+    assert confirm_window.status_line(mini, confirm_window.plan(mini, tmp_path / "p"), records) == (
+        f"mini-window: all 1 pairs run; the primary is read by `eslm report {records}/*-s* --baseline random "
+        "--primary eslm-entropy random`")
     proc = _window(study, records, tmp_path / "out2", 300, tmp_path / "work2")
     log = proc.communicate(timeout=120)[0]
     assert proc.returncode == 0 and "started" not in log, log

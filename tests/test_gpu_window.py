@@ -194,3 +194,10 @@ def test_readme_says_how_far_the_confirmatory_study_is(tmp_path):
     configs = confirm_window.plan(study, tmp_path)
     line = confirm_window.status_line(study, configs, confirm_window.records_dir(study, None))
     assert line in (ROOT / "README.md").read_text()
+
+
+def test_the_registered_study_file_is_unchanged():
+    """configs/studies/confirm-124m-gpu.yaml was registered in fd946d6 before any run of it and is never edited:
+    its SHA-256 is pinned here, and every window records it (window.json), which import checks."""
+    assert confirm_window.sha256_bytes(confirm_window.STUDY.read_bytes()) == (
+        "5dafd1266aace36f3ebcdbcebb6f5ddd985dde30cf52971986b56091f3c624c7")

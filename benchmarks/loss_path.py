@@ -169,6 +169,14 @@ def selection_overhead(bench: Bench, alphas: list[float], chunk: int, reps: int)
     return out
 
 
+def naive_twin_label(label: str) -> str:
+    """The variant a row's "vs naive twin" columns divide by: the same method on the naive path (logits
+    materialised), at the same alpha; ESLM-loss's is ESLM-entropy's (the naive path scores both alike). A fused or
+    triton row is compared with the naive path, never with itself."""
+    return (re.sub(r"\[.*\]", "", label).replace("-fused", "-naive").replace("-triton", "-naive")
+            .replace("eslm-loss", "eslm-entropy"))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="small")
@@ -213,8 +221,7 @@ def main(argv=None) -> int:
     for v in vs:
         t, m = median(v.times), median(v.peaks)
         tok_s = tokens / t
-        naive_twin = by.get(re.sub(r"\[.*\]", "", v.label).replace("-fused", "-naive")
-                            .replace("eslm-loss", "eslm-entropy"))
+        naive_twin = by.get(naive_twin_label(v.label))
         route = route_of(bench, v)
         scored = "eslm" in v.label
         rows.append({"variant": v.label, "route": route, "step_s": t, "peak_bytes": m, "kept_frac": median(v.kept),

@@ -115,6 +115,50 @@ def test_fused_head_matches_the_oracle(device, precision, route, shape):
     assert torch.all(h.grad[dropped] == 0)
 
 
+# ----------------------------------------------------------------------------- every head backend at 124M's shapes
+
+# the 124M head (C 768, V 50304) at 2k tokens and at a whole micro-batch of 12 x 1024
+BACKEND_SHAPES = [pytest.param((2048, 768, 50304), id="124m-2k"), pytest.param((12288, 768, 50304), id="124m-12k")]
+
+
+def _backend_names():
+    from eslm.ops import head_backend as hb
+
+    return [pytest.param(s.name, marks=pytest.mark.gpu, id=s.name) for s in hb.BACKENDS if "cuda" in s.devices]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", _backend_names())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shape", BACKEND_SHAPES)
+def test_every_backend_matches_the_oracle_at_124m_shapes(name, dtype, shape):
+    """Each registered CUDA head backend (naive, fused, triton: what `auto` runs on CUDA) on the 124M head's
+    shapes, its parameters in ``dtype``: the scores and the kept rows' loss and gradients against the fp64 oracle
+    (triton caches bf16 logits, so it is held to bf16's tolerance in fp32 too); dropped rows exactly zero."""
+    from eslm.ops import head_backend as hb
+    from eslm.ops.token_stats import HeadOptions
+
+    if not hb.available(name):
+        pytest.skip(f"the {name} backend needs its extra")
+    n, c, v = shape
+    h0, w0, y, index = _head_inputs(n, c, v, "cuda")
+    ref_stats, ref_gh, ref_gw = _oracle(h0, w0, y, index)
+    rel = REL["bf16" if dtype == torch.bfloat16 or name == "triton" else "fp32"]
+    be = hb.backend(name, "cuda", HeadOptions())
+    h, w = h0.to(dtype).requires_grad_(), w0.to(dtype).requires_grad_()
+    stats, state = be.score(h.detach(), w.detach(), y, num_kept=index.numel(), need_scores=True, need_entropy=True)
+    for field in ("loss", "entropy", "lse"):
+        _close(getattr(stats, field), getattr(ref_stats, field), rel, f"{name} {field}")
+    total, per_token = be.kept_loss(h, w, y, index, state)
+    total.backward()
+    _close(per_token, ref_stats.loss[index], rel, f"{name} kept loss")
+    _close(h.grad, ref_gh, rel, f"{name} grad_hidden")
+    _close(w.grad, ref_gw, rel, f"{name} grad_weight")
+    dropped = torch.ones(n, dtype=torch.bool, device="cuda")
+    dropped[index] = False
+    assert torch.all(h.grad[dropped] == 0)
+
+
 # ----------------------------------------------------------------------------- one step of every method
 
 SEQ, ROWS = 32, 4

@@ -1,6 +1,6 @@
 """The tests mirror the package: ``tests/<pkg>/test_<module>.py`` tests ``src/eslm/<pkg>/``, a top-level
 ``tests/test_<name>.py`` tests the top-level module ``src/eslm/<name>.py`` — or is one of the whole-project
-checks listed here (documentation, install, layering, GPU suite, benchmarks)."""
+checks listed here (documentation, install, layering, GPU suite and window, benchmarks)."""
 
 from pathlib import Path
 
@@ -8,7 +8,7 @@ TESTS = Path(__file__).resolve().parent
 SRC = TESTS.parent / "src" / "eslm"
 
 WHOLE_PROJECT = {"test_docs_commands", "test_readme", "test_paper_doc", "test_install", "test_layers",
-                 "test_layout", "test_gpu", "test_gpu_suite", "test_benchmarks", "test_refactor_guard"}
+                 "test_layout", "test_gpu", "test_gpu_suite", "test_gpu_window", "test_benchmarks", "test_refactor_guard"}
 
 
 def misplaced(tests: Path, src: Path) -> list[str]:

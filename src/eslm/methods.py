@@ -26,6 +26,7 @@ from eslm.objectives.base import CrossEntropy
 from eslm.objectives.frozen import ReferenceModel
 from eslm.objectives.kd_objective import Distill, KDSection, Salt, SaltSection
 from eslm.selection.ada import AdaController, AdaSection
+from eslm.selection.domain_random import DomainRandomSelector
 from eslm.selection.rows import AllRows
 from eslm.selection.scores import STANDARDIZE_MODES
 from eslm.selection.selectors import AllTokens, RandomSelector, VaRSelector
@@ -255,6 +256,10 @@ for _spec in [
     MethodSpec("eslm-loss", "ESLM CVaR-loss: keep the top 1-alpha tokens by loss (minimises CVaR_alpha)", _var("loss"),
                control="random"),
     MethodSpec("random", "control: keep 1-alpha of the tokens uniformly at random", _random, role="control"),
+    MethodSpec("random-domain", "control: ESLM-entropy's kept count per domain, drawn uniformly at random in each domain",
+               lambda ctx: Method(name="random-domain", objective=_ce(ctx), tokens=DomainRandomSelector(
+                   "entropy", ctx.method.alpha, seeds.random_control(ctx.seed, ctx.rank), ctx.method.standardize,
+                   ctx.n_domains, ctx.method.scope, ctx.device)), role="control"),
     MethodSpec("ada-eslm-entropy", "Ada-ESLM on entropy: alpha adapted by the CVaR controller", _ada("entropy"),
                settings=(AdaSection,), control="random"),
     MethodSpec("ada-eslm-loss", "Ada-ESLM on loss: alpha adapted by the CVaR controller", _ada("loss"),

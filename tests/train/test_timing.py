@@ -3,6 +3,7 @@
 import json
 import time
 
+import pytest
 import torch
 
 from eslm import metrics as M
@@ -49,3 +50,11 @@ def test_progress_line_and_time_format():
     assert line == "step 10/40 | loss 2.5000 | lr 1.00e-03 | kept 0.250 (alpha 0.250) | 12.3k tok/s | ETA 1m30s"
     assert "MFU 40.0%" in progress_line({**rec, M.MFU: 0.4}, 10, "40", 0.25, 30.0)
     assert fmt_time(3725) == "1h02m" and fmt_time(59) == "0m59s"
+
+
+@pytest.mark.parametrize("name,peak", [("NVIDIA H100 PCIe", 756e12), ("NVIDIA H100 80GB HBM3", 989e12),
+                                       ("NVIDIA H200", 989e12), ("NVIDIA A100-SXM4-80GB", 312e12)])
+def test_mfu_takes_the_peak_of_the_gpus_own_variant(monkeypatch, name, peak):
+    """An H100 PCIe is not rated at the SXM's 989 TFLOP/s: its MFU divides by its own 756."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert mfu(1e12, 100.0, torch.device("cuda"), 1) == pytest.approx(1e14 / peak)

@@ -16,8 +16,9 @@ import torch
 
 from eslm.files import atomic_write
 
-# peak dense bf16 FLOP/s for MFU (H100 SXM / H200: 989 TFLOP/s; A100: 312)
-PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+# peak dense bf16 FLOP/s for MFU, by a key contained in the GPU's name; the first key that matches wins, so a
+# variant's key comes before its family's (H100 PCIe: 756 TFLOP/s; H100 SXM / H200: 989; A100: 312)
+PEAK_FLOPS = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "A100": 312e12}
 
 
 def timed(fn, device: torch.device, synchronize: bool = True):

@@ -1,0 +1,85 @@
+"""The domain-matched random control (``random-domain``): it separates domain reweighting from token selection.
+
+At each micro-batch, ESLM-entropy's own rule (``VaRSelector`` on the entropy, at the run's alpha,
+standardisation and scope) decides how many tokens of each domain are kept; then that many tokens of each domain
+are drawn uniformly at random within that domain. So the kept count per domain, and with it the domain mixture
+the loss sees, is ESLM's, while which tokens of a domain are kept does not depend on their scores. ESLM-entropy
+minus this control is token selection alone; this control minus ``random`` is ESLM's domain reweighting alone.
+
+The draw stays on the device with no host sync: every token gets a uniform key from the control's own generator;
+sorting by (domain, key) groups each domain's tokens in random order, and a token is kept when its place in its
+domain's group is below ESLM's count for that domain. Domains are per row (``Batch.domain``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from eslm.contracts import Selection
+from eslm.errors import CheckpointError
+from eslm.selection import risk
+from eslm.selection.scores import standardize
+from eslm.selection.selectors import VaRSelector
+from eslm.selection.stats import selection_stats
+
+__all__ = ["DomainRandomSelector", "domain_matched_draw"]
+
+
+def domain_matched_draw(token_domain: torch.Tensor, kept_per_domain: torch.Tensor, k: int,
+                        generator: torch.Generator) -> torch.Tensor:
+    """Flat indices (k,) of a uniformly random subset of the tokens that holds ``kept_per_domain[d]`` tokens of
+    each domain d (the counts must sum to k). token_domain: (N,) int64 domain id of each token."""
+    n = token_domain.numel()
+    key = torch.rand(n, generator=generator, device=generator.device).to(token_domain.device)
+    # domain + key in [0, 1): ascending order groups the domains, each in random order (float64: exact for ids)
+    order = torch.argsort(token_domain.double() + key.double())
+    dom_sorted = token_domain[order]
+    n_domains = kept_per_domain.numel()
+    per_domain = torch.bincount(token_domain, minlength=n_domains)
+    start = torch.cumsum(per_domain, 0) - per_domain  # first sorted position of each domain
+    place = torch.arange(n, device=token_domain.device) - start[dom_sorted]
+    keep_sorted = place < kept_per_domain.to(place.dtype)[dom_sorted]
+    # exactly k entries are kept: the k largest of the 0/1 mask, taken in sorted order (static shape, no sync)
+    if k >= n:
+        return order
+    return order[torch.topk(keep_sorted.float(), k, sorted=False).indices]
+
+
+class DomainRandomSelector(VaRSelector):
+    """ESLM-entropy's kept count per domain, drawn uniformly at random within each domain. It scores like
+    ``VaRSelector`` (so the step runs the same scoring pass as ESLM-entropy and books the same work) and reports
+    the raw scores of the tokens it actually kept; its threshold field is ESLM's (the count rule), not a
+    property of the random set."""
+
+    def __init__(self, score: str, alpha: float, seed: int, standardize: str = "none", n_domains: int = 1,
+                 scope: str = "micro", device: torch.device | str = "cpu"):
+        super().__init__(score, alpha, standardize, n_domains, scope)
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+
+    def select(self, stats, batch, threshold=None) -> Selection:
+        raw = self.scores(stats, batch)
+        ranked = standardize(raw, self.standardize, batch.domain, self.n_domains)
+        eslm_index, k = risk.select(ranked, self.alpha, threshold)
+        B, T = batch.x.shape
+        token_domain = batch.domain.long().repeat_interleave(T)
+        n_dom = max(self.n_domains, 1)
+        eslm_per_domain = torch.bincount(token_domain[eslm_index], minlength=n_dom)
+        index = domain_matched_draw(token_domain, eslm_per_domain, k, self.generator)
+        kept = torch.zeros(raw.numel(), dtype=torch.bool, device=raw.device).index_fill_(0, index, True)
+        out = selection_stats(raw, kept, ranked=ranked, domain=batch.domain, n_domains=self.n_domains)
+        eslm_threshold = ranked.reshape(-1)[eslm_index].min() if k > 0 else out.threshold
+        out.threshold = eslm_threshold
+        return Selection(index, k, ranked.numel(), out)
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "generator": self.generator.get_state(),
+                "generator_device": self.generator.device.type}
+
+    def load_state_dict(self, sd: dict) -> None:
+        saved = sd.get("generator_device", "cpu")
+        if saved != self.generator.device.type:
+            raise CheckpointError(f"expected the domain-matched control's generator state of a "
+                                  f"{self.generator.device.type} run; found one drawn on {saved}; fix: resume on a "
+                                  f"{saved} device (its random stream cannot continue on another), or start afresh")
+        super().load_state_dict(sd)
+        self.generator.set_state(sd["generator"])

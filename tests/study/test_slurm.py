@@ -263,6 +263,18 @@ def test_a_run_of_several_gpus_runs_under_torchrun_one_process_per_gpu():
         "-m", "eslm.cli", "train", "/s/plan/r.yaml"]
 
 
+def test_a_run_of_several_nodes_runs_torchrun_as_one_node_of_the_job():
+    job = RunJob("r", "/s/plan/r.yaml", "/s/r", "/s/logs/r.log", gpus=8, nodes=4)
+    assert job.command(False, node_rank=2, master="gpu-a17", port=23456)[1:] == [
+        "-m", "torch.distributed.run", "--nnodes=4", "--node_rank=2", "--nproc_per_node=8", "--master_addr=gpu-a17",
+        "--master_port=23456", "-m", "eslm.cli", "train", "/s/plan/r.yaml"]
+    cpu = RunJob("r", "/s/plan/r.yaml", "/s/r", "/s/logs/r.log", gpus=0, nodes=2).command(True, 1, "h", 1)
+    assert "--nproc_per_node=1" in cpu and cpu[-1] == "run.resume=true"
+    assert launcher_problems({"name": "slurm", "nodes": 0}) == ["launcher.nodes: expected an integer >= 1, found 0"]
+    assert launcher_problems({"name": "slurm", "nodes": 2}) == []
+    assert "ntasks-per-node" in launcher_problems({"name": "slurm", "sbatch": {"ntasks-per-node": 2}})[0]
+
+
 # ---------------------------------------------------------------- on a real single-node SLURM
 
 @pytest.mark.slow

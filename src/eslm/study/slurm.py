@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar, Sequence
@@ -47,7 +48,7 @@ from eslm.files import atomic_write, ensure_dir, open_nofollow
 # sbatch options the launcher sets itself (or takes from a key of the section): refused under launcher.sbatch
 _OWN_OPTIONS = {"array": "parallel", "job-name": None, "output": None, "error": None, "signal": None,
                 "open-mode": None, "time": "time", "partition": "partition", "cpus-per-task": "cpus_per_run",
-                "gpus-per-node": "gpus_per_run", "mem": "mem_gb"}
+                "gpus-per-node": "gpus_per_run", "mem": "mem_gb", "nodes": "nodes", "ntasks-per-node": None}
 MAX_REQUEUES = 100  # time-limit requeues of one run (each slice advances the run by at least a step)
 SCHEDULER_TIMEOUT_S = 60.0  # the longest one of SLURM's commands (sbatch, squeue, sacct, scontrol) is waited for
 SIGNAL_DELAY_S = 90  # USR2 this long before the time limit: time for a step and a checkpoint
@@ -127,16 +128,23 @@ class RunJob:
     """One run as a SLURM array task (pickled by submitit, run by ``python -m submitit.core._submit`` under the
     task's ``srun``): ``eslm train PLAN`` in a child process, resumed when the run directory already holds
     metrics, its output appended to the run's log. ``gpus`` > 1: under ``torchrun --standalone``, one process
-    per GPU of the node."""
+    per GPU of the node. ``nodes`` > 1: the job has one task per node, and each runs torchrun as node
+    ``node_rank`` of ``nodes`` (one process per GPU, at least one), the rendezvous at the job's first host
+    (``rendezvous``); node 0's output goes to the run's log, node N's to ``<run>.nodeN.log`` beside it."""
 
     name: str
     plan: str
     run_dir: str
     log: str
     gpus: int = 0
+    nodes: int = 1
 
-    def command(self, resume: bool) -> list[str]:
+    def command(self, resume: bool, node_rank: int = 0, master: str = "", port: int = 0) -> list[str]:
         train = ["-m", "eslm.cli", "train", self.plan] + (["run.resume=true"] if resume else [])
+        if self.nodes > 1:
+            return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={self.nodes}",
+                    f"--node_rank={node_rank}", f"--nproc_per_node={max(1, self.gpus)}", f"--master_addr={master}",
+                    f"--master_port={port}", *train]
         if self.gpus > 1:
             return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.gpus}",
                     *train]
@@ -145,10 +153,13 @@ class RunJob:
     def __call__(self) -> str:
         global _CHILD
         resume = (Path(self.run_dir) / "metrics.jsonl").is_file()
-        cmd = self.command(resume)
+        node, master, port = rendezvous() if self.nodes > 1 else (0, "", 0)
+        cmd = self.command(resume, node, master, port)
         job = _task_id()
-        with open_nofollow(Path(self.log), "a") as log:
+        path = Path(self.log) if node == 0 else Path(self.log).with_suffix(f".node{node}.log")
+        with open_nofollow(path, "a") as log:
             log.write(f"== {time.strftime('%Y-%m-%d %H:%M:%S')} SLURM job {job} on {socket.gethostname()}"
+                      f"{f' (node {node} of {self.nodes})' if self.nodes > 1 else ''}"
                       f"{' (resuming)' if resume else ''}: {shlex.join(cmd)}\n")
             log.flush()
             _CHILD = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_ignore_usr2)
@@ -175,6 +186,15 @@ class RunJob:
         from submitit.helpers import DelayedSubmission
 
         return DelayedSubmission(self)
+
+
+def rendezvous() -> tuple[int, str, int]:
+    """(this node's index, the job's first host, a port) for torchrun's static rendezvous, from SLURM's
+    environment of a task (``SLURM_NODEID``, ``SLURM_JOB_NODELIST`` expanded as submitit does, the job id): every
+    node of a job computes the same host and port, which differ between jobs (20000-29999, from the job id)."""
+    env = _import_submitit().JobEnvironment()
+    job = os.environ.get("SLURM_JOB_ID", "0")
+    return env.node, env.hostnames[0], 20000 + zlib.crc32(job.encode()) % 10000
 
 
 def _task_id() -> str:
@@ -267,6 +287,7 @@ class SlurmLauncher:
     study: str
     partition: str | None = None
     time_min: int = 60
+    nodes: int = 1
     cpus_per_run: int = 1
     gpus_per_run: int = 0
     mem_gb: float | None = None
@@ -275,8 +296,8 @@ class SlurmLauncher:
     detach: bool = False
     poll_s: float = 2.0
 
-    KEYS: ClassVar[tuple[str, ...]] = ("partition", "time", "cpus_per_run", "gpus_per_run", "mem_gb", "parallel",
-                                       "sbatch")
+    KEYS: ClassVar[tuple[str, ...]] = ("partition", "time", "nodes", "cpus_per_run", "gpus_per_run", "mem_gb",
+                                       "parallel", "sbatch")
 
     @classmethod
     def section_problems(cls, section: dict) -> list[str]:
@@ -287,7 +308,7 @@ class SlurmLauncher:
         if "time" in section and time_minutes(section["time"]) is None:
             out.append(f"launcher.time: expected a time limit per job as minutes (an integer > 0) or "
                        f"'[D-]HH:MM:SS', found {section['time']!r}")
-        for key, low in (("cpus_per_run", 1), ("gpus_per_run", 0), ("parallel", 1)):
+        for key, low in (("nodes", 1), ("cpus_per_run", 1), ("gpus_per_run", 0), ("parallel", 1)):
             if key in section and not (_is_int(section[key]) and section[key] >= low):
                 out.append(f"launcher.{key}: expected an integer >= {low}, found {section[key]!r}")
         mem = section.get("mem_gb")
@@ -318,7 +339,7 @@ class SlurmLauncher:
         time_min = time_minutes(section.get("time", 60))
         assert time_min is not None, "launcher.time is checked by section_problems"
         return cls(study=study["name"], partition=section.get("partition"), time_min=time_min,
-                   cpus_per_run=section.get("cpus_per_run", 1), gpus_per_run=section.get("gpus_per_run", 0),
+                   nodes=section.get("nodes", 1), cpus_per_run=section.get("cpus_per_run", 1), gpus_per_run=section.get("gpus_per_run", 0),
                    mem_gb=section.get("mem_gb"), parallel=section.get("parallel", jobs),
                    sbatch=tuple((str(k).lstrip("-").replace("_", "-"), v)
                                 for k, v in (section.get("sbatch") or {}).items()),
@@ -330,6 +351,7 @@ class SlurmLauncher:
         bits = [f"partition {self.partition}" if self.partition else "default partition",
                 f"{' + '.join(per_run)} and {self.time_min} min per job"]
         bits += [f"{self.parallel} at a time"] if self.parallel else []
+        bits += [f"{self.nodes} nodes per run"] if self.nodes > 1 else []
         return "on SLURM: " + ", ".join(bits)
 
     # ---- the runs' states
@@ -440,7 +462,8 @@ class SlurmLauncher:
             plan = (study_dir / "plan" / f"{c.run.name}.yaml").resolve()
             atomic_write(plan, to_yaml(c).encode())
             tasks.append(RunJob(c.run.name, str(plan), str((Path(c.run.out_dir) / c.run.name).resolve()),
-                                str((study_dir / "logs" / f"{c.run.name}.log").resolve()), self.gpus_per_run))
+                                str((study_dir / "logs" / f"{c.run.name}.log").resolve()), self.gpus_per_run,
+                                self.nodes))
         params = dict(job_name=f"eslm-{self.study}", time=self.time_min, cpus_per_task=self.cpus_per_run,
                       array_parallelism=self.parallel or len(tasks), signal_delay_s=SIGNAL_DELAY_S,
                       stderr_to_stdout=True, additional_parameters=dict(self.sbatch))
@@ -448,6 +471,8 @@ class SlurmLauncher:
             params["partition"] = self.partition
         if self.gpus_per_run:
             params["gpus_per_node"] = self.gpus_per_run
+        if self.nodes > 1:  # one task per node, each a torchrun of the run's processes on that node
+            params.update(nodes=self.nodes, ntasks_per_node=1)
         if self.mem_gb:
             params["mem"] = f"{int(self.mem_gb * 1024)}M"
         ex.update_parameters(**params)

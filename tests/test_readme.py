@@ -69,3 +69,20 @@ def test_methods_table_matches_the_registry():
     first_cells = [row.split("|")[1] for row in section.splitlines() if row.startswith("| `")]
     listed = {name for cell in first_cells for name in re.findall(r"`([^`]+)`", cell)}
     assert listed == registry
+
+
+def test_the_readme_drop_in_snippet_runs_and_keeps_the_top_tokens_by_entropy():
+    """The three lines near the README's top, run as written on a small random head (no download)."""
+    import torch
+
+    code = README.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "selective_loss" in code and len(code.strip().splitlines()) == 3
+    torch.manual_seed(0)
+    lm_head = torch.nn.Linear(16, 50, bias=False)
+    h = torch.randn(4, 10, 16, requires_grad=True)
+    targets = torch.randint(0, 50, (4, 10))
+    ns = {"targets": targets, "h": h, "lm_head": lm_head}
+    exec(code, ns)
+    assert ns["stats"].num_kept.item() == 40 - int(0.2 * 40)  # alpha 0.2: the top 80% of the 40 tokens
+    grad_rows = (h.grad.abs().sum(-1) > 0).sum().item()
+    assert grad_rows == ns["stats"].num_kept.item()  # the dropped tokens get no gradient

@@ -166,9 +166,9 @@ def test_launcher_section_mistakes_are_each_one_line():
                                                                 "cpus_per_run": 8, "gpus_per_run": 4, "mem_gb": 64,
                                                                 "parallel": 2, "sbatch": {"account": "abc"}}) == []
     problems = launcher_problems({"name": "slurm", "time": "1h", "cpus_per_run": 0, "gpus_per_run": -1, "mem_gb": 0,
-                                  "parallel": 1.5, "sbatch": {"array": "0-3", "qos": None}, "nodes": 2})
+                                  "parallel": 1.5, "sbatch": {"array": "0-3", "qos": None}, "num_nodes": 2})
     text = "\n".join(problems)
-    for part in ("unknown key(s) 'nodes' for the slurm launcher",
+    for part in ("unknown key(s) 'num_nodes' for the slurm launcher",
                  "launcher.time: expected a time limit", "launcher.cpus_per_run: expected an integer >= 1",
                  "launcher.gpus_per_run: expected an integer >= 0", "launcher.mem_gb: expected a positive",
                  "launcher.parallel: expected an integer >= 1", "--array is set by the launcher; set launcher.parallel",

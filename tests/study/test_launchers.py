@@ -46,49 +46,49 @@ def test_every_registered_launcher_has_the_protocol_and_owns_its_section(name, t
 
 @dataclass(frozen=True)
 class FakeLauncher:
-    """A launcher of the test's own: a key ``nodes`` (an integer >= 1), its own status and launch."""
+    """A launcher of the test's own: a key ``pods`` (an integer >= 1), its own status and launch."""
 
     study: str
-    nodes: int = 1
+    pods: int = 1
     calls: tuple = ()
 
-    KEYS = ("nodes",)
+    KEYS = ("pods",)
 
     @classmethod
     def section_problems(cls, section):
-        n = section.get("nodes", 1)
-        return [] if isinstance(n, int) and n >= 1 else [f"launcher.nodes: expected an integer >= 1, found {n!r}"]
+        n = section.get("pods", 1)
+        return [] if isinstance(n, int) and n >= 1 else [f"launcher.pods: expected an integer >= 1, found {n!r}"]
 
     @classmethod
     def from_study(cls, study, section, jobs, *, detach=False):
-        return cls(study["name"], section.get("nodes", 1), ([],))
+        return cls(study["name"], section.get("pods", 1), ([],))
 
     def launch(self, configs, study_dir):
         self.calls[0].append(("launch", [c.run.name for c in configs]))
-        return Launched(tuple(Outcome(c.run.name, FINISHED, f"finished on {self.nodes} nodes") for c in configs), 7)
+        return Launched(tuple(Outcome(c.run.name, FINISHED, f"finished on {self.pods} pods") for c in configs), 7)
 
     def status(self, configs, study_dir):
-        print(f"fake: {self.nodes} nodes, {len(configs)} runs")
+        print(f"fake: {self.pods} pods, {len(configs)} runs")
         return 5
 
 
 def test_a_new_launcher_with_a_key_of_its_own_is_one_class_and_one_line(tmp_path, tiny_data, monkeypatch, capsys):
     monkeypatch.setitem(LAUNCHERS, "fake", f"{__name__}:FakeLauncher")  # the one line
-    f = _study(tmp_path, tiny_data, "launcher: {name: fake, nodes: 4}")
+    f = _study(tmp_path, tiny_data, "launcher: {name: fake, pods: 4}")
     assert run_study(str(f), tmp_path / "out", dry_run=True) == 0
     assert run_study(str(f), tmp_path / "out", status=True) == 5
-    assert "fake: 4 nodes, 1 runs" in capsys.readouterr().out
-    built = make_launcher({"name": "tiny", "launcher": {"name": "fake", "nodes": 4}})
-    assert isinstance(built, FakeLauncher) and built.nodes == 4
+    assert "fake: 4 pods, 1 runs" in capsys.readouterr().out
+    built = make_launcher({"name": "tiny", "launcher": {"name": "fake", "pods": 4}})
+    assert isinstance(built, FakeLauncher) and built.pods == 4
     assert run_study(str(f), tmp_path / "out", launcher=built) == 7  # its launch trains (here: says it did)
     assert built.calls[0] == [("launch", ["clm-s1"])]
-    # its key is checked by it, and only by it: another launcher's key is unknown here, and nodes is unknown to slurm
-    f.write_text(f.read_text().replace("nodes: 4", "nodes: 0, partition: gpu"))
+    # its key is checked by it, and only by it: another launcher's key is unknown here, and pods is unknown to slurm
+    f.write_text(f.read_text().replace("pods: 4", "pods: 0, partition: gpu"))
     with pytest.raises(ConfigError) as e:
         run_study(str(f), tmp_path / "out", dry_run=True)
-    assert "launcher.nodes: expected an integer >= 1, found 0" in str(e.value)
+    assert "launcher.pods: expected an integer >= 1, found 0" in str(e.value)
     assert "unknown key(s) 'partition' for the fake launcher" in str(e.value)
-    assert launcher_problems({"name": "slurm", "nodes": 4})[0].startswith("launcher: unknown key(s) 'nodes' for "
+    assert launcher_problems({"name": "slurm", "pods": 4})[0].startswith("launcher: unknown key(s) 'pods' for "
                                                                           "the slurm launcher")
 
 

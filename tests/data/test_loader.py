@@ -128,6 +128,15 @@ def test_a_resume_on_another_world_size_warns_with_the_way_back(ds):
         _loader(ds, rank=0, world_size=2).load_state_dict(state)
 
 
+def region_of(region: np.ndarray, x: torch.Tensor) -> bool:
+    """Whether the window ``x`` plus its next token could lie in ``region``: x occurs there, not at its end."""
+    hay, needle = region[:-1].tobytes(), x.numpy().astype(region.dtype).tobytes()
+    at = hay.find(needle)
+    while at >= 0 and at % region.dtype.itemsize:
+        at = hay.find(needle, at + 1)
+    return at >= 0
+
+
 def test_held_out_tail_starts_at_a_document_and_the_parts_partition_the_stream(ds):
     """The held-out tail (GREATS' validation data) holds >= HELD_OUT_FRACTION of a domain's training tokens from a
     document's start; "fit" windows lie before it, "held_out" windows in it; the whole stream is unchanged."""
@@ -148,6 +157,15 @@ def test_held_out_tail_starts_at_a_document_and_the_parts_partition_the_stream(d
             window = np.concatenate([x.numpy(), y.numpy()[-1:]]).astype(s.dtype).tobytes()
             assert region.find(window) >= 0, part
     assert torch.equal(_loader(ds).next_batch().x, _loader(ds, part="all").next_batch().x)
+    # "fit" keeps the "all" loader's windows that end before the tail (paired seeds) and draws the others again
+    kept = moved = 0
+    for i in range(20):
+        a, f = _loader(ds, weights=weights).draw(i), _loader(ds, weights=weights, part="fit").draw(i)
+        for xa, xf in zip(a.x, f.x):
+            inside = region_of(s[:cut], xa)
+            kept, moved = kept + inside, moved + (not inside)
+            assert torch.equal(xa, xf) == inside
+    assert kept > 0 and moved > 0
     with pytest.raises(ConfigError, match="part"):
         _loader(ds, split="val", part="held_out")
     with pytest.raises(CheckpointError, match="part"):

@@ -15,8 +15,10 @@ Held-out part of the training split
 -----------------------------------
 ``part="fit"`` draws windows from a training stream without its held-out tail, ``part="held_out"`` from that
 tail only (:func:`held_out_start`: the last ``HELD_OUT_FRACTION`` of each domain's training tokens, from a
-document's start). A method that steers training by held-out data (GREATS' validation gradient) takes it from
-there, never from the validation split the runs are evaluated on, and its training stream leaves it out.
+document's start). A "fit" batch is the "all" batch with each window that reaches the tail drawn again before
+it, so runs of one seed with and without a held-out part share most of their windows. A method that steers
+training by held-out data (GREATS' validation gradient) takes it from there, never from the validation split
+the runs are evaluated on, and its training stream leaves it out.
 
 Validation
 ----------
@@ -165,13 +167,17 @@ class TrainLoader:
         self._active = np.array([i for i, d in enumerate(dataset.domains) if self.weights[d] > 0], dtype=np.int64)
         p = np.array([self.weights[dataset.domains[i]] for i in self._active], dtype=np.float64)
         self._p = p / p.sum()
-        self._streams = [_part_of(dataset.tokens(split, d), part, dataset.eot_id) for d in dataset.domains]
+        streams = [dataset.tokens(split, d) for d in dataset.domains]
+        cuts = [len(s) if part == "all" else held_out_start(s, dataset.eot_id) for s in streams]
+        if part == "held_out":
+            streams, cuts = [s[c:] for s, c in zip(streams, cuts)], [len(s) - c for s, c in zip(streams, cuts)]
+        self._streams, self._ends = streams, cuts  # every window of domain i ends before self._ends[i] (draw)
         self._check_lengths()
         self.batch_index = 0
 
     def _check_lengths(self) -> None:
         for i in self._active:
-            d, n = self.dataset.domains[i], len(self._streams[i])
+            d, n = self.dataset.domains[i], self._ends[i]
             if n < self.seq_len + 1:
                 where = self.split if self.part == "all" else f"{self.split} ({self.part} part)"
                 raise DataError(f"expected >= seq_len+1 = {self.seq_len + 1} {where} tokens in domain {d!r} "
@@ -188,6 +194,13 @@ class TrainLoader:
         domain = self._active[rng.choice(len(self._active), size=b, p=self._p)]
         lengths = np.array([len(self._streams[i]) for i in domain], dtype=np.int64)
         starts = rng.integers(0, lengths - t)  # window [s, s+t] inclusive fits: s <= n-(t+1)
+        if self.part == "fit":  # a window that reaches the held-out tail is drawn again before it, from its own
+            ends = np.array([self._ends[i] for i in domain], dtype=np.int64)  # generator: the others stay the
+            out = starts + t >= ends  # "all" loader's windows (paired seeds), and every start is uniform
+            if out.any():
+                redraw = np.random.Generator(np.random.PCG64(np.random.SeedSequence(
+                    [self.seed, self.rank, batch_index, 1])))
+                starts[out] = redraw.integers(0, ends[out] - t)
         buf = np.empty((b, t + 1), dtype=np.int64)
         for row, (i, s) in enumerate(zip(domain, starts)):
             buf[row] = self._streams[i][s:s + t + 1]
@@ -243,14 +256,6 @@ def held_out_start(stream: np.ndarray, eot_id: int, fraction: float = HELD_OUT_F
     cut = int(len(stream) * (1.0 - fraction))
     ends = np.flatnonzero(np.asarray(stream[:cut]) == eot_id)
     return int(ends[-1]) + 1 if len(ends) else cut
-
-
-def _part_of(stream: np.ndarray, part: str, eot_id: int) -> np.ndarray:
-    """The tokens of ``stream`` that windows of ``part`` (``PARTS``) lie in: a view, nothing is copied."""
-    if part == "all":
-        return stream
-    start = held_out_start(stream, eot_id)
-    return stream[:start] if part == "fit" else stream[start:]
 
 
 def _check_positive(**values: int) -> None:

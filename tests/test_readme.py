@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -78,8 +79,6 @@ def test_methods_table_matches_the_registry():
 
 
 def _groups(study: str) -> dict:
-    import json
-
     summary = json.loads((ROOT / "docs" / "results" / f"{study}-summary.json").read_text())
     return {g["label"]: g for g in summary["groups"]}
 
@@ -112,6 +111,11 @@ def scorecard_claims() -> list[tuple[str, str]]:
             ("rho1-cpu", f"Rho-1 {_steps(g['rho1'])} steps, the others {_steps(c)}-{_steps(g['random'])}"),
             ("rho1-cpu", f"{_cpu_per_step(g['rho1'], c):.2f}x CLM's CPU per step\n"
                          f"({g['rho1']['step_cost_vs_clm']['mean']:.2f}x its executed FLOPs")]
+    over = json.loads((ROOT / "docs" / "results" / "rho1-cpu-summary.json").read_text())["differences_over_training"]
+    e = next(e for e in over["control"] if e["label"] == "rho1" and e["against"] == "random")
+    i = e["step"].index(108)
+    out += [("rho1-cpu", f"at equal steps Rho-1 leads random dropping ({e['mean'][i]:+.3f} [{e['lo'][i]:+.3f}, "
+                         f"{e['hi'][i]:+.3f}] at step 108)")]
     g = _groups("distill-cpu")
     c = g["clm"]
     out += [("distill-cpu", f"180 steps, dense-KD {_steps(g['dense-kd'])}, ESLM-KD and random-KD "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -86,3 +87,92 @@ def test_the_readme_drop_in_snippet_runs_and_keeps_the_top_tokens_by_entropy():
     assert ns["stats"].num_kept.item() == 40 - int(0.2 * 40)  # alpha 0.2: the top 80% of the 40 tokens
     grad_rows = (h.grad.abs().sum(-1) > 0).sum().item()
     assert grad_rows == ns["stats"].num_kept.item()  # the dropped tokens get no gradient
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The scorecard's step counts and per-step cost ratios, recomputed from the committed summaries
+# (docs/results/<study>-summary.json, written by eslm report): a README number that is not the summary's fails.
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _groups(study: str) -> dict:
+    summary = json.loads((ROOT / "docs" / "results" / f"{study}-summary.json").read_text())
+    return {g["label"]: g for g in summary["groups"]}
+
+
+def _steps(g: dict) -> int:
+    s = g["final_step"]
+    assert s["min"] == s["max"], f"{g['label']}: runs of one group stopped at different steps"
+    return int(s["mean"])
+
+
+def _cpu_per_step(g: dict, clm: dict) -> float:
+    """A group's training CPU seconds per step over CLM's (means over seeds)."""
+    return (g["final_cpu_s"]["mean"] / g["final_step"]["mean"]) / (clm["final_cpu_s"]["mean"] / clm["final_step"]["mean"])
+
+
+def _tokens_k(*groups: dict) -> str:
+    lo = min(g["final_tokens_seen"]["min"] for g in groups)
+    hi = max(g["final_tokens_seen"]["max"] for g in groups)
+    return f"{lo / 1000:.0f}-{hi / 1000:.0f}k tokens"
+
+
+def scorecard_claims() -> list[tuple[str, str]]:
+    """(study, the README text its summary gives) for each step count and per-step cost ratio the README states."""
+    out = []
+    g = _groups("rho1-cpu")
+    c = g["clm"]
+    out += [("rho1-cpu", f"CPU per step vs CLM: Rho-1 {_cpu_per_step(g['rho1'], c):.2f}x, ESLM-loss "
+                         f"{_cpu_per_step(g['eslm-loss'], c):.2f}x (executed FLOPs per step "
+                         f"{g['rho1']['step_cost_vs_clm']['mean']:.2f}x, {g['eslm-loss']['step_cost_vs_clm']['mean']:.2f}x)"),
+            ("rho1-cpu", f"Rho-1 {_steps(g['rho1'])} steps, the others {_steps(c)}-{_steps(g['random'])}"),
+            ("rho1-cpu", f"{_cpu_per_step(g['rho1'], c):.2f}x CLM's CPU per step\n"
+                         f"({g['rho1']['step_cost_vs_clm']['mean']:.2f}x its executed FLOPs")]
+    over = json.loads((ROOT / "docs" / "results" / "rho1-cpu-summary.json").read_text())["differences_over_training"]
+    e = next(e for e in over["control"] if e["label"] == "rho1" and e["against"] == "random")
+    i = e["step"].index(108)
+    out += [("rho1-cpu", f"at equal steps Rho-1 leads random dropping ({e['mean'][i]:+.3f} [{e['lo'][i]:+.3f}, "
+                         f"{e['hi'][i]:+.3f}] at step 108)")]
+    g = _groups("distill-cpu")
+    c = g["clm"]
+    out += [("distill-cpu", f"180 steps, dense-KD {_steps(g['dense-kd'])}, ESLM-KD and random-KD "
+                            f"{_steps(g['eslm-kd-entropy'])}, SALT {_steps(g['salt'])})"
+             if _steps(c) == 180 and _steps(g["eslm-kd-entropy"]) == _steps(g["random-kd"]) else "steps mismatch"),
+            ("distill-cpu", _tokens_k(*g.values())),
+            ("distill-cpu", "(" + ", ".join(f"{name} {_cpu_per_step(g[label], c):.2f}x" for name, label in (
+                ("dense-KD", "dense-kd"), ("ESLM-KD", "eslm-kd-entropy"), ("random-KD", "random-kd"),
+                ("SALT", "salt"))) + ")")]
+    g = _groups("greats-pilot-cpu")
+    c = g["clm"]
+    out += [("greats-pilot-cpu", f"CPU per step **{_cpu_per_step(g['greats'], c):.2f}x CLM's**"),
+            ("greats-pilot-cpu", f"a step cost {g['greats']['step_cost_vs_clm']['mean']:.2f}x CLM's paper-FLOPs, so at "
+                                 f"CLM's budget it trains {_steps(g['greats'])} steps to CLM's {_steps(c)}"),
+            ("greats-pilot-cpu", f"a run costs {g['greats']['final_cpu_s']['mean'] / c['final_cpu_s']['mean']:.2f}x "
+                                 "CLM's CPU")]
+    g = _groups("batch-cpu")
+    c = g["clm"]
+    out += [("batch-cpu", f"CLM at 6 per step ({_steps(c)} steps), ESLM-entropy and random dropping at\n7 "
+                          f"({_steps(g['eslm-entropy'])} steps" if _steps(g["eslm-entropy"]) == _steps(g["random"])
+             else "steps mismatch"),
+            ("batch-cpu", f"A step at 7 sequences costs {_cpu_per_step(g['eslm-entropy'], c):.2f}x CLM's CPU at 6 for "
+                          f"ESLM-entropy and {_cpu_per_step(g['random'], c):.2f}x for random")]
+    g = _groups("ada-cpu")
+    out += [("ada-cpu", f"(CLM {_steps(g['clm'])} steps, ESLM and random {_steps(g['eslm-entropy'])}, Ada "
+                        f"{_steps(g['ada-eslm-entropy'])})")]
+    g = _groups("alpha-cpu")
+    c = g["clm"]
+    ent = [g[f"eslm-entropy (method.alpha={a})"] for a in (0.1, 0.3, 0.5)]
+    rnd = [g[f"random (method.alpha={a})"] for a in (0.1, 0.3, 0.5)]
+    out += [("alpha-cpu", f"({_steps(c)} CLM steps; " + " / ".join(str(_steps(x)) for x in ent)
+             + " steps for the dropping arms)" if [_steps(x) for x in ent] == [_steps(x) for x in rnd] else "mismatch"),
+            ("alpha-cpu", "ESLM-entropy " + " / ".join(f"{_cpu_per_step(x, c):.3f}" for x in ent) + ", random "
+             + " / ".join(f"{_cpu_per_step(x, c):.3f}" for x in rnd))]
+    g = _groups("confirm-cpu")
+    out += [("confirm-cpu", f"alpha 0.2, {_tokens_k(*g.values()).replace(' tokens', '')} tokens, 20 seeds")]
+    return out
+
+
+def test_scorecard_step_counts_and_cost_ratios_come_from_the_summaries():
+    text = " ".join(README.split())  # line breaks inside a sentence do not matter
+    missing = [(study, claim) for study, claim in scorecard_claims() if " ".join(claim.split()) not in text]
+    assert missing == []

@@ -57,7 +57,7 @@ class BuildContext:
     method: the shared ``method.*`` settings; ``section(cls)``: the method's own config section of class ``cls``
     (``method.<cls.key>.*``), typed; loss_*: the cross-entropy's ``train.loss_*`` settings; seq_len
     (``data.seq_len``), micro_batch_size_seqs (``train.``), seed (``run.seed``); model_config: the trained model's;
-    val_loader_factory: rows -> ``TrainLoader`` of validation windows (GREATS; its pool mode also builds its
+    val_loader_factory: rows -> ``TrainLoader`` of held-out windows (GREATS; its pool mode also builds its
     stream of extra training candidates from this loader's dataset, mixture, seq_len and rank)."""
 
     method: SharedMethodSettings
@@ -131,7 +131,8 @@ ROLES = ("baseline", "control", "method")  # MethodSpec.role
 class Need:
     """What a method needs beyond the training stream. ``kind``: reference | teacher | held_out; ``words``: how an
     error names it; ``key``: the config key that supplies it (a frozen model's RUN_DIR|CHECKPOINT, required), or
-    "" when the trainer supplies it (held-out data: the run's validation split, ``BuildContext.val_loader_factory``)."""
+    "" when the trainer supplies it (held-out data: the training split's held-out tail, which the run's training
+    stream leaves out, ``BuildContext.val_loader_factory``; never the validation split the run is evaluated on)."""
 
     kind: str
     words: str
@@ -140,7 +141,7 @@ class Need:
 
 REFERENCE = Need("reference", "a reference model", "method.rho1.reference")
 TEACHER = Need("teacher", "a teacher model", "method.kd.teacher")
-HELD_OUT = Need("held_out", "held-out data (the validation split)")
+HELD_OUT = Need("held_out", "held-out data (a held-out tail of the training split)")
 
 
 @dataclass(frozen=True)
@@ -237,6 +238,12 @@ def register(spec: MethodSpec) -> None:
 def baseline() -> str:
     """The name of the baseline method (the registry line of role "baseline")."""
     return next(name for name, spec in METHODS.items() if spec.role == "baseline")
+
+
+def holds_out(name: str) -> bool:
+    """Whether runs of method ``name`` hold out a tail of the training split (it needs ``HELD_OUT``): their
+    training stream leaves it out, their held-out stream draws from it (``eslm.data.loader.held_out_start``)."""
+    return HELD_OUT in METHODS[name].needs
 
 
 def role_of(name: str) -> str:

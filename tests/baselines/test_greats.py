@@ -513,3 +513,46 @@ def test_config_accepts_pool_and_rejects_step_scope():
     assert build_config(overrides=["method.name=greats", "method.greats.pool=pool"]).method.greats.pool == "pool"
     with pytest.raises(ConfigError, match="scope=micro"):
         build_config(overrides=["method.name=greats", "method.greats.pool=pool", "method.scope=step"])
+
+
+def _occurs(row, stream) -> bool:
+    """Whether the token sequence ``row`` occurs in ``stream`` (a 1-D array of token ids)."""
+    hay, needle, size = stream.astype("<u4").tobytes(), row.numpy().astype("<u4").tobytes(), 4
+    at = hay.find(needle)
+    while at >= 0 and at % size:
+        at = hay.find(needle, at + 1)
+    return at >= 0
+
+
+def _windows(batch):
+    """Each row of a Batch as its window of T + 1 tokens (x then y's last)."""
+    return [torch.cat([x, y[-1:]]) for x, y in zip(batch.x, batch.y)]
+
+
+@pytest.mark.parametrize("pool", ["floor", "pool"])
+def test_validation_batches_are_held_out_training_data(pool, tiny_data, tmp_path):
+    """GREATS' validation batches come from the training split's held-out tail, never from the validation split
+    the run is evaluated on; its training stream (and pool mode's extra candidates) never draws from that tail;
+    the tail starts at a document's start, so no document feeds both. Every other method trains on the whole
+    training split. (Drawing the validation batches from split "val", as before, fails the first check.)"""
+    from eslm.data.loader import held_out_start
+
+    trainer = Trainer(build_config(overrides=_greats_overrides(tiny_data, tmp_path, pool)))
+    rows, ds = trainer.method.rows, trainer.dataset
+    train = {d: ds.tokens("train", d) for d in ds.domains}
+    cut = {d: held_out_start(s, ds.eot_id) for d, s in train.items()}
+    for d, s in train.items():
+        assert 0 < cut[d] < len(s) and s[cut[d] - 1] == ds.eot_id  # a document boundary, both parts non-empty
+    evaluated = {d: ds.tokens("val", d) for d in ds.domains}
+    for i in range(8):
+        for batch, part in ((rows.val_loader.draw(i), "held_out"), (trainer.loader.draw(i), "fit"),
+                            *(((rows.candidate_loader.draw(i), "fit"),) if pool == "pool" else ())):
+            for w, dom in zip(_windows(batch), batch.domain.tolist()):
+                d = ds.domains[dom]
+                tail, head = train[d][cut[d]:], train[d][:cut[d]]
+                assert _occurs(w, tail if part == "held_out" else head), (part, d, i)
+                if part == "held_out":
+                    assert not _occurs(w, evaluated[d]), (d, i)
+                    assert not _occurs(w, head), (d, i)
+    clm = Trainer(build_config(overrides=tiny_overrides(tiny_data, tmp_path / "clm", **{"method.name": "clm"})))
+    assert clm.loader.part == "all" and trainer.loader.part == "fit"

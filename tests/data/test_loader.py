@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from eslm.data.batch import Batch
-from eslm.data.loader import TrainLoader, open_dataset, val_batches
+from eslm.data.loader import HELD_OUT_FRACTION, TrainLoader, held_out_start, open_dataset, val_batches
 from eslm.data.prepare import prepare
 from eslm.errors import CheckpointError, ConfigError, DataError
 
@@ -126,6 +126,52 @@ def test_a_resume_on_another_world_size_warns_with_the_way_back(ds):
     with pytest.warns(UserWarning, match=r"batches continue but differ .*resume on as many processes \(torchrun "
                                          r"--nproc_per_node 1\)"):
         _loader(ds, rank=0, world_size=2).load_state_dict(state)
+
+
+def region_of(region: np.ndarray, x: torch.Tensor) -> bool:
+    """Whether the window ``x`` plus its next token could lie in ``region``: x occurs there, not at its end."""
+    hay, needle = region[:-1].tobytes(), x.numpy().astype(region.dtype).tobytes()
+    at = hay.find(needle)
+    while at >= 0 and at % region.dtype.itemsize:
+        at = hay.find(needle, at + 1)
+    return at >= 0
+
+
+def test_held_out_tail_starts_at_a_document_and_the_parts_partition_the_stream(ds):
+    """The held-out tail (GREATS' validation data) holds >= HELD_OUT_FRACTION of a domain's training tokens from a
+    document's start; "fit" windows lie before it, "held_out" windows in it; the whole stream is unchanged."""
+    for d in ("low", "high"):
+        s = np.asarray(ds.tokens("train", d))
+        cut = held_out_start(s, ds.eot_id)
+        assert s[cut - 1] == ds.eot_id and len(s) - cut >= HELD_OUT_FRACTION * len(s)
+        assert not (s[cut:int(len(s) * (1 - HELD_OUT_FRACTION))] == ds.eot_id).any()  # the last boundary before
+    one_document = np.arange(100) % 7
+    assert held_out_start(one_document, eot_id=99) == 95  # no boundary: the token cut (the parts share no token)
+    weights = {"low": 1.0, "high": 0.0}
+    s = np.asarray(ds.tokens("train", "low"))
+    cut = held_out_start(s, ds.eot_id)
+    for part, lo, hi in (("fit", 0, cut), ("held_out", cut, len(s)), ("all", 0, len(s))):
+        rows = _loader(ds, weights=weights, part=part).next_batch()
+        region = s[lo:hi].tobytes()
+        for x, y in zip(rows.x, rows.y):
+            window = np.concatenate([x.numpy(), y.numpy()[-1:]]).astype(s.dtype).tobytes()
+            assert region.find(window) >= 0, part
+    assert torch.equal(_loader(ds).next_batch().x, _loader(ds, part="all").next_batch().x)
+    # "fit" keeps the "all" loader's windows that end before the tail (paired seeds) and draws the others again
+    kept = moved = 0
+    for i in range(20):
+        a, f = _loader(ds, weights=weights).draw(i), _loader(ds, weights=weights, part="fit").draw(i)
+        for xa, xf in zip(a.x, f.x):
+            inside = region_of(s[:cut], xa)
+            kept, moved = kept + inside, moved + (not inside)
+            assert torch.equal(xa, xf) == inside
+    assert kept > 0 and moved > 0
+    with pytest.raises(ConfigError, match="part"):
+        _loader(ds, split="val", part="held_out")
+    with pytest.raises(CheckpointError, match="part"):
+        _loader(ds, part="fit").load_state_dict(_loader(ds).state_dict())
+    old = {k: v for k, v in _loader(ds).state_dict().items() if k != "part"}  # a checkpoint from before parts
+    _loader(ds).load_state_dict(old)
 
 
 def test_short_domain_with_positive_weight_is_an_error(ds):

@@ -59,6 +59,18 @@ def test_unknown_preset():
     assert set(PRESETS) >= {"tiny", "small", "gpt2-124m", "gpt2-350m", "gpt2-774m"}
 
 
+def test_small_byte_is_smalls_body_with_a_byte_vocabulary():
+    """The bridge studies' preset (issue 43): small's blocks, a context of 288 bytes, the body (blocks and final
+    norm) ~91% of the parameters with the byte tokenizer's 257 ids padded to 320, against ~11% in small with GPT-2's."""
+    body = {k: PRESETS["small"][k] for k in ("n_layer", "n_head", "n_embd")}
+    assert {k: PRESETS["small-byte"][k] for k in body} == body and PRESETS["small-byte"]["block_size"] == 288
+    for name, vocab, lo, hi in (("small-byte", 320, 0.90, 0.92), ("small", 50304, 0.10, 0.12)):
+        m = GPT(preset(name, vocab_size=vocab))
+        total = m.num_params(non_embedding=False)
+        blocks = total - m.transformer.wte.weight.numel() - m.transformer.wpe.weight.numel()
+        assert lo < blocks / total < hi, (name, blocks / total)
+
+
 @pytest.mark.parametrize("over", [{}, {"model.dropout": 0.1}, {"model.vocab_size": 512, "model.block_size": 64},
                                   {"model.preset": "small"}])
 def test_one_answer_to_which_model_a_config_trains(tiny_data, over):

@@ -499,6 +499,10 @@ class GreatsRows(AllRows):
     """GREATS: per micro-batch, score every candidate row by its gradient's alignment with a fresh validation
     batch (ghost inner products) and keep the greedy best rows for the update pass.
 
+    The validation batches are held-out TRAINING data (``val_loader``: the trainer's, from each domain's last
+    5% of training tokens, ``eslm.data.loader.held_out_start``), never the validation split the run is
+    evaluated on; a GREATS run's training stream and pool mode's candidates leave that tail out.
+
     ``route``, ``memory_cap_mb`` (``method.greats.route``, ``method.greats.memory_cap_mb``): each layer's form of
     the inner products (``layer_route``); the FLOPs declared follow the forms actually taken.
 
@@ -599,8 +603,10 @@ class GreatsRows(AllRows):
 
 
 def candidate_loader(val_loader: TrainLoader, rows: int, seed: int) -> TrainLoader:
-    """GREATS pool mode's extra candidates: an independent stream of TRAINING windows with the validation
-    stream's dataset, mixture (the training mixture), seq_len and rank (both are ``TrainLoader``s)."""
+    """GREATS pool mode's extra candidates: an independent stream of TRAINING windows (the training split without
+    its held-out tail, as the run's training loader) with the validation stream's dataset, mixture (the training
+    mixture), seq_len and rank (both are ``TrainLoader``s)."""
     v = val_loader
     return TrainLoader(v.dataset, seq_len=v.seq_len, micro_batch_size_seqs=rows, weights=v.weights,
-                       seed=seeds.greats_candidates(seed), rank=v.rank, world_size=v.world_size, split="train")
+                       seed=seeds.greats_candidates(seed), rank=v.rank, world_size=v.world_size, split="train",
+                       part="fit")

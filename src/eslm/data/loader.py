@@ -11,6 +11,15 @@ The randomness is counter-based: batch ``i`` of rank ``r`` is drawn from a fresh
 ``(seed, r, i)``. So the only state is the batch counter, a resumed loader reproduces the original
 batches exactly, and ranks draw independent windows without coordinating.
 
+Held-out part of the training split
+-----------------------------------
+``part="fit"`` draws windows from a training stream without its held-out tail, ``part="held_out"`` from that
+tail only (:func:`held_out_start`: the last ``HELD_OUT_FRACTION`` of each domain's training tokens, from a
+document's start). A "fit" batch is the "all" batch with each window that reaches the tail drawn again before
+it, so runs of one seed with and without a held-out part share most of their windows. A method that steers
+training by held-out data (GREATS' validation gradient) takes it from there, never from the validation split
+the runs are evaluated on, and its training stream leaves it out.
+
 Validation
 ----------
 :func:`val_batches` cuts each domain's val stream into non-overlapping windows (targets never repeat) and
@@ -35,6 +44,8 @@ from eslm.data.mixture import resolve_weights
 from eslm.errors import CheckpointError, ConfigError, DataError
 
 STATE_VERSION = 1
+HELD_OUT_FRACTION = 0.05  # of each domain's training tokens (held_out_start)
+PARTS = ("all", "fit", "held_out")  # TrainLoader's part of each stream
 
 
 class Dataset:
@@ -133,17 +144,22 @@ class TrainLoader:
     """Seeded, resumable sampler of training micro-batches (see the module docstring).
 
     weights: {domain: weight} (by name) or a spec for :func:`resolve_weights` ("natural", "unif", ...).
+    part: the part of each stream its windows lie in: "all", "fit" (the training split without its held-out
+    tail) or "held_out" (that tail: :func:`held_out_start`).
     Yields :class:`Batch` with x, y (micro_batch_size_seqs, seq_len) int64 and domain (micro_batch_size_seqs,).
     """
 
     def __init__(self, dataset: Dataset, *, seq_len: int, micro_batch_size_seqs: int,
                  weights: Mapping[str, float] | str, seed: int, rank: int = 0, world_size: int = 1,
-                 split: str = "train"):
+                 split: str = "train", part: str = "all"):
         _check_positive(seq_len=seq_len, micro_batch_size_seqs=micro_batch_size_seqs, world_size=world_size)
         if not 0 <= rank < world_size or seed < 0:
             raise ConfigError(f"expected seed >= 0 and 0 <= rank < world_size; found seed={seed}, rank={rank}, "
                               f"world_size={world_size}; fix: check the launch settings")
-        self.dataset, self.split = dataset, split
+        if part not in PARTS or (part != "all" and split != "train"):
+            raise ConfigError(f"expected part in {list(PARTS)} (a held-out part of the train split only); found "
+                              f"part={part!r} of split {split!r}; fix: use part='all' for the {split!r} split")
+        self.dataset, self.split, self.part = dataset, split, part
         self.seq_len, self.micro_batch_size_seqs = int(seq_len), int(micro_batch_size_seqs)
         self.seed, self.rank, self.world_size = int(seed), int(rank), int(world_size)
         self.weights = resolve_weights(weights, dataset.domains, token_counts=dataset.token_counts(split))
@@ -151,15 +167,20 @@ class TrainLoader:
         self._active = np.array([i for i, d in enumerate(dataset.domains) if self.weights[d] > 0], dtype=np.int64)
         p = np.array([self.weights[dataset.domains[i]] for i in self._active], dtype=np.float64)
         self._p = p / p.sum()
-        self._streams = [dataset.tokens(split, d) for d in dataset.domains]
+        streams = [dataset.tokens(split, d) for d in dataset.domains]
+        cuts = [len(s) if part == "all" else held_out_start(s, dataset.eot_id) for s in streams]
+        if part == "held_out":
+            streams, cuts = [s[c:] for s, c in zip(streams, cuts)], [len(s) - c for s, c in zip(streams, cuts)]
+        self._streams, self._ends = streams, cuts  # every window of domain i ends before self._ends[i] (draw)
         self._check_lengths()
         self.batch_index = 0
 
     def _check_lengths(self) -> None:
         for i in self._active:
-            d, n = self.dataset.domains[i], len(self._streams[i])
+            d, n = self.dataset.domains[i], self._ends[i]
             if n < self.seq_len + 1:
-                raise DataError(f"expected >= seq_len+1 = {self.seq_len + 1} {self.split} tokens in domain {d!r} "
+                where = self.split if self.part == "all" else f"{self.split} ({self.part} part)"
+                raise DataError(f"expected >= seq_len+1 = {self.seq_len + 1} {where} tokens in domain {d!r} "
                                 f"(weight {self.weights[d]:.4g}); found {n}; fix: give it weight 0, lower "
                                 "seq_len, or prepare more data")
 
@@ -173,6 +194,13 @@ class TrainLoader:
         domain = self._active[rng.choice(len(self._active), size=b, p=self._p)]
         lengths = np.array([len(self._streams[i]) for i in domain], dtype=np.int64)
         starts = rng.integers(0, lengths - t)  # window [s, s+t] inclusive fits: s <= n-(t+1)
+        if self.part == "fit":  # a window that reaches the held-out tail is drawn again before it, from its own
+            ends = np.array([self._ends[i] for i in domain], dtype=np.int64)  # generator: the others stay the
+            out = starts + t >= ends  # "all" loader's windows (paired seeds), and every start is uniform
+            if out.any():
+                redraw = np.random.Generator(np.random.PCG64(np.random.SeedSequence(
+                    [self.seed, self.rank, batch_index, 1])))
+                starts[out] = redraw.integers(0, ends[out] - t)
         buf = np.empty((b, t + 1), dtype=np.int64)
         for row, (i, s) in enumerate(zip(domain, starts)):
             buf[row] = self._streams[i][s:s + t + 1]
@@ -192,7 +220,7 @@ class TrainLoader:
         """Plain Python types only (safe for ``torch.load(weights_only=True)``)."""
         return {"version": STATE_VERSION, "batch_index": self.batch_index, "seed": self.seed, "rank": self.rank,
                 "world_size": self.world_size, "seq_len": self.seq_len,
-                "micro_batch_size_seqs": self.micro_batch_size_seqs, "split": self.split,
+                "micro_batch_size_seqs": self.micro_batch_size_seqs, "split": self.split, "part": self.part,
                 "domains": list(self.dataset.domains), "weights": dict(self.weights),
                 "content_hash": self.dataset.content_hash}
 
@@ -204,7 +232,8 @@ class TrainLoader:
         if state.get("version") != STATE_VERSION:
             raise CheckpointError(f"expected loader state version {STATE_VERSION}; found {state.get('version')!r}; "
                                   "fix: resume with the eslm version that wrote the checkpoint")
-        for key in ("seed", "seq_len", "micro_batch_size_seqs", "split", "domains", "content_hash"):
+        state = {"part": "all", **state}  # a checkpoint from before parts drew from the whole stream
+        for key in ("seed", "seq_len", "micro_batch_size_seqs", "split", "part", "domains", "content_hash"):
             if state.get(key) != mine[key]:
                 raise CheckpointError(f"expected the checkpoint's data {key}={state.get(key)!r} to resume exactly; "
                                       f"found {mine[key]!r}; fix: resume with the original data and settings")
@@ -217,6 +246,16 @@ class TrainLoader:
                           f"resume on as many processes (torchrun --nproc_per_node {state.get('world_size')})",
                           stacklevel=2)
         self.batch_index = int(state["batch_index"])
+
+
+def held_out_start(stream: np.ndarray, eot_id: int, fraction: float = HELD_OUT_FRACTION) -> int:
+    """Where a training stream's held-out tail starts: at the start of the document that holds token
+    ``floor((1 - fraction) * len(stream))`` (just after the end-of-text before it), so the tail holds at least
+    ``fraction`` of the tokens and no document lies on both sides; at that token itself when one document
+    spans it from the stream's start (the two parts still share no token)."""
+    cut = int(len(stream) * (1.0 - fraction))
+    ends = np.flatnonzero(np.asarray(stream[:cut]) == eot_id)
+    return int(ends[-1]) + 1 if len(ends) else cut
 
 
 def _check_positive(**values: int) -> None:

@@ -43,6 +43,9 @@ class ModelConfig:
 PRESETS: dict[str, dict] = {
     "tiny": dict(n_layer=2, n_head=2, n_embd=64, block_size=64),
     "small": dict(n_layer=4, n_head=4, n_embd=128, block_size=128),
+    # small's body with a byte vocabulary (data.tokenizer=byte: 257 ids, padded to 320): a context of 288 bytes holds
+    # about as much stdlib text as small's 128 GPT-2 tokens (2.28 bytes per token over the corpus); docs/study.md
+    "small-byte": dict(n_layer=4, n_head=4, n_embd=128, block_size=288),
     "gpt2-124m": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024),
     "gpt2-350m": dict(n_layer=24, n_head=16, n_embd=1024, block_size=1024),
     "gpt2-774m": dict(n_layer=36, n_head=20, n_embd=1280, block_size=1024),

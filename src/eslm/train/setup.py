@@ -19,6 +19,7 @@ from eslm.train.distributed import FSDPModel, shard_fsdp
 from eslm.data.loader import TrainLoader, open_dataset, val_batches
 from eslm.data.mixture import resolve_weights
 from eslm.data.prepare import ensure_prepared
+from eslm.methods import holds_out
 from eslm.model.loading import load_model
 from eslm.ops.calibrate import ensure_measured
 from eslm.ops.head_backend import resolve
@@ -152,13 +153,16 @@ def wrap(model: GPT, cfg: Config, dist, device: torch.device, fsdp: bool) -> tor
 
 
 def data_streams(cfg: Config, dataset, dist, device: torch.device):
-    """(mixture weights, the training loader, the fixed validation batches per domain on the device)."""
+    """(mixture weights, the training loader, the fixed validation batches per domain on the device). The
+    training loader of a method that needs held-out data (``eslm.methods.holds_out``) leaves out the training
+    split's held-out tail (``eslm.data.loader.held_out_start``), which ``val_loader_factory`` draws from."""
 
     d, t, e = cfg.data, cfg.train, cfg.eval
     counts = {dom: dataset.num_tokens("train", dom) for dom in dataset.domains}
     weights = resolve_weights(d.weights, dataset.domains, token_counts=counts)
     loader = TrainLoader(dataset, seq_len=d.seq_len, micro_batch_size_seqs=t.micro_batch_size_seqs,
-                         weights=weights, seed=cfg.run.seed, rank=dist.rank, world_size=dist.world_size)
+                         weights=weights, seed=cfg.run.seed, rank=dist.rank, world_size=dist.world_size,
+                         part="fit" if holds_out(cfg.method.name) else "all")
     val = {dom: [b.to(device) for b in bs] for dom, bs in val_batches(
         dataset, seq_len=d.seq_len, batch_size_seqs=e.batch_size_seqs,
         tokens_per_domain=e.tokens_per_domain, seed=seeds.VAL_WINDOWS).items()}
@@ -166,11 +170,13 @@ def data_streams(cfg: Config, dataset, dist, device: torch.device):
 
 
 def val_loader_factory(cfg: Config, dataset, weights: dict, dist):
-    """A function batch_size_seqs -> a loader over the validation split (GREATS' validation gradient)."""
+    """A function batch_size_seqs -> a loader over the training split's held-out tail (GREATS' validation
+    gradient): never the validation split the run is evaluated on, and never what its training loader draws
+    (``data_streams``)."""
     def factory(batch_size_seqs: int):
         return TrainLoader(dataset, seq_len=cfg.data.seq_len, micro_batch_size_seqs=batch_size_seqs,
                            weights=weights, seed=seeds.greats_val(cfg.run.seed), rank=dist.rank,
-                           world_size=dist.world_size, split="val")
+                           world_size=dist.world_size, split="train", part="held_out")
 
     return factory
 

@@ -91,7 +91,7 @@ class TrainSection:
     loss_impl: str = _f("auto", "the LM-head backend (eslm.ops.head_backend): auto (the device's default: fused on CPU; triton on CUDA where the gpu extra is installed, else fused) | " + " | ".join(f"{s.name} ({s.summary}{'; the ' + s.extra + ' extra' if s.extra else ''})" for s in BACKENDS))
     loss_chunk_size: int = _f(1024, "tokens per chunk in the fused loss")
     loss_cache_probs: bool = _f(True, "fused loss with selection scores: allow keeping the scoring pass's softmax (one tokens x vocab fp32 buffer per micro-batch) so the gradients need no second logits matmul; false: no such buffer, recompute instead")
-    loss_route: str = _f("auto", "fused loss route (docs/fused_loss.md): auto (the cheapest by the per-device cost model) | kept_cached | all_rows | grads_in_pass | kept_recompute (forced where it can run: the cached two need selection scores)")
+    loss_route: str = _f("auto", "fused loss route (docs/fused_loss.md): auto (by a fixed rule: kept_cached with scores, kept_recompute without, the one pass for CLM) | kept_cached | all_rows | grads_in_pass | kept_recompute (forced where it can run: the cached two need selection scores)")
     normalize: str = _f("paper", "paper (mean over kept tokens per micro-batch / accum steps) | global (sum / kept tokens of the whole step, all ranks)")
     num_threads: int = _f(0, "torch CPU threads; 0 = torch's default (torchrun sets 1 per process)")
     branch_from: str = _f("", "a checkpoint file of another run to continue from (a branched study's trunk): its weights, optimizer state, data position, step, FLOPs and time; this run's method starts fresh and its cosine continues from there to its own last step (docs/study.md)")

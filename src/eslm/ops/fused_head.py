@@ -18,7 +18,7 @@ so scores, loss and gradients together cost 3u — what plain training's head co
 (chunk, V) fp32 block is alive, never the naive path's (N, V) logits, log-probabilities and gradients.
 
 **The selected loss** (``fused_ce_sum``) returns sum_{i in kept} loss_i with its gradient, by the route the
-pass was made for (``route_pass``; which route runs is chosen by cost in ``eslm.ops.head_route``):
+pass was made for (``route_pass``; which route runs is chosen by the rule of ``eslm.ops.head_route``):
 
 * ``kept_cached``: the pass kept its softmax P; after the selection the kept rows of P are compacted into its
   first K rows, in place, and G_h[kept] = (P_K - onehot) W, G_W = (P_K - onehot)^T H_K: 1u + 2ku;
@@ -518,26 +518,20 @@ class _RowGradCE(torch.autograd.Function):
         return gh * grad_out.to(gh.dtype)[:, None], None, None, None
 
 
-def geometry(hidden: torch.Tensor, weight: torch.Tensor):
-    """The ``eslm.ops.head_route.Geometry`` of a head call: width, vocabulary, device type, compute dtype."""
-    return head_route.Geometry(int(hidden.shape[-1]), int(weight.shape[0]), hidden.device.type,
-                               str(_compute_dtype(hidden)).replace("torch.", ""))
-
-
 def fused_selected_ce(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                       index: torch.Tensor | None, *, chunk_size: int = 1024,
                       lse: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token CE (K,) fp32 of the kept rows (all rows if index is None), with autograd to hidden and weight,
     for any upstream gradient. The gather ``hidden[index]`` scatters the kept rows' gradients back into an
     (N, C) zero tensor, so dropped rows get exactly zero gradient from the head. ``lse`` (N,): the scoring
-    pass's, when one ran. The route is the chooser's (``eslm.ops.head_route``, per-token routes)."""
+    pass's, when one ran. The route is the rule's (``eslm.ops.head_route``, per-token routes)."""
     n = hidden.shape[0]
     k = n if index is None else index.numel()
     grad = torch.is_grad_enabled()
     if k == 0 or not (grad and (hidden.requires_grad or weight.requires_grad)):
         route = "kept_recompute"  # no backward will run: the forward alone (the lse, or one scores pass)
     else:
-        route = head_route.choose_route(n, k, geometry(hidden, weight), scored=lse is not None, per_token=True,
+        route = head_route.choose_route(n, k, scored=lse is not None, per_token=True,
                                         weight_grad=weight.requires_grad)
     if index is not None:
         hidden, targets = hidden[index], targets[index]
@@ -551,7 +545,7 @@ def fused_selected_ce(hidden: torch.Tensor, weight: torch.Tensor, targets: torch
 
 
 class FusedHead:
-    """The chunked head as a backend: per micro-batch the route of ``eslm.ops.head_route``'s chooser (forced by
+    """The chunked head as a backend: per micro-batch the route of ``eslm.ops.head_route``'s rule (forced by
     ``options.route`` where it can run, the cached routes only with ``options.cache_probs``); the state is the
     route's pass (``HeadPass``), consumed by ``kept_loss``."""
 
@@ -560,16 +554,14 @@ class FusedHead:
     def __init__(self, options: HeadOptions = HeadOptions()):
         self.options = options
 
-    def choose(self, n: int, k: int, geom, *, scored: bool, entropy: bool = False) -> str:
-        """The route of n rows with k kept (the one chooser, ``eslm.ops.head_route``); ``geom`` None: before
-        anything ran (the FLOPs alone decide)."""
-        return head_route.choose_route(n, k, geom, scored=scored, cache=self.options.cache_probs,
-                                       forced=self.options.route, entropy=entropy)
+    def choose(self, n: int, k: int, *, scored: bool) -> str:
+        """The route of n rows with k kept (the one chooser, ``eslm.ops.head_route``)."""
+        return head_route.choose_route(n, k, scored=scored, cache=self.options.cache_probs,
+                                       forced=self.options.route)
 
     def score(self, hidden, weight, targets, *, num_kept, need_scores, need_entropy):
         n = hidden.shape[0]
-        route = self.choose(n, min(n, max(1, num_kept)), geometry(hidden, weight), scored=need_scores,
-                            entropy=need_scores and need_entropy)
+        route = self.choose(n, min(n, max(1, num_kept)), scored=need_scores)
         pre = route_pass(route, hidden, weight, targets, scored=need_scores, need_entropy=need_entropy,
                          chunk_size=self.options.chunk_size)
         return (None if pre is None else pre.stats()), HeadState(route, pre)
@@ -581,7 +573,7 @@ class FusedHead:
         return fused_ce_sum(hidden, weight, targets, index, pre=pre, chunk_size=self.options.chunk_size)
 
     def work(self, n, k, *, scored, state=None) -> HeadWork:
-        route = state.route if state is not None else self.choose(n, max(k, 1), None, scored=scored)
+        route = state.route if state is not None else self.choose(n, max(k, 1), scored=scored)
         return head_route.route_work(route, n, k, scored=scored)
 
     def token_stats(self, hidden, weight, targets, *, need_entropy):

@@ -82,7 +82,7 @@ def selection_overhead(bench: Bench, alphas: list[float], chunk: int, reps: int)
     H = lse - h . (P W), where P W is the hidden-state gradient's matmul, formed either way, so its cost is the
     (N, C) row dot; otherwise the pass keeps the logits beside the softmax for a batched dot per row over
     (N, V). The pass and the gradients themselves are not counted: CLM runs them too."""
-    from eslm.ops.fused_head import _compute_dtype, _rowdot, _scratch_rows, head_pass
+    from eslm.ops.fused_head import compute_dtype, _rowdot, _scratch_rows, head_pass
     from eslm.selection.risk import num_kept
 
     batch = bench.batches[0]
@@ -95,7 +95,7 @@ def selection_overhead(bench: Bench, alphas: list[float], chunk: int, reps: int)
                                                    scored=True)
         stats = head_pass(hidden, w, y, need_entropy=True, keep_probs=True, softmax_w=route == "all_rows",
                           chunk_size=chunk)
-        cdt = _compute_dtype(hidden)
+        cdt = compute_dtype(hidden)
     if stats.softmax_w is not None:
         route = f"{route}, fp32: lse - h . (P W)"
         h_c = hidden.float()

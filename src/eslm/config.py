@@ -483,6 +483,11 @@ def method_sections(method: SharedMethodSettings) -> dict[str, Section]:
             if isinstance(getattr(method, f.name), Section)}
 
 
+def is_int(v) -> bool:
+    """An integer that is not a bool (YAML's and JSON's true is an int to Python)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 MAX_INT = 2**53  # a larger integer setting is a mistake (and overflows the int64 counters and seeds it feeds)
 MAX_SEED = 2**32  # numpy's seeds are 32-bit; each rank and stream adds a small offset
 
@@ -525,7 +530,7 @@ def validate(cfg: Config) -> list[str]:
     for key, (default, _) in all_keys().items():  # nan passes every comparison below; inf is no setting
         if isinstance(default, float) and not math.isfinite(get(cfg, key)):
             problems.append(f"{key}: expected a finite number, got {get(cfg, key)!r}")
-        elif isinstance(default, int) and not isinstance(default, bool) and abs(get(cfg, key)) >= MAX_INT:
+        elif is_int(default) and abs(get(cfg, key)) >= MAX_INT:
             problems.append(f"{key}: expected an integer below 2**53, got {get(cfg, key)!r}")
     problems += value_problems(cfg)
     if cfg.run.name and (problem := name_problem(cfg.run.name, "run.name")):  # <out_dir>/<name>: one component

@@ -351,11 +351,6 @@ def test_the_private_name_check_catches_an_import_and_an_attribute():
                                         "eslm.ops.triton_head: nh._rows", "eslm.ops.triton_head: public._z"]
 
 
-# Called only by tests today: their owners' issues (21, 24) add them; call them from the package or move them into
-# the tests. The check below fails when one of these is called, so that the entry is removed.
-KNOWN_UNUSED = {"eslm.analysis.stats.fmt_ci", "eslm.analysis.stats.paired_power", "eslm.files.check_name"}
-
-
 def unused_public_definitions(root: Path) -> list[str]:
     """Module-level public functions and classes of ``eslm`` that nothing uses: no reference in the package, the
     benchmarks or the examples other than their own definition, and no mention in docs/ or README.md (a documented
@@ -415,6 +410,4 @@ def unused_public_definitions(root: Path) -> list[str]:
 
 
 def test_every_public_function_is_used():
-    unused = set(unused_public_definitions(SRC.parents[1]))
-    assert unused - KNOWN_UNUSED == set()
-    assert KNOWN_UNUSED - unused == set(), "called now: remove them from KNOWN_UNUSED"
+    assert unused_public_definitions(SRC.parents[1]) == []

@@ -35,6 +35,7 @@ from eslm.methods import METHODS, BuildContext, SharedMethodSettings
 from eslm.model.gpt import PRESETS, ModelConfig, pad_vocab, preset
 from eslm.ops.head_backend import BACKENDS, IMPL_CHOICES, HeadOptions, option_problems
 from eslm.ops.head_route import ROUTE_CHOICES
+from eslm.selection.risk import check_alpha
 from eslm.selection.scores import STANDARDIZE_MODES
 from eslm.selection.selectors import SCOPES
 from eslm.settings import Section, key_of, section
@@ -523,8 +524,10 @@ def validate(cfg: Config) -> list[str]:
                         f"count, got {cfg.checkpoint.snapshot_interval!r}")
     if cfg.model.preset not in PRESETS:
         problems.append(f"model.preset: expected one of {', '.join(PRESETS)}, got {cfg.model.preset!r}")
-    if not (0.0 <= cfg.method.alpha < 1.0):
-        problems.append(f"method.alpha: expected 0 <= alpha < 1 (fraction of tokens dropped), got {cfg.method.alpha}")
+    try:
+        check_alpha(cfg.method.alpha)
+    except ConfigError as e:
+        problems.append(f"method.{e}")
     for name, sec in method_sections(cfg.method).items():  # each section's own checks (eslm.settings.Section)
         problems += [f"method.{name}.{p}" for p in sec.problems()]
     for key, (default, _) in all_keys().items():  # nan passes every comparison below; inf is no setting

@@ -251,15 +251,6 @@ def loss_verdict(ci: dict, what: str, baseline: str, single: bool = False) -> st
                     f"{what} higher than {baseline} by {{m}} [{{lo}}, {{hi}}] nats", what, baseline, " nats", single)
 
 
-def fmt_ci(ci: dict, spec: str = ".4f") -> str:
-    """'4.348 ± 0.110 (n=5)' / '4.348 (n=1, no interval)' / '—'."""
-    if ci["n"] == 0 or ci["mean"] is None:
-        return "—"
-    if ci["half_width"] is None:
-        return f"{format(ci['mean'], spec)} (n=1, no interval)"
-    return f"{format(ci['mean'], spec)} ± {format(ci['half_width'], spec)} (n={ci['n']})"
-
-
 # ---------------------------------------------------------------- power: what a comparison could have seen
 
 POWER = 0.8
@@ -293,15 +284,6 @@ def nct_cdf(t: float, df: float, ncp: float) -> float:
     for i in range(1, m):
         total += (4.0 if i % 2 else 2.0) * f(lo + i * h)
     return min(1.0, max(0.0, total * h / 3.0))
-
-
-def paired_power(effect: float, sd: float, n: int, level: float = LEVEL) -> float:
-    """Power of the two-sided paired t test at 1 - ``level`` (5%) with n pairs of standard deviation ``sd``
-    against a true mean difference ``effect``."""
-    df = n - 1
-    crit = t_quantile(0.5 + level / 2.0, df)
-    ncp = effect * math.sqrt(n) / sd
-    return 1.0 - nct_cdf(crit, df, ncp) + nct_cdf(-crit, df, ncp)
 
 
 def mde(sd: float | None, n: int, power: float = POWER, level: float = LEVEL) -> float | None:

@@ -1,7 +1,7 @@
 """Which route the LM-head loss takes: a fixed rule (the one chooser), ``train.loss_route`` the override.
 
 Every caller of the fused head asks here: the training step (through ``CrossEntropy``), the drop-in
-``eslm.api.selective_loss(hidden=, weight=)`` and GREATS' per-sample losses (both through
+``eslm.api.selective_loss(hidden=, lm_weight=)`` and GREATS' per-sample losses (both through
 ``eslm.ops.fused_head.fused_selected_ce``). The routes, for N rows of width C, vocabulary V and K kept rows
 (u = one (N x C) x (C x V) matmul, k = K/N; the scoring pass, when selection needs scores, is 1u):
 

@@ -11,19 +11,17 @@ rewritten after every step (with ``--bundle``, so is a .tar.gz of DIR), so a tim
 1. ``env``: GPU name, torch / CUDA versions, the peak bf16 TFLOP/s of a large matmul (8192^3 on CUDA, its
    tensors made on the device); it is the MFU denominator only for a GPU the trainer's peak table lacks (and in
    the CPU smoke mode);
-2. ``calibrate``: the LM-head route chooser's coefficients measured on the device (``eslm calibrate``'s
-   measurement) into DIR/head_costs.json, which the later steps use (ESLM_HEAD_COSTS);
-3. ``loss_path``: ``benchmarks/loss_path.py`` at 124M, 12 x 1024 tokens, bf16 autocast: CLM naive / fused,
+2. ``loss_path``: ``benchmarks/loss_path.py`` at 124M, 12 x 1024 tokens, bf16 autocast: CLM naive / fused,
    ESLM-entropy naive / fused on the chooser's route / fused with each head route forced, ESLM-loss fused at
    alpha 0.1, 0.2, 0.5 (and the triton backend where it is available): step time (CUDA events), peak memory
    (torch.cuda.max_memory_allocated), tokens/s, MFU, selection cost, the route each ran;
-4. ``profile``: ``torch.profiler`` over a few real training steps (``Trainer``'s step) of CLM and ESLM-entropy
-   at alpha 0.2: the top ops by device time, tables in DIR/4-profile/;
-5. ``loss_path_compile``: the loss path with torch.compile, trimmed to what compiling changes (the trunk):
+3. ``profile``: ``torch.profiler`` over a few real training steps (``Trainer``'s step) of CLM and ESLM-entropy
+   at alpha 0.2: the top ops by device time, tables in DIR/3-profile/;
+4. ``loss_path_compile``: the loss path with torch.compile, trimmed to what compiling changes (the trunk):
    CLM and ESLM at alpha 0.2 on the chooser's route, no forced routes (on CPU only with --compile yes);
-6. ``pytest``: ``pytest -m gpu`` (fused head vs the oracle, one step of every method, no host sync in the
-   selection), its output in DIR/6-pytest.log;
-7. ``train_clm``, 8. ``train_eslm_entropy``: the real ``eslm train`` command with a config written to DIR
+5. ``pytest``: ``pytest -m gpu`` (fused head vs the oracle, one step of every method, no host sync in the
+   selection), its output in DIR/5-pytest.log;
+6. ``train_clm``, 7. ``train_eslm_entropy``: the real ``eslm train`` command with a config written to DIR
    (a few hundred 124M steps on the built-in corpus, eager, bf16): progress lines with MFU in DIR/<n>-*.log,
    metrics.jsonl and result.json copied into DIR, first / last loss and MFU in the step's JSON.
 
@@ -67,22 +65,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))  # this tree's eslm, as the subprocesses get it (PYTHONPATH below)
-STEPS = ("env", "calibrate", "loss_path", "profile", "loss_path_compile", "pytest", "train_clm",
+STEPS = ("env", "loss_path", "profile", "loss_path_compile", "pytest", "train_clm",
          "train_eslm_entropy")
-CHILD_STEPS = ("env", "calibrate", "profile")  # run by this script in a child process of their own
+CHILD_STEPS = ("env", "profile")  # run by this script in a child process of their own
 
 # per preset: shapes, rounds, training length, each step's own time limit and the total (s; the total wins).
 # The tiny smoke's limits only guard against a hang: a loaded 2-core CI box can be 20x slower than an idle one.
 PRESETS = {
     "gpt2-124m": dict(seq_len=1024, micro_batch=12, matmul_n=8192, bench_steps=10, bench_warmup=3, train_steps=300,
                       log_interval=25, eval_tokens=4096, budget_s=1020, alphas=("0.1", "0.2", "0.5"), memory=True,
-                      calib_reps=5, profile_steps=3,
-                      limits=dict(env=60, calibrate=90, loss_path=150, profile=120, loss_path_compile=180,
+                      profile_steps=3,
+                      limits=dict(env=60, loss_path=150, profile=120, loss_path_compile=180,
                                   pytest=180, train=120)),
     "tiny": dict(seq_len=16, micro_batch=2, matmul_n=256, bench_steps=1, bench_warmup=1, train_steps=8,
                  log_interval=2, eval_tokens=256, budget_s=3600, alphas=("0.1", "0.5"), memory=False,
-                 calib_reps=1, profile_steps=1,
-                 limits=dict(env=600, calibrate=600, loss_path=600, profile=600, loss_path_compile=900,
+                 profile_steps=1,
+                 limits=dict(env=600, loss_path=600, profile=600, loss_path_compile=900,
                              pytest=600, train=600)),
 }
 
@@ -217,19 +215,6 @@ def child_env(a) -> dict:
     return env
 
 
-def child_calibrate(a) -> dict:
-    """(In the child.) The LM-head route chooser's coefficients measured on the device into ``a.costs_file``."""
-    import torch
-
-    from eslm.ops.calibrate import calibrate, write
-
-    kind = torch.device(a.device).type
-    costs = calibrate(a.device, ["bf16", "fp32"] if kind == "cuda" else ["fp32"], a.reps)
-    write(str(a.costs_file), kind, costs)
-    return {k: {f: getattr(c, f) for f in ("matmul_s_per_flop", "copy_s_per_byte", "softmax_s_per_elem",
-                                           "entropy_s_per_elem")} for k, c in costs.items()}
-
-
 def run_child(ctx, step: str, args: list[str], env: dict | None = None) -> tuple[dict, int | None, float, Path]:
     """This script's ``--child STEP`` in its own process (group) with the step's time limit: (what it wrote,
     exit status or None on time-out, wall seconds, its log)."""
@@ -249,18 +234,6 @@ def step_env(ctx) -> tuple[dict, list[str]]:
         return {"status": status_of(rc), "returncode": rc, "log": log.name}, ["```", *tail(log), "```"]
     ctx.matmul_peak = env["matmul_tflops"] * 1e12
     return {"environment": env}, [f"- {k}: {v}" for k, v in env.items()] + [f"({wall:.0f} s)"]
-
-
-def step_calibrate(ctx) -> tuple[dict, list[str]]:
-    path = ctx.out / "head_costs.json"
-    costs, rc, wall, log = run_child(ctx, "calibrate", ["--reps", str(ctx.cfg["calib_reps"]),
-                                                        "--costs-file", str(path)])
-    if rc != 0 or not path.exists():
-        return {"status": status_of(rc), "returncode": rc, "log": log.name}, ["```", *tail(log), "```"]
-    ctx.head_costs = path
-    return ({"head_costs": costs, "note": f"measured into {path.name}"},
-            [f"head route costs measured into {path.name} in {wall:.0f} s (ESLM_HEAD_COSTS of the later steps):",
-             ""] + [f"- {k}: {v}" for k, v in costs.items()])
 
 
 def matmul_tflops(dev, n: int, dtype: str, reps: int = 10) -> float:
@@ -318,7 +291,7 @@ def step_loss_path(ctx, compile: bool) -> tuple[dict, list[str]]:
     if ctx.peak_flops_arg():
         cmd += ["--peak-flops", str(ctx.peak_flops_arg())]
     log = ctx.report.path(ctx.n, name, ".log")
-    rc, wall = run_logged(cmd, log, ctx.limit(name), env={"ESLM_BENCH_RESULTS": str(ctx.out), **ctx.costs_env()})
+    rc, wall = run_logged(cmd, log, ctx.limit(name), env={"ESLM_BENCH_RESULTS": str(ctx.out)})
     rec = {"status": status_of(rc), "returncode": rc, "command": " ".join(cmd[1:]), "log": log.name}
     result = ctx.report.path(ctx.n, name, ".json")  # written by loss_path.py; this step's record goes beside it
     if rc == 0 and result.exists():
@@ -326,7 +299,6 @@ def step_loss_path(ctx, compile: bool) -> tuple[dict, list[str]]:
         result.rename(ctx.report.path(ctx.n, name, "-bench.json"))
         ctx.report.path(ctx.n, name, ".md").rename(ctx.report.path(ctx.n, name, "-bench.md"))
         rec["targets"] = {f"{k}{' (compile)' if compile else ''}": v for k, v in loss_path_targets(bench).items()}
-        rec["head_costs"] = bench.get("head_costs")
         rec["rows"] = {r["variant"]: {k: r[k] for k in ("step_s", "tokens_per_s", "mfu", "peak_bytes",
                                                          "time_vs_clm_fused", "mem_vs_naive_twin")}
                        for r in bench["rows"]}
@@ -407,7 +379,7 @@ def step_train(ctx, method: str) -> tuple[dict, list[str]]:
     cfg_path.write_text(yaml.safe_dump(train_config(ctx, method, run_dir), sort_keys=False))
     log = ctx.report.path(ctx.n, name, ".log")
     cmd = [sys.executable, "-m", "eslm.cli", "train", str(cfg_path)]
-    rc, wall = run_logged(cmd, log, ctx.limit("train"), env=ctx.costs_env())
+    rc, wall = run_logged(cmd, log, ctx.limit("train"))
     for src in ("metrics.jsonl", "result.json"):  # what exists so far, even after a time-out
         if (run_dir / src).exists():
             shutil.copy(run_dir / src, ctx.report.path(ctx.n, name, "-" + src))
@@ -475,7 +447,7 @@ def step_profile(ctx) -> tuple[dict, list[str]]:
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
         configs.append(f"{label}={path}")
     got, rc, wall, log = run_child(ctx, "profile", ["--steps", str(ctx.cfg["profile_steps"]), "--table-dir",
-                                                    str(tables), "--configs", *configs], env=ctx.costs_env())
+                                                    str(tables), "--configs", *configs])
     rec = {"status": status_of(rc), "returncode": rc, "log": log.name, "profiles": got}
     if got:
         rec["note"] = ", ".join(f"{k} {v['step_s_profiled'] * 1e3:.1f} ms/step" for k, v in got.items())
@@ -524,11 +496,7 @@ class Context:
         # run directories (with a checkpoint of GBs at 124M) stay out of --out and the bundle
         self.scratch = a.scratch or Path(tempfile.mkdtemp(prefix="gpu_suite_runs_"))
         self.deadline = time.monotonic() + (a.budget_s or self.cfg["budget_s"])
-        self.matmul_peak, self.n, self.head_costs = None, 0, None
-
-    def costs_env(self) -> dict:
-        """ESLM_HEAD_COSTS for the benchmark and training steps, once step 1 has measured the coefficients."""
-        return {"ESLM_HEAD_COSTS": str(self.head_costs)} if self.head_costs else {}
+        self.matmul_peak, self.n = None, 0
 
     def limit(self, kind: str) -> float:
         return min(self.cfg["limits"][kind], self.deadline - time.monotonic())
@@ -574,8 +542,6 @@ def parse(argv):
     p.add_argument("--child", choices=CHILD_STEPS, help=argparse.SUPPRESS)
     p.add_argument("--child-out", help=argparse.SUPPRESS)
     p.add_argument("--matmul-n", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--reps", type=int, default=1, help=argparse.SUPPRESS)
-    p.add_argument("--costs-file", help=argparse.SUPPRESS)
     p.add_argument("--steps", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--table-dir", help=argparse.SUPPRESS)
     p.add_argument("--configs", nargs="*", default=[], help=argparse.SUPPRESS)
@@ -613,7 +579,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     a = parse(argv)
     if a.child:  # one step's work in this process (the parent holds its time limit)
-        fn = {"env": child_env, "calibrate": child_calibrate, "profile": child_profile}[a.child]
+        fn = {"env": child_env, "profile": child_profile}[a.child]
         Path(a.child_out).write_text(json.dumps(fn(a), indent=2, default=str) + "\n")
         return 0
     try:
@@ -625,7 +591,7 @@ def main(argv=None) -> int:
     report = Report(a.out, a.bundle, argv)
     signal.signal(signal.SIGTERM, _stop)
     ctx = Context(a, report)
-    runners = {"env": step_env, "calibrate": step_calibrate, "profile": step_profile, "pytest": step_pytest,
+    runners = {"env": step_env, "profile": step_profile, "pytest": step_pytest,
                "loss_path": lambda c: step_loss_path(c, False),
                "loss_path_compile": lambda c: step_loss_path(c, True),
                "train_clm": lambda c: step_train(c, "clm"),

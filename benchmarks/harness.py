@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -250,13 +251,34 @@ def median(xs: list) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def environment(bench: Bench) -> dict:
-    from eslm.ops.head_costs import machine_key
+def cpu_info() -> dict:
+    """The processor as /proc/cpuinfo names it ("model name") and its "family F model M stepping S" (a virtual
+    machine's model name can be generic), torch's BLAS (with MKL's version) and oneDNN's version."""
+    fields: dict = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break
+                k, _, v = line.partition(":")
+                fields[k.strip()] = v.strip()
+    except OSError:
+        pass
+    text = torch.__config__.show()
+    info = re.search(r"BLAS_INFO=([^,\s]+)", text)
+    mkl = re.search(r"Math Kernel Library Version ([0-9.]+)", text)
+    dnn = re.search(r"MKL-DNN (v[0-9.]+)", text)
+    blas = (info.group(1) if info else "unknown") + (f" {mkl.group(1)}" if mkl else "")
+    return {"cpu": fields.get("model name") or platform.processor() or platform.machine() or "unknown processor",
+            "cpu_id": " ".join(f"{k} {fields[n]}" for k, n in (("family", "cpu family"), ("model", "model"),
+                                                               ("stepping", "stepping")) if n in fields),
+            "blas": blas + (f", oneDNN {dnn.group(1)}" if dnn else "")}
 
-    key = machine_key("cpu")  # the processor as lscpu names it ("Model name"), its family/model, the BLAS
+
+def environment(bench: Bench) -> dict:
     env = {"torch": torch.__version__, "python": platform.python_version(), "device": str(bench.device),
-           "threads": torch.get_num_threads(), "cpu": key["processor"], "cpu_id": key["cpu_id"],
-           "blas": key["blas"], "cpu_capability": key["cpu_capability"], "cpu_count": os.cpu_count()}
+           "threads": torch.get_num_threads(), **cpu_info(),
+           "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_count": os.cpu_count()}
     if bench.device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(bench.device)
         env["cuda"] = torch.version.cuda

@@ -8,8 +8,7 @@ amx_bf16 flags); ``fp32-onednn-bf16`` (fp32 tensors, oneDNN's matmuls allowed to
 ``torch.backends.mkldnn.matmul.fp32_precision = "bf16"``; where torch has the switch). The last two change the
 numbers a run computes (bf16 rounding), the first two do not.
 
-The chooser prices routes with the shipped head costs (``ESLM_HEAD_COSTS=shipped`` unless set), so the
-comparison is of the paths, not of this machine's calibration. Every round runs each (method, path) once, the starting point rotated round to round; a step is timed in
+The head routes are the fixed rule's (``eslm.ops.head_route``), the same on every path. Every round runs each (method, path) once, the starting point rotated round to round; a step is timed in
 process CPU time (all threads; time the process waits while other work runs does not count) and in wall time.
 The figure per path is the median over rounds of the ratio of its step to the same round's ``fp32`` step of the
 same method (a slow spell of a loaded machine hits both), with the range over rounds.
@@ -88,8 +87,6 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--name", default="", help="results file name (default from the settings)")
     a = p.parse_args(argv)
-    # the routes priced by the shipped table: what is compared is the paths, not this machine's calibration
-    os.environ.setdefault("ESLM_HEAD_COSTS", "shipped")
 
     avail, skipped = paths(cpu_flags())
     benches = {d: Bench(preset=a.preset, seq_len=a.seq_len, micro_batch=a.micro_batch, dtype=d)

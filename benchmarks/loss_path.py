@@ -4,9 +4,8 @@ Variants (real training steps through the shared step, round-robin, median after
 CLM naive, CLM fused, and at each alpha: ESLM-entropy naive, ESLM-entropy fused on the route the chooser picks
 (eslm.ops.head_route), ESLM-entropy fused with each head route forced (``eslm-entropy-fused[ROUTE]@alpha``:
 kept_cached, all_rows, grads_in_pass, kept_recompute; --routes), ESLM-loss fused.
-Prints and writes ratios against CLM naive and CLM fused, peak step memory, the route each variant ran, the cost
-model's prediction of the ratio to CLM fused (its predicted head time in place of CLM's, the rest of the step as
-measured for CLM), and the cost of computing the scores, the VaR threshold and the mask (the entropy's extra
+Prints and writes ratios against CLM naive and CLM fused, peak step memory, the route each variant ran (the
+forced routes measure what the rule of eslm.ops.head_route picks against the others), and the cost of computing the scores, the VaR threshold and the mask (the entropy's extra
 work in the head pass + the top-k selection and its statistics) as a fraction of the CLM fused step. Each row
 also has tokens/s and MFU (``harness.peak_flops``: the trainer's table by GPU name, or --peak-flops; none on
 CPU unless given).
@@ -76,35 +75,6 @@ def route_of(bench: Bench, v: Variant) -> str | None:
     return method.objective.last_route
 
 
-def head_costs(bench: Bench) -> dict:
-    """Which coefficients the chooser uses here, as a training run would: this machine's measured table
-    (measured first, in a few seconds, when there is none), or ESLM_HEAD_COSTS's; ``eslm.ops.head_costs.lookup``'s
-    record (table, entry, path, machine key, source line, coefficients) and the ESLM_HEAD_COSTS file if set."""
-    import os
-
-    from eslm.ops.calibrate import ensure_measured
-    from eslm.ops.head_costs import ENV
-
-    rec = ensure_measured(bench.device, "bfloat16" if bench.dtype == "bf16" else "float32")
-    return {**rec, "file": os.environ.get(ENV)}
-
-
-def model_seconds(bench: Bench, route: str | None, kept: float, scored: bool) -> float | None:
-    """The cost model's prediction for the head of one step on this route (eslm.ops.head_route); None for the
-    naive path and the triton backend's routes, which the fused head's model does not price."""
-    if route not in ROUTES:
-        return None
-    from eslm.ops.head_costs import costs_for
-    from eslm.ops.head_route import Geometry, route_seconds
-
-    n = bench.seq_len * bench.micro_batch
-    cfg = bench.model_config
-    dtype = "bfloat16" if bench.dtype == "bf16" else "float32"
-    geom = Geometry(cfg.n_embd, cfg.vocab_size, bench.device.type, dtype)
-    k = max(1, round(kept * n))
-    return bench.accum * route_seconds(route, n, k, geom, costs_for(geom.device, geom.dtype), scored=scored)
-
-
 def selection_overhead(bench: Bench, alphas: list[float], chunk: int, reps: int) -> dict:
     """Seconds per micro-batch of what selection adds to the loss the step computes anyway, each timed on its
     own (a difference of two whole-pass timings drowns in this machine's noise): the entropy, and the
@@ -112,7 +82,7 @@ def selection_overhead(bench: Bench, alphas: list[float], chunk: int, reps: int)
     H = lse - h . (P W), where P W is the hidden-state gradient's matmul, formed either way, so its cost is the
     (N, C) row dot; otherwise the pass keeps the logits beside the softmax for a batched dot per row over
     (N, V). The pass and the gradients themselves are not counted: CLM runs them too."""
-    from eslm.ops.fused_head import _compute_dtype, _rowdot, _scratch_rows, head_pass
+    from eslm.ops.fused_head import compute_dtype, _rowdot, _scratch_rows, head_pass
     from eslm.selection.risk import num_kept
 
     batch = bench.batches[0]
@@ -121,11 +91,11 @@ def selection_overhead(bench: Bench, alphas: list[float], chunk: int, reps: int)
     with torch.no_grad(), autocast:
         hidden = bench.raw(batch.x).flatten(0, 1)
         w, y = bench.raw.head_weight.detach(), batch.y.reshape(-1)
-        route = auto.objective.head(hidden).choose(hidden.shape[0], num_kept(hidden.shape[0], alphas[0]), None,
+        route = auto.objective.head(hidden).choose(hidden.shape[0], num_kept(hidden.shape[0], alphas[0]),
                                                    scored=True)
         stats = head_pass(hidden, w, y, need_entropy=True, keep_probs=True, softmax_w=route == "all_rows",
                           chunk_size=chunk)
-        cdt = _compute_dtype(hidden)
+        cdt = compute_dtype(hidden)
     if stats.softmax_w is not None:
         route = f"{route}, fp32: lse - h . (P W)"
         h_c = hidden.float()
@@ -208,7 +178,6 @@ def main(argv=None) -> int:
     print(f"loss-path benchmark: {a.preset}, {a.micro_batch}x{a.seq_len} = {tokens} tokens/step, {a.device} "
           f"{a.dtype}{' compiled' if a.compile else ''}, {torch.get_num_threads()} threads, {len(vs)} variants x "
           f"({a.warmup} warm-up + {a.steps}) rounds", flush=True)
-    costs = head_costs(bench)  # before any step: the chooser prices routes with this table throughout
     if not run_and_measure(bench, vs, a, argv):
         return 0  # the memory child's work is done
     overhead = selection_overhead(bench, a.alphas, a.chunk, reps=max(10, a.steps))
@@ -222,20 +191,14 @@ def main(argv=None) -> int:
         t, m = median(v.times), median(v.peaks)
         tok_s = tokens / t
         naive_twin = by.get(naive_twin_label(v.label))
-        route = route_of(bench, v)
-        scored = "eslm" in v.label
-        rows.append({"variant": v.label, "route": route, "step_s": t, "peak_bytes": m, "kept_frac": median(v.kept),
-                     "model_head_s": model_seconds(bench, route, median(v.kept), scored),
+        rows.append({"variant": v.label, "route": route_of(bench, v), "step_s": t, "peak_bytes": m,
+                     "kept_frac": median(v.kept),
                      "tokens_per_s": tok_s, "mfu": tok_s * bench.flops_per_token / peak if peak else None,
                      "time_vs_clm_naive": t / t_naive, "time_vs_clm_fused": t / t_fused,
                      "mem_vs_clm_naive": (m / m_naive) if m and m_naive else None,
                      "mem_vs_clm_fused": (m / m_fused) if m and m_fused else None,
                      "time_vs_naive_twin": t / median(naive_twin.times) if naive_twin else None,
                      "mem_vs_naive_twin": (m / median(naive_twin.peaks)) if naive_twin and m else None})
-    clm_head = next(r["model_head_s"] for r in rows if r["variant"] == "clm-fused")
-    for r in rows:  # the model's head time in place of CLM's; the rest of the step as CLM's measured one
-        r["model_vs_clm_fused"] = (None if r["model_head_s"] is None else
-                                   (t_fused - clm_head + r["model_head_s"]) / t_fused)
     for o in overhead.values():
         o["fraction_of_clm_fused_step"] = (o["entropy_s"] + o["select_s"]) / t_fused
 
@@ -245,26 +208,23 @@ def main(argv=None) -> int:
     payload = {"command": cmd.strip(), "settings": vars(a), "tokens_per_step": tokens,
                "environment": environment(bench), "flops_per_token": bench.flops_per_token,
                "peak_flops": peak, "peak_source": peak_source, "rows": rows,
-               "selection_overhead": {str(k): v for k, v in overhead.items()}, "head_costs": costs}
+               "selection_overhead": {str(k): v for k, v in overhead.items()}}
     md = [f"# Loss-path benchmark: {a.preset}, {a.micro_batch}x{a.seq_len} tokens, {a.device} {a.dtype}"
           f"{', torch.compile' if a.compile else ''}", "",
           f"Command: `{payload['command']}`  ",
           f"Environment: {payload['environment']}  ",
-          f"Route chooser's coefficients: {payload['head_costs']['source']}"
-          f"{' (from ' + payload['head_costs']['file'] + ')' if payload['head_costs']['file'] else ''}  ",
           f"Median of {a.steps} round-robin rounds after {a.warmup} warm-up; peak = step's peak memory above "
-          "what was resident before it (MB). Route: the head route the variant ran (eslm.ops.head_route). Model "
-          "vs CLM fused: the cost model's head time for the route in place of its head time for CLM's, the rest "
-          "of the step as CLM fused measured it. MFU: tokens/s x "
+          "what was resident before it (MB). Route: the head route the variant ran (eslm.ops.head_route). "
+          "MFU: tokens/s x "
           f"{bench.flops_per_token:.4g} FLOPs/token / peak ({peak_source}).", "",
-          "| variant | route | kept | step s | tokens/s | MFU | vs CLM naive | vs CLM fused | model vs CLM fused "
+          "| variant | route | kept | step s | tokens/s | MFU | vs CLM naive | vs CLM fused "
           "| vs naive twin | peak MB | mem vs CLM naive | mem vs naive twin |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
         md.append(f"| {r['variant']} | {r['route'] or 'naive'} | {r['kept_frac']:.3f} | {r['step_s']:.4f} | "
                   f"{r['tokens_per_s']:,.0f} | {mfu} | {fmt_ratio(r['time_vs_clm_naive'])}"
-                  f" | {fmt_ratio(r['time_vs_clm_fused'])} | {fmt_ratio(r['model_vs_clm_fused'])} | "
+                  f" | {fmt_ratio(r['time_vs_clm_fused'])} | "
                   f"{fmt_ratio(r['time_vs_naive_twin'])} | "
                   f"{fmt_mb(r['peak_bytes'])} | {fmt_ratio(r['mem_vs_clm_naive'])} | "
                   f"{fmt_ratio(r['mem_vs_naive_twin'])} |")

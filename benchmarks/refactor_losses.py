@@ -201,9 +201,6 @@ def main(argv=None) -> int:
     p.add_argument("--only", nargs="*", help="record only these runs (plus clm, the teacher); for debugging")
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    # the shipped head-route costs: the routes (and the FLOPs they execute) must not depend on the machine's
-    # measured table, or the recording would differ from one machine to the next for the same code
-    os.environ.setdefault("ESLM_HEAD_COSTS", "shipped")
     t0 = time.perf_counter()
     got = record(args.only)
     if args.check:

@@ -16,24 +16,6 @@ if "triton" not in __import__("sys").modules and not __import__("torch").cuda.is
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-@pytest.fixture(scope="session")
-def _cache_root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("eslm-cache")
-
-
-_TESTS = iter(range(10**9))
-
-
-@pytest.fixture(autouse=True)
-def head_costs_shipped(_cache_root, monkeypatch):
-    """Every test: eslm's cache directory in a temporary folder of its own (never the user's; made only when
-    something writes there), and the head route chooser on the shipped coefficients (ESLM_HEAD_COSTS=shipped:
-    nothing is measured, the routes do not depend on the machine); tests of the per-machine calibration unset
-    it and shrink the measured shapes (tests/ops/test_calibrate.py)."""
-    monkeypatch.setenv("ESLM_CACHE_DIR", str(_cache_root / f"t{next(_TESTS)}"))
-    monkeypatch.setenv("ESLM_HEAD_COSTS", "shipped")
-
-
 def _write_corpus(root: Path) -> list[str]:
     import inspect
     import json as json_mod

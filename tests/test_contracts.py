@@ -87,7 +87,7 @@ def _count_passes(trainer, micro_batches: int = 2):
     (the trained one, a reference, a teacher) and every backward through a GPT's output, counted as it happens.
     Declared: the trained model's forward and backward of the tokens seen (what ``eslm.flops`` prices from the
     token counts), the step's own passes (``StepResult.work``) and every component's ``extra_work``, including the
-    passes a component's own price covers (``ExtraWork.all_passes``)."""
+    passes a component's own price covers (``PricedWork.passes``)."""
     from collections import Counter
     from unittest import mock
 
@@ -112,7 +112,7 @@ def _count_passes(trainer, micro_batches: int = 2):
     per_micro = res.tokens_seen // micro_batches
     declared: Counter = Counter({("trained", C.FORWARD): per_micro, ("trained", C.BACKWARD): per_micro})
     for work in (*trainer.method.extra_work(per_micro), res.work):
-        for p in work.all_passes():
+        for p in work.passes + tuple(p for w in work.priced for p in w.passes()):
             declared[("trained" if p.model is None else p.model, p.direction)] += p.tokens
     return run, Counter({k: v * micro_batches for k, v in declared.items()})
 

@@ -36,40 +36,36 @@ def test_smoke_mode_runs_every_step(tiny_data, tmp_path):
     assert env["status"] == "ok" and env["environment"]["torch"] == torch.__version__
     assert env["environment"]["matmul_tflops"] > 0 and env["environment"]["matmul"] == "256^3 fp32"
     assert (out / "1-env.log").is_file()  # measured in a child process of its own
-    cal = _json(out / "2-calibrate.json")
-    costs = json.loads((out / "head_costs.json").read_text())  # measured here, used by the later steps
-    assert set(costs["costs"]) == {"cpu/float32"} and cal["head_costs"]["float32"]["matmul_s_per_flop"] > 0
 
-    lp = _json(out / "3-loss_path.json")
+    lp = _json(out / "2-loss_path.json")
     assert lp["status"] == "ok", lp
     assert set(lp["targets"]) == {"clm_fused_mfu", "eslm_entropy_vs_clm_fused_time@0.1",
                                   "eslm_entropy_vs_clm_fused_time@0.5", "fused_vs_naive_peak_memory",
                                   "selection_fraction_of_step"}
     assert lp["targets"]["clm_fused_mfu"]["value"] > 0  # against the matmul rate measured in step 1
-    assert lp["head_costs"]["file"] == str(out / "head_costs.json")  # the chooser used step 1's coefficients
     assert all(t["met"] in (True, False) for t in lp["targets"].values() if t["value"] is not None)
     for v in ("clm-naive", "clm-fused", "eslm-entropy-fused@0.1", "eslm-loss-fused@0.5"):
         assert lp["rows"][v]["step_s"] > 0 and lp["rows"][v]["tokens_per_s"] > 0
     assert "eslm-entropy-fused@0.2" not in lp["rows"]  # the smoke runs alphas 0.1 and 0.5 only
-    bench = _json(out / "3-loss_path-bench.json")
+    bench = _json(out / "2-loss_path-bench.json")
     assert bench["settings"]["dtype"] == "fp32" and bench["settings"]["preset"] == "tiny"
-    assert (out / "3-loss_path-bench.md").is_file()
+    assert (out / "2-loss_path-bench.md").is_file()
 
-    prof = _json(out / "4-profile.json")
+    prof = _json(out / "3-profile.json")
     assert prof["status"] == "ok", prof
     assert set(prof["profiles"]) == {"clm", "eslm-entropy@0.2"}
     for label, p in prof["profiles"].items():
         assert p["step_s_profiled"] > 0 and p["top"] and p["top"][0]["total_ms"] > 0
-        assert "Name" in (out / "4-profile" / f"{label}.txt").read_text()  # the profiler's own table
-    assert "aten::" in (out / "4-profile.md").read_text()
+        assert "Name" in (out / "3-profile" / f"{label}.txt").read_text()  # the profiler's own table
+    assert "aten::" in (out / "3-profile.md").read_text()
 
-    assert _json(out / "5-loss_path_compile.json")["status"] == "skipped"  # no compile on a CPU unless asked
+    assert _json(out / "4-loss_path_compile.json")["status"] == "skipped"  # no compile on a CPU unless asked
 
-    pt = _json(out / "6-pytest.json")  # after the measurements
+    pt = _json(out / "5-pytest.json")  # after the measurements
     assert pt["status"] == "ok" and pt["counts"].get("skipped", 0) > 0 and "-m gpu" in pt["command"]
-    assert "skipped" in (out / "6-pytest.log").read_text()
+    assert "skipped" in (out / "5-pytest.log").read_text()
 
-    for n, step, kept in ((7, "train_clm", 1.0), (8, "train_eslm_entropy", 0.9)):
+    for n, step, kept in ((6, "train_clm", 1.0), (7, "train_eslm_entropy", 0.9)):
         rec = _json(out / f"{n}-{step}.json")
         assert rec["status"] == "ok", rec
         assert rec["steps_logged"] >= 2 and rec["first_loss"] > 0 and rec["last_loss"] > 0
@@ -80,12 +76,12 @@ def test_smoke_mode_runs_every_step(tiny_data, tmp_path):
         assert "train:" in (out / f"{n}-{step}.yaml").read_text()
 
     summary = _json(out / "summary.json")
-    assert [s["step"] for s in summary["steps"]] == ["env", "calibrate", "loss_path", "profile",
+    assert [s["step"] for s in summary["steps"]] == ["env", "loss_path", "profile",
                                                      "loss_path_compile", "pytest", "train_clm",
                                                      "train_eslm_entropy"]
     assert "clm_fused_mfu" in summary["targets"] and (out / "summary.md").is_file()
     with tarfile.open(bundle) as tar:
-        assert "suite/summary.md" in tar.getnames() and "suite/8-train_eslm_entropy.json" in tar.getnames()
+        assert "suite/summary.md" in tar.getnames() and "suite/7-train_eslm_entropy.json" in tar.getnames()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")

@@ -35,6 +35,7 @@ from eslm.methods import METHODS, BuildContext, SharedMethodSettings
 from eslm.model.gpt import PRESETS, ModelConfig, pad_vocab, preset
 from eslm.ops.head_backend import BACKENDS, IMPL_CHOICES, HeadOptions, option_problems
 from eslm.ops.head_route import ROUTE_CHOICES
+from eslm.selection.risk import check_alpha
 from eslm.selection.scores import STANDARDIZE_MODES
 from eslm.selection.selectors import SCOPES
 from eslm.settings import Section, key_of, section
@@ -91,7 +92,7 @@ class TrainSection:
     loss_impl: str = _f("auto", "the LM-head backend (eslm.ops.head_backend): auto (the device's default: fused on CPU; triton on CUDA where the gpu extra is installed, else fused) | " + " | ".join(f"{s.name} ({s.summary}{'; the ' + s.extra + ' extra' if s.extra else ''})" for s in BACKENDS))
     loss_chunk_size: int = _f(1024, "tokens per chunk in the fused loss")
     loss_cache_probs: bool = _f(True, "fused loss with selection scores: allow keeping the scoring pass's softmax (one tokens x vocab fp32 buffer per micro-batch) so the gradients need no second logits matmul; false: no such buffer, recompute instead")
-    loss_route: str = _f("auto", "fused loss route (docs/fused_loss.md): auto (the cheapest by the per-device cost model) | kept_cached | all_rows | grads_in_pass | kept_recompute (forced where it can run: the cached two need selection scores)")
+    loss_route: str = _f("auto", "fused loss route (docs/fused_loss.md): auto (by a fixed rule: kept_cached with scores, kept_recompute without, the one pass for CLM) | kept_cached | all_rows | grads_in_pass | kept_recompute (forced where it can run: the cached two need selection scores)")
     normalize: str = _f("paper", "paper (mean over kept tokens per micro-batch / accum steps) | global (sum / kept tokens of the whole step, all ranks)")
     num_threads: int = _f(0, "torch CPU threads; 0 = torch's default (torchrun sets 1 per process)")
     branch_from: str = _f("", "a checkpoint file of another run to continue from (a branched study's trunk): its weights, optimizer state, data position, step, FLOPs and time; this run's method starts fresh and its cosine continues from there to its own last step (docs/study.md)")
@@ -483,6 +484,11 @@ def method_sections(method: SharedMethodSettings) -> dict[str, Section]:
             if isinstance(getattr(method, f.name), Section)}
 
 
+def is_int(v) -> bool:
+    """An integer that is not a bool (YAML's and JSON's true is an int to Python)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 MAX_INT = 2**53  # a larger integer setting is a mistake (and overflows the int64 counters and seeds it feeds)
 MAX_SEED = 2**32  # numpy's seeds are 32-bit; each rank and stream adds a small offset
 
@@ -518,14 +524,16 @@ def validate(cfg: Config) -> list[str]:
                         f"count, got {cfg.checkpoint.snapshot_interval!r}")
     if cfg.model.preset not in PRESETS:
         problems.append(f"model.preset: expected one of {', '.join(PRESETS)}, got {cfg.model.preset!r}")
-    if not (0.0 <= cfg.method.alpha < 1.0):
-        problems.append(f"method.alpha: expected 0 <= alpha < 1 (fraction of tokens dropped), got {cfg.method.alpha}")
+    try:
+        check_alpha(cfg.method.alpha)
+    except ConfigError as e:
+        problems.append(f"method.{e}")
     for name, sec in method_sections(cfg.method).items():  # each section's own checks (eslm.settings.Section)
         problems += [f"method.{name}.{p}" for p in sec.problems()]
     for key, (default, _) in all_keys().items():  # nan passes every comparison below; inf is no setting
         if isinstance(default, float) and not math.isfinite(get(cfg, key)):
             problems.append(f"{key}: expected a finite number, got {get(cfg, key)!r}")
-        elif isinstance(default, int) and not isinstance(default, bool) and abs(get(cfg, key)) >= MAX_INT:
+        elif is_int(default) and abs(get(cfg, key)) >= MAX_INT:
             problems.append(f"{key}: expected an integer below 2**53, got {get(cfg, key)!r}")
     problems += value_problems(cfg)
     if cfg.run.name and (problem := name_problem(cfg.run.name, "run.name")):  # <out_dir>/<name>: one component

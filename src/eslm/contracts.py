@@ -118,10 +118,6 @@ class ExtraWork:
     passes: tuple[Pass, ...] = ()
     priced: tuple[PricedWork, ...] = ()
 
-    def all_passes(self) -> tuple[Pass, ...]:
-        """Its passes and those its priced work includes."""
-        return self.passes + tuple(p for w in self.priced for p in w.passes())
-
 
 NO_EXTRA_WORK = ExtraWork()
 

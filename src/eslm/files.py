@@ -1,7 +1,7 @@
 """The files eslm writes: names that stay inside their directory, writes that never follow a link, atomic
 replaces, checksums and ownership markers.
 
-``name_problem`` / ``check_name``: a run name, a study name or a study label becomes one path component
+``name_problem``: a run name, a study name or a study label becomes one path component
 (``<out_dir>/<name>``), so it is accepted only as a single, portable component: not empty, not ``.`` or ``..``,
 no path separator, no control character, no leading dot (eslm's own temporary files start with one) or dash
 (it would read as an option), no surrounding white space, at most ``MAX_NAME`` characters.
@@ -65,14 +65,6 @@ def name_problem(value: object, what: str) -> str | None:
     elif len(value) > MAX_NAME:
         bad = f"{len(value)} characters (at most {MAX_NAME})"
     return None if bad is None else f"{expected}, got {value!r}: {bad}"
-
-
-def check_name(value: object, what: str) -> str:
-    """``value`` when it is a path-safe single component, else a one-line ConfigError (``name_problem``)."""
-    problem = name_problem(value, what)
-    if problem:
-        raise ConfigError(problem)
-    return value  # type: ignore[return-value]
 
 
 # ------------------------------------------------------------------ writes that never follow a symbolic link

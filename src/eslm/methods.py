@@ -67,10 +67,10 @@ class BuildContext:
     seq_len: int
     micro_batch_size_seqs: int
     seed: int
-    loss_impl: str = "fused"
-    loss_chunk_size: int = 1024
-    loss_cache_probs: bool = True
-    loss_route: str = "auto"
+    loss_impl: str  # the train.loss_* settings: their one default is the config's
+    loss_chunk_size: int
+    loss_cache_probs: bool
+    loss_route: str
     rank: int = 0
     model_config: ModelConfig | None = None
     val_loader_factory: Callable[[int], TrainLoader] | None = None

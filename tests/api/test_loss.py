@@ -255,18 +255,6 @@ def test_num_items_in_batch_gives_the_exact_kept_mean_of_an_accumulated_step():
     assert not torch.allclose(naive[2].grad, ref_leaves[2].grad, rtol=0.1)  # "divide by G" is not the kept mean
 
 
-def test_deprecated_weight_name_still_works_with_a_warning():
-    g = torch.Generator().manual_seed(6)
-    hidden, w = torch.randn(2, 7, 8, generator=g), torch.randn(19, 8, generator=g)
-    _, targets = _inputs(2, 7, 19, seed=6)
-    new, _ = selective_loss(targets, hidden=hidden, lm_weight=w, impl="naive")
-    with pytest.warns(FutureWarning, match="lm_weight"):
-        old, _ = selective_loss(targets, hidden=hidden, weight=w, impl="naive")
-    assert float(new) == float(old)
-    with pytest.raises(ConfigError, match="both"):
-        selective_loss(targets, hidden=hidden, weight=w, lm_weight=w)
-
-
 # --- your own scores, per-sequence scope, per-token outputs -----------------------------------------------
 
 def test_own_scores_tensor_and_rho1_excess_loss_callable():
@@ -506,12 +494,14 @@ def test_a_list_of_logit_chunks_is_the_concatenated_logits(scope, score):
 
 
 def test_weight_with_logits_and_unknown_keywords_are_refused_in_one_line():
-    """weight= reads like F.cross_entropy's class weights but is the LM-head weight of the hidden path: with
-    logits= it was silently ignored. An unknown keyword was a TypeError naming only itself."""
+    """lm_weight= is the LM-head weight of the hidden path: with logits= it was silently ignored; weight= (the
+    removed old name, which reads like F.cross_entropy's class weights) is an unknown keyword that points to
+    lm_weight=. An unknown keyword was a TypeError naming only itself."""
     logits, targets = _inputs(2, 5, 7)
-    for name in ("weight", "lm_weight"):
-        with pytest.raises(ConfigError, match=f"{name}= is the LM-head weight"):
-            selective_loss(targets, logits=logits, **{name: torch.rand(7)})
+    with pytest.raises(ConfigError, match="lm_weight= is the LM-head weight"):
+        selective_loss(targets, logits=logits, lm_weight=torch.rand(7))
+    with pytest.raises(ConfigError, match="unsupported keyword.*weight.*lm_weight="):
+        selective_loss(targets, logits=logits, weight=torch.rand(7))
     with pytest.raises(ConfigError, match="unsupported keyword.*lse_square_scale.*z_loss") as e:
         selective_loss(targets, logits=logits, lse_square_scale=1e-4)
     assert "\n" not in str(e.value)

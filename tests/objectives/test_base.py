@@ -101,22 +101,6 @@ def test_a_route_that_cannot_run_is_a_config_error():
     assert CrossEntropy().head_work(100, 50, scored=True) == HeadWork(100.0, 50.0, 0.0)  # before any step: the chooser's pick
 
 
-def test_entropy_scores_are_priced_in_the_route(tmp_path, monkeypatch):
-    """Where the entropy's elementwise pass is dear (coefficients from an ESLM_HEAD_COSTS file), ESLM-entropy
-    keeps all_rows (its fp32 entropy comes from the P W it forms anyway) while ESLM-loss takes kept_cached."""
-    import json
-
-    from eslm.ops.head_costs import ENV, FILE_KIND
-
-    f = tmp_path / "costs.json"
-    f.write_text(json.dumps({"kind": FILE_KIND, "costs": {"cpu/float32": {
-        "matmul_s_per_flop": 1e-11, "copy_s_per_byte": 1e-12, "softmax_s_per_elem": 1e-9,
-        "entropy_s_per_elem": 1e-6, "source": "test"}}}))
-    monkeypatch.setenv(ENV, str(f))
-    assert _step("eslm-entropy", 0.5, [])[2].objective.last_route == "all_rows"
-    assert _step("eslm-loss", 0.5, [])[2].objective.last_route == "kept_cached"
-
-
 def test_the_random_controls_executed_flops_count_only_the_head_forwards_that_ran():
     """Without a scoring pass the random control forms the logits of its kept rows only (kept_recompute): its
     dropped rows' head forward and backward never run, so its executed FLOPs are CLM's less 6CV per dropped

@@ -35,7 +35,7 @@ def _inputs():
 FUNCTIONS = {
     "_SelectedCE": (fused_head._SelectedCE, lambda h, w, y: (h, w, y, None, 5)),
     "_RowGradCE": (fused_head._RowGradCE, lambda h, w, y: (h, w.detach(), y, 5)),
-    "_PrecomputedGrad": (fused_head._PrecomputedGrad,
+    "PrecomputedGrad": (fused_head.PrecomputedGrad,
                          lambda h, w, y: (h, w, (h.float().sum() + w.float().sum()).detach(),
                                           torch.ones_like(h) * 0.5, torch.ones_like(w) * 0.25)),
     "_TokenCE": (None, lambda h, w, y: (h, w, y)),  # eslm.ops.triton_head's: needs triton (the gpu extra)
@@ -80,7 +80,7 @@ def test_the_backward_runs_under_the_forwards_autocast_state(monkeypatch):
     """Forward under bf16 autocast, backward outside it (as on a CUDA autograd thread): the decorated backward sees
     autocast on, the undecorated one off."""
     seen = []
-    original = fused_head._no_autocast
+    original = fused_head.no_autocast
 
     def recording(t):
         seen.append(torch.is_autocast_enabled(t.device.type))
@@ -91,7 +91,7 @@ def test_the_backward_runs_under_the_forwards_autocast_state(monkeypatch):
         lin, x, w, y = _inputs()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = fn.apply(*build(lin(x), w, y))
-        monkeypatch.setattr(fused_head, "_no_autocast", recording)
+        monkeypatch.setattr(fused_head, "no_autocast", recording)
         out.sum().backward()
-        monkeypatch.setattr(fused_head, "_no_autocast", original)
+        monkeypatch.setattr(fused_head, "no_autocast", original)
     assert seen == [True, False]

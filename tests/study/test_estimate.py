@@ -1,11 +1,10 @@
-"""eslm study --dry-run's time estimate (eslm.study.estimate): from this machine's measured head-route costs."""
+"""eslm study --dry-run's time estimate (eslm.study.estimate): from a head-matmul and softmax timing on this CPU."""
 
+import importlib
 import re
 from pathlib import Path
 
-
-from eslm.ops import head_costs as hc
-from eslm.ops.head_costs import HeadCosts
+est = importlib.import_module("eslm.study.estimate")  # the module (eslm.study.estimate is also a function)
 
 
 def _demo(tmp_path, *over):
@@ -14,25 +13,18 @@ def _demo(tmp_path, *over):
     return plan(load_study("demo"), tmp_path / "runs", None, list(over))
 
 
-def test_the_estimate_follows_the_measured_costs(tmp_path, monkeypatch):
-    """A machine whose measured head matmuls are 4x slower gets a longer estimate, in proportion to the share of
-    its work that is matmuls; the estimate says which table it used."""
-    from eslm.ops.calibrate import store
-    from eslm.study.estimate import describe, estimate
-
-    monkeypatch.delenv(hc.ENV, raising=False)
-    monkeypatch.setattr(hc, "_MEMO", {})
+def test_the_estimate_follows_the_timed_rates(tmp_path, monkeypatch):
+    """A CPU whose head matmuls are 4x slower gets a longer estimate, in proportion to the share of its work
+    that is matmuls; the estimate says which rates it used; the rates are timed once, at the run's threads."""
     configs = _demo(tmp_path)
-    shipped = estimate(configs, jobs=2)
-    assert shipped["table"]["table"] == "shipped" and "shipped head costs" in describe(shipped)
-    base = hc.BUILTIN[("cpu", "float32")]
-    slow = HeadCosts(4 * base.matmul_s_per_flop, base.copy_s_per_byte, base.softmax_s_per_elem,
-                     base.entropy_s_per_elem, "test")
-    store(hc.machine_key("cpu", threads=1), {"float32": slow})  # the demo's runs use one thread
-    measured = estimate(configs, jobs=2)
-    assert measured["table"]["table"] == "measured" and "this machine's measured head costs" in describe(measured)
-    assert 2.5 * shipped["cpu_s"] < measured["cpu_s"] < 4 * shipped["cpu_s"]
-    assert measured["cores"] == 2 and measured["wall_s"] < measured["cpu_s"]
+    flop, elem = est.rates(1, False)  # the demo's runs use one thread
+    assert 0 < flop < 1e-8 and 0 < elem < 1e-6 and est.rates(1, False) == (flop, elem)
+    here = est.estimate(configs, jobs=2)
+    assert here["rates"] == (flop, elem) and f"{1e-9 / flop:.0f} GFLOP/s head matmuls" in est.describe(here)
+    monkeypatch.setattr(est, "rates", lambda threads, bf16: (4 * flop, elem))
+    slow = est.estimate(configs, jobs=2)
+    assert 2.5 * here["cpu_s"] < slow["cpu_s"] < 4 * here["cpu_s"]
+    assert slow["cores"] == 2 and slow["wall_s"] < slow["cpu_s"]
 
 
 def test_the_estimate_scales_with_the_run_and_skips_the_gpu(tmp_path, monkeypatch):

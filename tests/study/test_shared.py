@@ -144,7 +144,7 @@ def test_per_seed_models_and_plan_problems(tiny_data, tmp_path):
     for c in configs:  # each run uses the model of its own seed
         assert c.method.kd.teacher == str(out / "kd" / "models" / f"teacher-s{c.run.seed}")
     models, problems = study.shared.plan_models(study.load_study(str(path)), out / "kd",
-                                                study.schema._flatten(doc["config"]), [1, 2])
+                                                study.schema.flatten(doc["config"]), [1, 2])
     assert problems == [] and [(m.run.name, m.run.seed) for m in models] == [("teacher-s1", 1), ("teacher-s2", 2)]
 
     doc["models"] = {"te/acher": {"method": "clm"}, "t2": {"method": "cml", "seed": "x", "run.name": "a"},

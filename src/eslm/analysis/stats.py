@@ -121,12 +121,6 @@ def _power(ncp: float, df: int, crit: float) -> float:
     return float(st.nct.sf(crit, df, ncp) + st.nct.sf(crit, df, -ncp))
 
 
-def paired_power(effect: float, sd: float, n: int, level: float = LEVEL) -> float:
-    """Power of the two-sided paired t test at 1 - ``level`` (5%) with n pairs of standard deviation ``sd``
-    against a true mean difference ``effect``."""
-    return _power(effect * math.sqrt(n) / sd, n - 1, float(st.t.ppf(0.5 + level / 2.0, n - 1)))
-
-
 def mde(sd: float | None, n: int, power: float = POWER, level: float = LEVEL) -> float | None:
     """The minimum detectable effect: the smallest true mean difference that the two-sided paired t test at
     1 - ``level`` detects with probability ``power``, for n pairs of standard deviation ``sd`` (in sd's unit).

@@ -20,9 +20,9 @@ into one ``torch.compile`` graph.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -102,22 +102,6 @@ def _resolve_impl(impl: str, have_logits: bool, head: Head, extras: bool = False
                               "one; fix: impl='auto'")
         return "transformed"
     return impl  # "auto": the device's default backend (eslm.ops.head_backend.resolve)
-
-
-def _lm_weight(lm_weight, weight, logits):
-    if logits is not None and (weight is not None or lm_weight is not None):
-        name = "weight" if weight is not None else "lm_weight"
-        raise ConfigError(f"{name}= is the LM-head weight that goes with hidden= (not F.cross_entropy's class "
-                          f"weights, which selective_loss does not take); found it with logits=, where it would be "
-                          f"ignored; fix: drop {name}=, or pass hidden= instead of logits=")
-    if weight is None:
-        return lm_weight
-    if lm_weight is not None:
-        raise ConfigError("expected lm_weight= only; found both lm_weight= and the deprecated weight=; "
-                          "fix: drop weight=")
-    warnings.warn("selective_loss(weight=...) is deprecated: the name reads like F.cross_entropy's class "
-                  "weight; pass the LM-head weight as lm_weight=", FutureWarning, stacklevel=3)
-    return weight
 
 
 def _logit_chunks(logits, targets) -> list | None:
@@ -301,8 +285,7 @@ def selective_loss(targets: torch.Tensor, *, logits: torch.Tensor | None = None,
                    group=None, reduction: str = "mean", num_items_in_batch: torch.Tensor | int | None = None,
                    alpha_min: float = 0.0, return_tokens: bool = False, ignore_index: int = -100,
                    label_smoothing: float = 0.0,
-                   z_loss: float = 0.0, impl: str = "auto", chunk_size: int = 1024,
-                   weight: torch.Tensor | None = None, **unsupported):
+                   z_loss: float = 0.0, impl: str = "auto", chunk_size: int = 1024, **unsupported):
     """ESLM's selective cross-entropy: the CE of the highest-risk 1 - alpha of the tokens.
 
     targets:   (N,) or (B, T) integers, already aligned with the predictions (no shift inside).
@@ -311,7 +294,7 @@ def selective_loss(targets: torch.Tensor, *, logits: torch.Tensor | None = None,
     hidden:    (..., C) final hidden states with lm_weight (V, C), the LM-head weight: the full logits are never
                built (the path for long sequences and large vocabularies); bias (V,), logit_scale and softcap
                describe heads whose logits are softcap * tanh(scale * (h W^T + b) / softcap) (Gemma, Cohere,
-               Granite). ``weight=`` is the deprecated name of lm_weight.
+               Granite).
     score:     "entropy" (ESLM VaR-entropy) or "loss" (ESLM CVaR-loss); or
     scores:    your own risk score: a tensor of the targets' shape, or a callable receiving ``TokenScores`` (the
                model's own per-token loss and entropy) and returning one; e.g. Rho-1's excess loss
@@ -347,11 +330,16 @@ def selective_loss(targets: torch.Tensor, *, logits: torch.Tensor | None = None,
     if unsupported:
         raise ConfigError(f"selective_loss got unsupported keyword(s) {', '.join(sorted(unsupported))}; expected "
                           f"targets and any of {', '.join(KEYWORDS)}; fix: drop them (class weights and "
-                          "reduction='none' are not supported; return_tokens=True gives per-token losses)")
+                          "reduction='none' are not supported; return_tokens=True gives per-token losses; the "
+                          "LM-head weight is lm_weight=)")
+    if logits is not None and lm_weight is not None:
+        raise ConfigError("lm_weight= is the LM-head weight that goes with hidden= (not F.cross_entropy's class "
+                          "weights, which selective_loss does not take); found it with logits=, where it would be "
+                          "ignored; fix: drop lm_weight=, or pass hidden= instead of logits=")
     alpha, bound = select.check_alpha(alpha, alpha_min)
     _check_options(score, scores, scope, reduction, num_items_in_batch, group, position_ids)
     _check_loss_terms(label_smoothing, z_loss)
-    weight = _lm_weight(lm_weight, weight, logits)
+    weight: Any = lm_weight  # None with logits= (_flatten_inputs checks which was given)
     chunks = _logit_chunks(logits, targets)
     if chunks is not None:  # validated like one tensor: the first chunk stands for the logits' shape
         _flatten_inputs(targets[..., :chunks[0].shape[-2]], chunks[0], None, None)

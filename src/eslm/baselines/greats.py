@@ -334,6 +334,11 @@ def greats_select(model: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor
 # ---------------------------------------------------------------------------------------------------------
 
 
+def greats_budget(alpha: float) -> float:
+    """GREATS' selection budget: the fraction 1 - alpha of each micro-batch's rows it keeps."""
+    return 1.0 - alpha
+
+
 def greats_pool_size(B: int, budget: float, mode: str = "floor") -> tuple[int, int]:
     """(candidate rows scored, rows kept) for a micro-batch of B rows and a selection budget in (0, 1].
 
@@ -458,7 +463,7 @@ def greats_cost_ratio(cfg, fm, model_config) -> dict:
     (``eslm.config.model_config_for(cfg)``)."""
     g, B = cfg.method.greats, cfg.train.micro_batch_size_seqs
     return greats_micro_batch_cost(fm, scored_layer_shapes(model_config, g.exclude_head), B,
-                                   greats_val_rows(B, g.val_fraction), budget=1.0 - cfg.method.alpha, pool=g.pool,
+                                   greats_val_rows(B, g.val_fraction), budget=greats_budget(cfg.method.alpha), pool=g.pool,
                                    route=g.route, memory_cap_mb=g.memory_cap_mb)
 
 
@@ -518,10 +523,10 @@ class GreatsRows(AllRows):
 
     syncs_host = True  # the greedy loop reads each chosen row's index (greedy_select)
 
-    def __init__(self, val_loader, *, alpha: float, exclude_head: bool, model_config, device,
+    def __init__(self, val_loader, *, budget: float, exclude_head: bool, model_config, device,
                  pool: str = "floor", candidate_loader=None, route: str = "flops",
                  memory_cap_mb: float = DEFAULT_MEMORY_CAP_MB):
-        self.val_loader, self.budget, self.pool = val_loader, 1.0 - alpha, pool
+        self.val_loader, self.budget, self.pool = val_loader, budget, pool
         self.candidate_loader = candidate_loader
         self.exclude_head, self.device = exclude_head, device
         self.layer_shapes = scored_layer_shapes(model_config, exclude_head)
@@ -537,10 +542,10 @@ class GreatsRows(AllRows):
         """GREATS as a run configures it: its validation stream of ``greats_val_rows`` rows per micro-batch from
         ``val_loader_factory`` (rows -> ``TrainLoader`` of validation windows) and, in pool mode, its stream of
         extra training candidates (``candidate_loader``)."""
-        B = micro_batch_size_seqs
+        B, budget = micro_batch_size_seqs, greats_budget(alpha)
         val = val_loader_factory(greats_val_rows(B, g.val_fraction))
-        extra = greats_pool_size(B, 1.0 - alpha, g.pool)[0] - B
-        return cls(val, alpha=alpha, exclude_head=g.exclude_head, model_config=model_config, device=device,
+        extra = greats_pool_size(B, budget, g.pool)[0] - B
+        return cls(val, budget=budget, exclude_head=g.exclude_head, model_config=model_config, device=device,
                    pool=g.pool, route=g.route, memory_cap_mb=g.memory_cap_mb,
                    candidate_loader=candidate_loader(val, extra, seed) if extra else None)
 

@@ -38,7 +38,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tokens": ("eslm.cli.tokens", "token-selection view: which tokens ESLM keeps"),
     "study": ("eslm.cli.study", "run a grid of methods x seeds at equal FLOPs, then the report"),
     "sample": ("eslm.cli.sample", "generate text from a run, checkpoint or snapshot (KV cache)"),
-    "calibrate": ("eslm.cli.calibrate", "measure the LM-head loss route chooser's cost coefficients here"),
 }
 
 

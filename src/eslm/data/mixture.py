@@ -34,7 +34,6 @@ DOREMI_SLIMPAJAMA = {
     "stackexchange": 0.0847,
     "wikipedia": 0.2305,
 }
-PAPER_UNIFORM = 0.1428  # the paper's uniform column (7 x 0.1428 = 0.9996); "unif" uses exactly 1/n
 PRESETS = ("natural", "unif", "doremi")
 SUM_TOLERANCE = 1e-3
 

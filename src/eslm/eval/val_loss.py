@@ -11,7 +11,7 @@ from eslm.objectives.cross_entropy import token_stats
 
 
 @torch.no_grad()
-def evaluate(model, val: dict, weights: dict, *, impl: str = "fused", chunk_size: int = 1024,
+def evaluate(model, val: dict, weights: dict, *, impl: str, chunk_size: int = 1024,
              autocast=None) -> dict:
     """Mean CE per domain over its fixed validation windows, and the mixed loss (domains weighted by the
     training mixture; a domain with weight 0 is reported but not mixed in).

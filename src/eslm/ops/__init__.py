@@ -1,3 +1,3 @@
 """The lowest layer: the LM-head backends (``head_backend``: the protocol and the registry; ``fused_head``,
-``naive_head``, ``triton_head``), the fused backend's route chooser and its coefficients, and the data types the
+``naive_head``, ``triton_head``), the fused backend's route rule (``head_route``), and the data types the
 layers above share (``token_stats``)."""

@@ -18,7 +18,7 @@ so scores, loss and gradients together cost 3u — what plain training's head co
 (chunk, V) fp32 block is alive, never the naive path's (N, V) logits, log-probabilities and gradients.
 
 **The selected loss** (``fused_ce_sum``) returns sum_{i in kept} loss_i with its gradient, by the route the
-pass was made for (``route_pass``; which route runs is chosen by cost in ``eslm.ops.head_route``):
+pass was made for (``route_pass``; which route runs is chosen by the rule of ``eslm.ops.head_route``):
 
 * ``kept_cached``: the pass kept its softmax P; after the selection the kept rows of P are compacted into its
   first K rows, in place, and G_h[kept] = (P_K - onehot) W, G_W = (P_K - onehot)^T H_K: 1u + 2ku;
@@ -86,7 +86,7 @@ def _chunks(n: int, size: int):
         yield start, min(start + size, n)
 
 
-def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+def compute_dtype(t: torch.Tensor) -> torch.dtype:
     """The matmul dtype: autocast's (bf16 on GPU) when it is on, else the input's."""
     dev = t.device.type
     if torch.is_autocast_enabled(dev):
@@ -94,7 +94,7 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     return t.dtype
 
 
-def _no_autocast(t: torch.Tensor):
+def no_autocast(t: torch.Tensor):
     """Dtypes are managed explicitly below (fp32 softmax and accumulators, matmuls in the compute dtype)."""
     return torch.autocast(device_type=t.device.type, enabled=False) if torch.is_autocast_enabled(
         t.device.type) else contextlib.nullcontext()
@@ -105,7 +105,7 @@ def autocast_consistent(cls):
     of its first tensor input (torch's decorators take the device type when the class is written; the head runs on
     any device): the backward runs under the autocast state its forward ran under, also where autograd runs it on
     another thread (CUDA), where it would otherwise see none. The Functions here manage their dtypes explicitly
-    (their matmuls run under ``_no_autocast``), so their results do not depend on that state either way."""
+    (their matmuls run under ``no_autocast``), so their results do not depend on that state either way."""
     fwd, bwd = cls.forward, cls.backward
 
     @functools.wraps(fwd)
@@ -212,7 +212,7 @@ def head_pass(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
     with the shifted logits in a scratch block of at most C rows when the softmax is kept (no (chunk, V) block
     beside the (N, V) buffer)."""
     n, vocab = hidden.shape[0], weight.shape[0]
-    cdt = _compute_dtype(hidden)
+    cdt = compute_dtype(hidden)
     dev = hidden.device
     fp32 = cdt == torch.float32
     ent_from_w = need_entropy and fp32 and ((with_grads and grad_hidden) or (keep_probs and softmax_w))
@@ -226,7 +226,7 @@ def head_pass(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
     p_buf = torch.empty_like(_given(z_buf)) if (keep_z and not keep_probs) else None
     scratch = (torch.empty(_scratch_rows(rows, weight.shape[1]), vocab, dtype=torch.float32, device=dev)
                if (keep_z and keep_probs) else None)
-    with _no_autocast(hidden):
+    with no_autocast(hidden):
         h_all, w = hidden.to(cdt), weight.to(cdt)
         grads = _Grads(n, weight, hidden.dtype, grad_hidden, grad_weight) if with_grads else None
         for s, e in _chunks(n, chunk_size):
@@ -276,7 +276,7 @@ def fused_token_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch
 
 
 @autocast_consistent
-class _PrecomputedGrad(torch.autograd.Function):
+class PrecomputedGrad(torch.autograd.Function):
     """A scalar whose gradient with respect to (hidden, weight) was formed in the forward."""
 
     @staticmethod
@@ -320,9 +320,9 @@ def _grads_from_probs(hidden, weight, targets, index, probs, chunk_size: int, so
     where H_m is the hidden states with the dropped rows zeroed (an (N, C) copy, not (N, V)): a dropped row
     contributes exactly zero to both. P W is the pass's ``softmax_w`` when it formed it (fp32), else it is
     formed here. In fp32 each is one matmul over the whole buffer; in lower precision, chunk by chunk."""
-    n, cdt = hidden.shape[0], _compute_dtype(hidden)
+    n, cdt = hidden.shape[0], compute_dtype(hidden)
     dropped = _dropped_rows(n, index) if index is not None and index.numel() < n else None
-    with _no_autocast(hidden):
+    with no_autocast(hidden):
         h_all, w = hidden.to(cdt), weight.to(cdt)
         h_m = h_all if dropped is None else h_all.clone().index_fill_(0, dropped, 0.0)
         if cdt == torch.float32:
@@ -377,10 +377,10 @@ def _grads_kept_rows(hidden, weight, targets, index, probs, chunk_size: int):
     hidden-state gradient is exactly zero. In fp32 each is one matmul; in lower precision, chunk by chunk.
     Beside P, at most one (V, C)-sized fp32 block is alive at a time (the compaction's scratch, then G_W)."""
     n, c = hidden.shape
-    cdt = _compute_dtype(hidden)
+    cdt = compute_dtype(hidden)
     k = n if index is None else index.numel()
     orig = None if k == n else _compact_kept_rows(probs, index, _scratch_rows(n, c))
-    with _no_autocast(hidden):
+    with no_autocast(hidden):
         h_all, w = hidden.to(cdt), weight.to(cdt)
         h_k = h_all if orig is None else h_all[orig]
         y_k = targets if orig is None else targets[orig]
@@ -452,7 +452,7 @@ def fused_ce_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tens
         per_token = pre.loss if index is None else pre.loss[index]
         pre.grad_hidden = pre.grad_weight = pre.probs = pre.softmax_w = None  # large buffers: free them once used
     value = per_token.sum()
-    return _PrecomputedGrad.apply(hidden, weight, value, gh, gw.to(weight.dtype)), per_token
+    return PrecomputedGrad.apply(hidden, weight, value, gh, gw.to(weight.dtype)), per_token
 
 
 def _route_of(pre: HeadPass | None) -> str:
@@ -491,7 +491,7 @@ class _SelectedCE(torch.autograd.Function):
                        weight_grad=ctx.needs_input_grad[1])  # GREATS' head weight is detached: no G_W
         w = weight.to(h.dtype)
         g = grad_out.float()
-        with _no_autocast(h):  # the forward's autocast state is restored here (autocast_consistent)
+        with no_autocast(h):  # the forward's autocast state is restored here (autocast_consistent)
             for s, e in _chunks(h.shape[0], ctx.chunk_size):
                 dz = _logits(h[s:e], w).sub_(lse[s:e, None]).exp_()  # softmax of the kept rows
                 dz.scatter_add_(1, y[s:e, None], torch.full((e - s, 1), -1.0, device=dz.device))
@@ -518,26 +518,20 @@ class _RowGradCE(torch.autograd.Function):
         return gh * grad_out.to(gh.dtype)[:, None], None, None, None
 
 
-def geometry(hidden: torch.Tensor, weight: torch.Tensor):
-    """The ``eslm.ops.head_route.Geometry`` of a head call: width, vocabulary, device type, compute dtype."""
-    return head_route.Geometry(int(hidden.shape[-1]), int(weight.shape[0]), hidden.device.type,
-                               str(_compute_dtype(hidden)).replace("torch.", ""))
-
-
 def fused_selected_ce(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                       index: torch.Tensor | None, *, chunk_size: int = 1024,
                       lse: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token CE (K,) fp32 of the kept rows (all rows if index is None), with autograd to hidden and weight,
     for any upstream gradient. The gather ``hidden[index]`` scatters the kept rows' gradients back into an
     (N, C) zero tensor, so dropped rows get exactly zero gradient from the head. ``lse`` (N,): the scoring
-    pass's, when one ran. The route is the chooser's (``eslm.ops.head_route``, per-token routes)."""
+    pass's, when one ran. The route is the rule's (``eslm.ops.head_route``, per-token routes)."""
     n = hidden.shape[0]
     k = n if index is None else index.numel()
     grad = torch.is_grad_enabled()
     if k == 0 or not (grad and (hidden.requires_grad or weight.requires_grad)):
         route = "kept_recompute"  # no backward will run: the forward alone (the lse, or one scores pass)
     else:
-        route = head_route.choose_route(n, k, geometry(hidden, weight), scored=lse is not None, per_token=True,
+        route = head_route.choose_route(n, k, scored=lse is not None, per_token=True,
                                         weight_grad=weight.requires_grad)
     if index is not None:
         hidden, targets = hidden[index], targets[index]
@@ -551,7 +545,7 @@ def fused_selected_ce(hidden: torch.Tensor, weight: torch.Tensor, targets: torch
 
 
 class FusedHead:
-    """The chunked head as a backend: per micro-batch the route of ``eslm.ops.head_route``'s chooser (forced by
+    """The chunked head as a backend: per micro-batch the route of ``eslm.ops.head_route``'s rule (forced by
     ``options.route`` where it can run, the cached routes only with ``options.cache_probs``); the state is the
     route's pass (``HeadPass``), consumed by ``kept_loss``."""
 
@@ -560,16 +554,14 @@ class FusedHead:
     def __init__(self, options: HeadOptions = HeadOptions()):
         self.options = options
 
-    def choose(self, n: int, k: int, geom, *, scored: bool, entropy: bool = False) -> str:
-        """The route of n rows with k kept (the one chooser, ``eslm.ops.head_route``); ``geom`` None: before
-        anything ran (the FLOPs alone decide)."""
-        return head_route.choose_route(n, k, geom, scored=scored, cache=self.options.cache_probs,
-                                       forced=self.options.route, entropy=entropy)
+    def choose(self, n: int, k: int, *, scored: bool) -> str:
+        """The route of n rows with k kept (the one chooser, ``eslm.ops.head_route``)."""
+        return head_route.choose_route(n, k, scored=scored, cache=self.options.cache_probs,
+                                       forced=self.options.route)
 
     def score(self, hidden, weight, targets, *, num_kept, need_scores, need_entropy):
         n = hidden.shape[0]
-        route = self.choose(n, min(n, max(1, num_kept)), geometry(hidden, weight), scored=need_scores,
-                            entropy=need_scores and need_entropy)
+        route = self.choose(n, min(n, max(1, num_kept)), scored=need_scores)
         pre = route_pass(route, hidden, weight, targets, scored=need_scores, need_entropy=need_entropy,
                          chunk_size=self.options.chunk_size)
         return (None if pre is None else pre.stats()), HeadState(route, pre)
@@ -581,7 +573,7 @@ class FusedHead:
         return fused_ce_sum(hidden, weight, targets, index, pre=pre, chunk_size=self.options.chunk_size)
 
     def work(self, n, k, *, scored, state=None) -> HeadWork:
-        route = state.route if state is not None else self.choose(n, max(k, 1), None, scored=scored)
+        route = state.route if state is not None else self.choose(n, max(k, 1), scored=scored)
         return head_route.route_work(route, n, k, scored=scored)
 
     def token_stats(self, hidden, weight, targets, *, need_entropy):

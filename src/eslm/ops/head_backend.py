@@ -81,7 +81,7 @@ class BackendSpec:
 
 BACKENDS: tuple[BackendSpec, ...] = (
     BackendSpec("fused", "eslm.ops.fused_head", "FusedHead",
-                "chunked fp32 softmax, the head route chosen by a per-device cost model (docs/fused_loss.md)",
+                "chunked fp32 softmax, the head route chosen by a fixed rule (docs/fused_loss.md)",
                 ("cpu", "cuda")),
     BackendSpec("naive", "eslm.ops.naive_head", "NaiveHead",
                 "full (N, V) logits and F.cross_entropy, masked: the oracle", ("cpu", "cuda")),

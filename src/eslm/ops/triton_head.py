@@ -10,7 +10,7 @@ For N rows of width C, vocabulary V and K kept rows (u = one (N x C) x (C x V) h
   writes dz = softmax(z) - onehot(y) in the compute dtype (from the pass's lse: no second reduction); then
   G_h[kept] = dz W (K, C) and G_W = dz^T H_K (V, C) with fp32 accumulation (the matmul's own, and an fp32
   output where torch offers one): 2ku. The gradients are formed in the forward and the backward scales them by
-  the scalar upstream gradient (``eslm.ops.fused_head._PrecomputedGrad``); a dropped row's is exactly zero.
+  the scalar upstream gradient (``eslm.ops.fused_head.PrecomputedGrad``); a dropped row's is exactly zero.
 * CLM is the same machinery with every row kept (dz written over the cache in place: no second buffer); the
   random-drop control (no scores) forms only its K kept rows' logits.
 
@@ -31,7 +31,7 @@ import triton  # noqa: F401  (the gpu extra: a missing one is reported by eslm.o
 import triton.language as tl
 
 from eslm.errors import ConfigError
-from eslm.ops.fused_head import _compute_dtype, _no_autocast, _PrecomputedGrad, autocast_consistent
+from eslm.ops.fused_head import compute_dtype, no_autocast, PrecomputedGrad, autocast_consistent
 from eslm.ops.token_stats import HeadOptions, HeadState, HeadWork, TokenStats
 
 BLOCK_V = 1024  # logits per program step along the vocabulary (a power of two)
@@ -149,8 +149,8 @@ class _Cache:
 
 @torch.no_grad()
 def _pass_a(hidden, weight, targets, need_entropy: bool) -> _Cache:
-    cdt = _compute_dtype(hidden)
-    with _no_autocast(hidden):
+    cdt = compute_dtype(hidden)
+    with no_autocast(hidden):
         z = hidden.to(cdt) @ weight.to(cdt).t()  # the matmul's own output is the cache
     return _Cache(z, row_stats(z, targets, need_entropy))
 
@@ -167,7 +167,7 @@ def _pass_b(hidden, weight, targets, index, cache: _Cache):
     dz = kept_dz(logits, index, targets, st.lse)
     del logits  # no reference beyond dz's may keep the (N, V) buffer alive
     cache.logits = None  # the cache is read once; in CLM dz is written over it
-    with _no_autocast(hidden):
+    with no_autocast(hidden):
         h, w = hidden.to(cdt), weight.to(cdt)
         h_k = h if index is None else h[index]
         gh_k = dz @ w
@@ -192,7 +192,7 @@ class _TokenCE(torch.autograd.Function):
         h, weight, y, z, lse = ctx.saved_tensors
         dz = kept_dz(z, torch.arange(z.shape[0], device=z.device), y, lse)
         dz = (dz.float() * g.float()[:, None]).to(dz.dtype)
-        with _no_autocast(h):
+        with no_autocast(h):
             w = weight.to(dz.dtype)
             gh = (dz @ w).to(h.dtype) if ctx.needs_input_grad[0] else None
             gw = _mm_f32(dz.t(), h.to(dz.dtype)).to(weight.dtype) if ctx.needs_input_grad[1] else None
@@ -229,7 +229,7 @@ class TritonHead:
         else:
             gh, gw, per_token = _pass_b(h_in, w_in, targets, index, cache)
         value = per_token.sum()
-        return _PrecomputedGrad.apply(hidden, weight, value, gh, gw.to(weight.dtype)), per_token
+        return PrecomputedGrad.apply(hidden, weight, value, gh, gw.to(weight.dtype)), per_token
 
     def work(self, n, k, *, scored, state=None) -> HeadWork:
         route = state.route if state is not None else ("cached_logits" if scored or k == n else "kept_only")

@@ -43,8 +43,9 @@ FLOOR_EPS = 1e-9
 
 
 def check_alpha(alpha: float) -> float:
+    """alpha as a float, or a one-line ConfigError (the one check of alpha; method.alpha's too)."""
     if not (0.0 <= float(alpha) < 1.0) or math.isnan(alpha):
-        raise ConfigError(f"alpha must be in [0, 1) (the fraction of tokens dropped); got {alpha}")
+        raise ConfigError(f"alpha: expected 0 <= alpha < 1 (fraction of tokens dropped), got {alpha}")
     return float(alpha)
 
 

@@ -49,8 +49,8 @@ from eslm.study import shared
 from eslm.study.grid import Stage, check_branch_record, plan, stages
 from eslm.study.launch import (LAUNCHERS, PARENT_FD_ENV, QUEUED, Launched, Launcher, LocalLauncher, Outcome,
                                launcher_class, launcher_problems, watch_parent)
-from eslm.study.report import _report, mark_earlier_report_stale
-from eslm.study.schema import STUDIES_DIR, _is_int, load_study, study_dirs, study_problems
+from eslm.study.report import mark_earlier_report_stale, run_report
+from eslm.study.schema import STUDIES_DIR, is_int, load_study, study_dirs, study_problems
 from eslm.analysis.report.output import check_report_dir
 from eslm.lock import DirLock
 from eslm.study.estimate import describe, describe_steps, estimate, steps_by_run
@@ -72,7 +72,7 @@ def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int]
     submitted.
     Returns the exit code: 0 (also for a detached study), 143 when stopped by SIGTERM, else that of the
     failed run."""
-    if jobs is not None and not (_is_int(jobs) and jobs >= 1):
+    if jobs is not None and not (is_int(jobs) and jobs >= 1):
         raise ConfigError(f"--jobs: expected an integer >= 1, found {jobs!r}")
     study = load_study(preset)
     out = Path(out)
@@ -199,4 +199,4 @@ def _train_and_report(study: dict, configs: list, launcher: Launcher, study_dir:
                 return code
         if stage.name == shared.STAGE:  # the models the runs will use, before they start
             shared.write_record(study, study_dir, list(stage.runs), configs)
-    return _report(study, run_dirs, study_dir / "report", t0)
+    return run_report(study, run_dirs, study_dir / "report", t0)

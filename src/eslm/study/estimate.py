@@ -1,9 +1,8 @@
 """How long a study will take on this machine's CPU, estimated before it runs (``eslm study ... --dry-run``).
 
 Each run's CPU seconds = K x (its matmul FLOPs x the machine's seconds per head-matmul FLOP + its softmax
-elements x seconds per softmax element) + a per-run overhead; the coefficients are the head-route costs
-measured on this machine (``eslm.ops.head_costs``: the cache ``eslm calibrate`` or the first selective run
-writes; the shipped table, said so, when none is). Training spends the run's FLOPs budget (or ``max_steps``
+elements x seconds per softmax element) + a per-run overhead; the two rates are timed here when the estimate is
+made (``rates``: a head-shaped step's three matmuls and an fp32 softmax, well under a second). Training spends the run's FLOPs budget (or ``max_steps``
 dense steps without one) with V softmax elements per token; each evaluation is a forward over the validation
 tokens. The study adds its own process, the corpus preparation when the corpus is not prepared yet (stdlib
 only) and the report. Wall time on idle cores: the runs' CPU time spread over ``min(jobs x threads, cores)``
@@ -11,7 +10,7 @@ cores, plus the study's own serial work.
 
 The constants, measured on a 2-core Intel Xeon (family 6 model 207, torch 2.13.0+cpu, MKL 2024.2):
 ``K`` from the idle figures of the small model (benchmarks/RESULTS.md: a CLM step of 4 x 128 tokens takes
-0.286 s of CPU, against 0.240 s that the shipped, idle-measured coefficients predict), so K = 1.19; the
+0.286 s of CPU, against 0.240 s that the same two rates, timed idle on the same shapes, predict), so K = 1.19; the
 overheads under load (load average ~19, process CPU time): a run's process start, imports and set-up about
 3 s, the study's process 3 s, ``eslm report`` of six runs 12 s, preparing the stdlib corpus 8 s. The model
 is checked against the demo in README.md (which names the processors): it is an estimate, expected within
@@ -20,30 +19,65 @@ about 20-30% where the head dominates a step (the small and 124M presets), not a
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+import time
 from pathlib import Path
+
+import torch
 
 from eslm import metrics as M
 from eslm.config import method_context, training_flops_model
 from eslm.data.manifest import MANIFEST_NAME
 from eslm.data.prepare import default_data_root
-from eslm.ops.head_costs import lookup
 from eslm.methods import METHODS
 from eslm.train.optim import budget_steps, planned_micro_batch_flops
 
-K = 1.19  # a step's CPU time / the head-cost model's matmul + softmax prediction (Intel Xeon, idle)
+K = 1.19  # a step's CPU time / the timed rates' matmul + softmax prediction (Intel Xeon, idle)
 RUN_OVERHEAD_S = 3.0  # process start, imports, model and data set-up of one run
 STUDY_OVERHEAD_S = 3.0  # the study's own process
 REPORT_S = 12.0  # eslm report of the demo's six runs
 PREP_STDLIB_S = 8.0  # eslm prepare stdlib (gpt2 tokenizer)
 
 
+RATE_SHAPE = (512, 256, 16384)  # rows R, width C, vocabulary V of the timed head step
+
+
+@functools.lru_cache(maxsize=4)
+def rates(threads: int, bf16: bool) -> tuple[float, float]:
+    """(seconds per head-matmul FLOP, seconds per fp32 softmax element) on this CPU with ``threads`` torch
+    threads: the fastest of three timings in process CPU time (time descheduled by other work does not count),
+    after a warm-up, of a head step's three matmuls (in bf16 with ``bf16``) and of the softmax chain over
+    (R, V) fp32 logits. Timed once per process."""
+    r, c, v = RATE_SHAPE
+    g = torch.Generator().manual_seed(0)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    h, w = torch.randn(r, c, generator=g).to(dtype), torch.randn(v, c, generator=g).to(dtype)
+    dz, z = torch.randn(r, v, generator=g).to(dtype), torch.randn(r, v, generator=g)
+
+    def fastest(fn) -> float:
+        fn()
+        out = []
+        for _ in range(3):
+            t0 = time.process_time()
+            fn()
+            out.append(time.process_time() - t0)
+        return max(min(out), 1e-9)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        mm = fastest(lambda: (h @ w.t(), dz @ w, dz.t() @ h))
+        sm = fastest(lambda: torch.softmax(z, -1))
+    finally:
+        torch.set_num_threads(before)
+    return mm / (3 * 2.0 * r * c * v), sm / (r * v)
+
+
 def _device(cfg) -> str:
     dev = cfg.train.device
     if dev == "auto":
-        import torch
-
         return "cuda" if torch.cuda.is_available() else "cpu"
     return "cuda" if dev.startswith("cuda") else "cpu"
 
@@ -63,8 +97,8 @@ def _domains(cfg) -> int:
         return 3  # stdlib: code, docs, reference
 
 
-def run_seconds(cfg, costs) -> float:
-    """Estimated CPU seconds of one run of ``cfg`` with head costs ``costs`` (``eslm.ops.head_costs.HeadCosts``)."""
+def run_seconds(cfg, s_per_flop: float, s_per_elem: float) -> float:
+    """Estimated CPU seconds of one run of ``cfg`` at these rates (``rates``)."""
     fm, t, e = training_flops_model(cfg), cfg.train, cfg.eval
     tokens_per_step = t.micro_batch_size_seqs * cfg.data.seq_len * t.grad_accum_steps
     dense_step = fm.train_per_token * tokens_per_step
@@ -75,7 +109,7 @@ def run_seconds(cfg, costs) -> float:
     eval_tokens = evals * _domains(cfg) * e.tokens_per_domain
     flops = train_flops + eval_tokens * fm.forward_per_token
     softmax = (train_tokens + eval_tokens) * fm.vocab_size
-    return K * (flops * costs.matmul_s_per_flop + softmax * costs.softmax_s_per_elem) + RUN_OVERHEAD_S
+    return K * (flops * s_per_flop + softmax * s_per_elem) + RUN_OVERHEAD_S
 
 
 def step_flops_of(cfg) -> tuple[float, str] | None:
@@ -84,8 +118,6 @@ def step_flops_of(cfg) -> tuple[float, str] | None:
     registry's method built from the config alone; "about" where a controller moves alpha (planned at
     ``method.alpha``). None for a method that needs a frozen model or held-out data (``MethodSpec.needs``): its
     work depends on a model not loaded here, or on the data."""
-    import torch
-
     spec = METHODS[cfg.method.name]
     if spec.needs:
         return None
@@ -139,15 +171,15 @@ def describe_steps(steps: tuple[int | None, str]) -> str:
 
 
 def estimate(configs: list, jobs: int) -> dict | None:
-    """{"cpu_s", "wall_s", "table" (lookup's record), "prep" (whether stdlib preparation is counted)} for the
-    planned runs on this machine's CPU; None when they run on a GPU (no model for that here)."""
+    """{"cpu_s", "wall_s", "rates" (``rates``), "prep" (whether stdlib preparation is counted), "cores",
+    "unpriced"} for the planned runs on this machine's CPU; None when they run on a GPU (no model for that
+    here)."""
     if not configs or _device(configs[0]) != "cpu":
         return None
 
     threads = configs[0].train.num_threads or max(1, (os.cpu_count() or 1) // max(1, jobs))
-    costs, table = lookup("cpu", "float32" if configs[0].train.dtype != "bf16" else "bfloat16",
-                          threads=threads, quiet=True)
-    runs = sum(run_seconds(c, costs) for c in configs)
+    timed = rates(threads, configs[0].train.dtype == "bf16")
+    runs = sum(run_seconds(c, *timed) for c in configs)
     serial = STUDY_OVERHEAD_S + REPORT_S
     prep = False
     d = configs[0].data
@@ -156,7 +188,7 @@ def estimate(configs: list, jobs: int) -> dict | None:
         serial += PREP_STDLIB_S if prep else 0.0
     cores = max(1, min(len(configs), jobs * threads, os.cpu_count() or 1))
     unpriced = unpriced_work(configs)
-    return {M.CPU_S: runs + serial, "wall_s": runs / cores + serial, "table": table, "prep": prep,
+    return {M.CPU_S: runs + serial, "wall_s": runs / cores + serial, "rates": timed, "prep": prep,
             "cores": cores, "unpriced": unpriced}
 
 
@@ -175,10 +207,8 @@ def describe(est: dict | None) -> str | None:
     """The estimate in one line (None for none)."""
     if est is None:
         return None
-    t = est["table"]
-    where = ("this machine's measured head costs" if t["table"] == "measured" else
-             f"head costs from {t['path']}" if t["table"] == "file" else
-             "the shipped head costs (none measured here yet: eslm calibrate measures them in seconds)")
+    flop, elem = est["rates"]
+    where = f"this CPU's {1e-9 / flop:.0f} GFLOP/s head matmuls and {1e-6 / elem:.0f} M softmax elements/s"
     low = est.get("unpriced") or {}
     return (f"estimate: {'at least ' if low else ''}about {est[M.CPU_S] / 60:.1f} CPU-minutes, "
             f"{'at least ' if low else ''}about {est['wall_s'] / 60:.1f} min on "

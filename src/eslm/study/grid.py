@@ -17,7 +17,7 @@ from pathlib import Path
 
 from eslm import metrics as M
 from eslm.errors import ConfigError
-from eslm.study.schema import _entry, _flatten, _refuse, _seeds_problems, _slug
+from eslm.study.schema import flatten, method_entry, refuse, seeds_problems, slug
 from eslm.analysis.rundir import comparable_sets_problem, experiment_key, find_group, planned_groups
 from eslm.config import build_config, equal_flops_budget
 from eslm.files import atomic_write
@@ -39,7 +39,7 @@ def stages(study: dict, configs: list) -> list[Stage]:
     some (``eslm.study.shared``), its trunks when it branches (``branch``), then the runs."""
     first = []
     if study.get("models") and configs:
-        models, _ = shared.plan_models(study, Path(configs[0].run.out_dir), _flatten(study["config"] or {}),
+        models, _ = shared.plan_models(study, Path(configs[0].run.out_dir), flatten(study["config"] or {}),
                                        list(dict.fromkeys(c.run.seed for c in configs)))
         first = [Stage(shared.STAGE, tuple(models))]
     if study.get("branch") and configs:
@@ -98,7 +98,7 @@ def _trunks(study: dict, runs: list) -> list:
     out = []
     for seed in dict.fromkeys(c.run.seed for c in runs):
         arm = next(c for c in runs if c.run.seed == seed).to_dict()
-        out.append(build_config(overrides=_flatten({k: v for k, v in arm.items() if k != "method"}) + _flatten(method) + [
+        out.append(build_config(overrides=flatten({k: v for k, v in arm.items() if k != "method"}) + flatten(method) + [
             f"method.name={study['branch']['from']}", f"run.name={trunk_name(study, seed)}", f"train.max_steps={step}",
             f"train.lr_decay_steps={decay}", "train.lr_schedule=steps", "train.max_flops=0", "train.branch_from="]))
     return out
@@ -122,12 +122,12 @@ def grid(study: dict, seeds=None) -> list[tuple[str, str, list[str], int]]:
     points: list[tuple[str, str, list[str]]] = []
     axes = _axes(study)
     for item in study["methods"]:
-        method, label, over = _entry(item)
+        method, label, over = method_entry(item)
         # a restricted axis names methods by label: a labelled variant is its own entry, not its method's
         applicable = [(k, vals) for k, vals, ms in axes if ms is None or label in ms]
         for combo in itertools.product(*[vals for _, vals in applicable]):
             sweep = [f"{k}={v}" for (k, _), v in zip(applicable, combo)]
-            name = "-".join([label] + [_slug(o) for o in sweep])
+            name = "-".join([label] + [slug(o) for o in sweep])
             points.append((method, name, over + sweep))
     names = [p[1] for p in points]
     dup = sorted({n for n in names if names.count(n) > 1})
@@ -159,8 +159,8 @@ def plan(study: dict, out: Path, seeds=None, overrides=()) -> list:
 
     where = f"study {study['name']}"
     if seeds:
-        _refuse(where, _seeds_problems(list(seeds), "--seeds"))
-    base = _flatten(study["config"] or {})
+        refuse(where, seeds_problems(list(seeds), "--seeds"))
+    base = flatten(study["config"] or {})
     budget = study.get("budget") or {}
     points = grid(study, seeds)
     configs, failures = [], []
@@ -182,7 +182,7 @@ def plan(study: dict, out: Path, seeds=None, overrides=()) -> list:
             problems += found + shared.missing_problems(configs, study, out / study["name"])
         if study.get("branch"):
             problems += _branch_problems(study, configs)
-    _refuse(where, problems)
+    refuse(where, problems)
     return _with_branch(study, configs) if study.get("branch") else configs
 
 

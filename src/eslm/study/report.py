@@ -19,7 +19,7 @@ def mark_earlier_report_stale(study: dict, study_dir: Path, unfinished: int) -> 
         print(f"study {study['name']}: the earlier report in {study_dir / 'report'} is marked stale")
 
 
-def _report(study: dict, run_dirs: list[Path], report_dir: Path, t0: float) -> int:
+def run_report(study: dict, run_dirs: list[Path], report_dir: Path, t0: float) -> int:
     opts = study.get("report") or {}
     try:
         summary = analysis_report.build_report([str(p) for p in run_dirs], str(report_dir),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from eslm.errors import ConfigError
 from eslm.files import name_problem, read_yaml
-from eslm.config import MAX_SEED, build_config
+from eslm.config import MAX_SEED, build_config, is_int
 from eslm.methods import METHODS
 from eslm.study.launch import launcher_problems
 
@@ -56,12 +56,12 @@ def load_study(name: str) -> dict:
     problems = study_problems(study)
     if (why := name_problem(path.stem, "the study's name (its file name, the folder of its runs)")) is not None:
         problems.insert(0, why)
-    _refuse(f"study {str(path)!r}", problems)
+    refuse(f"study {str(path)!r}", problems)
     study["name"] = path.stem
     return study
 
 
-def _refuse(where: str, problems: list[str]) -> None:
+def refuse(where: str, problems: list[str]) -> None:
     """Raise one ConfigError listing every problem, one per line."""
     if problems:
         lines = "".join(f"\n  - {p}" for p in problems)
@@ -77,10 +77,6 @@ BUDGET_KEYS = ("steps_of", "counter")
 REPORT_KEYS = ("baseline", "target", "primary", "equivalence_margin")
 MODEL_KEYS = ("method", "seed", "per_seed")  # of a ``models`` entry, besides its config keys
 BRANCH_KEYS = ("from", "at_tokens")
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _name_list(v) -> str:
@@ -126,7 +122,7 @@ def _entries_problems(methods) -> tuple[list[str], list[str], list[str]]:
         else:
             problems.append(f"{where}: expected a method name or a mapping with 'name', found {item!r}")
             continue
-        method, label, _ = _entry(item)
+        method, label, _ = method_entry(item)
         names.append(method)
         labels.append(label)
     twice = sorted({x for x in labels if labels.count(x) > 1})
@@ -136,12 +132,12 @@ def _entries_problems(methods) -> tuple[list[str], list[str], list[str]]:
     return problems, names, labels
 
 
-def _seeds_problems(seeds, where: str) -> list[str]:
-    if _is_int(seeds):
+def seeds_problems(seeds, where: str) -> list[str]:
+    if is_int(seeds):
         return [f"{where}: expected a list of integer seeds, found {seeds!r}; write seeds: [{seeds}]"]
     if not isinstance(seeds, list) or not seeds:
         return [f"{where}: expected a non-empty list of integer seeds, found {seeds!r}"]
-    bad = [s for s in seeds if not _is_int(s)]
+    bad = [s for s in seeds if not is_int(s)]
     if bad:
         return [f"{where}: expected integer seeds, found {_name_list(bad)}"]
 
@@ -236,7 +232,7 @@ def _report_problems(report) -> list[str]:
         problems.append(f"report.target: expected a positive validation loss or 'baseline', found {target!r}")
     margin = report.get("equivalence_margin")
     if "equivalence_margin" in report and not (
-            margin is not None and (_is_int(margin) or isinstance(margin, float)) and 0 < margin < float("inf")):
+            margin is not None and (is_int(margin) or isinstance(margin, float)) and 0 < margin < float("inf")):
         problems.append(f"report.equivalence_margin: expected a positive number of nats, found {margin!r}")
     elif "equivalence_margin" in report and "primary" not in report:
         problems.append("report.equivalence_margin: applies to the primary comparison; add report.primary")
@@ -265,7 +261,7 @@ def models_problems(models) -> list[str]:
             continue
         if "method" in spec and (why := _method_problem(spec["method"])) is not None:
             out.append(f"{where}: method: {why}")
-        if "seed" in spec and not _is_int(spec["seed"]):
+        if "seed" in spec and not is_int(spec["seed"]):
             out.append(f"{where}: seed: expected an integer, found {spec['seed']!r}")
         if "per_seed" in spec and not isinstance(spec["per_seed"], bool):
             out.append(f"{where}: per_seed: expected true or false, found {spec['per_seed']!r}")
@@ -293,7 +289,7 @@ def _branch_problems(branch) -> list[str]:
         problems.append(f"branch: missing {_name_list(missing)}; write branch: {{from: clm, at_tokens: 40000}}")
     if "from" in branch and (why := _method_problem(branch["from"])) is not None:
         problems.append(f"branch.from: {why}")
-    if "at_tokens" in branch and not (_is_int(branch["at_tokens"]) and branch["at_tokens"] > 0):
+    if "at_tokens" in branch and not (is_int(branch["at_tokens"]) and branch["at_tokens"] > 0):
         problems.append(f"branch.at_tokens: expected a positive number of training tokens, found "
                         f"{branch['at_tokens']!r}")
     return problems
@@ -321,7 +317,7 @@ def study_problems(study: dict) -> list[str]:
         found, names, labels = _entries_problems(study["methods"])
         problems += found
     if "seeds" in study:
-        problems += _seeds_problems(study["seeds"], "seeds")
+        problems += seeds_problems(study["seeds"], "seeds")
     if "config" in study and study["config"] is not None and not isinstance(study["config"], dict):
         problems.append(f"config: expected a mapping of config sections (e.g. {{train: {{max_steps: 90}}}}), "
                         f"found {study['config']!r}")
@@ -330,7 +326,7 @@ def study_problems(study: dict) -> list[str]:
     problems += _budget_problems(study.get("budget"), names + trunk, labels)  # the trunk's method may set it
     problems += _report_problems(study.get("report"))
     problems += _branch_problems(study.get("branch"))
-    if "jobs" in study and not (_is_int(study["jobs"]) and study["jobs"] >= 1):
+    if "jobs" in study and not (is_int(study["jobs"]) and study["jobs"] >= 1):
         problems.append(f"jobs: expected an integer >= 1, found {study['jobs']!r}")
     problems += models_problems(study.get("models"))
     if "launcher" in study:  # a section that names no launcher: checked by the one --launcher picks (make_launcher)
@@ -340,28 +336,28 @@ def study_problems(study: dict) -> list[str]:
     return problems
 
 
-def _flatten(d: dict, prefix: str = "") -> list[str]:
+def flatten(d: dict, prefix: str = "") -> list[str]:
     out = []
     for k, v in d.items():
         if isinstance(v, dict):
-            out += _flatten(v, f"{prefix}{k}.")
+            out += flatten(v, f"{prefix}{k}.")
         else:
             out.append(f"{prefix}{k}={list(v) if isinstance(v, (list, tuple)) else v}")
     return out
 
 
-def _entry(item) -> tuple[str, str, list[str]]:
+def method_entry(item) -> tuple[str, str, list[str]]:
     """A ``methods`` entry -> (method name, label, overrides)."""
     if isinstance(item, str):
         return item, item, []
     if not isinstance(item, dict) or "name" not in item:
         raise ConfigError(f"study methods: expected a method name or a mapping with 'name', got {item!r}")
-    over = _flatten({k: v for k, v in item.items() if k not in _ENTRY_KEYS})
-    label = item.get("label") or "-".join([item["name"]] + [_slug(o) for o in over])
+    over = flatten({k: v for k, v in item.items() if k not in _ENTRY_KEYS})
+    label = item.get("label") or "-".join([item["name"]] + [slug(o) for o in over])
     return str(item["name"]), str(label), over
 
 
-def _slug(override: str) -> str:
+def slug(override: str) -> str:
     """'method.alpha=0.3' -> 'alpha0.3' (readable, path-safe)."""
     key, _, value = override.partition("=")
     text = key.rsplit(".", 1)[-1] + value

@@ -32,7 +32,7 @@ import json
 from pathlib import Path
 
 from eslm.errors import ConfigError
-from eslm.study.schema import MODEL_KEYS, _flatten
+from eslm.study.schema import MODEL_KEYS, flatten
 from eslm.config import build_config
 from eslm.files import atomic_write, sha256_file
 from eslm.methods import METHODS, baseline
@@ -86,7 +86,7 @@ def plan_models(study: dict, study_dir: Path, base: list[str], seeds: list[int])
     keys = frozen_model_keys()
     configs, problems = [], []
     for name, spec in models.items():
-        own = _flatten({k: v for k, v in spec.items() if k not in MODEL_KEYS})
+        own = flatten({k: v for k, v in spec.items() if k not in MODEL_KEYS})
         names_a_model = [i for i in own if i.partition("=")[0] in keys and i.partition("=")[2] in models]
         if names_a_model:
             problems.append(f"models {name!r}: {names_a_model[0]}: a shared model cannot use another shared model; "

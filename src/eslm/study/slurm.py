@@ -42,7 +42,7 @@ from typing import ClassVar, Sequence
 from eslm.errors import ConfigError, ESLMError
 from eslm.study.launch import (FAILED, FINISHED, NOT_STARTED, PREEMPTED, QUEUED, STOPPED, Launched, Outcome,
                                print_status)
-from eslm.config import to_yaml
+from eslm.config import is_int, to_yaml
 from eslm.files import atomic_write, ensure_dir, open_nofollow
 
 # sbatch options the launcher sets itself (or takes from a key of the section): refused under launcher.sbatch
@@ -61,14 +61,10 @@ _ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "COM
 
 # ---------------------------------------------------------------- the study file's launcher section
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def time_minutes(value) -> int | None:
     """A time limit as whole minutes (rounded up): an integer of minutes, or ``[D-]HH:MM:SS`` / ``HH:MM``
     text; None when it is neither."""
-    if _is_int(value):
+    if is_int(value):
         return value if value > 0 else None
     if not isinstance(value, str):
         return None
@@ -309,7 +305,7 @@ class SlurmLauncher:
             out.append(f"launcher.time: expected a time limit per job as minutes (an integer > 0) or "
                        f"'[D-]HH:MM:SS', found {section['time']!r}")
         for key, low in (("nodes", 1), ("cpus_per_run", 1), ("gpus_per_run", 0), ("parallel", 1)):
-            if key in section and not (_is_int(section[key]) and section[key] >= low):
+            if key in section and not (is_int(section[key]) and section[key] >= low):
                 out.append(f"launcher.{key}: expected an integer >= {low}, found {section[key]!r}")
         mem = section.get("mem_gb")
         if "mem_gb" in section and not (isinstance(mem, (int, float)) and not isinstance(mem, bool) and mem > 0):

@@ -22,7 +22,7 @@ import torch
 import eslm
 from eslm import metrics as M
 from eslm.errors import ESLMError
-from eslm.files import (RUN_FORMAT, RUN_MARKER, atomic_write, ensure_dir, named, new_marker, open_nofollow,
+from eslm.files import (RUN_FORMAT, RUN_MARKER, ensure_dir, named, new_marker, open_nofollow,
                         read_marker, read_yaml)
 from eslm.tracking import warn_missing
 from eslm.versions import dependency_versions
@@ -171,15 +171,6 @@ def read_env(run_dir: Path) -> dict:
         return json.loads((Path(run_dir) / "env.json").read_text())
     except (OSError, json.JSONDecodeError):
         return {}
-
-
-def append_to_env(run_dir: Path, key: str, entry: dict) -> None:
-    """env.json's list ``key`` gains ``entry`` (one per start or resume); nothing when env.json is unreadable."""
-    env = read_env(run_dir)
-    if not isinstance(env, dict) or not env:
-        return
-    env.setdefault(key, []).append(entry)
-    atomic_write(Path(run_dir) / "env.json", (json.dumps(env, indent=2) + "\n").encode())
 
 
 def last_records(path: Path) -> tuple[list[dict], int]:

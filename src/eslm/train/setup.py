@@ -21,9 +21,6 @@ from eslm.data.mixture import resolve_weights
 from eslm.data.prepare import ensure_prepared
 from eslm.methods import holds_out
 from eslm.model.loading import load_model
-from eslm.ops.calibrate import ensure_measured
-from eslm.ops.head_backend import resolve
-from eslm.ops.head_costs import lookup
 
 def setup_torch(cfg: Config, rank: int, device: torch.device) -> None:
     if cfg.train.num_threads > 0:
@@ -53,21 +50,6 @@ def autocast_for(dtype: str, device: torch.device):
     if dtype == "bf16" or (dtype == "auto" and device.type == "cuda"):
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return None
-
-
-def head_costs_for_run(cfg: Config, method, device: torch.device, log) -> dict:
-    """Which head-route cost table this run's chooser uses (``eslm.ops.head_costs.lookup``'s record, written to
-    env.json and result.json). A selective run (the fused loss with train.loss_route=auto and a selector that
-    drops tokens) on a machine that has no measured table for its device, compute dtype and thread count
-    measures one first, in a few seconds, into the machine's cache (``eslm.ops.calibrate.ensure_measured``)."""
-
-    t = cfg.train
-    dtype = "bfloat16" if autocast_for(t.dtype, device) is not None else "float32"
-    n = t.micro_batch_size_seqs * cfg.data.seq_len
-    fused = resolve(t.loss_impl, device.type) == "fused"  # the backend whose routes the chooser picks
-    if fused and t.loss_route == "auto" and method.tokens.num_kept(n) < n:
-        return ensure_measured(device, dtype, log=log)
-    return lookup(device.type, dtype, quiet=True)[1]
 
 
 def open_data(cfg: Config, dist):

@@ -36,7 +36,7 @@ from eslm.train.optim import build_optimizer, plan_schedule, skips_on_device, st
 from eslm.train.progress import progress_line
 from eslm.train.records import Update, eval_record, readout, selection_metrics, train_record
 from eslm.train.resume import check_checkpoint_of_run, open_run_dir, record_resumed_at
-from eslm.train.run_dir import MetricsWriter, append_to_env, last_records
+from eslm.train.run_dir import MetricsWriter, last_records
 from eslm.train.step import StepOptions, forward_backward
 from eslm.train.stopping import Budget, Preemption, TrainingDiverged, check_update, last_good_hint
 from eslm.train.timing import LoadSampler, Throughput, mfu, timed
@@ -81,7 +81,6 @@ class Trainer:
             cfg, device=self.device, n_domains=len(self.dataset.domains), rank=self.dist.rank,
             model_config=self.model_config,
             val_loader_factory=setup.val_loader_factory(cfg, self.dataset, self.weights, self.dist)))
-        self.head_costs = setup.head_costs_for_run(cfg, self.method, self.device, self._log)
         self.fm = FlopsModel.from_config(self.model_config, cfg.data.seq_len)
         # a branched run continues another run's checkpoint (eslm.train.branch)
         self.branch = read_branch_point(cfg, self.global_batch_tokens) if t.branch_from else None
@@ -110,8 +109,6 @@ class Trainer:
                 self.run_dir, self.cfg, device=self.device, world_size=self.dist.world_size,
                 num_params=self.raw_model.num_params(), log=self._log)
         self._maybe_resume()
-        if self.dist.is_main:  # which table the head route chooser prices routes with (one entry per segment)
-            append_to_env(self.run_dir, "head_costs", {"from_step": self.step, **self.head_costs})
         self._log(self._banner())
         c, max_steps = self.cfg, self.cfg.train.max_steps
         stopped_by, last_val, throughput = "max_steps", None, Throughput()
@@ -187,7 +184,6 @@ class Trainer:
             atomic_write(self.run_dir / "result.json", (json.dumps(
                 {"step": self.step, "stopped_by": stopped_by, M.VAL_LOSS: last_val, M.ELAPSED_S: self.elapsed_s,
                  M.CPU_S: self.cpu_s, "load_avg": self.load.summary(), **self.flops.totals(),
-                 "head_costs": self.head_costs,
                  **({"branch": self.branch.summary()} if self.branch is not None else {})}, indent=2) + "\n").encode())
 
     # ------------------------------------------------------------------ records

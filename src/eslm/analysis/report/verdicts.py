@@ -84,17 +84,6 @@ def loss_verdict(ci: dict, what: str, baseline: str, single: bool = False) -> st
                     f"{what} higher than {baseline} by {{m}} [{{lo}}, {{hi}}] nats", what, baseline, " nats", single)
 
 
-def fmt_ci(ci: dict, spec: str = ".4f") -> str:
-    """'4.348 ± 0.110 (n=5)' / '4.348 (n=1, no interval)' / '—'."""
-    if ci["n"] == 0 or ci["mean"] is None:
-        return "—"
-    if ci["half_width"] is None:
-        return f"{format(ci['mean'], spec)} (n=1, no interval)"
-    return f"{format(ci['mean'], spec)} ± {format(ci['half_width'], spec)} (n={ci['n']})"
-
-
-
-
 def tost_verdict(t: dict | None, unit: str = "nats") -> str:
     """One phrase for ``tost``'s result."""
     if t is None:

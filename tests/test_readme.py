@@ -173,6 +173,19 @@ def scorecard_claims() -> list[tuple[str, str]]:
 
 
 def test_scorecard_step_counts_and_cost_ratios_come_from_the_summaries():
-    text = " ".join(README.split())  # line breaks inside a sentence do not matter
+    detail = (ROOT / "docs" / "results.md").read_text()  # the README's scorecard in full, and each study's paragraph
+    text = " ".join((README + "\n" + detail).split())  # line breaks inside a sentence do not matter
     missing = [(study, claim) for study, claim in scorecard_claims() if " ".join(claim.split()) not in text]
     assert missing == []
+
+
+def test_the_scorecard_verdicts_are_short_and_every_row_links_its_results():
+    """A newcomer reads the README's scorecard in a minute: each verdict cell at most 30 words, the details on the
+    docs/results pages it links (docs/results.md holds the full table)."""
+    rows = [r for r in README.split("**Scorecard:", 1)[1].split("\n") if r.startswith("| ") and "---" not in r]
+    assert rows[0].startswith("| paper's claim") and len(rows) > 8
+    for row in rows[1:]:
+        cells = [c.strip() for c in row.strip().strip("|").split(" | ")]
+        assert len(cells) == 4, row
+        assert len(cells[3].split()) <= 30, (len(cells[3].split()), cells[0])
+        assert "](" in cells[1] or "](" in cells[2], f"{cells[0]}: no link to its results"

@@ -216,3 +216,70 @@ def test_a_resumed_run_continues_bit_for_bit(name, tiny_data, tmp_path):
     assert records(resumed.run_dir) == records(straight.run_dir)
     assert len(records(straight.run_dir)) == 6 and resumed.val_loss == straight.val_loss
     assert records(straight.run_dir)[-1][M.TOKENS_SEEN] == 6 * 4 * 4 * 32  # the candidates read: 2x the trained
+
+
+DDP_SCRIPT = '''
+import sys, torch
+from eslm.data.batch import Batch
+from eslm.methods import build_method
+from eslm.config import build_config, method_context
+from eslm.model.gpt import GPT, preset
+from eslm.train.step import StepOptions, forward_backward
+from eslm.train.distributed import init_distributed
+
+out_path = sys.argv[1]
+info, device = init_distributed("cpu", "gloo")
+torch.manual_seed(0)
+mc = preset("tiny", vocab_size=64)
+model = GPT(mc)
+g = torch.Generator().manual_seed(1)
+xs = [torch.randint(0, 64, (2, 16), generator=g) for _ in range(4)]
+batches = [Batch(x, x.roll(-1, 1), torch.arange(2) + 2 * i) for i, x in enumerate(xs)]  # domain: the row's id
+wrapped = model
+if info.world_size > 1:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    wrapped = DDP(model)
+    batches = batches[info.rank * 2:(info.rank + 1) * 2]
+cfg = build_config(overrides=["method.name=eslm-h-loss", "method.alpha=0.0", "data.seq_len=16",
+                              "train.micro_batch_size_seqs=2", "train.loss_impl=naive"])
+method = build_method(method_context(cfg, device=device, n_domains=8, model_config=mc))
+kept = method.rows.select_step(model, batches, info.world_size)
+opts = StepOptions(accum_steps=len(kept), normalize="global", world_size=info.world_size)
+forward_backward(wrapped, model, method, batches, opts, step=1, lr=1e-3)
+rows = torch.cat([b.domain for b in kept])
+if info.world_size > 1:
+    every = [torch.empty_like(rows) for _ in range(info.world_size)]
+    torch.distributed.all_gather(every, rows)
+    rows = torch.cat(every)
+if info.rank == 0:
+    torch.save({"rows": sorted(rows.tolist()), "shapes": [tuple(b.x.shape) for b in kept],
+                **{n: p.grad.clone() for n, p in model.named_parameters()}}, out_path)
+if info.world_size > 1:
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+'''
+
+
+@pytest.mark.slow
+def test_ddp_keeps_the_top_sequences_of_every_rank_and_the_same_gradient(tmp_path):
+    # one process with the step's 4 candidate micro-batches against 2 ranks with 2 each: the same 4 sequences kept
+    # (the threshold is the step's over both ranks), each rank trains full micro-batches, the same gradient
+    import os
+    import subprocess
+    import sys
+
+    from conftest import torchrun
+
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_SCRIPT)
+    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
+    r = subprocess.run([sys.executable, str(script), str(one)], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    torchrun([str(script), str(two)])
+    g1, g2 = torch.load(one), torch.load(two)
+    rows = g1.pop("rows")
+    assert rows == g2.pop("rows") and len(rows) == 4
+    assert g1.pop("shapes") == [(2, 16), (2, 16)] and g2.pop("shapes") == [(2, 16)]
+    for name in g1:
+        torch.testing.assert_close(g1[name], g2[name], rtol=1e-5, atol=1e-7, msg=name)

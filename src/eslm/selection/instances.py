@@ -30,6 +30,7 @@ objective's ``head_work``, as for every method.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
@@ -76,6 +77,10 @@ def exit_model(model: GPT, k: int) -> GPT:
     if not 1 <= k <= model.config.n_layer:
         raise ConfigError(f"method.instance.exit_layers: expected 1..{model.config.n_layer} (the model's blocks), "
                           f"got {k}; fix: a smaller method.instance.exit_layers")
+    dtensor = sys.modules.get("torch.distributed.tensor")  # loaded where FSDP sharded the model (no import here)
+    if dtensor is not None and isinstance(model.head_weight, dtensor.DTensor):
+        raise ConfigError("instance-level selection runs the trained model's first blocks outside its forward, where "
+                          "FSDP keeps their parameters sharded; fix: distributed.fsdp=false (DDP)")
     with torch.device("meta"):
         view = GPT(replace(model.config, n_layer=k))
     t = model.transformer

@@ -9,6 +9,14 @@ training steps only, evaluation and start-up excluded); wall-clock is recorded t
 
     python benchmarks/whole_runs.py                       # 6 rounds of clm, eslm-loss@0.5, eslm-loss@0.2
     python benchmarks/whole_runs.py --rounds 5 --arms clm eslm-loss@0.5 eslm-entropy@0.1 --steps 60
+    python benchmarks/whole_runs.py --threads 1 --arms clm eslm-h-entropy@0.1 random-instance clm/b8 \
+        --set method.instance.beta=0.5 --name whole_runs-instance-small-T128-B4-S60-threads1   # issue 46
+
+An arm is ``method[@alpha][/bN]``: ``/bN`` trains N sequences per micro-batch instead of ``--micro-batch`` (CLM on
+all the candidates that instance selection reads: ``clm/b8`` beside ``eslm-h-entropy`` at beta 0.5 and 4).
+Instance-level selection (``eslm-h-*``, ``random-instance``, ``random-h``: a row selector that reads more
+micro-batches than it trains) gets its bound from the executed FLOPs the trainer plans for it (the exit over every
+candidate, the kept rows' step), and no profile.
 
 Results: benchmarks/results/whole_runs-<preset>-T<seq>-B<mb>-S<steps>.{json,md}: per-round CPU seconds, the
 ratios against CLM with their median and range, the ratio of the medians, and the bound: what the ratio can be
@@ -37,19 +45,29 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def parse_arm(arm: str) -> tuple[str, float]:
-    """'clm' -> ('clm', 0.0); 'eslm-loss@0.5' -> ('eslm-loss', 0.5)."""
-    name, _, alpha = arm.partition("@")
+    """'clm' -> ('clm', 0.0); 'eslm-loss@0.5' -> ('eslm-loss', 0.5); 'clm/b8' -> ('clm', 0.0)."""
+    name, _, alpha = arm.split("/b")[0].partition("@")
     return name, float(alpha) if alpha else 0.0
+
+
+def arm_batch(a, arm: str) -> int:
+    """Sequences per micro-batch of an arm: N of '/bN', else --micro-batch."""
+    _, _, rows = arm.partition("/b")
+    return int(rows) if rows else a.micro_batch
+
+
+def run_name(arm: str) -> str:
+    return arm.replace("@", "_a").replace("/b", "_b")
 
 
 def overrides(a, arm: str, data_dir: str, out_dir: str) -> list[str]:
     name, alpha = parse_arm(arm)
     ov = [f"method.name={name}", f"model.preset={a.preset}", f"data.dir={data_dir}", "data.tokenizer=gpt2",
-          f"data.seq_len={a.seq_len}", f"train.micro_batch_size_seqs={a.micro_batch}", "train.grad_accum_steps=1",
+          f"data.seq_len={a.seq_len}", f"train.micro_batch_size_seqs={arm_batch(a, arm)}", "train.grad_accum_steps=1",
           f"train.max_steps={a.steps}", "train.warmup_steps=10", "train.device=cpu", "train.dtype=fp32",
           f"train.num_threads={a.threads}", "eval.interval=0", "eval.tokens_per_domain=256",
           "eval.batch_size_seqs=2", "checkpoint.interval=0", "log.interval=1000", "log.tensorboard=false",
-          f"run.out_dir={out_dir}", f"run.name={arm.replace('@', '_a')}", "run.seed=1"]
+          f"run.out_dir={out_dir}", f"run.name={run_name(arm)}", "run.seed=1"]
     if alpha:
         ov.append(f"method.alpha={alpha}")
     return ov + list(a.set)
@@ -64,20 +82,68 @@ def run_one(a, arm: str, data_dir: str, work: Path, i: int) -> dict:
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"error: the {arm} run of round {i} failed:\n{proc.stdout[-1500:]}{proc.stderr[-1500:]}")
-    res = json.loads((out_dir / arm.replace("@", "_a") / "result.json").read_text())
+    res = json.loads((out_dir / run_name(arm) / "result.json").read_text())
     load = (res.get("load_avg") or {})
     return {"cpu_s": res["cpu_s"], "train_wall_s": res["elapsed_s"], "process_wall_s": wall, "step": res["step"],
             "flops_executed": res.get("flops_executed"), "flops_dense": res.get("flops_dense"),
             "load_avg": load.get("mean_1m") if isinstance(load, dict) else None}
 
 
+def planned_step(a, arm: str) -> tuple[float, object]:
+    """(executed FLOPs of one optimizer step of the arm as the trainer plans it, its built method)."""
+    from eslm.config import build_config, method_context, model_config_for, training_flops_model
+    from eslm.methods import build_method
+    from eslm.train.optim import planned_micro_batch_flops
+
+    import torch
+
+    name, alpha = parse_arm(arm)
+    cfg = build_config(overrides=[f"method.name={name}", f"method.alpha={alpha}", f"model.preset={a.preset}",
+                                  "data.tokenizer=gpt2", f"data.seq_len={a.seq_len}", "train.grad_accum_steps=1",
+                                  f"train.micro_batch_size_seqs={arm_batch(a, arm)}",
+                                  "flops.budget_counter=flops_executed",
+                                  *(s for s in a.set if s.startswith(("method.", "train.loss")))])
+    method = build_method(method_context(cfg, device=torch.device("cpu"), n_domains=3,
+                                         model_config=model_config_for(cfg)))
+    return planned_micro_batch_flops(cfg, method, training_flops_model(cfg)), method
+
+
+def reads_more(a, arm: str) -> bool:
+    """Whether the arm's row selector reads more micro-batches than it trains (instance-level selection)."""
+    return planned_step(a, arm)[1].rows.candidate_batches(1) > 1
+
+
+def planned_bound(a, arm: str) -> dict:
+    """The ratio by the executed FLOPs the trainer plans per optimizer step (every declared pass: an exit over
+    the candidates, the kept rows' step, the head's rows), against CLM at --micro-batch."""
+    flops, method = planned_step(a, arm)
+    clm, _ = planned_step(a, "clm")
+    exit_flops = 0.0
+    if reads_more(a, arm):
+        from eslm.config import build_config, training_flops_model
+        from eslm.flops import extra_flops
+
+        fm = training_flops_model(build_config(overrides=[f"model.preset={a.preset}", "data.tokenizer=gpt2",
+                                                          f"data.seq_len={a.seq_len}"]))
+        exit_flops = extra_flops([method.rows.extra_work(arm_batch(a, arm) * a.seq_len)], fm)[1]
+    return {"flops_ratio": flops / clm, "head_share": None,
+            "arithmetic": (f"executed FLOPs per step {flops:.4g} against CLM's {clm:.4g} at {a.micro_batch} "
+                           f"sequences: {flops / clm:.4f}"
+                           + (f"; of it the exit over every candidate {exit_flops:.4g} ({exit_flops / clm:.3f} of "
+                              f"CLM's step), against training every candidate with CLM: "
+                              f"{flops / (clm * method.rows.candidate_batches(1)):.4f}" if exit_flops else ""))}
+
+
 def bound(a, arm: str) -> dict:
     """The best ratio the route can reach for the preset, by executed FLOPs (eslm.flops): forward on every token,
-    the trunk backward on every token, the head backward (4CV per token) on the kept tokens only."""
+    the trunk backward on every token, the head backward (4CV per token) on the kept tokens only. An arm at another
+    batch (/bN) or one that selects sequences (instance selection): ``planned_bound``."""
     from eslm.flops import FlopsModel, step_flops
     from eslm.model.gpt import preset
     from eslm.selection.risk import num_kept
 
+    if "/b" in arm or reads_more(a, arm):
+        return planned_bound(a, arm)
     name, alpha = parse_arm(arm)
     cfg = preset(a.preset, vocab_size=50304)
     fm = FlopsModel.from_config(cfg, a.seq_len)
@@ -111,6 +177,8 @@ def profile_steps(a, reps: int = 3) -> dict:
     vocab = bench.model_config.vocab_size
     out = {}
     for arm in a.arms:
+        if "/b" in arm or reads_more(a, arm):  # another batch, or more micro-batches read than trained: not here
+            continue
         name, alpha = parse_arm(arm)
         v = Variant(arm, {"method.name": name, **({"method.alpha": alpha} if alpha else {})})
         bench.step(v), bench.step(v)
@@ -196,7 +264,7 @@ def main(argv=None) -> int:
                         "min_ratio": min(ratios), "max_ratio": max(ratios),
                         "ratio_of_medians": med / statistics.median(r["cpu_s"] for r in runs[base]),
                         "median_wall_ratio": statistics.median(wall), "bound": bound(a, arm),
-                        "time_bound": time_bound(prof, base, arm) if prof else None}
+                        "time_bound": time_bound(prof, base, arm) if prof and arm in prof else None}
     minutes = (time.perf_counter() - t_start) / 60
     payload = {"command": cmd.strip(), "settings": vars(a), "runs": runs, "summary": summary, "profile_ms": prof,
                "minutes": minutes, "load_avg_at_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
@@ -205,7 +273,9 @@ def main(argv=None) -> int:
           f"{a.steps} steps, CPU fp32)", "", f"Command: `{payload['command']}`  ",
           f"{a.rounds} rounds (orders alternate A B C / C B A), {minutes:.1f} min in all. Ratio = the arm's "
           f"training CPU seconds / {base}'s in the same round. Bound = executed FLOPs / CLM's (the head's "
-          "gradient matmuls skipped for the dropped tokens; nothing else shrinks); bound (profile) = the same "
+          "gradient matmuls skipped for the dropped tokens; nothing else shrinks; for an arm at another batch "
+          "(/bN) or one that selects sequences, the executed FLOPs the trainer plans for its step, the exit over "
+          "every candidate included); bound (profile) = the same "
           f"from the measured share of the head's matmuls in a {base} step (below).", "",
           f"| arm | median CPU s | ratio vs {base}: median | range | ratio of medians | wall ratio (median) | "
           "bound (executed FLOPs) | bound (profile) | mean load |", "|---|---|---|---|---|---|---|---|---|"]
@@ -218,7 +288,8 @@ def main(argv=None) -> int:
                   f"{statistics.mean(loads) if loads else float('nan'):.2f} |")
     md += ["", "Per round, CPU s: " + "; ".join(f"{arm}: " + ", ".join(f"{r['cpu_s']:.2f}" for r in runs[arm])
                                                 for arm in a.arms), "", "Bounds:"]
-    md += [f"- {arm}: {s['bound']['arithmetic']}" for arm, s in summary.items() if parse_arm(arm)[1]]
+    md += [f"- {arm}: {s['bound']['arithmetic']}" for arm, s in summary.items()
+           if parse_arm(arm)[1] or s["bound"]["head_share"] is None]
     md += [f"- {arm}, from the profile: {s['time_bound']['arithmetic']}" for arm, s in summary.items()
            if parse_arm(arm)[1] and s["time_bound"]]
     if prof:

@@ -71,6 +71,34 @@ def test_whole_runs_benchmark_interleaves_real_runs(tmp_path):
     assert res["command"].startswith("python benchmarks/whole_runs.py --preset tiny")
 
 
+def test_whole_runs_bounds_instance_selection_by_its_planned_flops(monkeypatch):
+    # an instance arm's bound: the kept rows' step (the head's gradient skipped for the dropped tokens) plus the
+    # exit (a 1-layer forward) over the 2 candidates per trained sequence at beta 0.5, against CLM's step; an arm
+    # at twice the batch costs twice CLM's step (independent arithmetic from eslm.flops)
+    import argparse
+    import importlib
+
+    from eslm.flops import FlopsModel, frozen_forward_flops, step_flops
+    from eslm.model.gpt import preset
+    from eslm.selection.risk import num_kept
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    whole_runs = importlib.import_module("whole_runs")
+    a = argparse.Namespace(preset="tiny", seq_len=16, micro_batch=2, set=["method.instance.beta=0.5"])
+    cfg = preset("tiny", vocab_size=50304)
+    fm, n = FlopsModel.from_config(cfg, 16), 2 * 16
+    clm = step_flops(fm, tokens_seen=n, tokens_kept=n, head_backward_tokens=n).executed
+    k = num_kept(n, 0.1)
+    exit_flops = frozen_forward_flops(preset("tiny", vocab_size=50304, n_layer=1), 16, 2 * n)
+    want = (step_flops(fm, tokens_seen=n, tokens_kept=k, head_backward_tokens=k).executed + exit_flops) / clm
+    got = whole_runs.bound(a, "eslm-h-entropy@0.1")
+    assert got["flops_ratio"] == pytest.approx(want, rel=1e-12) and "exit over every candidate" in got["arithmetic"]
+    assert whole_runs.bound(a, "random-instance")["flops_ratio"] == pytest.approx(1.0)
+    assert whole_runs.bound(a, "clm/b4")["flops_ratio"] == pytest.approx(2.0)
+    assert whole_runs.parse_arm("clm/b4") == ("clm", 0.0) and whole_runs.run_name("eslm-h-loss@0.1/b8") == \
+        "eslm-h-loss_a0.1_b8"
+
+
 def test_restat_recomputes_the_new_statistics_from_an_old_summary(tmp_path):
     # reproduce-cpu's committed summary.json: MDEs from its per-seed differences, censored costs where the runs'
     # budgets are known, Holm over every recomputed comparison; what needs the curves is said to be missing

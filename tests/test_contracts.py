@@ -82,7 +82,8 @@ def _counter(run, key, tokens: int):
 
 
 def _count_passes(trainer, micro_batches: int = 2):
-    """(passes run, passes declared) by one optimizer step of the trainer's method on two of its micro-batches:
+    """(passes run, passes declared) by one optimizer step of the trainer's method on two of its micro-batches (the
+    declared passes per micro-batch that trained, as ``eslm.flops.FlopsCounter.add_step`` prices them):
     {(model, direction): tokens}, model "trained" or a frozen model's ModelConfig. Run: every forward of every GPT
     (the trained one, a reference, a teacher) and every backward through a GPT's output, counted as it happens.
     Declared: the trained model's forward and backward of the tokens seen (what ``eslm.flops`` prices from the
@@ -109,12 +110,13 @@ def _count_passes(trainer, micro_batches: int = 2):
     with mock.patch.object(GPT, "forward", counted):
         res = forward_backward(trainer.model, trainer.raw_model, trainer.method, batches,
                                StepOptions(accum_steps=micro_batches), step=1, lr=1e-3)
-    per_micro = res.tokens_seen // micro_batches
+    trained = len(res.selections)  # the micro-batches that trained (instance selection keeps fewer than it read)
+    per_micro = res.tokens_seen // trained
     declared: Counter = Counter({("trained", C.FORWARD): per_micro, ("trained", C.BACKWARD): per_micro})
     for work in (*trainer.method.extra_work(per_micro), res.work):
         for p in work.passes + tuple(p for w in work.priced for p in w.passes()):
             declared[("trained" if p.model is None else p.model, p.direction)] += p.tokens
-    return run, Counter({k: v * micro_batches for k, v in declared.items()})
+    return run, Counter({k: v * trained for k, v in declared.items()})
 
 
 def _registered_runs():

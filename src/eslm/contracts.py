@@ -152,6 +152,15 @@ class RowSelector(Stateful, Protocol):
         """Rows that train per loader micro-batch (known before the forward, for global normalisation); at most
         ``candidate_rows(batch_rows)``."""
 
+    def candidate_batches(self, accum_steps: int) -> int:
+        """Loader micro-batches the trainer reads per optimizer step that trains ``accum_steps`` of them (default
+        ``accum_steps``; instance-level selection reads more and ``select_step`` keeps ``accum_steps``' worth)."""
+
+    def select_step(self, model, batches: list[Batch], world_size: int = 1) -> list[Batch]:
+        """The micro-batches that train, from the step's ``candidate_batches`` micro-batches on this rank, before
+        any of them runs (default: them all, unchanged). ``model`` is the unwrapped trained model; under DDP a
+        selector may exchange with the other ranks (``world_size``), which run the same call."""
+
     def extra_work(self, tokens_seen: int) -> ExtraWork:
         """Work of the last micro-batch's selection beyond the trained model's pass over the kept rows."""
 

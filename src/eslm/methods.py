@@ -27,6 +27,7 @@ from eslm.objectives.frozen import ReferenceModel
 from eslm.objectives.kd_objective import Distill, KDSection, Salt, SaltSection
 from eslm.selection.ada import AdaController, AdaSection
 from eslm.selection.domain_random import DomainRandomSelector
+from eslm.selection.instances import InstanceRows, InstanceSection
 from eslm.selection.rows import AllRows
 from eslm.selection.scores import STANDARDIZE_MODES
 from eslm.selection.selectors import AllTokens, RandomSelector, VaRSelector
@@ -349,5 +350,45 @@ for _spec in [
                _salt, settings=(KDSection, SaltSection), control="random", needs=(TEACHER,)),
     MethodSpec("greats", "GREATS: greedy online row selection by ghost gradient inner products with a validation batch",
                _greats, _greats_validate, settings=(GreatsSection,), control="random", needs=(HELD_OUT,)),
+]:
+    register(_spec)
+
+
+# ---------------------------------------------------------------- instance-level selection (the authors' revision)
+
+
+def _instance_rows(score: str | None, ctx: BuildContext) -> InstanceRows:
+    sec = ctx.section(InstanceSection)
+    if ctx.model_config is None:
+        raise TypeError(f"method {ctx.method.name!r}: the exit's cost needs BuildContext.model_config")
+    return InstanceRows(beta=sec.beta, exit_layers=sec.exit_layers, score=score, model_config=ctx.model_config,
+                        seq_len=ctx.seq_len, impl=ctx.loss_impl, chunk_size=ctx.loss_chunk_size,
+                        seed=seeds.random_instances(ctx.seed, ctx.rank), device=ctx.device)
+
+
+def _eslm_h(score: str) -> Callable[[BuildContext], Method]:
+    def build(ctx: BuildContext) -> Method:
+        return Method(name=ctx.method.name, rows=_instance_rows(score, ctx), tokens=_var_selector(score, ctx),
+                      objective=_ce(ctx))
+    return build
+
+
+def _random_instance(ctx: BuildContext) -> Method:
+    return Method(name=ctx.method.name, rows=_instance_rows(None, ctx), objective=_ce(ctx))
+
+
+def _random_h(ctx: BuildContext) -> Method:
+    return Method(name=ctx.method.name, rows=_instance_rows(None, ctx), tokens=_random(ctx).tokens, objective=_ce(ctx))
+
+
+for _spec in [
+    MethodSpec("eslm-h-entropy", "ESLM-H: keep the top 1-beta sequences by an early exit's mean entropy, then the top "
+               "1-alpha tokens by entropy", _eslm_h("entropy"), settings=(InstanceSection,), control="random-h"),
+    MethodSpec("eslm-h-loss", "ESLM-H: keep the top 1-beta sequences by an early exit's mean loss, then the top "
+               "1-alpha tokens by loss", _eslm_h("loss"), settings=(InstanceSection,), control="random-h"),
+    MethodSpec("random-instance", "control: keep 1-beta of the sequences uniformly at random (no exit), every token",
+               _random_instance, settings=(InstanceSection,), role="control"),
+    MethodSpec("random-h", "control of ESLM-H: 1-beta of the sequences, then 1-alpha of their tokens, uniformly at "
+               "random", _random_h, settings=(InstanceSection,), role="control"),
 ]:
     register(_spec)

@@ -10,6 +10,7 @@ With ``run.seed = s`` and rank ``r``:
 | GREATS' validation batches | ``greats_val(s)`` = s + 104729 |
 | GREATS' extra candidate rows (``method.greats.pool=pool``) | ``greats_candidates(s)`` = s + 209459 |
 | the random-drop control's generator | ``random_control(s, r)`` = 7919 s + r |
+| the random-instance controls' generator (rows) | ``random_instances(s, r)`` = 7919 s + r + 15485863 |
 
 GREATS' two loaders are ``TrainLoader``s like the training one; their offsets keep the three streams of a run
 (and of runs whose seeds differ by less than 104729) apart.
@@ -20,6 +21,7 @@ VAL_WINDOWS = 0
 _GREATS_VAL_OFFSET = 104729
 _GREATS_CANDIDATE_OFFSET = 209459
 _RANDOM_CONTROL_FACTOR = 7919
+_RANDOM_INSTANCES_OFFSET = 15485863
 
 
 def process(seed: int, rank: int) -> int:
@@ -36,3 +38,7 @@ def greats_candidates(seed: int) -> int:
 
 def random_control(seed: int, rank: int) -> int:
     return seed * _RANDOM_CONTROL_FACTOR + rank
+
+
+def random_instances(seed: int, rank: int) -> int:
+    return random_control(seed, rank) + _RANDOM_INSTANCES_OFFSET

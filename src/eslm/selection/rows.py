@@ -2,7 +2,8 @@
 
 ``AllRows`` implements the ``eslm.contracts.RowSelector`` protocol (every hook declared and documented there) as
 its do-nothing default. GREATS (``eslm.baselines.greats.GreatsRows``) is the
-one non-trivial row selector in the paper's comparison.
+one non-trivial row selector in the paper's comparison; instance-level selection by an early exit
+(``eslm.selection.instances.InstanceRows``) selects whole sequences over the optimizer step (``select_step``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ class AllRows(contracts.RowSelector):
 
     def num_rows(self, batch_rows: int) -> int:
         return batch_rows
+
+    def candidate_batches(self, accum_steps: int) -> int:
+        return accum_steps
+
+    def select_step(self, model, batches: list[Batch], world_size: int = 1) -> list[Batch]:
+        return batches
 
     def extra_work(self, tokens_seen: int) -> ExtraWork:
         return NO_EXTRA_WORK

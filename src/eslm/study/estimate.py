@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from eslm import metrics as M
-from eslm.config import method_context, training_flops_model
+from eslm.config import method_context, model_config_for, training_flops_model
 from eslm.data.manifest import MANIFEST_NAME
 from eslm.data.prepare import default_data_root
 from eslm.methods import METHODS
@@ -121,7 +121,8 @@ def step_flops_of(cfg) -> tuple[float, str] | None:
     spec = METHODS[cfg.method.name]
     if spec.needs:
         return None
-    method = spec.build(method_context(cfg, device=torch.device("cpu"), n_domains=_domains(cfg)))
+    method = spec.build(method_context(cfg, device=torch.device("cpu"), n_domains=_domains(cfg),
+                                       model_config=model_config_for(cfg)))
     return (planned_micro_batch_flops(cfg, method, training_flops_model(cfg)),
             "about" if method.controllers else "exact")
 

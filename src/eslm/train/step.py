@@ -1,10 +1,11 @@
 """The one training step shared by every method (forward + selection + loss + backward of one optimizer step).
 
-Reads top to bottom: for each micro-batch, the row selector picks rows, the model gives hidden states, the
-objective's scoring pass gives detached fp32 per-token statistics (the risk scores, when the token selector
-needs them; the fused cross-entropy may form its gradients in the same pass), the token selector keeps K tokens,
-the objective gives the sum of their losses, and the normalised sum is backpropagated. The optimizer
-update itself is the trainer's. Nothing here knows a method's name, and nothing reads a component's settings: the
+Reads top to bottom: the row selector picks the micro-batches that train from the step's (``select_step``: all
+of them, or instance-level selection's re-packed kept rows); for each micro-batch, the row selector picks rows,
+the model gives hidden states, the objective's scoring pass gives detached fp32 per-token statistics (the risk
+scores, when the token selector needs them; the fused cross-entropy may form its gradients in the same pass), the
+token selector keeps K tokens, the objective gives the sum of their losses, and the normalised sum is
+backpropagated. The optimizer update itself is the trainer's. Nothing here knows a method's name, and nothing reads a component's settings: the
 step calls the hooks of ``eslm.contracts``. In the selection scope "step" (the token selector's ``scope``) one
 extra scoring forward of every micro-batch comes first; the selector ranks it (``rank``) and turns the ranks of
 the whole step into one threshold (``step_threshold``), which its ``select`` then applies to each micro-batch.
@@ -44,6 +45,8 @@ class StepOptions:
 
 
 def forward_backward(model, raw_model, method, batches, opts: StepOptions, step: int, lr: float) -> StepResult:
+    with opts.autocast or contextlib.nullcontext():  # the micro-batches that train (default: every one given)
+        batches = method.rows.select_step(raw_model, batches, opts.world_size)
     step_threshold = _step_threshold(raw_model, method, batches, opts) if method.tokens.scope == "step" else None
     threshold = step_threshold.value if step_threshold is not None else None
     denom = _global_denominator(method, batches, opts, step_threshold)

@@ -76,11 +76,12 @@ class Trainer:
         self.optimizer = build_optimizer(self.raw_model, lr=t.lr, weight_decay=t.weight_decay,
                                          betas=(t.beta1, t.beta2), device_type=self.device.type)
         self.weights, self.loader, self.val = setup.data_streams(cfg, self.dataset, self.dist, self.device)
-        self.batches = StepBatches(self.loader, self.device, t.grad_accum_steps)  # a step ahead on CUDA
         self.method = build_method(method_context(
             cfg, device=self.device, n_domains=len(self.dataset.domains), rank=self.dist.rank,
             model_config=self.model_config,
             val_loader_factory=setup.val_loader_factory(cfg, self.dataset, self.weights, self.dist)))
+        # a step ahead on CUDA; the row selector says how many micro-batches a step reads (instance selection: more)
+        self.batches = StepBatches(self.loader, self.device, self.method.rows.candidate_batches(t.grad_accum_steps))
         self.fm = FlopsModel.from_config(self.model_config, cfg.data.seq_len)
         # a branched run continues another run's checkpoint (eslm.train.branch)
         self.branch = read_branch_point(cfg, self.global_batch_tokens) if t.branch_from else None
@@ -225,8 +226,11 @@ class Trainer:
         return t.micro_batch_size_seqs * self.cfg.data.seq_len * t.grad_accum_steps * self.dist.world_size
 
     def loader_tokens_seen(self) -> int:
-        b = self.cfg.train.micro_batch_size_seqs  # a row selector may score extra candidate rows (GREATS pool)
-        return self.step * self.global_batch_tokens // b * self.method.rows.candidate_rows(b)
+        # a row selector may read more micro-batches per step (instance selection) and score extra candidate rows
+        # per micro-batch (GREATS pool)
+        t, rows = self.cfg.train, self.method.rows
+        return (self.step * rows.candidate_batches(t.grad_accum_steps) * self.dist.world_size * self.cfg.data.seq_len
+                * rows.candidate_rows(t.micro_batch_size_seqs))
 
     # ------------------------------------------------------------------ checkpoints
     def _maybe_resume(self) -> None:

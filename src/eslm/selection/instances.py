@@ -1,0 +1,178 @@
+"""Instance-level selection by an early-exit pass: ESLM-H (the authors' revision of ESLM) and its random controls.
+
+Per optimizer step the step's loader reads ``C = A / (1 - beta)`` candidate micro-batches of B sequences
+(``candidate_batches``; A = ``train.grad_accum_steps``), and ``select_step`` turns them into the A micro-batches
+that train:
+
+1. the early exit, without gradient: the first ``k`` blocks of the trained model (``method.instance.exit_layers``),
+   its final norm and its tied head, i.e. exactly a GPT of ``k`` layers that shares the trained model's
+   parameters (``exit_model``). Its hidden states go through the head backend's scoring pass
+   (``HeadBackend.token_stats``: the per-token loss and entropy of one pass over the head);
+2. each candidate's risk: the mean over its T scored tokens of the same statistic the token selector ranks
+   (entropy or loss);
+3. the VaR rule of ``eslm.selection.risk`` over the step's candidates on every rank (under DDP the risks and the
+   candidates' token ids are all-gathered: a few bytes per token), keeping the top ``K = N - floor(beta N)``
+   by ``risk.topk_index``: exactly the top ``1 - beta``, a count fixed by the shapes (ties at the threshold are
+   broken by topk's order, as for tokens);
+4. the kept rows in their loader order, rank r taking the r-th ``K / W`` of them, re-packed into full
+   micro-batches of B rows: the full forward and backward, and the token selector (alpha), run on those only.
+
+Nothing reads the device on the host: K is a Python int from the shapes, the kept rows are gathered by an index
+tensor. A dropped candidate costs the exit pass alone; it gets no gradient. The random controls (``score`` None)
+keep the same count uniformly at random on each rank from a generator on the model's device and run no exit.
+
+Costs (``extra_work``): the exit is a forward of a ``k``-layer model over every candidate token, declared as a
+``Pass`` of that model (``eslm.flops`` prices it as ``2 N_k + 4 k H Q T`` per token, ``N_k`` counting the tied
+head once), ``1 / (1 - beta)`` candidate tokens per trained token; both conventions count it (the method needs
+it). The kept rows' forward and backward are the step's own tokens, and the token selector's head saving is the
+objective's ``head_work``, as for every method.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, replace
+from fractions import Fraction
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from eslm.contracts import NO_EXTRA_WORK, ExtraWork, Pass
+from eslm.data.batch import Batch
+from eslm.errors import CheckpointError, ConfigError
+from eslm.model.gpt import GPT, ModelConfig, Trunk
+from eslm.ops.head_backend import backend
+from eslm.ops.token_stats import HeadOptions
+from eslm.selection import risk
+from eslm.selection.rows import AllRows
+from eslm.settings import Section, setting
+
+EXIT_SCORES = ("entropy", "loss")  # the statistics an exit can rank instances by
+
+
+@dataclass(frozen=True)
+class InstanceSection(Section):
+    """``method.instance.*``: the instance-level selection's settings."""
+
+    key, help = "instance", "instance-level selection by an early-exit pass (eslm-h-*, random-instance, random-h)"
+
+    beta: float = setting(0.5, "VaR level over the step's sequences: the fraction of candidates dropped (keep the top "
+                               "1-beta); the step reads train.grad_accum_steps / (1-beta) micro-batches")
+    exit_layers: int = setting(1, "k: blocks of the early-exit pass (then the final norm and the tied head)")
+
+    def problems(self) -> list[str]:
+        out = []
+        if not 0.0 <= self.beta < 1.0:
+            out.append(f"beta: expected a value in [0, 1) (the fraction of sequences dropped), got {self.beta!r}")
+        if self.exit_layers < 1:
+            out.append(f"exit_layers: expected a positive number of blocks, got {self.exit_layers!r}")
+        return out
+
+
+def exit_model(model: GPT, k: int) -> GPT:
+    """A GPT of ``k`` layers whose modules ARE the trained model's (embeddings, its first ``k`` blocks, ``ln_f``,
+    the tied head): no copy, no parameter of its own, no random draw (built on the meta device, then given the
+    trained model's modules). Its forward is the trained model's forward stopped after block ``k``."""
+    if not 1 <= k <= model.config.n_layer:
+        raise ConfigError(f"method.instance.exit_layers: expected 1..{model.config.n_layer} (the model's blocks), "
+                          f"got {k}; fix: a smaller method.instance.exit_layers")
+    dtensor = sys.modules.get("torch.distributed.tensor")  # loaded where FSDP sharded the model (no import here)
+    if dtensor is not None and isinstance(model.head_weight, dtensor.DTensor):
+        raise ConfigError("instance-level selection runs the trained model's first blocks outside its forward, where "
+                          "FSDP keeps their parameters sharded; fix: distributed.fsdp=false (DDP)")
+    with torch.device("meta"):
+        view = GPT(replace(model.config, n_layer=k))
+    t = model.transformer
+    view.transformer = Trunk(dict(wte=t.wte, wpe=t.wpe, drop=t.drop, h=nn.ModuleList(list(t.h)[:k]), ln_f=t.ln_f))
+    view.lm_head = model.lm_head
+    return view
+
+
+class InstanceRows(AllRows):
+    """The row selector of ESLM-H (``score`` "entropy" | "loss": the exit's risk) and of the random controls
+    (``score`` None). ``beta``: fraction of candidate rows dropped; ``exit_layers``: k; ``impl``, ``chunk_size``:
+    the head backend of the exit; ``seed``: the random controls' generator (on ``device``); ``model_config``,
+    ``seq_len``: the trained model's and its training sequence length (the exit's cost)."""
+
+    syncs_host = False
+
+    def __init__(self, *, beta: float, exit_layers: int, score: str | None, model_config: ModelConfig, seq_len: int,
+                 impl: str = "auto", chunk_size: int = 1024, seed: int = 0, device: torch.device | str = "cpu"):
+        if score is not None and score not in EXIT_SCORES:
+            raise ConfigError(f"expected an exit score in {' | '.join(EXIT_SCORES)}, found {score!r}")
+        self.beta, self.k, self.score = risk.check_alpha(beta), exit_layers, score
+        self.exit_config, self.seq_len = replace(model_config, n_layer=exit_layers), seq_len
+        self.impl, self.chunk_size = impl, chunk_size
+        self.generator = torch.Generator(device=device).manual_seed(seed) if score is None else None
+        self._exit: tuple[GPT, GPT] | None = None  # (the trained model, its exit), built at the first step
+
+    @property
+    def _candidates_per_kept(self) -> Fraction:
+        """1 / (1 - beta), exactly for the betas a config writes (0.5 -> 2, 0.2 -> 5/4)."""
+        return 1 / (1 - Fraction(self.beta).limit_denominator(10**6))
+
+    def candidate_batches(self, accum_steps: int) -> int:
+        n = accum_steps * self._candidates_per_kept
+        if n.denominator != 1:
+            raise ConfigError(f"method.instance.beta={self.beta}: the step reads train.grad_accum_steps / (1 - beta) "
+                              f"= {float(n):.4g} micro-batches of candidates, which must be a whole number; fix: a "
+                              "beta whose 1 - beta divides train.grad_accum_steps (beta=0.5, or grad_accum_steps=4 "
+                              "with beta=0.25)")
+        return int(n)
+
+    def select_step(self, model, batches: list[Batch], world_size: int = 1) -> list[Batch]:
+        x, y, domain = (torch.cat(parts) for parts in zip(*((b.x, b.y, b.domain) for b in batches)))
+        rows = batches[0].x.shape[0]
+        if self.generator is not None:  # the random controls: each rank its own uniform draw, no exit pass
+            k = risk.num_kept(x.shape[0], self.beta)
+            keep = torch.randperm(x.shape[0], generator=self.generator, device=self.generator.device)[:k]
+            keep = keep.to(x.device).sort().values  # the loader's order
+        else:
+            scores = self.risk(model, x, y)
+            if world_size > 1:
+                x, y, domain, scores = (_all_gather(t, world_size) for t in (x, y, domain, scores))
+            k = risk.num_kept(scores.numel(), self.beta)
+            mine = k // world_size  # K = A B W on the trainer's path (candidate_batches)
+            rank = dist.get_rank() if world_size > 1 else 0
+            keep = risk.topk_index(scores, k).sort().values[rank * mine:(rank + 1) * mine]  # the loader's order
+        return [Batch(x[i], y[i], domain[i]) for i in torch.split(keep, rows)]
+
+    @torch.no_grad()
+    def risk(self, model: GPT, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """(R,) fp32: each candidate row's mean exit statistic (``score``) over its T tokens."""
+        if self._exit is None or self._exit[0] is not model:
+            self._exit = (model, exit_model(model, self.k))
+        hidden = self._exit[1](x).flatten(0, 1)
+        head = backend(self.impl, hidden.device.type, HeadOptions(self.chunk_size))
+        stats = head.token_stats(hidden, model.head_weight, y.reshape(-1), need_entropy=self.score == "entropy")
+        return getattr(stats, str(self.score)).float().view(x.shape).mean(1)
+
+    def extra_work(self, tokens_seen: int) -> ExtraWork:
+        if self.score is None:
+            return NO_EXTRA_WORK
+        tokens = tokens_seen * self._candidates_per_kept
+        exact = int(tokens) if tokens.denominator == 1 else float(tokens)  # a mean over micro-batches may be fractional
+        return ExtraWork(passes=(Pass(exact, self.exit_config, self.seq_len),))  # type: ignore[arg-type]
+
+    def state_dict(self) -> dict:
+        if self.generator is None:
+            return {}
+        return {"generator": self.generator.get_state(), "generator_device": self.generator.device.type}
+
+    def load_state_dict(self, sd: dict) -> None:
+        if self.generator is None:
+            return
+        saved = sd.get("generator_device", "cpu")
+        if saved != self.generator.device.type:
+            raise CheckpointError(f"expected the random-instance generator state of a {self.generator.device.type} "
+                                  f"run; found one drawn on {saved}; fix: resume on a {saved} device, or start "
+                                  "the run afresh")
+        self.generator.set_state(sd["generator"])
+
+
+def _all_gather(t: torch.Tensor, world_size: int) -> torch.Tensor:
+    """Every rank's ``t`` (same shape on each), concatenated in rank order along dim 0."""
+    out = [torch.empty_like(t) for _ in range(world_size)]
+    dist.all_gather(out, t.contiguous())
+    return torch.cat(out)

@@ -210,7 +210,7 @@ def test_patch_model_refuses_what_it_cannot_capture():
 
     ex = load("nanogpt_eslm")
     model = ex.GPT()
-    X = torch.randint(0, 64, (2, 8))
+    X, Y = torch.randint(0, 64, (2, 8)), torch.randint(0, 64, (2, 8))
     with pytest.raises(ConfigError, match="submodule"):
         ex.patch_model(model, head=torch.nn.Linear(32, 64))
     with pytest.raises(ConfigError, match=r"\(V, C\) weight"):
@@ -218,11 +218,11 @@ def test_patch_model_refuses_what_it_cannot_capture():
     model.unused = torch.nn.Linear(32, 64)
     handle = ex.patch_model(model, head=model.unused)
     with pytest.raises(ConfigError, match="never called the head"):
-        model(X, eslm_targets=X)
+        model(X, eslm_targets=Y)
     handle.remove()
     handle = ex.patch_model(model, head=model.lm_head)
     with pytest.raises(ConfigError, match="hidden states of shape"):
-        model(X, eslm_targets=X[:, :4])
+        model(X, eslm_targets=Y[:, :4])
     logits, _ = model(X)  # without eslm_targets: the model's own forward
     assert logits.shape == (2, 8, 64)
     handle.remove()

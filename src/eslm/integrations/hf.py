@@ -37,44 +37,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from eslm.api import AdaAlpha, kept_tokens, select_tokens, selective_loss, shift_for_causal_lm
+from eslm.api.head import check_head_logits, head_transform
 from eslm.api.loss import TokenScores
 from eslm.errors import ConfigError
-from eslm.api.head import Head
 
 IGNORE_INDEX = -100
 METRICS = ("eslm/kept_frac", "eslm/var", "eslm/cvar")
-
-
-# The logit transforms a causal LM's forward applies after its LM head, read from its (text) config as TRL's
-# fused head reads them (``trl.trainer.utils.add_fused_lm_head``): a multiplier under one of four names, a
-# divisor, a final softcap. Names that transform the logits in a way eslm does not apply are refused; a
-# model whose head matches none of these is caught by the check on the first training forward (``_verify_head``).
-SCALE_NAMES = ("logit_scale", "output_multiplier", "lm_head_multiplier")  # logits * x: Cohere, Muse, Falcon-H1
-UNSUPPORTED_HEAD = {"logits_soft_cap": "RecurrentGemma", "output_logit_soft_cap": "xLSTM",
-                    "logits_mup_width_multiplier": "Inkling"}
-
-
-def head_transform(config) -> dict:
-    """``softcap`` and ``logit_scale`` for ``selective_loss`` from a causal LM's config, as the model applies
-    them: softcap from ``final_logit_softcapping`` (Gemma 2/3); the scale from ``logit_scale`` (Cohere),
-    ``output_multiplier`` (Muse Glimmer), ``lm_head_multiplier`` (Falcon-H1), else ``logits_scaling`` (HyperCLOVA X
-    multiplies by it; Granite and MiniCPM3 divide). An unsupported transform is a ConfigError."""
-    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
-    for name, model in UNSUPPORTED_HEAD.items():
-        if getattr(cfg, name, None) is not None:
-            raise ConfigError(f"expected an LM head eslm can reproduce; found config.{name} = "
-                              f"{getattr(cfg, name)!r} ({model}'s logit transform, not supported); "
-                              "fix: train this model with its own loss")
-    out = {}
-    if getattr(cfg, "final_logit_softcapping", None) is not None:
-        out["softcap"] = float(cfg.final_logit_softcapping)
-    scale = next((getattr(cfg, n) for n in SCALE_NAMES if getattr(cfg, n, None) is not None), None)
-    if scale is None and getattr(cfg, "logits_scaling", None) is not None:
-        scaling = float(cfg.logits_scaling)
-        scale = scaling if getattr(cfg, "model_type", None) == "hyperclovax" else 1.0 / scaling
-    if scale is not None and float(scale) != 1.0:
-        out["logit_scale"] = float(scale)
-    return out
 
 
 class _Metrics:
@@ -218,19 +186,9 @@ class SelectiveCausalLM:
             self.model.train(was_training)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         head = self.model.get_output_embeddings()
-
-        mine = Head(getattr(head, "bias", None), **head_transform(self.model.config)).logits(
-            hidden.reshape(-1, hidden.shape[-1]).to(head.weight.device), head.weight)
-        own = own.reshape(mine.shape).to(mine.device)
-        tol = (1e-4 if head.weight.dtype == torch.float32 else 2e-2) * (1.0 + float(own.abs().max()))
-        err = float((own - mine).abs().max())
-        if not err <= tol:
-            cfg = self.model.config.get_text_config()
-            names = sorted(k for k in cfg.to_dict() if any(w in k for w in ("logit", "multiplier", "scal", "cap")))
-            raise ConfigError(f"expected {type(self.model).__name__}'s logits to be its LM head with the transform "
-                              f"eslm reads from its config {head_transform(self.model.config) or '(none)'}; found "
-                              f"them {err:.3g} apart (config keys that may transform them: {', '.join(names) or 'none'}); "
-                              "fix: train this model with its own loss, or report the model")
+        check_head_logits(own, hidden, head.weight, getattr(head, "bias", None), head_transform(self.model.config),
+                          self.model.config,
+                          type(self.model).__name__)
         self._verified = True
 
     def _select_on_trl(self, wrapped, *args, num_items_in_batch=None, **kwargs):

@@ -203,6 +203,38 @@ def test_nanogpt_example_under_compile_fullgraph():
         assert torch.allclose(a, w, atol=1e-6)
 
 
+@pytest.mark.slow
+def test_nanogpt_example_with_ada_under_compile_is_one_graph():
+    """The example's --ada --compile path: patch_model with AdaAlpha (interval 1: alpha moves every step), the
+    model compiled with aot_eager and fullgraph=True, 20 steps: one graph (the handle passes Ada's alpha as its
+    0-dim tensor while compiling; the float made a recompile per value and ran eagerly from the 9th), and the
+    compiled step's loss equals the eager one's."""
+    import torch
+
+    ex = load("nanogpt_eslm")
+    torch.manual_seed(0)
+    model, g = ex.GPT(), torch.Generator().manual_seed(3)
+    data = ex.toy_tokens(512)
+    ada = ex.AdaAlpha(alpha=0.3, interval=1, gamma=2.0, alpha_min=0.05, alpha_max=0.8)
+    handle = ex.patch_model(model, head=model.lm_head, alpha=0.3, ada=ada)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    alphas = []
+    for _ in range(20):
+        micro = [ex.get_batch(data, 4, 32, g) for _ in range(2)]
+        alphas.append(ada.alpha)
+        got, _ = ex.step(compiled, handle, micro)
+        model.zero_grad()
+        if len(alphas) % 5 == 0:
+            want, _ = ex.step(model, handle, micro)
+            model.zero_grad()
+            assert got == pytest.approx(want, rel=1e-5)
+        ada.step()
+    assert len(set(alphas)) >= 15
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
 def test_patch_model_refuses_what_it_cannot_capture():
     import torch
 

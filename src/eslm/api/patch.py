@@ -64,6 +64,13 @@ class PatchedModel:
     def alpha(self) -> float:
         return self.ada.alpha if self.ada is not None else self._alpha
 
+    def _loss_alpha(self):
+        """The alpha passed to the loss: under torch.compile Ada's as its 0-dim tensor (a graph input, so a new
+        value needs no recompile), else the Python float."""
+        if self.ada is not None and torch.compiler.is_compiling():
+            return self.ada.alpha_tensor
+        return self.alpha
+
     def remove(self) -> None:
         """Restore the model's and the head's own forwards."""
         self.model.__dict__.pop("forward", None)
@@ -81,7 +88,7 @@ class PatchedModel:
             return original(*args, **kwargs)
         if kwargs.get("output_router_logits"):
             raise ConfigError(_ROUTER_REFUSAL)
-        if not self._shift and not self._inputs_checked and not torch.compiler.is_compiling():
+        if not torch.compiler.is_compiling() and not self._shift and not self._inputs_checked:
             self._check_not_inputs(args[0] if args else kwargs.get("input_ids", kwargs.get("idx")), eslm_targets)
         self._targets, self._num_items, self._result = eslm_targets, eslm_num_items, None
         try:
@@ -129,7 +136,7 @@ class PatchedModel:
         if self.ada is not None:
             opts.setdefault("alpha_min", self.ada.alpha_min)
         loss, stats = selective_loss(targets, hidden=x, lm_weight=self.head.weight,
-                                     bias=getattr(self.head, "bias", None), score=self.score, alpha=self.alpha,
+                                     bias=getattr(self.head, "bias", None), score=self.score, alpha=self._loss_alpha(),
                                      num_items_in_batch=self._num_items, **opts)
         if self.ada is not None:
             self.ada.observe(stats)
@@ -169,6 +176,8 @@ def patch_model(model: torch.nn.Module, *, head: torch.nn.Module, alpha: float =
                 raise ConfigError(f"patch_model: {key}={loss_options[key]} differs from the model's config "
                                   f"({key} {value}); fix: drop {key}= (it is read from the config)")
         loss_options = {**transform, **loss_options}
+    if ada is not None and weight.device.type != "meta":
+        ada.to(weight.device)
     handle = PatchedModel(model, head, alpha=alpha if ada is None else ada.alpha, score=score, ada=ada,
                           loss_options=loss_options)
     if config is not None and weight.device.type != "meta":

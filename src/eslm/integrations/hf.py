@@ -87,6 +87,13 @@ class SelectiveCausalLM:
     def alpha(self) -> float:
         return self.ada.alpha if self.ada is not None else self._alpha
 
+    def _loss_alpha(self):
+        """The alpha passed to the loss: under torch.compile Ada's as its 0-dim tensor (a graph input, so a new
+        value needs no recompile), else the Python float."""
+        if self.ada is not None and torch.compiler.is_compiling():
+            return self.ada.alpha_tensor
+        return self.alpha
+
     def remove(self) -> None:
         """Undo the patches (the model's forward, the trainer's count, the callback)."""
         if self._original_forward is None:
@@ -132,7 +139,7 @@ class SelectiveCausalLM:
         head = self.model.get_output_embeddings()
         loss, stats = selective_loss(
             targets.to(hidden.device), hidden=hidden, lm_weight=head.weight, bias=getattr(head, "bias", None),
-            **head_transform(self.model.config), score=self.score, alpha=self.alpha, scope=self.scope,
+            **head_transform(self.model.config), score=self.score, alpha=self._loss_alpha(), scope=self.scope,
             position_ids=kwargs.get("position_ids") if self.scope == "sequence" else None,
             num_items_in_batch=num_items_in_batch, impl=self.impl, chunk_size=self.chunk_size,
             alpha_min=self.ada.alpha_min if self.ada is not None else self._alpha,
@@ -204,7 +211,7 @@ class SelectiveCausalLM:
         if self.scope == "sequence" and position_ids is not None and kwargs.get("shift_labels") is None:
             position_ids = position_ids[:, :-1]
         kept, stats = select_tokens(own.entropy if self.score == "entropy" else own.loss, out.label_mask,
-                                    alpha=self.alpha, scope=self.scope,
+                                    alpha=self._loss_alpha(), scope=self.scope,
                                     position_ids=position_ids if self.scope == "sequence" else None)
         out.log_probs = torch.where(kept, out.log_probs, torch.zeros_like(out.log_probs))
         denom = num_items_in_batch if num_items_in_batch is not None else stats.num_kept.clamp(min=1)
@@ -225,6 +232,8 @@ def patch_causal_lm(model, *, alpha: float = 0.1, score: str = "entropy", scope:
         raise ConfigError(f"expected a causal LM with an LM head (get_output_embeddings()); found "
                           f"{type(model).__name__}; fix: pass an AutoModelForCausalLM model")
     head_transform(model.config)  # an LM head eslm cannot reproduce is refused now, not at the first step
+    if ada is not None and model.get_output_embeddings().weight.device.type != "meta":
+        ada.to(model.get_output_embeddings().weight.device)
     sel = SelectiveCausalLM(model, alpha=alpha if ada is None else ada.alpha, score=score, scope=scope, ada=ada,
                             impl=impl, chunk_size=chunk_size)
     weight = model.get_output_embeddings().weight

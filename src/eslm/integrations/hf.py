@@ -23,7 +23,7 @@
 Not covered: tensor, context or sequence parallelism (their count of items is divided differently), FSDP with
 a sharded LM head (the head weight is read outside its forward), DataParallel (n_gpu > 1), TRL's
 ``use_liger_kernel`` (it pops the labels and builds its own loss), a ``compute_loss_func`` (it replaces the
-loss), label smoothing under TRL's fused head (per-token log-probabilities only): each is refused with a
+loss; ``SelectiveLossFunc`` is ESLM as one, with the model's full logits), label smoothing under TRL's fused head (per-token log-probabilities only): each is refused with a
 one-line error. The Trainer's ``label_smoothing_factor`` is applied to the kept tokens (the Trainer's own
 smoother, which pops the labels, is switched off while patched).
 """
@@ -249,6 +249,44 @@ def patch_causal_lm(model, *, alpha: float = 0.1, score: str = "entropy", scope:
     return sel
 
 
+class SelectiveLossFunc:
+    """ESLM through the Trainer's public hook: ``Trainer(..., compute_loss_func=SelectiveLossFunc(alpha=0.1))``,
+    for a model ``use_eslm`` cannot patch. The Trainer pops the labels, runs the model's own forward (full
+    logits: its softcap or scale already applied) and calls this with (outputs, labels, num_items_in_batch), the
+    step's count N of labels != -100. The labels are shifted as the model's own loss shifts them; a micro-batch
+    with N_i of that count returns its kept mean x N_i / N (no N: its kept mean): exactly the step's kept mean
+    when the micro-batches have equal valid tokens (packed data), else each micro-batch's kept mean weighted by
+    its valid tokens. ``metrics`` and ``ada`` as on ``use_eslm``'s handle (call ``ada.step()`` after each
+    optimizer step). A model returning an MoE aux loss is refused (this hook replaces the model's loss)."""
+
+    def __init__(self, *, alpha: float = 0.1, score: str = "entropy", ada: AdaAlpha | None = None):
+        if score not in ("entropy", "loss"):
+            raise ConfigError(f"score must be 'entropy' or 'loss'; found {score!r}")
+        kept_tokens(torch.zeros(1, dtype=torch.long), alpha=alpha)  # a bad alpha is refused now
+        self.alpha, self.score, self.ada = alpha, score, ada
+        self.metrics = _Metrics()
+
+    def __call__(self, outputs, labels, num_items_in_batch=None):
+        if labels is None:
+            raise ConfigError("SelectiveLossFunc: expected the batch's labels; found none; fix: a collator that "
+                              "sets labels (e.g. DataCollatorForLanguageModeling(tokenizer, mlm=False))")
+        if getattr(outputs, "aux_loss", None) is not None:
+            raise ConfigError("SelectiveLossFunc: the model returns an MoE aux loss, which compute_loss_func "
+                              "would drop; fix: use_eslm(trainer) (it adds it), or config.output_router_logits = False")
+        logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
+        logits, targets = shift_for_causal_lm(logits, labels.to(logits.device))
+        alpha = self.ada.alpha if self.ada is not None else self.alpha
+        loss, stats = selective_loss(targets, logits=logits, score=self.score, alpha=alpha,
+                                     ignore_index=IGNORE_INDEX)
+        if num_items_in_batch is not None:
+            # weighted by this micro-batch's share of the Trainer's count (labels != -100, counted as it counts)
+            loss = loss * (labels != IGNORE_INDEX).sum() / num_items_in_batch
+        self.metrics.add(stats)
+        if self.ada is not None:
+            self.ada.observe(stats)
+        return loss
+
+
 def _targets_of(batch: dict) -> torch.Tensor:
     if "shift_labels" in batch:
         return batch["shift_labels"]
@@ -259,7 +297,8 @@ def _check_trainer(trainer) -> None:
     args = trainer.args
     problems = []
     if getattr(trainer, "compute_loss_func", None) is not None:
-        problems.append("a compute_loss_func (drop it: ESLM is the loss)")
+        problems.append("a compute_loss_func (drop it: ESLM is the loss; or keep the Trainer's own forward and pass "
+                        "compute_loss_func=SelectiveLossFunc(alpha=...) instead of use_eslm)")
     if getattr(args, "use_liger_kernel", False):
         problems.append("use_liger_kernel (it pops the labels and builds its own loss; set it False)")
     if getattr(args, "n_gpu", 1) > 1:

@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 NOT_PINNED = {
     "torch": "only the CPU build of the tested version (constraints/cpu.txt) is installable offline here; "
              "PyPI's wheels of older versions are CUDA builds of several GB. torch's lower bound is not tested",
-    "setuptools": "torch 2.13 itself requires setuptools>=77.0.3, above this bound",
+    "setuptools": "torch 2.13 itself requires setuptools>=77.0.3 (this bound, the first with SPDX license strings); "
+                  "the newer one torch brings is kept",
 }
 
 _REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(.*?)\s*(;.*)?$")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import math
 import typing
 import warnings
@@ -130,10 +131,16 @@ class EvalSection:
     batch_size_seqs: int = _f(8, "validation sequences per forward")
 
 
+# log.tensorboard's default: on where tensorboard is installed, off elsewhere (a default run does not warn about
+# a logger nobody asked for; log.tensorboard=true without it still warns)
+TENSORBOARD_INSTALLED = importlib.util.find_spec("tensorboard") is not None
+
+
 @dataclass(frozen=True)
 class LogSection:
     interval: int = _f(10, "optimizer steps between progress lines / metrics lines")
-    tensorboard: bool = _f(True, "write TensorBoard event files to <run>/tb (if tensorboard is installed)")
+    tensorboard: bool = _f(TENSORBOARD_INSTALLED, "write TensorBoard event files to <run>/tb (default: on when "
+                           "tensorboard is installed, pip install 'eslm[tb]')")
     wandb: bool = _f(False, "log to Weights & Biases (pip install 'eslm[wandb]'; WANDB_MODE=offline works)")
     wandb_project: str = _f("eslm", "W&B project")
     wandb_run_name: str = _f("", "W&B run name; empty = the run directory's name")

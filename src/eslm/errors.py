@@ -52,7 +52,8 @@ def os_error_line(e: OSError) -> str:
 # optional packages -> the eslm extra that installs them (pyproject.toml [project.optional-dependencies])
 EXTRAS = {"transformers": "hf", "accelerate": "hf", "lm_eval": "eval", "matplotlib": "plot", "datasets": "data",
           "pyarrow": "data", "tensorboard": "tb", "wandb": "wandb", "trl": "trl", "pytorch_lightning": "lightning",
-          "lightning": "lightning", "submitit": "slurm"}
+          "lightning": "lightning", "submitit": "slurm", "yaml": "train", "tiktoken": "train",
+          "tiktoken_ext": "train", "tqdm": "train", "safetensors": "train", "jinja2": "train"}
 
 
 def extra_of(module: str | None) -> str | None:

@@ -203,6 +203,38 @@ def test_nanogpt_example_under_compile_fullgraph():
         assert torch.allclose(a, w, atol=1e-6)
 
 
+@pytest.mark.slow
+def test_nanogpt_example_with_ada_under_compile_is_one_graph():
+    """The example's --ada --compile path: patch_model with AdaAlpha (interval 1: alpha moves every step), the
+    model compiled with aot_eager and fullgraph=True, 20 steps: one graph (the handle passes Ada's alpha as its
+    0-dim tensor while compiling; the float made a recompile per value and ran eagerly from the 9th), and the
+    compiled step's loss equals the eager one's."""
+    import torch
+
+    ex = load("nanogpt_eslm")
+    torch.manual_seed(0)
+    model, g = ex.GPT(), torch.Generator().manual_seed(3)
+    data = ex.toy_tokens(512)
+    ada = ex.AdaAlpha(alpha=0.3, interval=1, gamma=2.0, alpha_min=0.05, alpha_max=0.8)
+    handle = ex.patch_model(model, head=model.lm_head, alpha=0.3, ada=ada)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    alphas = []
+    for _ in range(20):
+        micro = [ex.get_batch(data, 4, 32, g) for _ in range(2)]
+        alphas.append(ada.alpha)
+        got, _ = ex.step(compiled, handle, micro)
+        model.zero_grad()
+        if len(alphas) % 5 == 0:
+            want, _ = ex.step(model, handle, micro)
+            model.zero_grad()
+            assert got == pytest.approx(want, rel=1e-5)
+        ada.step()
+    assert len(set(alphas)) >= 15
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
 def test_patch_model_refuses_what_it_cannot_capture():
     import torch
 
@@ -210,7 +242,7 @@ def test_patch_model_refuses_what_it_cannot_capture():
 
     ex = load("nanogpt_eslm")
     model = ex.GPT()
-    X = torch.randint(0, 64, (2, 8))
+    X, Y = torch.randint(0, 64, (2, 8)), torch.randint(0, 64, (2, 8))
     with pytest.raises(ConfigError, match="submodule"):
         ex.patch_model(model, head=torch.nn.Linear(32, 64))
     with pytest.raises(ConfigError, match=r"\(V, C\) weight"):
@@ -218,11 +250,11 @@ def test_patch_model_refuses_what_it_cannot_capture():
     model.unused = torch.nn.Linear(32, 64)
     handle = ex.patch_model(model, head=model.unused)
     with pytest.raises(ConfigError, match="never called the head"):
-        model(X, eslm_targets=X)
+        model(X, eslm_targets=Y)
     handle.remove()
     handle = ex.patch_model(model, head=model.lm_head)
     with pytest.raises(ConfigError, match="hidden states of shape"):
-        model(X, eslm_targets=X[:, :4])
+        model(X, eslm_targets=Y[:, :4])
     logits, _ = model(X)  # without eslm_targets: the model's own forward
     assert logits.shape == (2, 8, 64)
     handle.remove()

@@ -183,3 +183,34 @@ def test_moe_without_a_findable_aux_loss_is_refused(monkeypatch):
     monkeypatch.delattr(sys.modules[type(model).__module__], "load_balancing_loss_func")
     with pytest.raises(ConfigError, match="output_router_logits = False"):
         model(**batch(1))
+
+
+@pytest.mark.parametrize("score", ["entropy", "loss"])
+def test_compute_loss_func_hook_gives_the_exact_kept_mean(tmp_path, score):
+    """SelectiveLossFunc as the Trainer's compute_loss_func on a tiny GPT-2: the Trainer pops the labels, runs
+    the model's own forward, counts the step's valid tokens (two micro-batches, equal valid tokens) and calls
+    the hook; the accumulated gradient is the hand computation's (the mean CE over the step's kept tokens)."""
+    from eslm.integrations.hf import SelectiveLossFunc
+
+    model = tiny()
+    hook = SelectiveLossFunc(alpha=0.3, score=score)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=2, report_to=[],
+                                          save_strategy="no", use_cpu=True, disable_tqdm=True,
+                                          gradient_accumulation_steps=2)
+    trainer = transformers.Trainer(model=model, args=args, compute_loss_func=hook)
+    micro = [batch(7, pad=0), batch(8, pad=0)]
+    model.train()
+    samples, n_step = trainer.get_batch_samples(iter(micro), 2, torch.device("cpu"))
+    assert int(n_step) == sum(int((b["labels"] != -100).sum()) for b in micro)  # the Trainer's own count
+    model.zero_grad()
+    for b in samples:
+        trainer.compute_loss(model, dict(b), num_items_in_batch=n_step).backward()
+    got = grads(model)
+    want = hand_step_grads(model, micro, 0.3, score)
+    for a, w in zip(got, want):
+        assert torch.allclose(a, w, atol=1e-6)
+    assert 0.6 < hook.metrics.pop()["eslm/kept_frac"] < 0.8
+    from eslm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="SelectiveLossFunc"):
+        use_eslm(trainer)

@@ -61,7 +61,7 @@ for case in ("packed", "padded"):
     out[case] = {"loss": float(sum(losses)), "valid": int(valid),
                  "grads": [p.grad.full_tensor().clone() for p in model.parameters()]}
     model.zero_grad()
-out["metrics"] = sorted(loss_fn(model(micro[0][0]), micro[0][1])[1])
+out["metrics"] = sorted(loss_fn(model(micro[0][0]), micro[0][1], valid)[1])
 torch.save(out, f"{sys.argv[1]}/rank{rank}.pt")
 dist.destroy_process_group()
 '''
@@ -148,7 +148,49 @@ def test_loss_config_is_torchtitans_loss_hook():
     loss_fn = config.loss.build(compile_config=config.compile)
     assert isinstance(loss_fn, BaseLoss)
     logits, labels = torch.randn(1, 10, V), torch.randint(0, V, (1, 10))
-    _, m = loss_fn(logits, labels)
+    _, m = loss_fn(logits, labels, torch.tensor(10))
     assert float(m["eslm/kept_frac"]) == pytest.approx(0.7)
     with pytest.raises(ESLMError):
         loss_config(alpha=1.5).build(compile_config=config.compile)
+
+
+def test_torchtitans_validator_reports_the_plain_cross_entropy(monkeypatch):
+    """torchtitan's own ``Validator.validate`` (its loop: the loss_fn called without a divisor on each batch, the
+    sums added, divided by the valid tokens, logged through ``metrics_processor.log_validation``) with the ESLM
+    loss the trainer reuses: the logged loss is the plain mean CE over the valid tokens by hand, equal to what
+    torchtitan's CrossEntropyLoss gives (it was the kept mean summed: ~0.18 where CE gave ~4.1). The pieces
+    around the loop (dataloader, post-processing, metrics) are stand-ins with torchtitan's interfaces."""
+    import contextlib
+    import types
+
+    from torchtitan.components.loss import CrossEntropyLoss
+    from torchtitan.components import validate as titan_validate
+    from torchtitan.components.validate import Validator
+
+    from eslm.integrations.torchtitan import loss_config
+
+    monkeypatch.setattr(titan_validate.utils, "device_type", "cpu")  # it assumes CUDA where none is found
+    model = tiny_model()
+    batches = [({"input": x}, y) for x, y in micro_batches(0, padded=True)]
+
+    def validate(loss_fn) -> float:
+        logged = {}
+        v = types.SimpleNamespace(
+            config=types.SimpleNamespace(steps=-1), parallel_dims=types.SimpleNamespace(
+                dp_enabled=False, pp_enabled=False, dp_cp_enabled=False),
+            dl_config=types.SimpleNamespace(build=lambda **kw: list(batches)), dp_world_size=1, dp_rank=0,
+            tokenizer=None, seq_len=T, local_batch_size=2, loss_fn=loss_fn,
+            validation_context=contextlib.nullcontext,
+            metrics_processor=types.SimpleNamespace(ntokens_since_last_log=0,
+                                                    log_validation=lambda loss, step: logged.update(loss=loss)),
+            post_dataloading_process=lambda input_dict, labels, model_parts: (input_dict["input"], labels, {}))
+        Validator.validate(v, [model], step=1)
+        return logged["loss"]
+
+    with torch.no_grad():
+        x = torch.cat([b[0]["input"] for b in batches])
+        y = torch.cat([b[1] for b in batches])
+        hand = float(F.cross_entropy(model(x).reshape(-1, V), y.reshape(-1), ignore_index=-100))
+    eslm = validate(loss_config(alpha=ALPHA).build())
+    titan = validate(CrossEntropyLoss.Config().build())
+    assert eslm == pytest.approx(hand, rel=1e-6) and titan == pytest.approx(hand, rel=1e-6)

@@ -7,6 +7,8 @@
         ...; optimizer.step()
         ada.step()                         # after every optimizer step: alpha moves every ``interval`` steps
 
+Under torch.compile pass ``alpha=ada.alpha_tensor`` (a 0-dim tensor: one graph for every alpha).
+
 Every ``interval`` optimizer steps, with CVaR_k the mean of the observed CVaRs since the last update,
 
     D = (CVaR_k - CVaR_{k-1}) / (|CVaR_{k-1}| + eps),   alpha <- clamp(alpha * exp(-gamma D), alpha_min, alpha_max)
@@ -20,16 +22,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import torch
+
 from eslm.errors import ConfigError
 from eslm.selection import risk
 from eslm.selection.ada import AdaController, AdaSection
-
-
-class _Observed:
-    """What the controller reads of a selection (its ``stats``); a plain class, so torch.compile traces it."""
-
-    def __init__(self, stats):
-        self.stats = stats
 
 
 class AdaAlpha:
@@ -50,11 +47,24 @@ class AdaAlpha:
         self._controller = AdaController(self._holder, gamma=gamma, interval=interval, eps=eps,
                                          alpha_min=alpha_min, alpha_max=alpha_max)
         self.steps = 0
+        self._tensor = torch.tensor(alpha, dtype=torch.float64)
+        # the observed CVaRs' sum and count since the last update, on the CVaRs' device: observing inside a
+        # torch.compile'd forward is then an in-place add (no Python state changes, so no recompile); handed to
+        # the controller once per interval (one host sync, as before)
+        self._acc = torch.zeros(2)
 
     @property
     def alpha(self) -> float:
         """The alpha in force (a Python float: pass it to ``selective_loss(alpha=...)``)."""
         return self._holder.alpha
+
+    @property
+    def alpha_tensor(self) -> torch.Tensor:
+        """The alpha in force as a 0-dim float64 CPU tensor, updated in place by ``step``: pass it as
+        ``selective_loss(alpha=...)`` inside a torch.compile'd function, where it is a graph input (one graph
+        for every alpha; a Python float is a constant in the first graph and a recompile for the second).
+        ``patch_causal_lm`` and ``patch_model`` pass it themselves while compiling."""
+        return self._tensor
 
     @property
     def alpha_min(self) -> float:
@@ -67,18 +77,38 @@ class AdaAlpha:
         """D of the last update (0 before the first)."""
         return self._controller.last_delta
 
+    def to(self, device) -> AdaAlpha:
+        """Keep the observed CVaRs' sum on ``device`` (the CVaRs' device; ``patch_model`` and ``patch_causal_lm``
+        set it to the head's), so the first observe inside a compiled forward does not move it."""
+        self._acc = self._acc.to(device)
+        return self
+
     def observe(self, stats) -> None:
         """One call's ``SelectionStats`` (its ``cvar``, the mean score of the kept tokens)."""
-        self._controller.observe(_Observed(stats))
+        cvar = stats.cvar.detach().float().reshape(())
+        if self._acc.device != cvar.device:
+            self._acc = self._acc.to(cvar.device)
+        self._acc.add_(torch.stack([cvar, torch.ones_like(cvar)]))
+
+    def _flush(self) -> None:
+        count = int(self._acc[1])
+        if count:
+            self._controller.add(self._acc[0].clone(), count)
+            self._acc.zero_()
 
     def step(self) -> None:
         """After each optimizer step (one host sync every ``interval`` steps, none otherwise)."""
         self.steps += 1
+        if self.steps % self._controller.interval == 0:
+            self._flush()
         self._controller.on_step_end(self.steps)
+        self._tensor.fill_(self._holder.alpha)
 
     def state_dict(self) -> dict:
+        self._flush()
         return {"steps": self.steps, **self._controller.state_dict()}
 
     def load_state_dict(self, sd: dict) -> None:
         self.steps = int(sd["steps"])
         self._controller.load_state_dict(sd)
+        self._tensor.fill_(self._holder.alpha)

@@ -103,3 +103,55 @@ def selected_ce(head: Head, hidden: torch.Tensor, weight: torch.Tensor, targets:
     out = [checkpoint(_chunk_ce, h[s:s + chunk_size], weight, head.bias, t[s:s + chunk_size], head,
                       label_smoothing, z_loss, use_reentrant=False) for s in range(0, h.shape[0], chunk_size)]
     return torch.cat(out) if out else h.new_zeros(0, dtype=torch.float32)
+
+
+# The logit transforms a causal LM's forward applies after its LM head, read from its (text) config as TRL's
+# fused head reads them (``trl.trainer.utils.add_fused_lm_head``): a multiplier under one of four names, a
+# divisor, a final softcap. Names that transform the logits in a way eslm does not apply are refused; a
+# model whose head matches none of these is caught by ``check_head_logits`` (``patch_causal_lm``, ``patch_model``).
+SCALE_NAMES = ("logit_scale", "output_multiplier", "lm_head_multiplier")  # logits * x: Cohere, Muse, Falcon-H1
+UNSUPPORTED_HEAD = {"logits_soft_cap": "RecurrentGemma", "output_logit_soft_cap": "xLSTM",
+                    "logits_mup_width_multiplier": "Inkling"}
+
+
+def head_transform(config) -> dict:
+    """``softcap`` and ``logit_scale`` for ``selective_loss`` from a causal LM's config, as the model applies
+    them: softcap from ``final_logit_softcapping`` (Gemma 2/3); the scale from ``logit_scale`` (Cohere),
+    ``output_multiplier`` (Muse Glimmer), ``lm_head_multiplier`` (Falcon-H1), else ``logits_scaling`` (HyperCLOVA X
+    multiplies by it; Granite and MiniCPM3 divide). An unsupported transform is a ConfigError."""
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for name, model in UNSUPPORTED_HEAD.items():
+        if getattr(cfg, name, None) is not None:
+            raise ConfigError(f"expected an LM head eslm can reproduce; found config.{name} = "
+                              f"{getattr(cfg, name)!r} ({model}'s logit transform, not supported); "
+                              "fix: train this model with its own loss")
+    out = {}
+    if getattr(cfg, "final_logit_softcapping", None) is not None:
+        out["softcap"] = float(cfg.final_logit_softcapping)
+    scale = next((getattr(cfg, n) for n in SCALE_NAMES if getattr(cfg, n, None) is not None), None)
+    if scale is None and getattr(cfg, "logits_scaling", None) is not None:
+        scaling = float(cfg.logits_scaling)
+        scale = scaling if getattr(cfg, "model_type", None) == "hyperclovax" else 1.0 / scaling
+    if scale is not None and float(scale) != 1.0:
+        out["logit_scale"] = float(scale)
+    return out
+
+
+
+def check_head_logits(own: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                      transform: dict, config, name: str) -> None:
+    """The model's own logits ``own`` must be ``Head(bias, **transform).logits`` of the hidden states its LM head
+    (weight, bias) received (any shapes (..., C) / (..., V)); otherwise a ConfigError naming the config keys that
+    may transform them (a multiplier under a name eslm does not know is refused, not trained on)."""
+    mine = Head(bias, **transform).logits(hidden.reshape(-1, hidden.shape[-1]).to(weight.device), weight)
+    own = own.float().reshape(mine.shape).to(mine.device)
+    tol = (1e-4 if weight.dtype == torch.float32 else 2e-2) * (1.0 + float(own.abs().max()))
+    err = float((own - mine).abs().max())
+    if not err <= tol:
+        cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+        keys = cfg.to_dict() if hasattr(cfg, "to_dict") else vars(cfg)
+        names = sorted(k for k in keys if any(w in k for w in ("logit", "multiplier", "scal", "cap")))
+        raise ConfigError(f"expected {name}'s logits to be its LM head with the transform eslm reads from its "
+                          f"config {transform or '(none)'}; found them {err:.3g} apart (config keys "
+                          f"that may transform them: {', '.join(names) or 'none'}); fix: train this model with its "
+                          "own loss, or report the model")

@@ -9,13 +9,20 @@ Calling a method that stops before the head (``model.hidden(X)``) bypasses the w
 gradients are not all-reduced, and ``torch.compile(model).hidden(X)`` runs eagerly. ``patch_model`` instead
 changes two forwards of the unwrapped model, so the wrapper's own ``__call__`` runs as usual:
 
-* the model's forward takes ``eslm_targets=`` (and ``eslm_num_items=``, the divisor of an accumulated step);
-  without them it is the model's original forward (evaluation, generation);
+* the model's forward takes ``eslm_targets=`` (the next tokens, aligned with the positions) or ``eslm_labels=``
+  (Hugging Face's unshifted labels: eslm shifts them, targets[:, t] = labels[:, t + 1], the last position
+  unscored), and ``eslm_num_items=``, the divisor of an accumulated step; without them it is the model's original
+  forward (evaluation, generation). ``eslm_targets`` equal to the input ids (unshifted labels, which would train
+  the model to copy its input) are refused on the first call;
 * with them, the head's forward receives the final hidden states, computes ``selective_loss`` from them and the
   head's own weight and bias (inside the head's forward, where FSDP has gathered them), and stops the rest of
   the model's forward (no logits, no loss of the model's own); the model's forward returns (loss, stats).
 
-The head must be applied to every position whose target is given (a forward that slices before its head
+A Hugging Face model (one with ``config`` and ``get_output_embeddings``) gets the head checks of
+``patch_causal_lm``: its logit transform (final softcap, logit scale, multipliers) is read from its config
+(``eslm.api.head.head_transform``) and its own logits are compared with eslm's on a few tokens when patching;
+an MoE model returning router logits is refused (its load-balancing loss comes after the head, where the patched
+forward stops: use ``patch_causal_lm``, which adds it). The head must be applied to every position whose target is given (a forward that slices before its head
 without targets, like nanoGPT's inference branch, needs its own targets argument too: ``model(X, Y,
 eslm_targets=Y)``); a mismatch is a one-line error. ``handle.remove()`` restores both forwards.
 """
@@ -28,7 +35,8 @@ import types
 import torch
 
 from eslm.api.ada import AdaAlpha
-from eslm.api.loss import selective_loss
+from eslm.api.head import check_head_logits, head_transform
+from eslm.api.loss import selective_loss, shift_for_causal_lm
 from eslm.errors import ConfigError
 
 
@@ -44,6 +52,8 @@ class PatchedModel:
         self.model, self.head, self.score, self.ada, self.loss_options = model, head, score, ada, loss_options
         self._alpha = alpha
         self._targets = self._num_items = self._result = None
+        self._shift = False  # eslm_labels=: shift the targets inside the head's forward
+        self._inputs_checked = False
         model_forward, head_forward = model.forward, head.forward
         model.forward = types.MethodType(functools.wraps(type(model).forward)(
             lambda _self, *a, **kw: self._model_forward(model_forward, *a, **kw)), model)
@@ -54,14 +64,32 @@ class PatchedModel:
     def alpha(self) -> float:
         return self.ada.alpha if self.ada is not None else self._alpha
 
+    def _loss_alpha(self):
+        """The alpha passed to the loss: under torch.compile Ada's as its 0-dim tensor (a graph input, so a new
+        value needs no recompile), else the Python float."""
+        if self.ada is not None and torch.compiler.is_compiling():
+            return self.ada.alpha_tensor
+        return self.alpha
+
     def remove(self) -> None:
         """Restore the model's and the head's own forwards."""
         self.model.__dict__.pop("forward", None)
         self.head.__dict__.pop("forward", None)
 
-    def _model_forward(self, original, *args, eslm_targets=None, eslm_num_items=None, **kwargs):
+    def _model_forward(self, original, *args, eslm_targets=None, eslm_labels=None, eslm_num_items=None, **kwargs):
+        if eslm_targets is not None and eslm_labels is not None:
+            raise ConfigError("patch_model: expected eslm_targets= (the next tokens) or eslm_labels= (unshifted "
+                              "labels, shifted by eslm), found both; fix: pass one")
+        if eslm_labels is not None:
+            eslm_targets, self._shift = eslm_labels, True
+        else:
+            self._shift = False
         if eslm_targets is None:
             return original(*args, **kwargs)
+        if kwargs.get("output_router_logits"):
+            raise ConfigError(_ROUTER_REFUSAL)
+        if not torch.compiler.is_compiling() and not self._shift and not self._inputs_checked:
+            self._check_not_inputs(args[0] if args else kwargs.get("input_ids", kwargs.get("idx")), eslm_targets)
         self._targets, self._num_items, self._result = eslm_targets, eslm_num_items, None
         try:
             original(*args, **kwargs)
@@ -76,10 +104,29 @@ class PatchedModel:
                               "the final hidden states into logits (e.g. head=model.lm_head)")
         return result
 
+    def _check_not_inputs(self, ids, targets) -> None:
+        """Once: targets equal to the input ids wherever they are scored are unshifted labels (HF's ``labels``)."""
+        self._inputs_checked = True
+        if not isinstance(ids, torch.Tensor) or ids.shape != targets.shape or ids.shape[-1] < 2:
+            return
+        ignore = self.loss_options.get("ignore_index", -100)
+        scored = targets != ignore
+        if bool(scored.any()) and bool((targets == ids)[scored].all()):
+            raise ConfigError("patch_model: expected eslm_targets to be the next tokens (targets[:, t] = "
+                              "input_ids[:, t + 1]); found them equal to the input ids (Hugging Face's unshifted "
+                              "labels: the model would learn to copy its input); fix: eslm_labels=labels (eslm "
+                              "shifts them) or eslm_targets=<the shifted targets>")
+
     def _head_forward(self, original, x, *args, **kwargs):
         targets = self._targets
         if targets is None:
             return original(x, *args, **kwargs)
+        if self._shift:
+            if tuple(x.shape[:-1]) != tuple(targets.shape):
+                raise ConfigError(f"patch_model: the head received hidden states of shape {tuple(x.shape)} for "
+                                  f"eslm_labels of shape {tuple(targets.shape)}; fix: pass the labels of every "
+                                  "position the head sees")
+            x, targets = shift_for_causal_lm(x, targets, self.loss_options.get("ignore_index", -100))
         if tuple(x.shape[:-1]) != tuple(targets.shape):
             raise ConfigError(f"patch_model: the head received hidden states of shape {tuple(x.shape)} for "
                               f"eslm_targets of shape {tuple(targets.shape)}; fix: pass targets aligned with "
@@ -89,7 +136,7 @@ class PatchedModel:
         if self.ada is not None:
             opts.setdefault("alpha_min", self.ada.alpha_min)
         loss, stats = selective_loss(targets, hidden=x, lm_weight=self.head.weight,
-                                     bias=getattr(self.head, "bias", None), score=self.score, alpha=self.alpha,
+                                     bias=getattr(self.head, "bias", None), score=self.score, alpha=self._loss_alpha(),
                                      num_items_in_batch=self._num_items, **opts)
         if self.ada is not None:
             self.ada.observe(stats)
@@ -118,5 +165,65 @@ def patch_model(model: torch.nn.Module, *, head: torch.nn.Module, alpha: float =
         if key in loss_options:
             raise ConfigError(f"patch_model: {key}= is set by the patched forward; found it among the options; "
                               "fix: drop it")
-    return PatchedModel(model, head, alpha=alpha if ada is None else ada.alpha, score=score, ada=ada,
-                        loss_options=loss_options)
+    config = getattr(model, "config", None) if hasattr(model, "get_output_embeddings") else None
+    if config is not None:  # a Hugging Face model
+        cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+        if getattr(cfg, "output_router_logits", False):
+            raise ConfigError(_ROUTER_REFUSAL)
+        transform = head_transform(config)  # an LM head eslm cannot reproduce is refused here
+        for key, value in transform.items():
+            if key in loss_options and loss_options[key] != value:
+                raise ConfigError(f"patch_model: {key}={loss_options[key]} differs from the model's config "
+                                  f"({key} {value}); fix: drop {key}= (it is read from the config)")
+        loss_options = {**transform, **loss_options}
+    if ada is not None and weight.device.type != "meta":
+        ada.to(weight.device)
+    handle = PatchedModel(model, head, alpha=alpha if ada is None else ada.alpha, score=score, ada=ada,
+                          loss_options=loss_options)
+    if config is not None and weight.device.type != "meta":
+        try:
+            _probe_head(handle, model, head, weight, config)
+        except BaseException:
+            handle.remove()
+            raise
+    return handle
+
+
+_ROUTER_REFUSAL = ("patch_model: the model returns router logits (output_router_logits): its load-balancing loss "
+                   "is added after the LM head, where the patched forward stops, so it would be dropped; fix: "
+                   "eslm.integrations.hf.patch_causal_lm(model) (it adds it), or config.output_router_logits = False "
+                   "to train without it")
+
+
+@torch.no_grad()
+def _probe_head(handle: PatchedModel, model: torch.nn.Module, head: torch.nn.Module, weight: torch.Tensor,
+                config) -> None:
+    """A Hugging Face model's own logits on a few tokens must be eslm's head (with its config's transform) of
+    the hidden states its head received; a model that needs more than token ids to run is not probed."""
+    seen: list[torch.Tensor] = []
+    hook = head.register_forward_pre_hook(lambda _m, inputs: seen.append(inputs[0]))
+    ids = torch.arange(3, 3 + min(8, weight.shape[0] - 3), device=weight.device)[None]
+    was_training = model.training
+    model.eval()
+    try:
+        out = model(input_ids=ids, use_cache=False)
+    except Exception:  # noqa: BLE001 - a model that needs more than token ids (the config transform still applies)
+        return
+    finally:
+        hook.remove()
+        model.train(was_training)
+    own = getattr(out, "logits", None)
+    if own is None or len(seen) != 1 or seen[0].shape[:-1] != own.shape[:-1]:
+        return
+    opts, bias = handle.loss_options, getattr(head, "bias", None)
+    transform = {k: opts[k] for k in ("softcap", "logit_scale") if k in opts}
+    try:
+        check_head_logits(own, seen[0], weight, bias, transform, config, type(model).__name__)
+    except ConfigError:
+        # a model that scales the hidden states before its head (MiniCPM3 divides them by its logits_scaling):
+        # the head's input is already scaled, so the config's scale must not be applied again
+        if "logit_scale" not in transform:
+            raise
+        check_head_logits(own, seen[0], weight, bias, {k: v for k, v in transform.items() if k != "logit_scale"}, config,
+                          type(model).__name__)
+        opts.pop("logit_scale")

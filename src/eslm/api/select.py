@@ -55,7 +55,9 @@ def check_alpha(alpha, alpha_min: float = 0.0):
                               f"{tuple(alpha.shape)}; fix: pass a 0-dim float tensor or a Python float")
         t = alpha.detach().reshape(()).double()
     else:
-        t = torch.scalar_tensor(alpha, dtype=torch.float64)
+        # a product, not torch.scalar_tensor / torch.full: AOT autograd turns a symbolic float into a graph input
+        # only where it enters tensor arithmetic, and specialises it (a recompile per value) elsewhere
+        t = torch.ones((), dtype=torch.float64) * alpha
     if compiling:
         torch._assert_async((t >= bound) & (t < 1.0), "alpha must be in [alpha_min, 1)")
     elif not bound <= float(t) < 1.0:

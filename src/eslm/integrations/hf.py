@@ -23,7 +23,7 @@
 Not covered: tensor, context or sequence parallelism (their count of items is divided differently), FSDP with
 a sharded LM head (the head weight is read outside its forward), DataParallel (n_gpu > 1), TRL's
 ``use_liger_kernel`` (it pops the labels and builds its own loss), a ``compute_loss_func`` (it replaces the
-loss), label smoothing under TRL's fused head (per-token log-probabilities only): each is refused with a
+loss; ``SelectiveLossFunc`` is ESLM as one, with the model's full logits), label smoothing under TRL's fused head (per-token log-probabilities only): each is refused with a
 one-line error. The Trainer's ``label_smoothing_factor`` is applied to the kept tokens (the Trainer's own
 smoother, which pops the labels, is switched off while patched).
 """
@@ -37,44 +37,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from eslm.api import AdaAlpha, kept_tokens, select_tokens, selective_loss, shift_for_causal_lm
+from eslm.api.head import check_head_logits, head_transform
 from eslm.api.loss import TokenScores
 from eslm.errors import ConfigError
-from eslm.api.head import Head
 
 IGNORE_INDEX = -100
 METRICS = ("eslm/kept_frac", "eslm/var", "eslm/cvar")
-
-
-# The logit transforms a causal LM's forward applies after its LM head, read from its (text) config as TRL's
-# fused head reads them (``trl.trainer.utils.add_fused_lm_head``): a multiplier under one of four names, a
-# divisor, a final softcap. Names that transform the logits in a way eslm does not apply are refused; a
-# model whose head matches none of these is caught by the check on the first training forward (``_verify_head``).
-SCALE_NAMES = ("logit_scale", "output_multiplier", "lm_head_multiplier")  # logits * x: Cohere, Muse, Falcon-H1
-UNSUPPORTED_HEAD = {"logits_soft_cap": "RecurrentGemma", "output_logit_soft_cap": "xLSTM",
-                    "logits_mup_width_multiplier": "Inkling"}
-
-
-def head_transform(config) -> dict:
-    """``softcap`` and ``logit_scale`` for ``selective_loss`` from a causal LM's config, as the model applies
-    them: softcap from ``final_logit_softcapping`` (Gemma 2/3); the scale from ``logit_scale`` (Cohere),
-    ``output_multiplier`` (Muse Glimmer), ``lm_head_multiplier`` (Falcon-H1), else ``logits_scaling`` (HyperCLOVA X
-    multiplies by it; Granite and MiniCPM3 divide). An unsupported transform is a ConfigError."""
-    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
-    for name, model in UNSUPPORTED_HEAD.items():
-        if getattr(cfg, name, None) is not None:
-            raise ConfigError(f"expected an LM head eslm can reproduce; found config.{name} = "
-                              f"{getattr(cfg, name)!r} ({model}'s logit transform, not supported); "
-                              "fix: train this model with its own loss")
-    out = {}
-    if getattr(cfg, "final_logit_softcapping", None) is not None:
-        out["softcap"] = float(cfg.final_logit_softcapping)
-    scale = next((getattr(cfg, n) for n in SCALE_NAMES if getattr(cfg, n, None) is not None), None)
-    if scale is None and getattr(cfg, "logits_scaling", None) is not None:
-        scaling = float(cfg.logits_scaling)
-        scale = scaling if getattr(cfg, "model_type", None) == "hyperclovax" else 1.0 / scaling
-    if scale is not None and float(scale) != 1.0:
-        out["logit_scale"] = float(scale)
-    return out
 
 
 class _Metrics:
@@ -118,6 +86,13 @@ class SelectiveCausalLM:
     @property
     def alpha(self) -> float:
         return self.ada.alpha if self.ada is not None else self._alpha
+
+    def _loss_alpha(self):
+        """The alpha passed to the loss: under torch.compile Ada's as its 0-dim tensor (a graph input, so a new
+        value needs no recompile), else the Python float."""
+        if self.ada is not None and torch.compiler.is_compiling():
+            return self.ada.alpha_tensor
+        return self.alpha
 
     def remove(self) -> None:
         """Undo the patches (the model's forward, the trainer's count, the callback)."""
@@ -164,7 +139,7 @@ class SelectiveCausalLM:
         head = self.model.get_output_embeddings()
         loss, stats = selective_loss(
             targets.to(hidden.device), hidden=hidden, lm_weight=head.weight, bias=getattr(head, "bias", None),
-            **head_transform(self.model.config), score=self.score, alpha=self.alpha, scope=self.scope,
+            **head_transform(self.model.config), score=self.score, alpha=self._loss_alpha(), scope=self.scope,
             position_ids=kwargs.get("position_ids") if self.scope == "sequence" else None,
             num_items_in_batch=num_items_in_batch, impl=self.impl, chunk_size=self.chunk_size,
             alpha_min=self.ada.alpha_min if self.ada is not None else self._alpha,
@@ -218,19 +193,9 @@ class SelectiveCausalLM:
             self.model.train(was_training)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         head = self.model.get_output_embeddings()
-
-        mine = Head(getattr(head, "bias", None), **head_transform(self.model.config)).logits(
-            hidden.reshape(-1, hidden.shape[-1]).to(head.weight.device), head.weight)
-        own = own.reshape(mine.shape).to(mine.device)
-        tol = (1e-4 if head.weight.dtype == torch.float32 else 2e-2) * (1.0 + float(own.abs().max()))
-        err = float((own - mine).abs().max())
-        if not err <= tol:
-            cfg = self.model.config.get_text_config()
-            names = sorted(k for k in cfg.to_dict() if any(w in k for w in ("logit", "multiplier", "scal", "cap")))
-            raise ConfigError(f"expected {type(self.model).__name__}'s logits to be its LM head with the transform "
-                              f"eslm reads from its config {head_transform(self.model.config) or '(none)'}; found "
-                              f"them {err:.3g} apart (config keys that may transform them: {', '.join(names) or 'none'}); "
-                              "fix: train this model with its own loss, or report the model")
+        check_head_logits(own, hidden, head.weight, getattr(head, "bias", None), head_transform(self.model.config),
+                          self.model.config,
+                          type(self.model).__name__)
         self._verified = True
 
     def _select_on_trl(self, wrapped, *args, num_items_in_batch=None, **kwargs):
@@ -246,7 +211,7 @@ class SelectiveCausalLM:
         if self.scope == "sequence" and position_ids is not None and kwargs.get("shift_labels") is None:
             position_ids = position_ids[:, :-1]
         kept, stats = select_tokens(own.entropy if self.score == "entropy" else own.loss, out.label_mask,
-                                    alpha=self.alpha, scope=self.scope,
+                                    alpha=self._loss_alpha(), scope=self.scope,
                                     position_ids=position_ids if self.scope == "sequence" else None)
         out.log_probs = torch.where(kept, out.log_probs, torch.zeros_like(out.log_probs))
         denom = num_items_in_batch if num_items_in_batch is not None else stats.num_kept.clamp(min=1)
@@ -267,6 +232,8 @@ def patch_causal_lm(model, *, alpha: float = 0.1, score: str = "entropy", scope:
         raise ConfigError(f"expected a causal LM with an LM head (get_output_embeddings()); found "
                           f"{type(model).__name__}; fix: pass an AutoModelForCausalLM model")
     head_transform(model.config)  # an LM head eslm cannot reproduce is refused now, not at the first step
+    if ada is not None and model.get_output_embeddings().weight.device.type != "meta":
+        ada.to(model.get_output_embeddings().weight.device)
     sel = SelectiveCausalLM(model, alpha=alpha if ada is None else ada.alpha, score=score, scope=scope, ada=ada,
                             impl=impl, chunk_size=chunk_size)
     weight = model.get_output_embeddings().weight
@@ -282,6 +249,44 @@ def patch_causal_lm(model, *, alpha: float = 0.1, score: str = "entropy", scope:
     return sel
 
 
+class SelectiveLossFunc:
+    """ESLM through the Trainer's public hook: ``Trainer(..., compute_loss_func=SelectiveLossFunc(alpha=0.1))``,
+    for a model ``use_eslm`` cannot patch. The Trainer pops the labels, runs the model's own forward (full
+    logits: its softcap or scale already applied) and calls this with (outputs, labels, num_items_in_batch), the
+    step's count N of labels != -100. The labels are shifted as the model's own loss shifts them; a micro-batch
+    with N_i of that count returns its kept mean x N_i / N (no N: its kept mean): exactly the step's kept mean
+    when the micro-batches have equal valid tokens (packed data), else each micro-batch's kept mean weighted by
+    its valid tokens. ``metrics`` and ``ada`` as on ``use_eslm``'s handle (call ``ada.step()`` after each
+    optimizer step). A model returning an MoE aux loss is refused (this hook replaces the model's loss)."""
+
+    def __init__(self, *, alpha: float = 0.1, score: str = "entropy", ada: AdaAlpha | None = None):
+        if score not in ("entropy", "loss"):
+            raise ConfigError(f"score must be 'entropy' or 'loss'; found {score!r}")
+        kept_tokens(torch.zeros(1, dtype=torch.long), alpha=alpha)  # a bad alpha is refused now
+        self.alpha, self.score, self.ada = alpha, score, ada
+        self.metrics = _Metrics()
+
+    def __call__(self, outputs, labels, num_items_in_batch=None):
+        if labels is None:
+            raise ConfigError("SelectiveLossFunc: expected the batch's labels; found none; fix: a collator that "
+                              "sets labels (e.g. DataCollatorForLanguageModeling(tokenizer, mlm=False))")
+        if getattr(outputs, "aux_loss", None) is not None:
+            raise ConfigError("SelectiveLossFunc: the model returns an MoE aux loss, which compute_loss_func "
+                              "would drop; fix: use_eslm(trainer) (it adds it), or config.output_router_logits = False")
+        logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
+        logits, targets = shift_for_causal_lm(logits, labels.to(logits.device))
+        alpha = self.ada.alpha if self.ada is not None else self.alpha
+        loss, stats = selective_loss(targets, logits=logits, score=self.score, alpha=alpha,
+                                     ignore_index=IGNORE_INDEX)
+        if num_items_in_batch is not None:
+            # weighted by this micro-batch's share of the Trainer's count (labels != -100, counted as it counts)
+            loss = loss * (labels != IGNORE_INDEX).sum() / num_items_in_batch
+        self.metrics.add(stats)
+        if self.ada is not None:
+            self.ada.observe(stats)
+        return loss
+
+
 def _targets_of(batch: dict) -> torch.Tensor:
     if "shift_labels" in batch:
         return batch["shift_labels"]
@@ -292,7 +297,8 @@ def _check_trainer(trainer) -> None:
     args = trainer.args
     problems = []
     if getattr(trainer, "compute_loss_func", None) is not None:
-        problems.append("a compute_loss_func (drop it: ESLM is the loss)")
+        problems.append("a compute_loss_func (drop it: ESLM is the loss; or keep the Trainer's own forward and pass "
+                        "compute_loss_func=SelectiveLossFunc(alpha=...) instead of use_eslm)")
     if getattr(args, "use_liger_kernel", False):
         problems.append("use_liger_kernel (it pops the labels and builds its own loss; set it False)")
     if getattr(args, "n_gpu", 1) > 1:

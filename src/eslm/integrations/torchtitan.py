@@ -8,7 +8,9 @@ valid and K_i kept tokens is its kept CE sum x N_i / K_i / N: the mean over the 
 mean, weighted by its valid tokens. With packed data (every micro-batch the same number of valid tokens, as
 torchtitan's text datasets give) that is exactly the mean CE over the step's kept tokens; with padding, a kept
 token's weight differs from 1/K only through the rounding of floor(alpha N_i): by less than about 1/K_i
-relative, K_i of the smallest micro-batch.
+relative, K_i of the smallest micro-batch. Called without a divisor (torchtitan's ``Validator`` calls its
+``loss_fn`` so, then divides the summed losses by the valid tokens, as for its ``CrossEntropyLoss``, a sum), the
+loss is the plain cross-entropy SUM over the valid tokens: validation reports the plain CE, not a kept mean.
 
 ``SelectiveCrossEntropy`` mirrors the same contract for a training loop you write yourself:
 ``pred`` are the logits (..., V) of the model (or its final hidden states (..., C) when the loss is built with
@@ -29,6 +31,7 @@ import functools
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from eslm.api import AdaAlpha, kept_tokens, selective_loss
 from eslm.errors import ConfigError
@@ -111,11 +114,15 @@ def _titan_loss_class():
         def __call__(self, pred: torch.Tensor, labels: torch.Tensor, global_valid_tokens: torch.Tensor | None = None,
                      **kwargs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             c = self.config
+            if global_valid_tokens is None:
+                # torchtitan's Validator: no divisor; it sums the returned losses and divides by the valid tokens
+                # itself, as for its CrossEntropyLoss (a sum): the plain CE sum, so validation logs the plain CE
+                return F.cross_entropy(pred.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_INDEX,
+                                       reduction="sum"), {}
             loss, stats = selective_loss(labels, logits=pred, score=c.score, alpha=c.alpha,
                                          ignore_index=IGNORE_INDEX, chunk_size=c.chunk_size)
-            if global_valid_tokens is not None:  # kept mean x N_i / N: the trainer's valid-token weighting
-                valid = (labels != IGNORE_INDEX).sum()
-                loss = loss * valid / global_valid_tokens
+            valid = (labels != IGNORE_INDEX).sum()  # kept mean x N_i / N: the trainer's valid-token weighting
+            loss = loss * valid / global_valid_tokens
             return loss, {"eslm/kept_frac": stats.kept_frac, "eslm/var": stats.threshold, "eslm/cvar": stats.cvar}
 
     ESLMLoss.__module__ = __name__

@@ -67,8 +67,12 @@ class AdaController:
     def observe(self, selection) -> None:
         """Accumulate one micro-batch's CVaR (a tensor: no host sync here)."""
         if selection.stats is not None:
-            self._sum = selection.stats.cvar.detach().float() + self._sum
-            self._count += 1
+            self.add(selection.stats.cvar.detach().float(), 1)
+
+    def add(self, total: torch.Tensor, count: int) -> None:
+        """Accumulate ``count`` CVaRs summing to ``total`` (eslm.api's AdaAlpha sums them on the device)."""
+        self._sum = total + self._sum
+        self._count += count
 
     def on_step_end(self, step: int) -> None:
         """After optimizer step ``step`` (1-based): update alpha every ``interval`` steps."""

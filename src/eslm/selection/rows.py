@@ -7,6 +7,8 @@ one non-trivial row selector in the paper's comparison.
 
 from __future__ import annotations
 
+import torch
+
 from eslm import contracts
 from eslm.contracts import NO_EXTRA_WORK, ExtraWork
 from eslm.data.batch import Batch
@@ -17,7 +19,7 @@ class AllRows(contracts.RowSelector):
 
     syncs_host = False
 
-    def select(self, model, batch: Batch, step: int, lr: float) -> tuple[Batch, dict]:
+    def select(self, model: torch.nn.Module, batch: Batch, step: int, lr: float) -> tuple[Batch, dict]:
         return batch, {}
 
     def candidate_rows(self, batch_rows: int) -> int:

@@ -23,12 +23,13 @@ from types import SimpleNamespace
 from eslm.errors import ConfigError
 from eslm.selection import risk
 from eslm.selection.ada import AdaController, AdaSection
+from eslm.selection.stats import SelectionStats
 
 
 class _Observed:
     """What the controller reads of a selection (its ``stats``); a plain class, so torch.compile traces it."""
 
-    def __init__(self, stats):
+    def __init__(self, stats: SelectionStats | None) -> None:
         self.stats = stats
 
 
@@ -67,7 +68,7 @@ class AdaAlpha:
         """D of the last update (0 before the first)."""
         return self._controller.last_delta
 
-    def observe(self, stats) -> None:
+    def observe(self, stats: SelectionStats | None) -> None:
         """One call's ``SelectionStats`` (its ``cvar``, the mean score of the kept tokens)."""
         self._controller.observe(_Observed(stats))
 

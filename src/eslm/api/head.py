@@ -90,7 +90,8 @@ def row_loss(z: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.
     return loss
 
 
-def _chunk_ce(h, weight, bias, targets, head: Head, label_smoothing: float, z_loss: float):
+def _chunk_ce(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, head: Head,
+              label_smoothing: float, z_loss: float) -> torch.Tensor:
     return row_loss(Head(bias, head.logit_scale, head.softcap).logits(h, weight), targets, label_smoothing, z_loss)
 
 

@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import functools
 import types
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from eslm.api.ada import AdaAlpha
 from eslm.api.loss import selective_loss
 from eslm.errors import ConfigError
+from eslm.selection.stats import SelectionStats
 
 
 class _HeadReached(Exception):
@@ -38,6 +41,10 @@ class _HeadReached(Exception):
 
 class PatchedModel:
     """The handle ``patch_model`` returns: the options, the Ada controller, ``remove()``."""
+
+    _targets: torch.Tensor | None  # set for one patched forward
+    _num_items: torch.Tensor | int | None
+    _result: tuple[torch.Tensor, SelectionStats] | None
 
     def __init__(self, model: torch.nn.Module, head: torch.nn.Module, *, alpha: float, score: str,
                  ada: AdaAlpha | None, loss_options: dict):
@@ -59,7 +66,8 @@ class PatchedModel:
         self.model.__dict__.pop("forward", None)
         self.head.__dict__.pop("forward", None)
 
-    def _model_forward(self, original, *args, eslm_targets=None, eslm_num_items=None, **kwargs):
+    def _model_forward(self, original: Callable[..., Any], *args: Any, eslm_targets: torch.Tensor | None = None,
+                       eslm_num_items: torch.Tensor | int | None = None, **kwargs: Any) -> Any:
         if eslm_targets is None:
             return original(*args, **kwargs)
         self._targets, self._num_items, self._result = eslm_targets, eslm_num_items, None
@@ -76,7 +84,7 @@ class PatchedModel:
                               "the final hidden states into logits (e.g. head=model.lm_head)")
         return result
 
-    def _head_forward(self, original, x, *args, **kwargs):
+    def _head_forward(self, original: Callable[..., Any], x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         targets = self._targets
         if targets is None:
             return original(x, *args, **kwargs)
@@ -98,7 +106,7 @@ class PatchedModel:
 
 
 def patch_model(model: torch.nn.Module, *, head: torch.nn.Module, alpha: float = 0.1, score: str = "entropy",
-                ada: AdaAlpha | None = None, **loss_options) -> PatchedModel:
+                ada: AdaAlpha | None = None, **loss_options: Any) -> PatchedModel:
     """Make ``model(..., eslm_targets=targets)`` return ``(loss, stats)``, the selective loss of the hidden states
     the model's own forward hands to ``head`` (see the module docstring). ``head``: the output projection (an
     ``nn.Linear``-like module with ``weight`` (V, C) and optional ``bias``), called inside the model's forward.

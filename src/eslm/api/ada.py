@@ -27,6 +27,7 @@ import torch
 from eslm.errors import ConfigError
 from eslm.selection import risk
 from eslm.selection.ada import AdaController, AdaSection
+from eslm.selection.stats import SelectionStats
 
 
 class AdaAlpha:
@@ -77,14 +78,15 @@ class AdaAlpha:
         """D of the last update (0 before the first)."""
         return self._controller.last_delta
 
-    def to(self, device) -> AdaAlpha:
+    def to(self, device: torch.device | str) -> AdaAlpha:
         """Keep the observed CVaRs' sum on ``device`` (the CVaRs' device; ``patch_model`` and ``patch_causal_lm``
         set it to the head's), so the first observe inside a compiled forward does not move it."""
         self._acc = self._acc.to(device)
         return self
 
-    def observe(self, stats) -> None:
+    def observe(self, stats: SelectionStats | None) -> None:
         """One call's ``SelectionStats`` (its ``cvar``, the mean score of the kept tokens)."""
+        assert stats is not None, "selective_loss always returns its SelectionStats"
         cvar = stats.cvar.detach().float().reshape(())
         if self._acc.device != cvar.device:
             self._acc = self._acc.to(cvar.device)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -90,7 +91,8 @@ def row_loss(z: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.
     return loss
 
 
-def _chunk_ce(h, weight, bias, targets, head: Head, label_smoothing: float, z_loss: float):
+def _chunk_ce(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, head: Head,
+              label_smoothing: float, z_loss: float) -> torch.Tensor:
     return row_loss(Head(bias, head.logit_scale, head.softcap).logits(h, weight), targets, label_smoothing, z_loss)
 
 
@@ -114,7 +116,7 @@ UNSUPPORTED_HEAD = {"logits_soft_cap": "RecurrentGemma", "output_logit_soft_cap"
                     "logits_mup_width_multiplier": "Inkling"}
 
 
-def head_transform(config) -> dict:
+def head_transform(config: Any) -> dict:
     """``softcap`` and ``logit_scale`` for ``selective_loss`` from a causal LM's config, as the model applies
     them: softcap from ``final_logit_softcapping`` (Gemma 2/3); the scale from ``logit_scale`` (Cohere),
     ``output_multiplier`` (Muse Glimmer), ``lm_head_multiplier`` (Falcon-H1), else ``logits_scaling`` (HyperCLOVA X
@@ -139,7 +141,7 @@ def head_transform(config) -> dict:
 
 
 def check_head_logits(own: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                      transform: dict, config, name: str) -> None:
+                      transform: dict, config: Any, name: str) -> None:
     """The model's own logits ``own`` must be ``Head(bias, **transform).logits`` of the hidden states its LM head
     (weight, bias) received (any shapes (..., C) / (..., V)); otherwise a ConfigError naming the config keys that
     may transform them (a multiplier under a name eslm does not know is refused, not trained on)."""

@@ -20,9 +20,9 @@ into one ``torch.compile`` graph.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +36,9 @@ from eslm.objectives.cross_entropy import selected_ce, token_stats
 from eslm.ops.head_backend import IMPL_CHOICES
 from eslm.selection import risk
 from eslm.selection.stats import SelectionStats, selection_stats
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 SCORES = ("entropy", "loss")
 LOSS_SCOPES = ("batch", "sequence")  # the drop-in loss's scope (the trainer's method.scope: selectors.SCOPES)
@@ -71,7 +74,8 @@ class TokenScores:
     entropy: torch.Tensor
 
 
-def shift_for_causal_lm(logits_or_hidden: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100):
+def shift_for_causal_lm(logits_or_hidden: torch.Tensor, labels: torch.Tensor,
+                        ignore_index: int = -100) -> tuple[torch.Tensor, torch.Tensor]:
     """Align HF-style labels (labels == input_ids) with next-token predictions.
 
     logits_or_hidden (B, T, X), labels (B, T) -> (logits_or_hidden unchanged, targets (B, T)) with
@@ -104,7 +108,8 @@ def _resolve_impl(impl: str, have_logits: bool, head: Head, extras: bool = False
     return impl  # "auto": the device's default backend (eslm.ops.head_backend.resolve)
 
 
-def _logit_chunks(logits, targets) -> list | None:
+def _logit_chunks(logits: torch.Tensor | Sequence[torch.Tensor] | None,
+                  targets: torch.Tensor) -> list[torch.Tensor] | None:
     """A list of logit chunks (litgpt's chunked output: (..., t_i, V) pieces of the (..., T, V) logits along the
     sequence): validated against the targets; None when ``logits`` is a tensor."""
     if not isinstance(logits, (list, tuple)):
@@ -121,13 +126,14 @@ def _logit_chunks(logits, targets) -> list | None:
     return list(logits)
 
 
-def _flatten_inputs(targets, logits, hidden, weight):
+def _flatten_inputs(targets: torch.Tensor, logits: torch.Tensor | None, hidden: torch.Tensor | None,
+                    weight: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Validate shapes; return (targets (N,), logits (N, V) | None, hidden (N, C) | None)."""
     if (logits is None) == (hidden is None):
         raise ConfigError("expected exactly one of logits= or hidden= (with lm_weight=); "
                           f"found logits={'set' if logits is not None else 'None'}, "
                           f"hidden={'set' if hidden is not None else 'None'}; fix: pass one of them")
-    x = logits if logits is not None else hidden
+    x = cast(torch.Tensor, logits if logits is not None else hidden)  # one of them, checked above
     if hidden is not None and (weight is None or weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]):
         raise ConfigError(f"lm_weight must be the (V, {hidden.shape[-1]}) LM-head weight for hidden of shape "
                           f"{tuple(hidden.shape)}; found {None if weight is None else tuple(weight.shape)}; "
@@ -142,14 +148,14 @@ def _flatten_inputs(targets, logits, hidden, weight):
         (hidden.reshape(t.numel(), -1) if hidden is not None else None)
 
 
-def _check_loss_terms(label_smoothing, z_loss) -> None:
+def _check_loss_terms(label_smoothing: float, z_loss: float) -> None:
     if not 0.0 <= float(label_smoothing) <= 1.0:
         raise ConfigError(f"label_smoothing must be in [0, 1] (F.cross_entropy's); found {label_smoothing}")
     if not 0.0 <= float(z_loss) < float("inf"):
         raise ConfigError(f"z_loss must be a finite value >= 0 (PaLM used 1e-4); found {z_loss}")
 
 
-def _check_targets(t, valid, vocab: int, ignore_index: int) -> None:
+def _check_targets(t: torch.Tensor, valid: torch.Tensor, vocab: int, ignore_index: int) -> None:
     """Targets outside [0, V) that are not ignore_index: one line (nanoGPT marks ignored targets -1, not
     -100). One host read per call; skipped while torch.compile traces (a graph has no host read)."""
     if torch.compiler.is_compiling():
@@ -163,7 +169,7 @@ def _check_targets(t, valid, vocab: int, ignore_index: int) -> None:
                           f"({int(bad.sum())} of {t.numel()} targets); fix: {fix}")
 
 
-def _check_num_items(n) -> None:
+def _check_num_items(n: torch.Tensor | float) -> None:
     """``num_items_in_batch`` is a count of tokens: a positive finite number (0 gave inf, -3 a negative loss). A
     tensor must hold one value; its value is checked when it is on the CPU and not being compiled (on a GPU the
     check would cost a host sync every step; under torch.compile it would break the graph)."""
@@ -179,7 +185,9 @@ def _check_num_items(n) -> None:
         raise ConfigError(f"num_items_in_batch: expected a positive count of tokens, found {n!r}; {fix}")
 
 
-def _check_options(score, scores, scope, reduction, num_items_in_batch, group, position_ids):
+def _check_options(score: str, scores: object, scope: str, reduction: str,
+                   num_items_in_batch: torch.Tensor | float | None, group: ProcessGroup | None,
+                   position_ids: torch.Tensor | None) -> None:
     if scores is None and score not in SCORES:
         raise ConfigError(f"score must be one of {' | '.join(SCORES)}; found {score!r}; fix: score='entropy'")
     if scope not in LOSS_SCOPES:
@@ -208,10 +216,13 @@ def _scores_from_logits(logits: torch.Tensor, targets: torch.Tensor, need_entrop
                           chunk_size=chunk_size)
 
 
-def _token_scores(t, logits2d, hidden2d, weight, head, impl, need_entropy, chunk_size):
+def _token_scores(t: torch.Tensor, logits2d: torch.Tensor | None, hidden2d: torch.Tensor | None,
+                  weight: torch.Tensor | None, head: Head, impl: str, need_entropy: bool,
+                  chunk_size: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(loss (N,), entropy (N,) | None, lse (N,) | None) of every row, detached fp32."""
     if logits2d is not None:
         return (*_scores_from_logits(logits2d, t, need_entropy, chunk_size), None)
+    hidden2d, weight = cast(torch.Tensor, hidden2d), cast(torch.Tensor, weight)  # hidden= came with lm_weight=
     if impl == "transformed":
         return (*head_token_stats(head, hidden2d, weight, t, need_entropy=need_entropy, chunk_size=chunk_size),
                 None)
@@ -219,12 +230,14 @@ def _token_scores(t, logits2d, hidden2d, weight, head, impl, need_entropy, chunk
     return ts.loss, ts.entropy, ts.lse
 
 
-def _risk_scores(score, scores, targets, own_loss, own_entropy):
+def _risk_scores(score: str, scores: torch.Tensor | Callable[[TokenScores], torch.Tensor] | None,
+                 targets: torch.Tensor, own_loss: torch.Tensor, own_entropy: torch.Tensor | None) -> torch.Tensor:
     """The (N,) fp32 detached scores the selection ranks."""
     if scores is None:
-        return own_entropy if score == "entropy" else own_loss
+        return cast(torch.Tensor, own_entropy) if score == "entropy" else own_loss  # scored with entropy
     if callable(scores):
-        scores = scores(TokenScores(loss=own_loss.view(targets.shape), entropy=own_entropy.view(targets.shape)))
+        entropy = cast(torch.Tensor, own_entropy)  # a callable receives both: scored with entropy
+        scores = scores(TokenScores(loss=own_loss.view(targets.shape), entropy=entropy.view(targets.shape)))
     if not isinstance(scores, torch.Tensor) or scores.shape != targets.shape:
         raise ConfigError(f"scores must be a tensor of the targets' shape {tuple(targets.shape)} (or a callable "
                           f"returning one); found {type(scores).__name__} "
@@ -233,10 +246,11 @@ def _risk_scores(score, scores, targets, own_loss, own_entropy):
     return scores.detach().reshape(-1).float()
 
 
-def _select(scores, valid, targets, alpha, scope, position_ids, group, bound=None) -> select.Kept:
-    """``bound``: the float alpha fixing the static number of rows (``select.check_alpha``); alpha itself
-    when it is a float."""
-    bound = alpha if bound is None else bound
+def _select(scores: torch.Tensor, valid: torch.Tensor, targets: torch.Tensor, alpha: float | torch.Tensor,
+            scope: str, position_ids: torch.Tensor | None, group: ProcessGroup | None,
+            bound: float) -> select.Kept:
+    """``bound``: the float alpha fixing the static number of rows (``select.check_alpha``'s; alpha itself
+    when it is a float)."""
     if group is not None:
         return select.across_ranks(scores, valid, alpha, group, bound)
     if scope == "sequence":
@@ -252,40 +266,63 @@ def _stats(kept: select.Kept) -> SelectionStats:
     return selection_stats(kept.all_scores, kept_rows, valid=kept.all_valid)
 
 
-def _chunk_scores(chunks, t_shaped, need_entropy, chunk_size):
+def _chunk_scores(chunks: list[torch.Tensor], t_shaped: torch.Tensor, need_entropy: bool,
+                  chunk_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(loss (N,), entropy (N,) | None) of a list of logit chunks, in the targets' order."""
     loss, ent = [], []
     for c, tc in zip(chunks, _split_targets(chunks, t_shaped)):
         lo, en = _scores_from_logits(c.reshape(-1, c.shape[-1]), tc.reshape(-1), need_entropy, chunk_size)
         loss.append(lo.view(tc.shape))
         if need_entropy:
-            ent.append(en.view(tc.shape))
+            ent.append(cast(torch.Tensor, en).view(tc.shape))
     return torch.cat(loss, -1).reshape(-1), (torch.cat(ent, -1).reshape(-1) if need_entropy else None)
 
 
-def _split_targets(chunks, t_shaped):
+def _split_targets(chunks: list[torch.Tensor], t_shaped: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return t_shaped.split([c.shape[-2] for c in chunks], dim=-1)
 
 
-def _kept_ce(t, logits2d, hidden2d, weight, head, impl, index, lse, chunk_size, label_smoothing=0.0, z_loss=0.0):
+def _kept_ce(t: torch.Tensor, logits2d: torch.Tensor | None, hidden2d: torch.Tensor | None,
+            weight: torch.Tensor | None, head: Head, impl: str, index: torch.Tensor, lse: torch.Tensor | None,
+            chunk_size: int, label_smoothing: float = 0.0, z_loss: float = 0.0) -> torch.Tensor:
     if logits2d is not None:
         return row_loss(logits2d[index].float(), t[index], label_smoothing, z_loss)
+    hidden2d, weight = cast(torch.Tensor, hidden2d), cast(torch.Tensor, weight)  # hidden= came with lm_weight=
     if impl == "transformed":
         return head_selected_ce(head, hidden2d, weight, t, index, chunk_size=chunk_size,
                                 label_smoothing=label_smoothing, z_loss=z_loss)
     return selected_ce(hidden2d, weight, t, index, impl=impl, chunk_size=chunk_size, lse=lse)
 
 
-def selective_loss(targets: torch.Tensor, *, logits: torch.Tensor | None = None,
+@overload
+def selective_loss(targets: torch.Tensor, *, return_tokens: Literal[False] = False,
+                   **options: Any) -> tuple[torch.Tensor, SelectionStats]: ...
+
+
+@overload
+def selective_loss(targets: torch.Tensor, *, return_tokens: Literal[True],
+                   **options: Any) -> tuple[torch.Tensor, SelectionStats, TokenOutputs]: ...
+
+
+@overload
+def selective_loss(targets: torch.Tensor, *, return_tokens: bool,
+                   **options: Any) -> tuple[torch.Tensor, SelectionStats] | \
+        tuple[torch.Tensor, SelectionStats, TokenOutputs]: ...
+
+
+def selective_loss(targets: torch.Tensor, *, logits: torch.Tensor | Sequence[torch.Tensor] | None = None,
                    hidden: torch.Tensor | None = None, lm_weight: torch.Tensor | None = None,
                    bias: torch.Tensor | None = None, logit_scale: float | None = None,
                    softcap: float | None = None, score: str = "entropy",
                    scores: torch.Tensor | Callable[[TokenScores], torch.Tensor] | None = None,
-                   alpha: float = 0.1, scope: str = "batch", position_ids: torch.Tensor | None = None,
-                   group=None, reduction: str = "mean", num_items_in_batch: torch.Tensor | int | None = None,
+                   alpha: float | torch.Tensor = 0.1, scope: str = "batch", position_ids: torch.Tensor | None = None,
+                   group: ProcessGroup | None = None, reduction: str = "mean",
+                   num_items_in_batch: torch.Tensor | int | None = None,
                    alpha_min: float = 0.0, return_tokens: bool = False, ignore_index: int = -100,
                    label_smoothing: float = 0.0,
-                   z_loss: float = 0.0, impl: str = "auto", chunk_size: int = 1024, **unsupported):
+                   z_loss: float = 0.0, impl: str = "auto", chunk_size: int = 1024,
+                   **unsupported: object) -> tuple[torch.Tensor, SelectionStats] | \
+        tuple[torch.Tensor, SelectionStats, TokenOutputs]:
     """ESLM's selective cross-entropy: the CE of the highest-risk 1 - alpha of the tokens.
 
     targets:   (N,) or (B, T) integers, already aligned with the predictions (no shift inside).
@@ -345,7 +382,7 @@ def selective_loss(targets: torch.Tensor, *, logits: torch.Tensor | None = None,
         _flatten_inputs(targets[..., :chunks[0].shape[-2]], chunks[0], None, None)
         t, logits2d, hidden2d = targets.reshape(-1).long(), None, None
     else:
-        t, logits2d, hidden2d = _flatten_inputs(targets, logits, hidden, weight)
+        t, logits2d, hidden2d = _flatten_inputs(targets, cast("torch.Tensor | None", logits), hidden, weight)
     head = Head(bias, logit_scale, softcap).check(weight.shape[0] if weight is not None else 0)
     impl = _resolve_impl(impl, logits is not None, head, extras=bool(label_smoothing or z_loss))
     valid = t != ignore_index
@@ -397,8 +434,8 @@ def token_losses(targets: torch.Tensor, *, logits: torch.Tensor | None = None, h
     return torch.where(valid, loss, torch.zeros_like(loss)).view(targets.shape)
 
 
-def kept_tokens(targets: torch.Tensor, *, alpha: float, ignore_index: int = -100, scope: str = "batch",
-                position_ids: torch.Tensor | None = None, group=None) -> torch.Tensor:
+def kept_tokens(targets: torch.Tensor, *, alpha: float | torch.Tensor, ignore_index: int = -100, scope: str = "batch",
+                position_ids: torch.Tensor | None = None, group: ProcessGroup | None = None) -> torch.Tensor:
     """K of one call, as a 0-dim int64 tensor, from its targets alone (known before the forward, no sync).
 
     Sum it over the micro-batches of an optimizer step (and all-reduce it over data-parallel ranks when each
@@ -412,8 +449,9 @@ def kept_tokens(targets: torch.Tensor, *, alpha: float, ignore_index: int = -100
     return select.count_kept(valid, alpha, scope=scope, seg=seg, group=group)
 
 
-def select_tokens(scores: torch.Tensor, valid: torch.Tensor, *, alpha: float, scope: str = "batch",
-                  position_ids: torch.Tensor | None = None, group=None) -> tuple[torch.Tensor, SelectionStats]:
+def select_tokens(scores: torch.Tensor, valid: torch.Tensor, *, alpha: float | torch.Tensor, scope: str = "batch",
+                  position_ids: torch.Tensor | None = None,
+                  group: ProcessGroup | None = None) -> tuple[torch.Tensor, SelectionStats]:
     """The selection alone, for a loss you compute yourself (a trainer's own fused per-token loss, DFT, a
     distillation term): (kept mask of ``scores``' shape, SelectionStats). ``scores`` and ``valid`` (the scored
     tokens) have one shape, (N,) or (B, T); the selective loss is then ``(token_loss * kept).sum() / K``, K

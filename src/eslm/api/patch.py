@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import functools
 import types
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -38,6 +40,7 @@ from eslm.api.ada import AdaAlpha
 from eslm.api.head import check_head_logits, head_transform
 from eslm.api.loss import selective_loss, shift_for_causal_lm
 from eslm.errors import ConfigError
+from eslm.selection.stats import SelectionStats
 
 
 class _HeadReached(Exception):
@@ -46,6 +49,10 @@ class _HeadReached(Exception):
 
 class PatchedModel:
     """The handle ``patch_model`` returns: the options, the Ada controller, ``remove()``."""
+
+    _targets: torch.Tensor | None  # set for one patched forward
+    _num_items: torch.Tensor | int | None
+    _result: tuple[torch.Tensor, SelectionStats] | None
 
     def __init__(self, model: torch.nn.Module, head: torch.nn.Module, *, alpha: float, score: str,
                  ada: AdaAlpha | None, loss_options: dict):
@@ -64,7 +71,7 @@ class PatchedModel:
     def alpha(self) -> float:
         return self.ada.alpha if self.ada is not None else self._alpha
 
-    def _loss_alpha(self):
+    def _loss_alpha(self) -> float | torch.Tensor:
         """The alpha passed to the loss: under torch.compile Ada's as its 0-dim tensor (a graph input, so a new
         value needs no recompile), else the Python float."""
         if self.ada is not None and torch.compiler.is_compiling():
@@ -76,7 +83,9 @@ class PatchedModel:
         self.model.__dict__.pop("forward", None)
         self.head.__dict__.pop("forward", None)
 
-    def _model_forward(self, original, *args, eslm_targets=None, eslm_labels=None, eslm_num_items=None, **kwargs):
+    def _model_forward(self, original: Callable[..., Any], *args: Any, eslm_targets: torch.Tensor | None = None,
+                       eslm_labels: torch.Tensor | None = None, eslm_num_items: torch.Tensor | int | None = None,
+                       **kwargs: Any) -> Any:
         if eslm_targets is not None and eslm_labels is not None:
             raise ConfigError("patch_model: expected eslm_targets= (the next tokens) or eslm_labels= (unshifted "
                               "labels, shifted by eslm), found both; fix: pass one")
@@ -104,7 +113,7 @@ class PatchedModel:
                               "the final hidden states into logits (e.g. head=model.lm_head)")
         return result
 
-    def _check_not_inputs(self, ids, targets) -> None:
+    def _check_not_inputs(self, ids: Any, targets: torch.Tensor) -> None:
         """Once: targets equal to the input ids wherever they are scored are unshifted labels (HF's ``labels``)."""
         self._inputs_checked = True
         if not isinstance(ids, torch.Tensor) or ids.shape != targets.shape or ids.shape[-1] < 2:
@@ -117,7 +126,7 @@ class PatchedModel:
                               "labels: the model would learn to copy its input); fix: eslm_labels=labels (eslm "
                               "shifts them) or eslm_targets=<the shifted targets>")
 
-    def _head_forward(self, original, x, *args, **kwargs):
+    def _head_forward(self, original: Callable[..., Any], x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         targets = self._targets
         if targets is None:
             return original(x, *args, **kwargs)
@@ -145,7 +154,7 @@ class PatchedModel:
 
 
 def patch_model(model: torch.nn.Module, *, head: torch.nn.Module, alpha: float = 0.1, score: str = "entropy",
-                ada: AdaAlpha | None = None, **loss_options) -> PatchedModel:
+                ada: AdaAlpha | None = None, **loss_options: Any) -> PatchedModel:
     """Make ``model(..., eslm_targets=targets)`` return ``(loss, stats)``, the selective loss of the hidden states
     the model's own forward hands to ``head`` (see the module docstring). ``head``: the output projection (an
     ``nn.Linear``-like module with ``weight`` (V, C) and optional ``bias``), called inside the model's forward.
@@ -197,7 +206,7 @@ _ROUTER_REFUSAL = ("patch_model: the model returns router logits (output_router_
 
 @torch.no_grad()
 def _probe_head(handle: PatchedModel, model: torch.nn.Module, head: torch.nn.Module, weight: torch.Tensor,
-                config) -> None:
+                config: Any) -> None:
     """A Hugging Face model's own logits on a few tokens must be eslm's head (with its config's transform) of
     the hidden states its head received; a model that needs more than token ids to run is not probed."""
     seen: list[torch.Tensor] = []

@@ -10,11 +10,15 @@ N as 0-dim int64 tensors. Scores are detached fp32 (N,); ``valid`` (N,) marks th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from eslm.errors import ConfigError
 from eslm.selection import risk
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 
 @dataclass
@@ -37,7 +41,7 @@ class Kept:
         return torch.zeros(n_rows, dtype=torch.bool, device=self.index.device).index_put((self.index,), self.keep)
 
 
-def check_alpha(alpha, alpha_min: float = 0.0):
+def check_alpha(alpha: float | torch.Tensor, alpha_min: float = 0.0) -> tuple[float | torch.Tensor, float]:
     """(alpha, bound). In eager code a Python float is checked and bounds itself: the static
     K_max = num_kept(rows, alpha). A 0-dim tensor, or any float while torch.compile traces (a float argument
     that changes between calls becomes symbolic there, as Ada's alpha does), becomes a float64 tensor used only
@@ -66,7 +70,8 @@ def check_alpha(alpha, alpha_min: float = 0.0):
     return t, bound
 
 
-def over_batch(scores: torch.Tensor, valid: torch.Tensor, alpha, bound: float | None = None) -> Kept:
+def over_batch(scores: torch.Tensor, valid: torch.Tensor, alpha: float | torch.Tensor,
+               bound: float | None = None) -> Kept:
     """Keep the top K = N - floor(alpha N) of the call's N scored tokens (alpha a float, or a tensor with the
     float ``bound`` <= alpha fixing the static number of rows: see ``check_alpha``)."""
     if not isinstance(alpha, torch.Tensor):
@@ -82,7 +87,8 @@ def over_batch(scores: torch.Tensor, valid: torch.Tensor, alpha, bound: float | 
     return Kept(index, keep, k, n, scores, valid, index, keep)
 
 
-def segments(shape: torch.Size, position_ids: torch.Tensor | None, device) -> tuple[torch.Tensor, bool]:
+def segments(shape: torch.Size, position_ids: torch.Tensor | None,
+             device: torch.device) -> tuple[torch.Tensor, bool]:
     """(segment id (N,) int64 of every token, whether segments are the rows). Without ``position_ids`` a
     sequence is a row of the (B, T) targets; with them (packed, padding-free batches) a sequence also starts
     wherever ``position_ids == 0``."""
@@ -101,7 +107,7 @@ def segments(shape: torch.Size, position_ids: torch.Tensor | None, device) -> tu
     return torch.cumsum(starts.long(), 0) - 1, False
 
 
-def by_sequence(scores: torch.Tensor, valid: torch.Tensor, alpha: float, seg: torch.Tensor,
+def by_sequence(scores: torch.Tensor, valid: torch.Tensor, alpha: float | torch.Tensor, seg: torch.Tensor,
                 k_bound: int) -> Kept:
     """Keep the top K_s = N_s - floor(alpha N_s) of every sequence s (N_s its scored tokens). One sort puts
     the tokens in (sequence, valid first, score descending) order; a token is kept when its rank within its
@@ -123,7 +129,8 @@ def by_sequence(scores: torch.Tensor, valid: torch.Tensor, alpha: float, seg: to
     return Kept(index, keep, k_seg.sum(), valid.sum(), scores, valid, index, keep)
 
 
-def across_ranks(scores: torch.Tensor, valid: torch.Tensor, alpha, group, bound: float | None = None) -> Kept:
+def across_ranks(scores: torch.Tensor, valid: torch.Tensor, alpha: float | torch.Tensor, group: ProcessGroup,
+                 bound: float | None = None) -> Kept:
     """One VaR threshold over the tokens of every rank of ``group``: the scores and masks of all ranks are
     gathered (one all_gather each), every rank ranks the same W*N scores the same way, and keeps its share of
     the global top K = num_kept(N_group, alpha). Every rank must pass the same number of rows."""
@@ -147,8 +154,8 @@ def across_ranks(scores: torch.Tensor, valid: torch.Tensor, alpha, group, bound:
     return Kept(index, mine[index], g.k, g.n, all_scores, g.all_valid, g.index, g.keep)
 
 
-def count_kept(valid: torch.Tensor, alpha: float, *, scope: str = "batch", seg: torch.Tensor | None = None,
-               group=None) -> torch.Tensor:
+def count_kept(valid: torch.Tensor, alpha: float | torch.Tensor, *, scope: str = "batch",
+               seg: torch.Tensor | None = None, group: ProcessGroup | None = None) -> torch.Tensor:
     """K of one call as a 0-dim int64 tensor, from its scored-token mask (N,) alone: known before the forward."""
     n = valid.sum()
     if scope == "sequence":

@@ -46,12 +46,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 
 from eslm.ops import head_route
 from eslm.ops.token_stats import HeadOptions, HeadState, HeadWork, TokenStats
+
+_F = TypeVar("_F", bound=type[torch.autograd.Function])
 
 
 @dataclass
@@ -81,7 +85,7 @@ def _given(t: torch.Tensor | None) -> torch.Tensor:
     return t
 
 
-def _chunks(n: int, size: int):
+def _chunks(n: int, size: int) -> Iterator[tuple[int, int]]:
     for start in range(0, n, size):
         yield start, min(start + size, n)
 
@@ -94,13 +98,13 @@ def compute_dtype(t: torch.Tensor) -> torch.dtype:
     return t.dtype
 
 
-def no_autocast(t: torch.Tensor):
+def no_autocast(t: torch.Tensor) -> contextlib.AbstractContextManager[Any]:
     """Dtypes are managed explicitly below (fp32 softmax and accumulators, matmuls in the compute dtype)."""
     return torch.autocast(device_type=t.device.type, enabled=False) if torch.is_autocast_enabled(
         t.device.type) else contextlib.nullcontext()
 
 
-def autocast_consistent(cls):
+def autocast_consistent(cls: _F) -> _F:
     """``torch.amp.custom_fwd`` / ``custom_bwd`` on an autograd Function (a class decorator), for the device type
     of its first tensor input (torch's decorators take the device type when the class is written; the head runs on
     any device): the backward runs under the autocast state its forward ran under, also where autograd runs it on
@@ -109,20 +113,21 @@ def autocast_consistent(cls):
     fwd, bwd = cls.forward, cls.backward
 
     @functools.wraps(fwd)
-    def forward(ctx, *args):
+    def forward(ctx: Any, *args: Any) -> Any:
         if torch.compiler.is_compiling():  # dynamo cannot trace a decorator built at run time; the graph's
             return fwd(ctx, *args)  # backward runs where its forward was traced, so it needs none
         ctx.amp_device_type = next(a.device.type for a in args if isinstance(a, torch.Tensor))
         return torch.amp.custom_fwd(fwd, device_type=ctx.amp_device_type)(ctx, *args)
 
     @functools.wraps(bwd)
-    def backward(ctx, *grads):
+    def backward(ctx: Any, *grads: Any) -> Any:
         device_type = getattr(ctx, "amp_device_type", None)
         if device_type is None or torch.compiler.is_compiling():
             return bwd(ctx, *grads)
         return torch.amp.custom_bwd(bwd, device_type=device_type)(ctx, *grads)
 
-    cls.forward, cls.backward = staticmethod(forward), staticmethod(backward)
+    for name, fn in (("forward", forward), ("backward", backward)):  # setattr: mypy forbids assigning a method
+        setattr(cls, name, staticmethod(fn))
     return cls
 
 
@@ -148,7 +153,7 @@ class _Grads:
     """fp32/compute-dtype accumulators of the head gradients, filled chunk by chunk (either may be left out)."""
 
     def __init__(self, n: int, weight: torch.Tensor, h_dtype: torch.dtype, hidden: bool = True,
-                 weight_grad: bool = True):
+                 weight_grad: bool = True) -> None:
         self.hidden = torch.empty(n, weight.shape[1], dtype=h_dtype, device=weight.device) if hidden else None
         self.weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if weight_grad else None
 
@@ -280,12 +285,13 @@ class PrecomputedGrad(torch.autograd.Function):
     """A scalar whose gradient with respect to (hidden, weight) was formed in the forward."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, value, grad_hidden, grad_weight):
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, value: torch.Tensor,
+                grad_hidden: torch.Tensor, grad_weight: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(grad_hidden, grad_weight)
         return value
 
     @staticmethod
-    def backward(ctx, g):
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         gh, gw = ctx.saved_tensors
         return (gh * g.to(gh.dtype) if ctx.needs_input_grad[0] else None,
                 gw * g.to(gw.dtype) if ctx.needs_input_grad[1] else None,
@@ -299,10 +305,11 @@ def _dropped_rows(n: int, index: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _kept_grads(hidden, weight, targets, index, pre: HeadPass, chunk_size: int):
+def _kept_grads(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, index: torch.Tensor | None,
+                pre: HeadPass, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Gradients of sum_{kept} loss from the pass's all-row gradients minus the dropped rows' share."""
     if index is None or index.numel() == hidden.shape[0]:
-        return pre.grad_hidden, pre.grad_weight
+        return _given(pre.grad_hidden), _given(pre.grad_weight)
     gh = torch.zeros_like(_given(pre.grad_hidden))
     gh[index] = _given(pre.grad_hidden)[index]
     dropped = _dropped_rows(hidden.shape[0], index)
@@ -312,7 +319,9 @@ def _kept_grads(hidden, weight, targets, index, pre: HeadPass, chunk_size: int):
 
 
 @torch.no_grad()
-def _grads_from_probs(hidden, weight, targets, index, probs, chunk_size: int, softmax_w=None):
+def _grads_from_probs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, index: torch.Tensor | None,
+                      probs: torch.Tensor, chunk_size: int,
+                      softmax_w: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Gradients of sum_{kept} loss from the pass's cached softmax P, which is read, never written:
 
         G_h = (P W - W[y]) with the dropped rows zeroed,      G_W = P^T H_m - scatter_y(H_m),
@@ -367,7 +376,8 @@ def _compact_kept_rows(buf: torch.Tensor, index: torch.Tensor, block: int) -> to
 
 
 @torch.no_grad()
-def _grads_kept_rows(hidden, weight, targets, index, probs, chunk_size: int):
+def _grads_kept_rows(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, index: torch.Tensor | None,
+                     probs: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Gradients of sum_{kept} loss from the pass's cached softmax P, over the K kept rows only (``kept_cached``):
 
         P's kept rows compacted into P[:K] (in place: the buffer is consumed), dz = P[:K] - onehot(y_K) in place,
@@ -379,7 +389,7 @@ def _grads_kept_rows(hidden, weight, targets, index, probs, chunk_size: int):
     n, c = hidden.shape
     cdt = compute_dtype(hidden)
     k = n if index is None else index.numel()
-    orig = None if k == n else _compact_kept_rows(probs, index, _scratch_rows(n, c))
+    orig = None if index is None or k == n else _compact_kept_rows(probs, index, _scratch_rows(n, c))
     with no_autocast(hidden):
         h_all, w = hidden.to(cdt), weight.to(cdt)
         h_k = h_all if orig is None else h_all[orig]
@@ -437,16 +447,16 @@ def fused_ce_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tens
         gh, gw = _kept_grads(h_in, w_in, targets, index, pre, chunk_size)
     elif route == "all_rows":
         assert pre is not None
-        gh, gw = _grads_from_probs(h_in, w_in, targets, index, pre.probs, chunk_size, pre.softmax_w)
+        gh, gw = _grads_from_probs(h_in, w_in, targets, index, _given(pre.probs), chunk_size, pre.softmax_w)
     elif route == "kept_cached":
         assert pre is not None
-        gh, gw = _grads_kept_rows(h_in, w_in, targets, index, pre.probs, chunk_size)
+        gh, gw = _grads_kept_rows(h_in, w_in, targets, index, _given(pre.probs), chunk_size)
     else:
         rows = h_in if index is None else h_in[index]
         part = head_pass(rows, w_in, targets if index is None else targets[index], need_entropy=False,
                          with_grads=True, chunk_size=chunk_size)
-        gw, per_token = part.grad_weight, part.loss
-        gh = part.grad_hidden if index is None else \
+        gw, per_token = _given(part.grad_weight), part.loss
+        gh = _given(part.grad_hidden) if index is None else \
             torch.zeros_like(h_in).index_copy_(0, index, _given(part.grad_hidden))
     if pre is not None:
         per_token = pre.loss if index is None else pre.loss[index]
@@ -475,7 +485,8 @@ class _SelectedCE(torch.autograd.Function):
     """Per-token CE of the given rows; the backward forms their logits again (``kept_recompute``)."""
 
     @staticmethod
-    def forward(ctx, h_kept, weight, y_kept, lse_kept, chunk_size):
+    def forward(ctx: Any, h_kept: torch.Tensor, weight: torch.Tensor, y_kept: torch.Tensor,
+                lse_kept: torch.Tensor | None, chunk_size: int) -> torch.Tensor:
         if lse_kept is None:
             lse_kept = head_pass(h_kept, weight, y_kept, need_entropy=False, chunk_size=chunk_size).lse
         w_y = weight[y_kept]
@@ -485,7 +496,7 @@ class _SelectedCE(torch.autograd.Function):
         return lse_kept - z_y
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         h, weight, y, lse = ctx.saved_tensors
         grads = _Grads(h.shape[0], weight, h.dtype, hidden=ctx.needs_input_grad[0],
                        weight_grad=ctx.needs_input_grad[1])  # GREATS' head weight is detached: no G_W
@@ -506,14 +517,15 @@ class _RowGradCE(torch.autograd.Function):
     upstream gradient, which is exact because row i's loss depends on row i's hidden state only."""
 
     @staticmethod
-    def forward(ctx, h_kept, weight, y_kept, chunk_size):
+    def forward(ctx: Any, h_kept: torch.Tensor, weight: torch.Tensor, y_kept: torch.Tensor,
+                chunk_size: int) -> torch.Tensor:
         st = head_pass(h_kept, weight, y_kept, need_entropy=False, with_grads=True, grad_weight=False,
                        chunk_size=chunk_size)
         ctx.save_for_backward(st.grad_hidden)
         return st.loss
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         (gh,) = ctx.saved_tensors
         return gh * grad_out.to(gh.dtype)[:, None], None, None, None
 
@@ -551,7 +563,7 @@ class FusedHead:
 
     name = "fused"
 
-    def __init__(self, options: HeadOptions = HeadOptions()):
+    def __init__(self, options: HeadOptions = HeadOptions()) -> None:
         self.options = options
 
     def choose(self, n: int, k: int, *, scored: bool) -> str:
@@ -559,26 +571,30 @@ class FusedHead:
         return head_route.choose_route(n, k, scored=scored, cache=self.options.cache_probs,
                                        forced=self.options.route)
 
-    def score(self, hidden, weight, targets, *, num_kept, need_scores, need_entropy):
+    def score(self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, num_kept: int,
+              need_scores: bool, need_entropy: bool) -> tuple[TokenStats | None, HeadState]:
         n = hidden.shape[0]
         route = self.choose(n, min(n, max(1, num_kept)), scored=need_scores)
         pre = route_pass(route, hidden, weight, targets, scored=need_scores, need_entropy=need_entropy,
                          chunk_size=self.options.chunk_size)
         return (None if pre is None else pre.stats()), HeadState(route, pre)
 
-    def kept_loss(self, hidden, weight, targets, index, state):
+    def kept_loss(self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                  index: torch.Tensor | None, state: HeadState | None) -> tuple[torch.Tensor, torch.Tensor]:
         pre = None if state is None else state.buffers
         if state is not None:
             state.buffers = None  # consumed: its large buffers are released by fused_ce_sum
         return fused_ce_sum(hidden, weight, targets, index, pre=pre, chunk_size=self.options.chunk_size)
 
-    def work(self, n, k, *, scored, state=None) -> HeadWork:
+    def work(self, n: int, k: int, *, scored: bool, state: HeadState | None = None) -> HeadWork:
         route = state.route if state is not None else self.choose(n, max(k, 1), scored=scored)
         return head_route.route_work(route, n, k, scored=scored)
 
-    def token_stats(self, hidden, weight, targets, *, need_entropy):
+    def token_stats(self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
+                    need_entropy: bool) -> TokenStats:
         return fused_token_stats(hidden, weight, targets, need_entropy=need_entropy,
                                  chunk_size=self.options.chunk_size)
 
-    def per_token_ce(self, hidden, weight, targets, index, *, lse=None):
+    def per_token_ce(self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                     index: torch.Tensor | None, *, lse: torch.Tensor | None = None) -> torch.Tensor:
         return fused_selected_ce(hidden, weight, targets, index, chunk_size=self.options.chunk_size, lse=lse)

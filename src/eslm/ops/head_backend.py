@@ -24,8 +24,7 @@ import functools
 import importlib
 import sys
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
-
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
@@ -33,6 +32,9 @@ from eslm.errors import ConfigError
 from eslm.ops import fused_head, naive_head  # noqa: F401  (torch alone: imported before any compiled call)
 from eslm.ops.head_route import CACHED_ROUTES, ROUTE_CHOICES
 from eslm.ops.token_stats import HeadOptions, HeadState, HeadWork, TokenStats
+
+if TYPE_CHECKING:  # the gpu extra's backend, for the static check below only
+    from eslm.ops import triton_head
 
 
 @runtime_checkable
@@ -90,6 +92,8 @@ BACKENDS: tuple[BackendSpec, ...] = (
                 ("cuda",), extra="gpu"),
 )
 NAMES = tuple(s.name for s in BACKENDS)
+if TYPE_CHECKING:  # every registered class checked against HeadBackend by mypy (``_build`` looks them up by name)
+    _REGISTERED: tuple[type[HeadBackend], ...] = (fused_head.FusedHead, naive_head.NaiveHead, triton_head.TritonHead)
 IMPL_CHOICES = ("auto",) + NAMES
 # what "auto" means per device type, in order of preference (the first whose extra is installed)
 AUTO = {"cuda": ("triton", "fused"), "cpu": ("fused",)}

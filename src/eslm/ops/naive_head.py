@@ -38,22 +38,26 @@ class NaiveHead:
 
     name = "naive"
 
-    def __init__(self, options: HeadOptions = HeadOptions()):
+    def __init__(self, options: HeadOptions = HeadOptions()) -> None:
         self.options = options
 
-    def score(self, hidden, weight, targets, *, num_kept, need_scores, need_entropy):
+    def score(self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, num_kept: int,
+              need_scores: bool, need_entropy: bool) -> tuple[TokenStats | None, HeadState]:
         stats = naive_token_stats(hidden, weight, targets, need_entropy) if need_scores else None
         return stats, HeadState("masked")
 
-    def kept_loss(self, hidden, weight, targets, index, state):
+    def kept_loss(self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                  index: torch.Tensor | None, state: HeadState | None) -> tuple[torch.Tensor, torch.Tensor]:
         per_token = naive_selected_ce(hidden, weight, targets, index)
         return per_token.sum(), per_token.detach()
 
-    def work(self, n, k, *, scored, state=None):
+    def work(self, n: int, k: int, *, scored: bool, state: HeadState | None = None) -> HeadWork:
         return HeadWork(float(n), float(n), 0.0)
 
-    def token_stats(self, hidden, weight, targets, *, need_entropy):
+    def token_stats(self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
+                    need_entropy: bool) -> TokenStats:
         return naive_token_stats(hidden, weight, targets, need_entropy)
 
-    def per_token_ce(self, hidden, weight, targets, index, *, lse=None):
+    def per_token_ce(self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                     index: torch.Tensor | None, *, lse: torch.Tensor | None = None) -> torch.Tensor:
         return naive_selected_ce(hidden, weight, targets, index)

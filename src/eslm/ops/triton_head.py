@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Any
 
 import torch
 
@@ -38,8 +39,8 @@ BLOCK_V = 1024  # logits per program step along the vocabulary (a power of two)
 
 
 @triton.jit
-def _row_stats(z_ptr, stride, y_ptr, lse_ptr, ent_ptr, zy_ptr, V: tl.constexpr, BLOCK: tl.constexpr,
-               ENTROPY: tl.constexpr):
+def _row_stats(z_ptr: tl.tensor, stride: tl.tensor, y_ptr: tl.tensor, lse_ptr: tl.tensor, ent_ptr: tl.tensor,
+               zy_ptr: tl.tensor, V: tl.constexpr, BLOCK: tl.constexpr, ENTROPY: tl.constexpr) -> None:
     """One program per row: lse, entropy (ENTROPY) and the target logit of row z[row, :V], reading it once."""
     row = tl.program_id(0).to(tl.int64)
     base = z_ptr + row * stride
@@ -67,7 +68,8 @@ def _row_stats(z_ptr, stride, y_ptr, lse_ptr, ent_ptr, zy_ptr, V: tl.constexpr, 
 
 
 @triton.jit
-def _kept_dz(z_ptr, z_stride, idx_ptr, y_ptr, lse_ptr, out_ptr, out_stride, V: tl.constexpr, BLOCK: tl.constexpr):
+def _kept_dz(z_ptr: tl.tensor, z_stride: tl.tensor, idx_ptr: tl.tensor, y_ptr: tl.tensor, lse_ptr: tl.tensor,
+             out_ptr: tl.tensor, out_stride: tl.tensor, V: tl.constexpr, BLOCK: tl.constexpr) -> None:
     """Program (r, b): block b of kept row r: out[r] = exp(z[idx[r]] - lse[idx[r]]) - onehot(y[idx[r]]), in the
     output's dtype (the compute dtype)."""
     r = tl.program_id(0).to(tl.int64)
@@ -142,13 +144,13 @@ def kept_dz(z: torch.Tensor, index: torch.Tensor | None, targets: torch.Tensor, 
 class _Cache:
     """Pass A's state: the logits (N, V) in the compute dtype and the per-row statistics."""
 
-    def __init__(self, logits: torch.Tensor, stats: TokenStats):
+    def __init__(self, logits: torch.Tensor, stats: TokenStats) -> None:
         self.logits: torch.Tensor | None = logits  # None once read (pass B)
         self.stats = stats
 
 
 @torch.no_grad()
-def _pass_a(hidden, weight, targets, need_entropy: bool) -> _Cache:
+def _pass_a(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, need_entropy: bool) -> _Cache:
     cdt = compute_dtype(hidden)
     with no_autocast(hidden):
         z = hidden.to(cdt) @ weight.to(cdt).t()  # the matmul's own output is the cache
@@ -156,7 +158,8 @@ def _pass_a(hidden, weight, targets, need_entropy: bool) -> _Cache:
 
 
 @torch.no_grad()
-def _pass_b(hidden, weight, targets, index, cache: _Cache):
+def _pass_b(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, index: torch.Tensor | None,
+            cache: _Cache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(G_h (N, C) in hidden's dtype, G_W (V, C) fp32, the kept rows' CE (K,)) from the cached logits."""
     n, c = hidden.shape
     logits = cache.logits
@@ -182,13 +185,13 @@ class _TokenCE(torch.autograd.Function):
     the backward forms dz from them, scaled per row, and the two gradient matmuls."""
 
     @staticmethod
-    def forward(ctx, h, weight, y):
+    def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         cache = _pass_a(h, weight, y, need_entropy=False)
         ctx.save_for_backward(h, weight, y, cache.logits, cache.stats.lse)
         return cache.stats.loss
 
     @staticmethod
-    def backward(ctx, g):
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         h, weight, y, z, lse = ctx.saved_tensors
         dz = kept_dz(z, torch.arange(z.shape[0], device=z.device), y, lse)
         dz = (dz.float() * g.float()[:, None]).to(dz.dtype)
@@ -204,10 +207,11 @@ class TritonHead:
 
     name = "triton"
 
-    def __init__(self, options: HeadOptions = HeadOptions()):
+    def __init__(self, options: HeadOptions = HeadOptions()) -> None:
         self.options = options
 
-    def score(self, hidden, weight, targets, *, num_kept, need_scores, need_entropy):
+    def score(self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, num_kept: int,
+              need_scores: bool, need_entropy: bool) -> tuple[TokenStats | None, HeadState]:
         _check_device(hidden)
         n = hidden.shape[0]
         if not need_scores and num_kept < n:  # the random control: only the kept rows' logits, in kept_loss
@@ -215,7 +219,8 @@ class TritonHead:
         cache = _pass_a(hidden, weight, targets, need_entropy=need_scores and need_entropy)
         return cache.stats, HeadState("cached_logits", cache)
 
-    def kept_loss(self, hidden, weight, targets, index, state):
+    def kept_loss(self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                  index: torch.Tensor | None, state: HeadState | None) -> tuple[torch.Tensor, torch.Tensor]:
         _check_device(hidden)
         h_in, w_in = hidden.detach(), weight.detach()
         cache = None if state is None else state.buffers
@@ -231,15 +236,17 @@ class TritonHead:
         value = per_token.sum()
         return PrecomputedGrad.apply(hidden, weight, value, gh, gw.to(weight.dtype)), per_token
 
-    def work(self, n, k, *, scored, state=None) -> HeadWork:
+    def work(self, n: int, k: int, *, scored: bool, state: HeadState | None = None) -> HeadWork:
         route = state.route if state is not None else ("cached_logits" if scored or k == n else "kept_only")
         return HeadWork(float(k if route == "kept_only" else n), float(k), 0.0)
 
-    def token_stats(self, hidden, weight, targets, *, need_entropy):
+    def token_stats(self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
+                    need_entropy: bool) -> TokenStats:
         _check_device(hidden)
         return _pass_a(hidden, weight, targets, need_entropy).stats
 
-    def per_token_ce(self, hidden, weight, targets, index, *, lse=None):
+    def per_token_ce(self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                     index: torch.Tensor | None, *, lse: torch.Tensor | None = None) -> torch.Tensor:
         _check_device(hidden)
         if index is not None:
             hidden, targets = hidden[index], targets[index]

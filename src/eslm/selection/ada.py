@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
+from eslm.selection.stats import SelectionStats
 from eslm.settings import Section, setting
 
 
@@ -50,10 +52,24 @@ class AdaSection(Section):
         return out
 
 
+class Steered(Protocol):
+    """What the controller steers: the alpha in force (a token selector's, ``eslm.api.AdaAlpha``'s holder)."""
+
+    alpha: float
+
+
+class Observed(Protocol):
+    """What the controller reads of a selection (an ``eslm.contracts.Selection``): its statistics."""
+
+    @property
+    def stats(self) -> SelectionStats | None: ...
+
+
 class AdaController:
     """An ``eslm.contracts.Controller``: observes each selection's CVaR, steers ``selector.alpha``."""
 
-    def __init__(self, selector, *, gamma: float, interval: int, eps: float, alpha_min: float, alpha_max: float):
+    def __init__(self, selector: Steered, *, gamma: float, interval: int, eps: float, alpha_min: float,
+                 alpha_max: float) -> None:
         self.selector = selector  # owns the alpha in force
         self.gamma, self.interval, self.eps = gamma, interval, eps
         self.alpha_min, self.alpha_max = alpha_min, alpha_max
@@ -64,7 +80,7 @@ class AdaController:
         self._count = 0
         self.last_delta: float = 0.0
 
-    def observe(self, selection) -> None:
+    def observe(self, selection: Observed) -> None:
         """Accumulate one micro-batch's CVaR (a tensor: no host sync here)."""
         if selection.stats is not None:
             self.add(selection.stats.cvar.detach().float(), 1)

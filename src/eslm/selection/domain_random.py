@@ -16,7 +16,9 @@ from __future__ import annotations
 import torch
 
 from eslm.contracts import Selection
+from eslm.data.batch import Batch
 from eslm.errors import CheckpointError
+from eslm.ops.token_stats import TokenStats
 from eslm.selection import risk
 from eslm.selection.scores import standardize
 from eslm.selection.selectors import VaRSelector
@@ -52,11 +54,11 @@ class DomainRandomSelector(VaRSelector):
     property of the random set."""
 
     def __init__(self, score: str, alpha: float, seed: int, standardize: str = "none", n_domains: int = 1,
-                 scope: str = "micro", device: torch.device | str = "cpu"):
+                 scope: str = "micro", device: torch.device | str = "cpu") -> None:
         super().__init__(score, alpha, standardize, n_domains, scope)
         self.generator = torch.Generator(device=device).manual_seed(seed)
 
-    def select(self, stats, batch, threshold=None) -> Selection:
+    def select(self, stats: TokenStats | None, batch: Batch, threshold: torch.Tensor | None = None) -> Selection:
         raw = self.scores(stats, batch)
         ranked = standardize(raw, self.standardize, batch.domain, self.n_domains)
         eslm_index, k = risk.select(ranked, self.alpha, threshold)

@@ -34,6 +34,8 @@ import sys
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
+from typing import cast
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -121,7 +123,7 @@ class InstanceRows(AllRows):
                               "with beta=0.25)")
         return int(n)
 
-    def select_step(self, model, batches: list[Batch], world_size: int = 1) -> list[Batch]:
+    def select_step(self, model: torch.nn.Module, batches: list[Batch], world_size: int = 1) -> list[Batch]:
         x, y, domain = (torch.cat(parts) for parts in zip(*((b.x, b.y, b.domain) for b in batches)))
         rows = batches[0].x.shape[0]
         if self.generator is not None:  # the random controls: each rank its own uniform draw, no exit pass
@@ -129,7 +131,7 @@ class InstanceRows(AllRows):
             keep = torch.randperm(x.shape[0], generator=self.generator, device=self.generator.device)[:k]
             keep = keep.to(x.device).sort().values  # the loader's order
         else:
-            scores = self.risk(model, x, y)
+            scores = self.risk(cast(GPT, model), x, y)  # the trainer passes its GPT
             if world_size > 1:
                 x, y, domain, scores = (_all_gather(t, world_size) for t in (x, y, domain, scores))
             k = risk.num_kept(scores.numel(), self.beta)

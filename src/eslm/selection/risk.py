@@ -78,7 +78,7 @@ def ranked_topk_index(scores: torch.Tensor, k: int) -> torch.Tensor:
     return torch.topk(scores, k, sorted=True).indices
 
 
-def at_or_above(scores: torch.Tensor, threshold) -> torch.Tensor:
+def at_or_above(scores: torch.Tensor, threshold: torch.Tensor | float) -> torch.Tensor:
     """Boolean mask (same shape as scores): the tokens a shared threshold keeps (score >= threshold, ties kept)."""
     return scores >= threshold
 
@@ -96,7 +96,8 @@ def select(ranked: torch.Tensor, alpha: float, threshold: torch.Tensor | None = 
     return index, int(index.numel())
 
 
-def select_valid(scores: torch.Tensor, valid: torch.Tensor, alpha: float):
+def select_valid(scores: torch.Tensor, valid: torch.Tensor,
+                 alpha: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The VaR rule over the valid entries of scores (N,) (ignored tokens are neither kept nor counted), on
     the device with no sync: (index (K_max,), sorted values (K_max,), keep (K_max,) bool, K (), N_valid ()).
 

@@ -8,6 +8,8 @@ one non-trivial row selector in the paper's comparison; instance-level selection
 
 from __future__ import annotations
 
+import torch
+
 from eslm import contracts
 from eslm.contracts import NO_EXTRA_WORK, ExtraWork
 from eslm.data.batch import Batch
@@ -18,7 +20,7 @@ class AllRows(contracts.RowSelector):
 
     syncs_host = False
 
-    def select(self, model, batch: Batch, step: int, lr: float) -> tuple[Batch, dict]:
+    def select(self, model: torch.nn.Module, batch: Batch, step: int, lr: float) -> tuple[Batch, dict]:
         return batch, {}
 
     def candidate_rows(self, batch_rows: int) -> int:
@@ -30,7 +32,7 @@ class AllRows(contracts.RowSelector):
     def candidate_batches(self, accum_steps: int) -> int:
         return accum_steps
 
-    def select_step(self, model, batches: list[Batch], world_size: int = 1) -> list[Batch]:
+    def select_step(self, model: torch.nn.Module, batches: list[Batch], world_size: int = 1) -> list[Batch]:
         return batches
 
     def extra_work(self, tokens_seen: int) -> ExtraWork:

@@ -27,7 +27,7 @@ STANDARDIZE_MODES = ("none", "batch", "sequence", "domain")
 _EPS = 1e-6
 
 
-def _zscore(x: torch.Tensor, dim=None) -> torch.Tensor:
+def _zscore(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     if dim is None:
         return (x - x.mean()) / (x.std(unbiased=False) + _EPS)
     return (x - x.mean(dim, keepdim=True)) / (x.std(dim, unbiased=False, keepdim=True) + _EPS)

@@ -28,7 +28,7 @@ from eslm.errors import CheckpointError, ConfigError
 from eslm.ops.token_stats import TokenStats
 from eslm.selection import risk
 from eslm.selection.scores import standardize
-from eslm.selection.stats import SCORE_FIELDS, selection_stats
+from eslm.selection.stats import SCORE_FIELDS, SelectionStats, selection_stats
 
 
 __all__ = ["Selection", "AllTokens", "VaRSelector", "RandomSelector", "SCOPES"]
@@ -37,7 +37,8 @@ SCOPES = ("micro", "step")  # method.scope (the drop-in loss's batch | sequence:
 STATS = tuple(f.name for f in fields(TokenStats))  # what a selector may need of the scoring pass: loss, entropy, lse
 
 
-def _stats(raw: torch.Tensor, ranked: torch.Tensor, index: torch.Tensor, batch: Batch, n_domains: int):
+def _stats(raw: torch.Tensor, ranked: torch.Tensor, index: torch.Tensor, batch: Batch,
+           n_domains: int) -> SelectionStats:
     """The selection's statistics on the RAW scores (threshold reported on the ranking scale)."""
     kept = torch.zeros(raw.numel(), dtype=torch.bool, device=raw.device).index_fill_(0, index, True)
     return selection_stats(raw, kept, ranked=ranked, domain=batch.domain, n_domains=n_domains)
@@ -51,7 +52,7 @@ class AllTokens(contracts.TokenSelector):
     needs: tuple[str, ...] = ()  # the scoring pass's statistics it reads (of ``STATS``); empty: no scoring pass
     scope: str = "micro"  # selection scope: "micro" (per micro-batch) | "step" (one threshold per optimizer step)
 
-    def __init__(self, alpha: float = 0.0, n_domains: int = 1):
+    def __init__(self, alpha: float = 0.0, n_domains: int = 1) -> None:
         self.alpha = risk.check_alpha(alpha)
         self.n_domains = n_domains
 
@@ -84,7 +85,7 @@ class VaRSelector(AllTokens):
     its own score (``scores``) names the statistics it reads in ``needs``."""
 
     def __init__(self, score: str, alpha: float, standardize: str = "none", n_domains: int = 1,
-                 scope: str = "micro", needs: tuple[str, ...] | None = None):
+                 scope: str = "micro", needs: tuple[str, ...] | None = None) -> None:
         super().__init__(alpha, n_domains)
         if scope not in SCOPES:
             raise ConfigError(f"method.scope: expected one of {', '.join(SCOPES)}, got {scope!r}")
@@ -97,14 +98,15 @@ class VaRSelector(AllTokens):
     def num_kept(self, n_tokens: int) -> int:
         return risk.num_kept(n_tokens, self.alpha)
 
-    def scores(self, stats: TokenStats, batch: Batch) -> torch.Tensor:
-        """Risk scores (B, T) fp32: the scoring pass's statistic named by ``score``."""
+    def scores(self, stats: TokenStats | None, batch: Batch) -> torch.Tensor:
+        """Risk scores (B, T) fp32: the scoring pass's statistic named by ``score`` (``stats``: the pass the step
+        runs for a selector that ``needs`` statistics)."""
         return getattr(stats, str(self.score)).view(batch.x.shape)
 
-    def rank(self, stats, batch) -> torch.Tensor:
+    def rank(self, stats: TokenStats | None, batch: Batch) -> torch.Tensor:
         return standardize(self.scores(stats, batch), self.standardize, batch.domain, self.n_domains)
 
-    def step_threshold(self, ranked, world_size=1) -> StepThreshold:
+    def step_threshold(self, ranked: list[torch.Tensor], world_size: int = 1) -> StepThreshold:
         """The VaR of all the step's ranked scores on all ranks, and how many are at or above it (for global
         normalisation; reading that count is the step scope's host sync)."""
         scores = torch.cat([r.reshape(-1) for r in ranked])
@@ -117,7 +119,7 @@ class VaRSelector(AllTokens):
         threshold = risk.var_threshold(scores, self.alpha)
         return StepThreshold(threshold, int(risk.at_or_above(scores, threshold).sum()))
 
-    def select(self, stats, batch, threshold=None) -> Selection:
+    def select(self, stats: TokenStats | None, batch: Batch, threshold: torch.Tensor | None = None) -> Selection:
         raw = self.scores(stats, batch)
         ranked = standardize(raw, self.standardize, batch.domain, self.n_domains)
         index, k = risk.select(ranked, self.alpha, threshold)
@@ -136,14 +138,14 @@ class RandomSelector(AllTokens):
     def num_kept(self, n_tokens: int) -> int:
         return risk.num_kept(n_tokens, self.alpha)
 
-    def select(self, stats, batch, threshold=None) -> Selection:
+    def select(self, stats: TokenStats | None, batch: Batch, threshold: torch.Tensor | None = None) -> Selection:
         n = batch.num_tokens
         k = risk.num_kept(n, self.alpha)
         index = torch.randperm(n, generator=self.generator, device=self.generator.device)[:k].to(batch.x.device)
         fake = torch.zeros(batch.x.shape, device=batch.x.device)
         no_score = torch.full((), float("nan"), device=batch.x.device)  # it ranked no scores: none to report
-        stats = replace(_stats(fake, fake, index, batch, self.n_domains), **{f: no_score for f in SCORE_FIELDS})
-        return Selection(index, k, n, stats)
+        out = replace(_stats(fake, fake, index, batch, self.n_domains), **{f: no_score for f in SCORE_FIELDS})
+        return Selection(index, k, n, out)
 
     def state_dict(self) -> dict:
         return {"alpha": self.alpha, "generator": self.generator.get_state(),

@@ -16,7 +16,7 @@ except ImportError:  # Python 3.10
     from pip._vendor import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAIN_MODULES = ("yaml", "tiktoken", "tiktoken_ext", "tqdm", "safetensors", "jinja2")
+TRAIN_MODULES = ("yaml", "tiktoken", "tiktoken_ext", "tqdm", "safetensors", "jinja2", "scipy")
 
 # a finder that makes the train extra's modules (and every other optional one) missing, as in a core install
 BLOCK = '''
@@ -42,7 +42,8 @@ def test_core_requires_torch_and_numpy_only_and_train_is_in_all():
     project = _project()
     assert sorted(_name(r) for r in project["dependencies"]) == ["numpy", "torch"]
     extras = project["optional-dependencies"]
-    assert sorted(_name(r) for r in extras["train"]) == ["jinja2", "pyyaml", "safetensors", "tiktoken", "tqdm"]
+    assert sorted(_name(r) for r in extras["train"]) == ["jinja2", "pyyaml", "safetensors", "scipy", "tiktoken",
+                                                                  "tqdm"]
     assert "train" in re.search(r"\[(.*)\]", extras["all"][0]).group(1).split(",")
     assert project["license"] == "MIT"  # the SPDX string (the table form is deprecated by setuptools)
 

@@ -53,7 +53,8 @@ def os_error_line(e: OSError) -> str:
 EXTRAS = {"transformers": "hf", "accelerate": "hf", "lm_eval": "eval", "matplotlib": "plot", "datasets": "data",
           "pyarrow": "data", "tensorboard": "tb", "wandb": "wandb", "trl": "trl", "pytorch_lightning": "lightning",
           "lightning": "lightning", "submitit": "slurm", "yaml": "train", "tiktoken": "train",
-          "tiktoken_ext": "train", "tqdm": "train", "safetensors": "train", "jinja2": "train"}
+          "tiktoken_ext": "train", "tqdm": "train", "safetensors": "train", "jinja2": "train",
+          "scipy": "train"}
 
 
 def extra_of(module: str | None) -> str | None:

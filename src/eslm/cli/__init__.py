@@ -157,9 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         hint = f"did you mean 'eslm {close[0]}'? " if close else ""
         top.error(f"unknown command {ns.command!r}; {hint}expected one of: {', '.join(COMMANDS)}")
     name, rest = argv[0], argv[1:]
-    module, args = parse_command(name, rest)
-
     try:
+        module, args = parse_command(name, rest)  # imports the command's module: an extra may be missing
         with one_line_warnings(f"eslm {name}"):
             return int(module.run(args) or 0)
     except ESLMError as e:

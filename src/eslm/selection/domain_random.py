@@ -41,10 +41,8 @@ def domain_matched_draw(token_domain: torch.Tensor, kept_per_domain: torch.Tenso
     start = torch.cumsum(per_domain, 0) - per_domain  # first sorted position of each domain
     place = torch.arange(n, device=token_domain.device) - start[dom_sorted]
     keep_sorted = place < kept_per_domain.to(place.dtype)[dom_sorted]
-    # exactly k entries are kept: the k largest of the 0/1 mask, taken in sorted order (static shape, no sync)
-    if k >= n:
-        return order
-    return order[torch.topk(keep_sorted.float(), k, sorted=False).indices]
+    # exactly k entries are kept: the k largest of the 0/1 mask, by risk's one top-k (static shape, no sync)
+    return order[risk.topk_index(keep_sorted.float(), k)]
 
 
 class DomainRandomSelector(VaRSelector):

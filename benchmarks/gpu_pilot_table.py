@@ -18,7 +18,7 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this tree's eslm
+from scipy import stats as st
 
 ARMS = ("clm", "eslm-entropy", "random")
 PAIRS = (("eslm-entropy", "random"), ("eslm-entropy", "clm"), ("random", "clm"))
@@ -44,14 +44,12 @@ def read_logs(paths: list[Path]) -> dict[str, dict[int, float]]:
 
 
 def paired(d: list[float]) -> str:
-    """Mean, SD, Student-t 95% interval and two-sided p of paired differences (eslm's own t distribution, which
-    the report uses and tests/analysis checks against scipy)."""
-    from eslm.analysis.stats import t_cdf, t_quantile
-
+    """Mean, SD, Student-t 95% interval and two-sided p of paired differences (scipy's t distribution, as the
+    report's)."""
     n, m = len(d), statistics.mean(d)
     sd = statistics.stdev(d)
-    half = t_quantile(0.975, n - 1) * sd / n ** 0.5
-    p = 2.0 * (1.0 - t_cdf(abs(m) / (sd / n ** 0.5), n - 1))
+    half = st.t.ppf(0.975, n - 1) * sd / n ** 0.5
+    p = 2.0 * st.t.sf(abs(m) / (sd / n ** 0.5), n - 1)
     return f"{m:+.4f} | {sd:.4f} | [{m - half:+.4f}, {m + half:+.4f}] | {p:.3f}"
 
 

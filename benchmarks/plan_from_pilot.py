@@ -24,6 +24,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from scipy import stats as st
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from eslm.analysis import stats as S  # noqa: E402
@@ -50,8 +52,8 @@ def tost_pairs(sd: float, margin: float, power: float = 0.8, most: int = 10000) 
 
     for n in range(3, most + 1):
         df = n - 1
-        z = margin / (sd / math.sqrt(n)) - S.t_quantile(0.95, df)
-        if 2.0 * S.t_cdf(z, df) - 1.0 >= power:
+        z = margin / (sd / math.sqrt(n)) - st.t.ppf(0.95, df)
+        if 2.0 * st.t.cdf(z, df) - 1.0 >= power:
             return n
     return most
 

@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from eslm.analysis import stats as S  # noqa: E402
+from eslm.analysis.report import verdicts as V  # noqa: E402
 
 COSTS = {"flops_paper": ("final_flops_paper", "paper-FLOPs"), "flops_executed": ("final_flops_executed", "executed FLOPs"),
          "tokens": ("final_tokens_seen", "tokens"), "time_s": (None, "time")}
@@ -61,8 +62,8 @@ def restat(summary: dict) -> dict:
             rows.append(row)
     family = S.holm_adjust(members)
     for row in rows:
-        row["verdicts"] = [S.loss_verdict(row["losses"][FINAL], FINAL, row["against"])] + [
-            S.cost_verdict(ci, COSTS[k][1], row["against"], row["group"]) for k, ci in row["to_target"].items()]
+        row["verdicts"] = [V.loss_verdict(row["losses"][FINAL], FINAL, row["against"])] + [
+            V.cost_verdict(ci, COSTS[k][1], row["against"], row["group"]) for k, ci in row["to_target"].items()]
     return {"source_target_loss": summary["target_loss"], "holm_family": family, "comparisons": rows,
             "not_recomputable": ["the equal-token read-out (the loss at the baseline's last evaluation) and the "
                                  "paired differences over training: summary.json holds no evaluation curves",

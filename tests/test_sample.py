@@ -8,7 +8,7 @@ import torch
 
 from eslm.cli import main
 from eslm.model.gpt import GPT, KVCache, preset
-from eslm.sample import generate
+from eslm.eval.generate import generate
 from eslm.train.snapshots import save_snapshot
 
 
@@ -76,3 +76,18 @@ def test_sample_command(model, tmp_path, capsys):
     assert capsys.readouterr().out == greedy
     assert main(["sample", str(snap), "--max-new-tokens", "0"]) == 2
     assert "expected --max-new-tokens >= 1" in capsys.readouterr().err
+
+
+def test_a_temperature_too_small_to_divide_by_is_greedy(model, tmp_path, capsys):
+    # issue 47: --temperature 1e-300 made logits / T overflow to inf and torch.multinomial raise (a traceback);
+    # sampling's limit as T goes to 0 is the argmax
+    prompt = [1, 2, 3]
+    greedy = generate(model, prompt, 15, temperature=0)
+    for t in (1e-40, 1e-300, 5e-324):
+        assert generate(model, prompt, 15, temperature=t, top_k=50, seed=1) == greedy
+    snap = _snapshot(model, tmp_path)
+    args = ["sample", str(snap), "--prompt", "hello", "--max-new-tokens", "8"]
+    assert main([*args, "--temperature", "0"]) == 0
+    expected = capsys.readouterr().out
+    assert main([*args, "--temperature", "1e-300"]) == 0
+    assert capsys.readouterr().out == expected

@@ -1,69 +1,17 @@
-"""``eslm sample CHECKPOINT|RUN_DIR --prompt TEXT``: what a model writes (nanoGPT's sample.py).
-
-Generation runs the prompt once, then one token per step through the model's KV cache
-(``eslm.model.gpt.KVCache``). Past ``block_size`` tokens the context is cropped to the last ``block_size``
-tokens, as nanoGPT does (absolute positions: the cache is rebuilt from the cropped window each step then).
-Only ids the tokenizer can decode are sampled (the vocabulary rows added by padding are excluded).
-``temperature=0`` is greedy decoding; ``top_k`` keeps the k most likely tokens before sampling.
+"""``eslm sample CHECKPOINT|RUN_DIR --prompt TEXT``: what a model writes (nanoGPT's sample.py), through the one
+generation loop ``eslm.eval.generate.generate`` (KV cache, temperature, top-k). Only ids the tokenizer can
+decode are sampled (the vocabulary rows added by padding are excluded).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Iterator
 
-import torch
-
+from eslm.data.tokenizers import resolve_tokenizer
 from eslm.errors import ConfigError
-from eslm.eval.harness import check_device, resolve_tokenizer
-from eslm.model.gpt import KVCache
-from eslm.model.loading import load_model
-
-
-@torch.no_grad()
-def generate(model, prompt: list[int], max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
-             vocab_limit: int | None = None, stop_ids: frozenset | set = frozenset(), seed: int | None = None,
-             use_cache: bool = True) -> list[int]:
-    """The new token ids after ``prompt`` (at most ``max_new_tokens``; stops after a ``stop_ids`` token)."""
-    if not prompt:
-        raise ConfigError("expected a non-empty prompt (at least one token), found none")
-    device = next(model.parameters()).device
-    gen = torch.Generator(device=device)
-    if seed is not None:
-        gen.manual_seed(seed)
-    block = model.config.block_size
-    ids, out, cache, feed = list(prompt), [], None, []
-    for _ in range(max_new_tokens):
-        if use_cache and cache is not None and cache.length < block:
-            hidden = model(torch.tensor([feed], device=device), cache=cache)
-        else:  # first step, no cache wanted, or the window is full: run the (cropped) context from scratch
-            cache = _new_cache(model) if use_cache else None
-            hidden = model(torch.tensor([ids[-block:]], device=device), cache=cache)
-        logits = model.logits(hidden[:, -1]).float()[0]
-        if vocab_limit is not None:
-            logits = logits[:vocab_limit]
-        nxt = _pick(logits, temperature, top_k, gen)
-        ids.append(nxt)
-        out.append(nxt)
-        feed = [nxt]
-        if nxt in stop_ids:
-            break
-    return out
-
-
-def _new_cache(model):
-    return KVCache(model.config.n_layer)
-
-
-def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, gen: torch.Generator) -> int:
-    """One token id from logits (V,): argmax at temperature 0, else a draw from softmax(logits / T) over top-k."""
-    if temperature <= 0:
-        return int(torch.argmax(logits))
-    logits = logits / temperature
-    if top_k is not None and top_k < logits.numel():
-        kth = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=gen))
+from eslm.eval.generate import generate
+from eslm.model.loading import check_device, load_model
 
 
 def sample_texts(checkpoint: str, prompt: str | None = None, *, num_samples: int = 1, max_new_tokens: int = 200,
@@ -72,9 +20,6 @@ def sample_texts(checkpoint: str, prompt: str | None = None, *, num_samples: int
     """Each sample as text (``prompt`` + what the model wrote, end-of-text removed), one at a time, from a run
     directory, checkpoint, snapshot or HF GPT-2 directory. ``top_k=0``: all tokens; sample i uses ``seed + i``;
     no prompt: start from end-of-text."""
-    import math
-
-
     if max_new_tokens < 1 or num_samples < 1 or not math.isfinite(temperature) or temperature < 0 or top_k < 0:
         raise ConfigError("expected --max-new-tokens >= 1, --num-samples >= 1, a finite --temperature >= 0 and "
                           f"--top-k >= 0, found {max_new_tokens}, {num_samples}, {temperature}, {top_k}")

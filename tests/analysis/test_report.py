@@ -430,3 +430,14 @@ def test_load_warning_when_compared_runs_ran_under_different_loads(tmp_path):
     assert any("different machine loads" in w for w in s["warnings"])
     # without cpu_s the time axis falls back to wall-clock and says so
     assert s["time_key"] == M.ELAPSED_S
+
+
+def test_an_eval_json_that_is_not_utf8_is_one_warning(tmp_path):
+    # issue 47: non-UTF-8 bytes in eval/*.json stopped the report with a UnicodeDecodeError traceback
+    d = make_run(tmp_path, "r", "clm", 1)
+    (d / "eval").mkdir(exist_ok=True)
+    (d / "eval" / "step_0000160.json").write_bytes(b'{"step": 160, "tasks": {"t\xff": {}}}')
+    run = load_run(d)
+    assert run.downstream == []
+    assert [w for w in run.warnings if "step_0000160.json" in w] == [
+        f"{d / 'eval' / 'step_0000160.json'}: not UTF-8 text (byte 0xff at position 26); ignored"]

@@ -87,10 +87,10 @@ def _fake_results(*args, **kwargs):
 @pytest.fixture
 def fake_eval(monkeypatch):
     """eslm eval without running lm-eval's tasks: every other step (loading, checking, writing) is real."""
-    from eslm.eval import harness
+    from eslm.eval import command
 
-    monkeypatch.setattr(harness, "evaluate", _fake_results)
-    monkeypatch.setattr(harness, "_require_lm_eval", lambda: None, raising=False)
+    monkeypatch.setattr(command, "evaluate", _fake_results)
+    monkeypatch.setattr(command, "_require_lm_eval", lambda: None, raising=False)
 
 
 def test_eval_never_writes_through_links_planted_in_the_run(run, tmp_path, fake_eval):
@@ -467,3 +467,16 @@ def test_study_never_appends_to_a_log_planted_as_a_link(tiny_data, tmp_path, cap
     err = capsys.readouterr().err
     assert code == 2 and "is a symbolic link" in err and "Traceback" not in err, err
     assert victim.read_text() == "precious"
+
+
+def test_eval_reads_past_a_json_that_is_not_utf8(run, tmp_path, fake_eval, capsys):
+    # issue 47: a non-UTF-8 file eval/*.json beside eslm eval's results stopped eval/summary.md with a traceback;
+    # it is not a result eslm eval wrote, so it is left alone and out of the summary, like any other such file
+    run_copy = tmp_path / "r"
+    shutil.copytree(run, run_copy, symlinks=True)
+    (run_copy / "eval").mkdir(exist_ok=True)
+    (run_copy / "eval" / "notes.json").write_bytes(b'{"format": "eslm-eval-v1", "x": "\xff"}')
+    assert cli_main(["eval", str(run_copy), "--tasks", "t", "--device", "cpu"]) == 0
+    assert "t (acc)" in (run_copy / "eval" / "summary.md").read_text()
+    assert (run_copy / "eval" / "notes.json").read_bytes() == b'{"format": "eslm-eval-v1", "x": "\xff"}'
+    assert "wrote " + str(run_copy / "eval" / "summary.md") in capsys.readouterr().out

@@ -1,4 +1,5 @@
-"""lm-evaluation-harness bridge (eslm.eval.harness): local task YAMLs over local JSON, a tiny random model."""
+"""lm-evaluation-harness bridge (eslm.eval: scoring, generate, adapter, tasks, tables, results, command): local task
+YAMLs over local JSON, a tiny random model."""
 
 import json
 import math
@@ -8,7 +9,8 @@ import re
 import pytest
 import torch
 
-from eslm.eval import harness
+from eslm.eval import command, scoring, tables, tasks
+from eslm.eval.generate import generate
 from eslm.model.gpt import GPT, preset
 from eslm.model.loading import load_model
 
@@ -43,7 +45,7 @@ def test_score_continuations_matches_full_sequence_logprobs():
     torch.manual_seed(0)
     m = GPT(preset("tiny", vocab_size=50, block_size=16)).eval()
     pairs = [([1, 2, 3], [4, 5]), ([7], [8, 9, 10, 11]), (list(range(1, 30)), [3, 4])]  # last: truncated
-    got = harness.score_continuations(m, pairs, batch_size=2)
+    got = scoring.score_continuations(m, pairs, batch_size=2)
     for (ctx, cont), (ll, greedy) in zip(pairs, got):
         full = (ctx + cont)[-17:]
         with torch.no_grad():
@@ -54,38 +56,38 @@ def test_score_continuations_matches_full_sequence_logprobs():
         assert greedy == all(logp[len(full) - 1 - n + j].argmax().item() == cont[j] for j in range(n))
 
 
-def test_greedy_continuation_is_greedy_and_batching_does_not_change_it():
+def test_generation_is_greedy_through_the_kv_cache_and_stops_at_a_stop_id():
+    # lm-eval's generate_until decodes with the one generation loop (eslm.eval.generate) at temperature 0
     torch.manual_seed(0)
     m = GPT(preset("tiny", vocab_size=40, block_size=12)).eval()
-    ctxs = [[1, 2, 3], [5], list(range(1, 20))]
-    one = harness.greedy_generate(m, ctxs, [6, 6, 6], stop_ids=set(), batch_size=1)
-    many = harness.greedy_generate(m, ctxs, [6, 6, 6], stop_ids=set(), batch_size=3)
-    assert one == many and all(len(g) == 6 for g in one)
-    seq = list(ctxs[0])
-    for tok in one[0]:  # reference: argmax one step at a time
-        with torch.no_grad():
-            assert m.logits(m(torch.tensor([seq[-12:]])))[0, -1].argmax().item() == tok
-        seq.append(tok)
-    for tok in one[2]:  # a stop id ends the row before its first occurrence
-        assert harness.greedy_generate(m, ctxs[2:], [6], stop_ids={tok})[0] == one[2][: one[2].index(tok)]
+    for ctx in ([1, 2, 3], [5], list(range(1, 20))):  # the last is longer than block_size
+        got = generate(m, ctx, 6, temperature=0)
+        assert got == generate(m, ctx, 6, temperature=0, use_cache=False) and len(got) == 6
+        seq = list(ctx)
+        for tok in got:  # reference: argmax one step at a time over the last block_size tokens
+            with torch.no_grad():
+                assert m.logits(m(torch.tensor([seq[-12:]])))[0, -1].argmax().item() == tok
+            seq.append(tok)
+    for tok in got:  # a stop id ends the generation at its first occurrence (included: the adapter drops it)
+        assert generate(m, ctx, 6, temperature=0, stop_ids={tok}) == got[: got.index(tok) + 1]
 
 
 def test_rolling_windows_predict_every_token_once():
     pytest.importorskip("lm_eval")
     toks = list(range(1, 24))
-    wins = harness.rolling_windows(toks, eot_id=0, block_size=8)
+    wins = scoring.rolling_windows(toks, eot_id=0, block_size=8)
     assert [t for _, cont in wins for t in cont] == toks
     assert wins[0][0] == [0] and all(len(c) + len(p) - 1 <= 8 for c, p in wins)
 
 
 def test_parse_tasks_and_metric_choice():
-    assert harness.parse_tasks(None, None) == harness.PAPER_TASKS
-    assert harness.parse_tasks(["piqa,arc_easy:3", "foo"], None) == {"piqa": 5, "arc_easy": 3, "foo": 0}
-    assert harness.parse_tasks(["piqa"], 2) == {"piqa": 2}
+    assert tasks.parse_tasks(None, None) == tasks.PAPER_TASKS
+    assert tasks.parse_tasks(["piqa,arc_easy:3", "foo"], None) == {"piqa": 5, "arc_easy": 3, "foo": 0}
+    assert tasks.parse_tasks(["piqa"], 2) == {"piqa": 2}
     r = {"acc,none": 0.5, "acc_stderr,none": 0.1, "acc_norm,none": 0.6, "acc_norm_stderr,none": 0.09}
-    assert harness.headline_metric(r) == ("acc_norm", 0.6, 0.09)
-    assert harness.headline_metric({"exact_match,strict": 0.2, "exact_match_stderr,strict": 0.05})[0] == "exact_match"
-    assert harness.headline_metric({"word_perplexity,none": 9.0, "word_perplexity_stderr,none": "N/A"}) == (
+    assert tasks.headline_metric(r) == ("acc_norm", 0.6, 0.09)
+    assert tasks.headline_metric({"exact_match,strict": 0.2, "exact_match_stderr,strict": 0.05})[0] == "exact_match"
+    assert tasks.headline_metric({"word_perplexity,none": 9.0, "word_perplexity_stderr,none": "N/A"}) == (
         "word_perplexity", 9.0, None)
 
 
@@ -143,8 +145,8 @@ def _mc_reference(run, step, tok, tmp_path):
     acc = acc_norm = 0.0
     for r in rows:
         ctx = f"Q: {r['question']}\nA:"
-        lls = [s for s, _ in harness.score_continuations(
-            model, [harness.encode_pair(tok, ctx, " " + c) for c in r["choices"]])]
+        lls = [s for s, _ in scoring.score_continuations(
+            model, [scoring.encode_pair(tok, ctx, " " + c) for c in r["choices"]])]
         acc += max(range(len(lls)), key=lambda i: lls[i]) == r["label"]
         acc_norm += max(range(len(lls)), key=lambda i: lls[i] / len(r["choices"][i])) == r["label"]
     return acc / len(rows), acc_norm / len(rows)
@@ -156,7 +158,7 @@ def test_eslm_eval_end_to_end_on_local_tasks(tmp_path, monkeypatch):
 
     tok = _tokenizer()
     if not hasattr(tok, "encode_batch"):  # our fallback, not eslm.data.tokenizers
-        monkeypatch.setattr(harness, "resolve_tokenizer", lambda name: tok)
+        monkeypatch.setattr(command, "resolve_tokenizer", lambda name: tok)
     torch.manual_seed(0)
     run = tmp_path / "run"
     for step in (10, 20):
@@ -184,8 +186,8 @@ def test_eslm_eval_end_to_end_on_local_tasks(tmp_path, monkeypatch):
     # word perplexity recomputed from the rolling windows, against what the harness aggregated
     m20, _ = load_model(run)
     docs = [json.loads(line)["text"] for line in (tmp_path / "tasks" / "ppl.jsonl").read_text().splitlines()]
-    ll = sum(s for d in docs for s, _ in harness.score_continuations(
-        m20, harness.rolling_windows(tok.encode(d), tok.eot_id, 32)))
+    ll = sum(s for d in docs for s, _ in scoring.score_continuations(
+        m20, scoring.rolling_windows(tok.encode(d), tok.eot_id, 32)))
     words = sum(len(re.split(r"\s+", d)) for d in docs)
     assert math.log(ppl["value"]) == pytest.approx(-ll / words, rel=1e-4)
     assert list(rec["tasks"]) == ["t_mc", "t_ppl", "t_gen"]
@@ -199,6 +201,6 @@ def test_best_per_task_picks_highest_accuracy_and_lowest_perplexity():
         return {"step": step, "tasks": {
             "a": {"metric": "acc", "value": acc, "stderr": 0.01, "num_fewshot": 0},
             "p": {"metric": "word_perplexity", "value": ppl, "stderr": None, "num_fewshot": 0}}}
-    best = harness.best_per_task([rec(1, 0.3, 50.0), rec(2, 0.5, 60.0), rec(3, 0.4, 40.0)])
+    best = tables.best_per_task([rec(1, 0.3, 50.0), rec(2, 0.5, 60.0), rec(3, 0.4, 40.0)])
     assert (best["a"]["step"], best["a"]["value"]) == (2, 0.5)
     assert (best["p"]["step"], best["p"]["value"]) == (3, 40.0)

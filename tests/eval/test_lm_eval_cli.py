@@ -38,9 +38,9 @@ def setup(tmp_path_factory):
 def _evaluate(lm, tasks_dir):
     from lm_eval import evaluator
 
-    from eslm.eval.harness import _task_manager
+    from eslm.eval.tasks import task_manager
 
-    tm = _task_manager(str(tasks_dir), ["t_mc"])
+    tm = task_manager(str(tasks_dir), ["t_mc"])
     res = evaluator.evaluate(lm=lm, task_dict=tm.load(["t_mc"]), log_samples=True, bootstrap_iters=0)
     samples = sorted(res["samples"]["t_mc"], key=lambda s: s["doc_id"])
     return res["results"]["t_mc"], [[r[0][0] for r in s["resps"]] for s in samples]
@@ -52,7 +52,7 @@ def test_adapter_and_hflm_agree_on_the_export(setup):
     from lm_eval.models.huggingface import HFLM
 
     from eslm.data.tokenizers import get_tokenizer
-    from eslm.eval.harness import lm_class
+    from eslm.eval.adapter import lm_class
     from eslm.model.export_hf import export
     from eslm.model.loading import load_model
 
@@ -80,7 +80,7 @@ def test_eslm_lm_eval_runs_lm_evals_cli_with_our_model(setup, tmp_path):
     res = json.loads(path.read_text())
     assert res["versions"]["t_mc"] is not None and res["n-shot"]["t_mc"] == 0
     assert res["lm_eval_version"] and "t_mc" in res["configs"]
-    _, ours = _evaluate(__import__("eslm.eval.harness", fromlist=["lm_class"]).lm_class()(
+    _, ours = _evaluate(__import__("eslm.eval.adapter", fromlist=["lm_class"]).lm_class()(
         run_dir=str(snap), batch_size=4, device="cpu"), d / "tasks")
     acc = sum(max(range(3), key=x.__getitem__) == i % 3 for i, x in enumerate(ours)) / 6
     assert res["results"]["t_mc"]["acc,none"] == pytest.approx(acc)

@@ -173,7 +173,7 @@ def test_eval_all_checkpoints_skips_a_damaged_snapshot_and_evaluates_the_rest(ti
                                                                               capsys):
     from eslm.cli import main as cli_main
     from eslm.config import build_config
-    from eslm.eval import harness
+    from eslm.eval import command
     from eslm.train.trainer import train
 
     run = train(build_config(overrides=tiny_overrides(tiny_data, tmp_path, **{
@@ -182,8 +182,8 @@ def test_eval_all_checkpoints_skips_a_damaged_snapshot_and_evaluates_the_rest(ti
     data = bytearray(snap.read_bytes())
     data[len(data) // 2] ^= 0x01
     snap.write_bytes(bytes(data))
-    monkeypatch.setattr(harness, "_require_lm_eval", lambda: None, raising=False)
-    monkeypatch.setattr(harness, "evaluate", lambda *a, **k: {"t": {
+    monkeypatch.setattr(command, "_require_lm_eval", lambda: None, raising=False)
+    monkeypatch.setattr(command, "evaluate", lambda *a, **k: {"t": {
         "num_fewshot": 0, "metric": "acc", "value": 0.5, "stderr": 0.1, "n_samples": 4, "metrics": {}}})
     capsys.readouterr()
     assert cli_main(["eval", str(run), "--all-checkpoints", "--tasks", "t", "--device", "cpu"]) == 0

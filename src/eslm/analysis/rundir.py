@@ -137,7 +137,10 @@ def _read_yaml(path: Path) -> dict:
 
 def _read_json(path: Path, warnings: list[str]) -> dict:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        warnings.append(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at position {e.start}); ignored")
+        return {}
     except (OSError, json.JSONDecodeError) as e:
         warnings.append(f"{path}: unreadable JSON ({e}); ignored")
         return {}

@@ -1,9 +1,6 @@
-"""Across-seed statistics for reports: Student-t intervals, paired differences and plain-words verdicts.
-
-Pure Python (no scipy): the t quantile is found by bisection on the t CDF, which is written with the
-regularized incomplete beta function (continued fraction, Numerical Recipes' ``betacf``):
-
-    P(T <= t) = 1 - I_{df / (df + t^2)}(df / 2, 1/2) / 2      for t >= 0.
+"""Across-seed statistics for reports: Student-t intervals, paired differences, power, Holm's adjustment,
+censored costs, spread and equivalence. The distributions are scipy's (``scipy.stats``); the words that say
+what the numbers mean are the report's (``eslm.analysis.report.verdicts``).
 
 Interval of a mean over n seeds: mean +- t_{(1+level)/2, n-1} * s / sqrt(n), s the sample standard deviation
 (n - 1 in the denominator). With n = 1 there is no interval ("n=1, no interval").
@@ -16,11 +13,9 @@ are correlated across the two groups (in the confirmatory CPU study, hardly: the
 independent runs would give). A branched study (eslm.study) shares the early phase itself.
 
 What a comparison could not see (``mde``): the smallest true mean difference that a two-sided paired t test
-at 5% detects with 80% power, given n pairs and their standard deviation s. Power is computed from the
-noncentral t distribution (T' = (Z + delta) / sqrt(V / df), V chi-squared with df = n - 1 degrees of
-freedom, delta = d sqrt(n) / s), integrated numerically over sqrt(V / df); ``mde`` solves power = 0.8 for d:
-1.68 s with 5 pairs, 1.00 s with 10, tending to (z_0.975 + z_0.8) s / sqrt(n) = 2.80 s / sqrt(n). s is the
-observed one: a sensitivity analysis of the design that ran, not a claim about the true spread.
+at 5% detects with 80% power, given n pairs and their standard deviation s, from the noncentral t
+distribution: 1.68 s with 5 pairs, 1.00 s with 10, tending to (z_0.975 + z_0.8) s / sqrt(n) = 2.80 s / sqrt(n).
+s is the observed one: a sensitivity analysis of the design that ran, not a claim about the true spread.
 
 Multiplicity (``holm``): Holm's step-down adjustment of the p-values of a family of comparisons; the report
 adjusts every comparison except the one the study names as primary.
@@ -36,70 +31,10 @@ import math
 import statistics
 from typing import Any
 
+from scipy import stats as st
+from scipy.optimize import brentq
+
 LEVEL = 0.95
-
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the incomplete beta function (modified Lentz)."""
-    tiny, eps = 1e-300, 3e-16
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 400):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c if abs(1.0 + aa / c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c if abs(1.0 + aa / c) > tiny else tiny
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < eps:
-            break
-    return h
-
-
-def betainc(a: float, b: float, x: float) -> float:
-    """Regularized incomplete beta I_x(a, b) for x in [0, 1]."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    lbeta = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(lbeta) * _betacf(a, b, x) / a
-    return 1.0 - math.exp(lbeta) * _betacf(b, a, 1.0 - x) / b
-
-
-def t_cdf(t: float, df: float) -> float:
-    """P(T <= t) for Student's t with ``df`` degrees of freedom."""
-    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t >= 0 else tail
-
-
-def t_quantile(p: float, df: float) -> float:
-    """The p-quantile of Student's t (bisection to 1e-12 on the CDF)."""
-    if not 0.0 < p < 1.0 or df <= 0:
-        raise ValueError(f"expected 0 < p < 1 and df > 0, got p={p}, df={df}")
-    if p < 0.5:
-        return -t_quantile(1.0 - p, df)
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < p:
-        hi *= 2.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if t_cdf(mid, df) < p:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo < 1e-12:
-            break
-    return 0.5 * (lo + hi)
 
 
 def mean_ci(values, level: float = LEVEL) -> dict:
@@ -115,7 +50,7 @@ def mean_ci(values, level: float = LEVEL) -> dict:
     if n < 2:
         return out
     sd = statistics.stdev(nums)
-    half = t_quantile(0.5 + level / 2.0, n - 1) * sd / math.sqrt(n)
+    half = float(st.t.ppf(0.5 + level / 2.0, n - 1)) * sd / math.sqrt(n)
     out.update(std=sd, lo=out["mean"] - half, hi=out["mean"] + half, half_width=half)
     return out
 
@@ -174,142 +109,29 @@ def significant(ci: dict, alpha: float = 1.0 - LEVEL) -> int:
     return 0
 
 
-def _pct(v: float) -> str:
-    return f"{100.0 * v:.1f}%"
-
-
-def _verdict(ci: dict, fmt, none: str, below: str, above: str, what: str, baseline: str, unit: str,
-             single: bool = False) -> str:
-    """The shared skeleton of the verdicts: no pair, one pair, a difference below / above zero, or none
-    detectable (with the smallest difference the comparison could have detected, and Holm's adjustment when
-    it is what hid a raw interval that excludes 0). ``below`` and ``above`` are templates with {m} {lo} {hi}
-    (magnitudes, formatted by ``fmt``). ``single``: the whole report has one seed per group and says once that
-    nothing has an interval, so one pair is not followed by "(n=1, no interval)"."""
-    n, m = ci["n"], ci["mean"]
-    if n == 0:
-        return f"{what}: {none}"
-    if n == 1:
-        return f"{what}: {fmt(m, True)}{unit} vs {baseline}" + ("" if single else " (n=1, no interval)")
-    lo, hi = ci["lo"], ci["hi"]
-    sign = significant(ci)
-    adjusted = ci.get("p_adjusted")
-    holm_note = (f" (Holm-adjusted p = {adjusted:.2g} over {ci['family']} comparisons)"
-                 if adjusted is not None else "")
-    if sign < 0:
-        return below.format(m=fmt(-m), lo=fmt(-hi), hi=fmt(-lo)) + holm_note
-    if sign > 0:
-        return above.format(m=fmt(m), lo=fmt(lo), hi=fmt(hi)) + holm_note
-    seen = f"; detectable at 80% power: {fmt(ci['mde'])}{unit}" if ci.get("mde") is not None else ""
-    hidden = (f"; the unadjusted interval excludes 0 (p = {ci['p']:.2g}), Holm-adjusted p = {adjusted:.2g} over "
-              f"{ci['family']} comparisons" if adjusted is not None and (hi < 0 or lo > 0) else "")
-    return (f"{what}: no difference detectable with {n} seeds ({fmt(m, True)} [{fmt(lo, True)}, "
-            f"{fmt(hi, True)}]{unit} vs {baseline}{seen}){hidden}")
-
-
-def cost_verdict(ci: dict, cost: str, baseline: str, group: str | None = None, single: bool = False) -> str:
-    """Words for a relative paired difference of a to-target cost (negative = cheaper than the baseline),
-    with the censored seeds of ``paired_censored`` said and the direction of the bias they leave (``single``:
-    see ``_verdict``)."""
-    def fmt(v, signed=False):
-        return f"{v:+.1%}" if signed else _pct(v)
-
-    words = _verdict(ci, fmt, "no seed pair where both reach the target",
-                     f"reaches the target with {{m}} [{{lo}}, {{hi}}] less {cost} than {baseline}",
-                     f"needs {{m}} [{{lo}}, {{hi}}] more {cost} than {baseline} to reach the target",
-                     cost, baseline, "", single)
-    return words + censoring_note(ci, group or "the group", baseline)
-
-
-def censoring_note(ci: dict, group: str, baseline: str) -> str:
-    """'' or the censored seeds of a cost comparison and the direction of the bias they leave."""
-    parts = []
-    for key, who in (("censored_x", group), ("censored_y", baseline)):
-        k = len(ci.get(key) or [])
-        if k:
-            parts.append(f"{k} of {ci['n']} seed{'s' if ci['n'] != 1 else ''} of {who} never reached the target "
-                         f"and count{'s' if k == 1 else ''} at {'its' if k == 1 else 'their'} budget")
-    both = len(ci.get("both_censored") or [])
-    if both:
-        parts.append(f"{both} seed{'s' if both != 1 else ''} where neither reached it left out")
-    if not parts:
-        return ""
-    biases: dict[str | None, str] = {"x": f"the difference understates {group}'s cost (biased in its favour)",
-            "y": f"the difference understates {baseline}'s cost (biased against {group})",
-            "both": "censored on both sides: the bias can go either way"}
-    bias = biases.get(ci.get("bias"))
-    return " [" + "; ".join(parts + ([bias] if bias else [])) + "]"
-
-
-def loss_verdict(ci: dict, what: str, baseline: str, single: bool = False) -> str:
-    """Words for an absolute paired difference of a loss (negative = lower loss than the baseline; ``single``:
-    see ``_verdict``)."""
-    def fmt(v, signed=False):
-        return f"{v:+.4f}" if signed else f"{v:.4f}"
-
-    return _verdict(ci, fmt, "no seed pair to compare",
-                    f"{what} lower than {baseline} by {{m}} [{{lo}}, {{hi}}] nats",
-                    f"{what} higher than {baseline} by {{m}} [{{lo}}, {{hi}}] nats", what, baseline, " nats", single)
-
-
-def fmt_ci(ci: dict, spec: str = ".4f") -> str:
-    """'4.348 ± 0.110 (n=5)' / '4.348 (n=1, no interval)' / '—'."""
-    if ci["n"] == 0 or ci["mean"] is None:
-        return "—"
-    if ci["half_width"] is None:
-        return f"{format(ci['mean'], spec)} (n=1, no interval)"
-    return f"{format(ci['mean'], spec)} ± {format(ci['half_width'], spec)} (n={ci['n']})"
-
-
 # ---------------------------------------------------------------- power: what a comparison could have seen
 
 POWER = 0.8
 
 
-def normal_cdf(z: float) -> float:
-    return 0.5 * math.erfc(-z / math.sqrt(2.0))
-
-
-def nct_cdf(t: float, df: float, ncp: float) -> float:
-    """P(T' <= t) for the noncentral t with ``df`` degrees of freedom and noncentrality ``ncp``.
-
-    T' = (Z + ncp) / S with S = sqrt(V / df), V chi-squared(df): P(T' <= t) = E[Phi(t S - ncp)], integrated
-    by Simpson's rule over the density of S, f(s) = 2 (df/2)^(df/2) s^(df-1) exp(-df s^2 / 2) / Gamma(df/2),
-    on the range that holds all but ~1e-30 of its mass."""
-    if df <= 0:
-        raise ValueError(f"expected df > 0, got {df}")
-    spread = 1.0 / math.sqrt(2.0 * df)  # S's standard deviation for large df
-    lo, hi = max(0.0, 1.0 - 14.0 * spread), max(10.0, 1.0 + 14.0 * spread)
-    log_c = math.log(2.0) + (df / 2.0) * math.log(df / 2.0) - math.lgamma(df / 2.0)
-
-    def f(s: float) -> float:
-        if s <= 0.0:
-            return normal_cdf(-ncp) * (math.exp(log_c) if df == 1 else 0.0)
-        dens = math.exp(log_c + (df - 1.0) * math.log(s) - df * s * s / 2.0)
-        return normal_cdf(t * s - ncp) * dens
-
-    m = 800  # even; within 5e-9 of scipy.stats.nct.cdf for df 1..200 (tests/analysis/test_stats.py)
-    h = (hi - lo) / m
-    total = f(lo) + f(hi)
-    for i in range(1, m):
-        total += (4.0 if i % 2 else 2.0) * f(lo + i * h)
-    return min(1.0, max(0.0, total * h / 3.0))
+def _power(ncp: float, df: int, crit: float) -> float:
+    """Power of the two-sided t test with critical value ``crit`` at noncentrality ``ncp``. The lower tail
+    P(T' < -crit) is written as the upper tail of -T' (noncentrality -ncp): scipy's nct.cdf returns nan far
+    in that tail."""
+    return float(st.nct.sf(crit, df, ncp) + st.nct.sf(crit, df, -ncp))
 
 
 def paired_power(effect: float, sd: float, n: int, level: float = LEVEL) -> float:
     """Power of the two-sided paired t test at 1 - ``level`` (5%) with n pairs of standard deviation ``sd``
     against a true mean difference ``effect``."""
-    df = n - 1
-    crit = t_quantile(0.5 + level / 2.0, df)
-    ncp = effect * math.sqrt(n) / sd
-    return 1.0 - nct_cdf(crit, df, ncp) + nct_cdf(-crit, df, ncp)
+    return _power(effect * math.sqrt(n) / sd, n - 1, float(st.t.ppf(0.5 + level / 2.0, n - 1)))
 
 
 def mde(sd: float | None, n: int, power: float = POWER, level: float = LEVEL) -> float | None:
     """The minimum detectable effect: the smallest true mean difference that the two-sided paired t test at
     1 - ``level`` detects with probability ``power``, for n pairs of standard deviation ``sd`` (in sd's unit).
     None with fewer than 2 pairs or no spread. In units of sd it depends on n only: 3.26 sd with
-    3 pairs, 1.68 sd with 5, 1.00 sd with 10, 0.66 sd with 20 (tests/analysis/test_stats.py checks it against
-    scipy's noncentral t)."""
+    3 pairs, 1.68 sd with 5, 1.00 sd with 10, 0.66 sd with 20."""
     if sd is None or n < 2 or not sd > 0 or not math.isfinite(sd):
         return None
     return _detectable_ncp(n - 1, power, level) * sd / math.sqrt(n)
@@ -317,22 +139,12 @@ def mde(sd: float | None, n: int, power: float = POWER, level: float = LEVEL) ->
 
 @functools.lru_cache(maxsize=None)
 def _detectable_ncp(df: int, power: float, level: float) -> float:
-    """The noncentrality at which the two-sided t test with ``df`` degrees of freedom has ``power`` (bisection)."""
-    crit = t_quantile(0.5 + level / 2.0, df)
-
-    def pw(ncp: float) -> float:
-        return 1.0 - nct_cdf(crit, df, ncp) + nct_cdf(-crit, df, ncp)
-
-    lo, hi = 0.0, 1.0
-    while pw(hi) < power:
+    """The noncentrality at which the two-sided t test with ``df`` degrees of freedom has ``power``."""
+    crit = float(st.t.ppf(0.5 + level / 2.0, df))
+    hi = 1.0
+    while _power(hi, df, crit) < power:
         hi *= 2.0
-    while hi - lo > 1e-9 * hi:
-        mid = 0.5 * (lo + hi)
-        if pw(mid) < power:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
+    return float(brentq(lambda ncp: _power(ncp, df, crit) - power, 0.0, hi, xtol=1e-12, rtol=1e-12))
 
 
 def p_value(ci: dict) -> float | None:
@@ -343,8 +155,7 @@ def p_value(ci: dict) -> float | None:
         return None
     if sd == 0.0:
         return 1.0 if m == 0.0 else 0.0
-    t = abs(m) / (sd / math.sqrt(n))
-    return min(1.0, 2.0 * (1.0 - t_cdf(t, n - 1)))
+    return min(1.0, 2.0 * float(st.t.sf(abs(m) / (sd / math.sqrt(n)), n - 1)))
 
 
 def holm(pvalues: list) -> list:
@@ -420,74 +231,6 @@ def paired_censored(x: dict, y: dict, x_budget: dict, y_budget: dict, *, level: 
 # ---------------------------------------------------------------- spread between seeds, equivalence
 
 
-def gammainc(a: float, x: float) -> float:
-    """Regularized lower incomplete gamma P(a, x): its power series below x = a + 1, else 1 minus the
-    continued fraction of the upper one (modified Lentz)."""
-    if x <= 0.0:
-        return 0.0
-    log_front = a * math.log(x) - x - math.lgamma(a)
-    if x < a + 1.0:
-        term = total = 1.0 / a
-        ap = a
-        for _ in range(1000):
-            ap += 1.0
-            term *= x / ap
-            total += term
-            if abs(term) < abs(total) * 3e-16:
-                break
-        return min(1.0, total * math.exp(log_front))
-    tiny = 1e-300
-    b = x + 1.0 - a
-    c, d = 1.0 / tiny, 1.0 / b
-    h = d
-    for i in range(1, 1000):
-        an = -i * (i - a)
-        b += 2.0
-        d = an * d + b
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = b + an / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        if abs(d * c - 1.0) < 3e-16:
-            break
-    return max(0.0, 1.0 - math.exp(log_front) * h)
-
-
-def chi2_cdf(x: float, df: float) -> float:
-    return gammainc(df / 2.0, x / 2.0)
-
-
-def f_cdf(f: float, d1: float, d2: float) -> float:
-    """P(F <= f) for Fisher's F with (d1, d2) degrees of freedom."""
-    return 0.0 if f <= 0.0 else betainc(d1 / 2.0, d2 / 2.0, d1 * f / (d1 * f + d2))
-
-
-def _quantile(cdf, p: float) -> float:
-    """The p-quantile of a distribution on (0, inf) with CDF ``cdf`` (bisection in log space)."""
-    if not 0.0 < p < 1.0:
-        raise ValueError(f"expected 0 < p < 1, got {p}")
-    lo, hi = 1e-12, 1.0
-    while cdf(hi) < p:
-        hi *= 2.0
-    for _ in range(200):
-        mid = math.sqrt(lo * hi)
-        if cdf(mid) < p:
-            lo = mid
-        else:
-            hi = mid
-        if hi / lo - 1.0 < 1e-13:
-            break
-    return math.sqrt(lo * hi)
-
-
-def chi2_quantile(p: float, df: float) -> float:
-    return _quantile(lambda x: chi2_cdf(x, df), p)
-
-
-def f_quantile(p: float, d1: float, d2: float) -> float:
-    return _quantile(lambda f: f_cdf(f, d1, d2), p)
-
-
 def sd_ci(values, level: float = LEVEL) -> dict:
     """{"n", "sd", "lo", "hi", "level"}: the sample standard deviation of the finite ``values`` and its
     two-sided interval from the chi-squared distribution of (n - 1) s^2 / sigma^2 (normal values):
@@ -499,8 +242,8 @@ def sd_ci(values, level: float = LEVEL) -> dict:
         return out
     s = statistics.stdev(nums)
     out["sd"] = s
-    out["lo"] = s * math.sqrt((n - 1) / chi2_quantile(0.5 + level / 2.0, n - 1))
-    out["hi"] = s * math.sqrt((n - 1) / chi2_quantile(0.5 - level / 2.0, n - 1))
+    out["lo"] = s * math.sqrt((n - 1) / float(st.chi2.ppf(0.5 + level / 2.0, n - 1)))
+    out["hi"] = s * math.sqrt((n - 1) / float(st.chi2.ppf(0.5 - level / 2.0, n - 1)))
     return out
 
 
@@ -508,7 +251,7 @@ def sd_upper(sd: float, n: int, confidence: float = 0.8) -> float:
     """The one-sided upper ``confidence`` limit of a standard deviation ``sd`` measured over ``n`` values:
     sd sqrt((n - 1) / chi2_{1 - confidence, n - 1}). A study planned from it is planned for a spread the
     pilot does not rule out, not for the pilot's point estimate (with 5 values the upper 80% limit is 1.56 sd)."""
-    return sd * math.sqrt((n - 1) / chi2_quantile(1.0 - confidence, n - 1))
+    return sd * math.sqrt((n - 1) / float(st.chi2.ppf(1.0 - confidence, n - 1)))
 
 
 def pairs_for_mde(sd: float, target: float, power: float = 0.8, level: float = LEVEL, most: int = 10000) -> int:
@@ -542,9 +285,9 @@ def spread_comparison(x: dict, y: dict, level: float = LEVEL) -> dict:
     if vy > 0 and vx > 0:
         f = vx / vy
         out["ratio"] = math.sqrt(f)
-        out["lo"] = math.sqrt(f / f_quantile(0.5 + level / 2.0, d1, d2))
-        out["hi"] = math.sqrt(f / f_quantile(0.5 - level / 2.0, d1, d2))
-        out["p_f"] = min(1.0, 2.0 * min(f_cdf(f, d1, d2), 1.0 - f_cdf(f, d1, d2)))
+        out["lo"] = math.sqrt(f / float(st.f.ppf(0.5 + level / 2.0, d1, d2)))
+        out["hi"] = math.sqrt(f / float(st.f.ppf(0.5 - level / 2.0, d1, d2)))
+        out["p_f"] = min(1.0, 2.0 * float(min(st.f.cdf(f, d1, d2), st.f.sf(f, d1, d2))))
     seeds = [s for s in x if s in y and x[s] is not None and y[s] is not None
              and math.isfinite(float(x[s])) and math.isfinite(float(y[s]))]
     out["n_pairs"] = n = len(seeds)
@@ -554,7 +297,7 @@ def spread_comparison(x: dict, y: dict, level: float = LEVEL) -> dict:
         if statistics.pstdev(sums) > 0 and statistics.pstdev(diffs) > 0:
             r = statistics.correlation(sums, diffs)
             t = abs(r) * math.sqrt((n - 2) / max(1e-300, 1.0 - r * r))
-            out["p_paired"] = min(1.0, 2.0 * (1.0 - t_cdf(t, n - 2)))
+            out["p_paired"] = min(1.0, 2.0 * float(st.t.sf(t, n - 2)))
     return out
 
 
@@ -571,20 +314,9 @@ def tost(ci: dict, margin: float, alpha: float = 1.0 - LEVEL) -> dict | None:
     if se == 0.0:
         p_low, p_high = (0.0 if m > -margin else 1.0), (0.0 if m < margin else 1.0)
     else:
-        p_low = 1.0 - t_cdf((m + margin) / se, df)
-        p_high = t_cdf((m - margin) / se, df)
-    half = t_quantile(1.0 - alpha, df) * se
+        p_low = float(st.t.sf((m + margin) / se, df))
+        p_high = float(st.t.cdf((m - margin) / se, df))
+    half = float(st.t.ppf(1.0 - alpha, df)) * se
     p = max(p_low, p_high)
     return {"margin": margin, "p_lower": p_low, "p_upper": p_high, "p": p, "equivalent": p < alpha,
             "lo90": m - half, "hi90": m + half, "alpha": alpha}
-
-
-def tost_verdict(t: dict | None, unit: str = "nats") -> str:
-    """One phrase for ``tost``'s result."""
-    if t is None:
-        return "equivalence not tested (fewer than 2 pairs)"
-    within = f"within +-{t['margin']:g} {unit}"
-    interval = f"90% interval [{t['lo90']:+.4f}, {t['hi90']:+.4f}]"
-    if t["equivalent"]:
-        return f"equivalent {within} (TOST p = {t['p']:.2g}; {interval})"
-    return f"equivalence {within} not shown (TOST p = {t['p']:.2g}; {interval} reaches past the margin)"

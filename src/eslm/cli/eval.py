@@ -1,11 +1,12 @@
 """``eslm eval RUN_DIR|CHECKPOINT ... [--tasks ...]``: lm-evaluation-harness tasks on our checkpoints
-(``eslm.eval.harness.evaluate_checkpoints``; docs/evaluation.md)."""
+(``eslm.eval.command.evaluate_checkpoints``; docs/evaluation.md)."""
 
 from __future__ import annotations
 
 import argparse
 
-from eslm.eval.harness import PAPER_TASKS, evaluate_checkpoints, parse_tasks
+from eslm.eval.command import evaluate_checkpoints
+from eslm.eval.tasks import PAPER_TASKS, parse_tasks
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

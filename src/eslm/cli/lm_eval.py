@@ -1,7 +1,7 @@
 """``eslm lm-eval ARGS...``: lm-evaluation-harness's own command line, with our model registered as ``eslm``.
 
 lm-eval has no plugin mechanism for external models, so its ``lm-eval`` command cannot name ours. This
-command registers the adapter (``eslm.eval.harness``) and then runs lm-eval's CLI on ARGS unchanged, so every
+command registers the adapter (``eslm.eval.adapter``) and then runs lm-eval's CLI on ARGS unchanged, so every
 lm-eval option works as documented there (task groups, ``--include_path``, ``--output_path``,
 ``--log_samples``, ...). Select our model with ``--model eslm --model_args run_dir=PATH`` (PATH: a run
 directory, a checkpoint .pt, a snapshot .safetensors or an HF GPT-2 directory; ``checkpoint=`` and
@@ -15,7 +15,7 @@ import argparse
 import sys
 
 from eslm.errors import ConfigError
-from eslm.eval.harness import lm_class
+from eslm.eval.adapter import lm_class
 
 PASSTHROUGH = True  # the dispatcher (eslm/cli/__init__.py) hands the arguments over unparsed
 

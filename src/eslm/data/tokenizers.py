@@ -157,3 +157,10 @@ def get_tokenizer(name: str) -> GPT2Tokenizer | ByteTokenizer:
         return ByteTokenizer()
     raise ConfigError(f"expected a tokenizer name in {list(TOKENIZER_NAMES)}; found {name!r}; "
                       f"fix: use one of {', '.join(TOKENIZER_NAMES)}")
+
+
+def resolve_tokenizer(name: str | None) -> GPT2Tokenizer | ByteTokenizer:
+    """The tokenizer a checkpoint names (or the one ``--tokenizer`` names); one line when it names none."""
+    if not name:
+        raise ConfigError("expected the checkpoint to name its tokenizer, found none; pass --tokenizer gpt2|byte")
+    return get_tokenizer(name)

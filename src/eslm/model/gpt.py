@@ -7,7 +7,7 @@ The forward returns the final hidden states (after ``ln_f``), shape (B, T, n_emb
 loss: every loss is computed from (hidden, head weight, targets) in ``eslm.objectives`` / ``eslm.ops``,
 which is what lets the selective loss skip work for dropped tokens. ``logits()`` gives full logits on request.
 
-``forward(idx, cache=KVCache(...))`` is the incremental path for generation (``eslm.sample``): each layer's
+``forward(idx, cache=KVCache(...))`` is the incremental path for generation (``eslm.eval.generate``): each layer's
 keys and values are appended to the cache and ``idx`` holds only the new tokens. Without a cache the forward
 runs exactly the training code (the cache branch is separate), so training numerics do not depend on it.
 """

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from eslm import metrics as M
-from eslm.errors import CheckpointError
+from eslm.errors import CheckpointError, ConfigError
 from eslm.files import RUN_MARKER, verify_checksum
 from eslm.model.gpt import GPT, ModelConfig
 from eslm.model.snapshot_file import SNAPSHOT_DIR, SNAPSHOT_FORMAT, SnapshotDamaged, list_snapshots, read_snapshot
@@ -283,3 +283,21 @@ def _load_hf_dir(path: Path, device: str | torch.device) -> tuple[GPT, dict]:
         if key in meta:
             info[key] = meta[key]
     return model.to(device).eval(), info
+
+
+def check_device(device: str, option: str) -> str:
+    """``device`` when torch knows it and it is usable here, else one line (a typo, CUDA on a CPU-only build)."""
+    try:
+        d = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"{option}: expected cpu, cuda, cuda:N or mps, found {device!r}") from None
+    if d.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"{option}: expected a device this machine has, found {device!r} but CUDA is not "
+                          "available (a CPU-only torch, or no GPU visible); fix: --device cpu")
+    if d.type == "cuda" and d.index is not None and d.index >= torch.cuda.device_count():
+        raise ConfigError(f"{option}: expected cuda:0 .. cuda:{torch.cuda.device_count() - 1}, found {device!r}")
+    if d.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"{option}: expected a device this machine has, found {device!r} (MPS not available)")
+    if d.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"{option}: expected cpu, cuda, cuda:N or mps, found {device!r}")
+    return device

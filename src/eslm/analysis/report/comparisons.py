@@ -23,6 +23,7 @@ from typing import Any
 
 from eslm import metrics as M
 from eslm.analysis import stats as S
+from eslm.analysis.report import verdicts as V
 from eslm.analysis.report.curves import best_val_loss, last_value, series
 from eslm.analysis.rundir import Group, Run, is_number
 
@@ -112,10 +113,10 @@ def write_verdicts(c: dict, costs: dict, tt: dict, other_tt: dict, equal_words: 
     """The verdicts of one comparison in words: final loss, equal-token loss, then each to-target cost.
     ``single``: a one-seed report, which says once that nothing has an interval (not in each verdict)."""
     against = c["against"]
-    out = [S.loss_verdict(c["losses"][FINAL], FINAL, against, single)]
+    out = [V.loss_verdict(c["losses"][FINAL], FINAL, against, single)]
     eq = c["losses"][EQUAL]
     if eq["n"]:
-        out.append(S.loss_verdict(eq, equal_words, against, single))
+        out.append(V.loss_verdict(eq, equal_words, against, single))
     cost_lines, said = [], None
     for key, (_, words) in costs.items():
         ci = c["to_target"][key]
@@ -124,8 +125,8 @@ def write_verdicts(c: dict, costs: dict, tt: dict, other_tt: dict, equal_words: 
             cost_lines.append(f"{words}: {c['group']} reaches the target in {a['reached']}/{a['n']} seeds, "
                               f"{against} in {b['reached']}/{b['n']}: no pair to compare")
             continue
-        line = S.cost_verdict(ci, words, against, c["group"], single)
-        note = S.censoring_note(ci, c["group"], against)
+        line = V.cost_verdict(ci, words, against, c["group"], single)
+        note = V.censoring_note(ci, c["group"], against)
         if note and note == said:  # every cost crosses the target at the same evaluation: say it once
             line = line[:-len(note)] + " [censored as above]"
         said = note or said
@@ -141,11 +142,11 @@ def primary_verdict(c: dict, single: bool = False) -> str:
     """The one line of the pre-registered primary comparison (its final validation loss, unadjusted;
     ``single``: as in ``write_verdicts``)."""
     ci = c["losses"][FINAL]
-    words = S.loss_verdict(ci, FINAL, c["against"], single)
+    words = V.loss_verdict(ci, FINAL, c["against"], single)
     mde = f"; smallest difference detectable at 80% power: {ci['mde']:.4f} nats" \
         if ci.get("mde") is not None and S.significant(ci) != 0 else ""
     p = f", p = {ci['p']:.2g}" if ci.get("p") is not None else ""
-    tost = f"; {S.tost_verdict(c['tost'])}" if "tost" in c else ""
+    tost = f"; {V.tost_verdict(c['tost'])}" if "tost" in c else ""
     return f"PRIMARY (named in advance, not adjusted{p}): {c['group']} vs {c['against']}: {words}{mde}{tost}"
 
 

@@ -1,0 +1,62 @@
+"""The one generation loop: ``eslm sample``'s text and lm-eval's ``generate_until`` (``eslm.eval.adapter``).
+
+The prompt runs once, then one token per step through the model's KV cache (``eslm.model.gpt.KVCache``). Past
+``block_size`` tokens the context is cropped to the last ``block_size`` tokens, as nanoGPT does (absolute
+positions: the cache is rebuilt from the cropped window each step then). ``temperature=0`` is greedy decoding,
+and so is a temperature so small that logits / temperature overflows (sampling's limit as it goes to 0);
+``top_k`` keeps the k most likely tokens before sampling; ``vocab_limit`` excludes the vocabulary rows added
+by padding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from eslm.errors import ConfigError
+from eslm.model.gpt import KVCache
+
+
+@torch.no_grad()
+def generate(model, prompt: list[int], max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
+             vocab_limit: int | None = None, stop_ids: frozenset | set = frozenset(), seed: int | None = None,
+             use_cache: bool = True) -> list[int]:
+    """The new token ids after ``prompt`` (at most ``max_new_tokens``; stops after a ``stop_ids`` token)."""
+    if not prompt:
+        raise ConfigError("expected a non-empty prompt (at least one token), found none")
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device)
+    if seed is not None:
+        gen.manual_seed(seed)
+    block = model.config.block_size
+    ids, out, cache, feed = list(prompt), [], None, []
+    for _ in range(max_new_tokens):
+        if use_cache and cache is not None and cache.length < block:
+            hidden = model(torch.tensor([feed], device=device), cache=cache)
+        else:  # first step, no cache wanted, or the window is full: run the (cropped) context from scratch
+            cache = KVCache(model.config.n_layer) if use_cache else None
+            hidden = model(torch.tensor([ids[-block:]], device=device), cache=cache)
+        logits = model.logits(hidden[:, -1]).float()[0]
+        if vocab_limit is not None:
+            logits = logits[:vocab_limit]
+        nxt = _pick(logits, temperature, top_k, gen)
+        ids.append(nxt)
+        out.append(nxt)
+        feed = [nxt]
+        if nxt in stop_ids:
+            break
+    return out
+
+
+def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, gen: torch.Generator) -> int:
+    """One token id from logits (V,): argmax at temperature 0, else a draw from softmax(logits / T) over top-k.
+    Where logits / T overflows (T of 1e-40 and below in float32) the draw is the argmax: T's limit 0."""
+    if temperature <= 0:
+        return int(torch.argmax(logits))
+    scaled = logits / temperature
+    if bool(torch.isfinite(logits).all()) and not bool(torch.isfinite(scaled).all()):
+        return int(torch.argmax(logits))
+    if top_k is not None and top_k < scaled.numel():
+        kth = torch.topk(scaled, top_k).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=gen))

@@ -25,6 +25,7 @@ def _plt():
     import matplotlib
 
     matplotlib.use("Agg")
+    matplotlib.rcParams["text.parse_math"] = False  # labels come from configs: "$x$" is text, not mathtext
     import matplotlib.pyplot as plt
 
     return plt

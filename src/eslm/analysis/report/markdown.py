@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+import html
+
 from eslm import metrics as M
 from eslm.analysis import stats as S
+from eslm.analysis.rundir import MAX_MESSAGE, shorten
 from eslm.analysis.report.summary import ONE_SEED_NOTE, one_seed
+
+
+def md_text(text) -> str:
+    """A text from the runs (a label, a warning, a verdict naming groups) as Markdown that shows it as it is:
+    shortened, HTML escaped (a renderer of summary.md runs no markup from a config value), ``|`` escaped (a table
+    cell stays one cell), on one line."""
+    return html.escape(shorten(text, MAX_MESSAGE), quote=False).replace("|", "\\|").replace("\n", " ").replace("\r", " ")
+
+
+def _same(text) -> str:
+    return text
 
 
 def _md_ci(a: dict, spec: str, single: bool = False) -> str:
@@ -27,13 +41,14 @@ def _md_paired(ci: dict | None, rel: bool, single: bool = False) -> str:
 
 def _md_label(g: dict) -> str:
     if not g["unfinished"]:
-        return g["label"]
-    return f"{g['label']} (**{len(g['unfinished'])}/{len(g['runs'])} unfinished**)"
+        return md_text(g["label"])
+    return f"{md_text(g['label'])} (**{len(g['unfinished'])}/{len(g['runs'])} unfinished**)"
 
 
-def spread_lines(summary: dict) -> list[str]:
+def spread_lines(summary: dict, text=_same) -> list[str]:
     """The reproducibility table: each group's between-seed SD of the final loss [95% interval], its ratio to
-    the SD of random (same alpha) and of CLM [95% interval] with the F test's and the paired Pitman-Morgan p."""
+    the SD of random (same alpha) and of CLM [95% interval] with the F test's and the paired Pitman-Morgan p.
+    ``text``: how a label is written (``md_text`` in summary.md; the HTML page escapes the cells itself)."""
     rows = summary.get("spread") or []
     if not any(r["sd"] is not None for r in rows):
         return []
@@ -48,14 +63,15 @@ def spread_lines(summary: dict) -> list[str]:
         against = list(r["against"].items()) or [(None, None)]
         for i, (other, c) in enumerate(against):
             ratio = "—" if not c or c["ratio"] is None else f"{c['ratio']:.2f} [{c['lo']:.2f}, {c['hi']:.2f}]"
-            out.append("| " + " | ".join([r["label"] if i == 0 else "", str(r["n"]) if i == 0 else "",
-                                          sd if i == 0 else "", other or "—", ratio,
+            out.append("| " + " | ".join([text(r["label"]) if i == 0 else "", str(r["n"]) if i == 0 else "",
+                                          sd if i == 0 else "", text(other or "—"), ratio,
                                           fmt(c and c["p_f"], ".2g"), fmt(c and c["p_paired"], ".2g")]) + " |")
     return out
 
 
-def since_branch_lines(summary: dict) -> list[str]:
-    """A branched study: each group's costs from the branch point on, beside its totals."""
+def since_branch_lines(summary: dict, text=_same) -> list[str]:
+    """A branched study: each group's costs from the branch point on, beside its totals (``text``: as in
+    ``spread_lines``)."""
     rows = [g for g in summary["groups"] if g.get("since_branch")]
     if not rows:
         return []
@@ -68,7 +84,7 @@ def since_branch_lines(summary: dict) -> list[str]:
             since, total = b[key]["mean"], g.get("final_" + key, {}).get("mean")
             return "—" if since is None else f"{since:{spec}} / {'—' if total is None else format(total, spec)}"
 
-        out.append("| " + " | ".join([g["label"], f"{b['step']['mean']:.0f}", pair(M.TOKENS_SEEN, ".4g"),
+        out.append("| " + " | ".join([text(g["label"]), f"{b['step']['mean']:.0f}", pair(M.TOKENS_SEEN, ".4g"),
                                       pair(M.FLOPS_PAPER, ".3g"), pair(M.FLOPS_EXECUTED, ".3g"),
                                       pair(M.CPU_S, ".0f")]) + " |")
     return out
@@ -81,7 +97,7 @@ def render_markdown(summary: dict) -> str:
     comp = {c["group"]: c for c in s["comparisons"]}
     ctrl = {c["group"]: c for c in s["controls"]}
     t_words = "CPU s" if s["time_key"] == M.CPU_S else "wall-clock s"
-    base = s["baseline"] or "baseline"
+    base = md_text(s["baseline"] or "baseline")
     head = (f"| group | n | final val loss | Δ final loss vs {base} | Δ vs random (same alpha) | "
             f"Δ equal-token loss vs {base} | to target, Δ flops_paper vs {base} | Δ flops_executed | "
             f"Δ {t_words} | reached | step cost / CLM |")
@@ -102,26 +118,26 @@ def render_markdown(summary: dict) -> str:
             _md_paired(c["to_target"][M.FLOPS_EXECUTED] if c else None, True, one),
             _md_paired(c["to_target"]["time_s"] if c else None, True, one),
             f"{tt['reached']}/{tt['n']}", _md_ci(g["step_cost_vs_clm"], ".3f", one)]) + " |")
-    notes = [f"Target validation loss {s['target_loss']:.4f} ({s['target_source']}). Mean ± 95% Student-t "
+    notes = [f"Target validation loss {s['target_loss']:.4f} ({md_text(s['target_source'])}). Mean ± 95% Student-t "
              f"half-width over seeds; Δ: mean paired (by seed) difference [95% interval], relative for costs, a "
              f"seed that never reached the target counted at its budget (censored); **↓**/**↑**: below / above 0 "
              f"after Holm's adjustment over the {s['holm_family']} comparisons of this report (the primary "
              f"comparison's final loss: its own interval). Equal-token loss: at {base}'s last evaluation. "
-             f"Learning-rate schedule: {s['schedule']}. Time: {s['time_words']}."]
+             f"Learning-rate schedule: {md_text(s['schedule'])}. Time: {s['time_words']}."]
     if unfinished:
         notes.append("**unfinished**: runs without result.json (still training, interrupted or crashed): their "
                      "\"final\" values are those of their last evaluation, not of the end of training.")
-    verdicts = [f"- **{c['group']}** vs {c['against']}: " + "; ".join(c["verdicts"])
+    verdicts = [f"- **{md_text(c['group'])}** vs {md_text(c['against'])}: " + "; ".join(map(md_text, c["verdicts"]))
                 for c in s["comparisons"] + s["controls"]]
     if one:
         head_words, rest = ONE_SEED_NOTE.split(": ", 1)
         lines = [f"**{head_words}**: {rest}", ""] + lines
     if s.get("primary"):
-        lines = [f"**{s['primary']['primary_verdict']}**", ""] + lines
-    gaps = [f"- {x}." for x in s["flops_gaps"]]
-    warn = [f"- warning: {w}" for w in s["warnings"]]
+        lines = [f"**{md_text(s['primary']['primary_verdict'])}**", ""] + lines
+    gaps = [f"- {md_text(x)}." for x in s["flops_gaps"]]
+    warn = [f"- warning: {md_text(w)}" for w in s["warnings"]]
     extra = []
-    for block in (spread_lines(s), since_branch_lines(s)):
+    for block in (spread_lines(s, md_text), since_branch_lines(s, md_text)):
         extra += block + [""] if block else []
     return "\n".join(lines + [""] + notes + [""] + extra + verdicts + [""] + gaps
                      + ([""] + warn if warn else [])) + "\n"

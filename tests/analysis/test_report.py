@@ -33,12 +33,14 @@ def make_run(root, name, method, seed, *, steps=(10, 20, 40, 80, 160), alpha=0.1
            "method": {"name": method, "alpha": alpha}, "model": {"preset": "tiny"},
            "data": {"source": "stdlib", "weights": "natural"}, "flops": {"count_per": "global"}}
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
-    (d / "env.json").write_text(json.dumps({"git_commit": "abc", "device": "cpu", "world_size": 1, "seed": seed}))
+    (d / "env.json").write_text(json.dumps({"git_commit": "abc", "device": "cpu", "world_size": 1, "seed": seed,
+                                            "model_params_non_embedding": 12345}))
     kept = 1.0 if method == "clm" else 1.0 - alpha
     lines = []
     for step in range(10, steps[-1] + 1, 10):
         flops = FLOPS_PER_STEP * step * (1.0 + 2.0 * kept) / 3.0
         rec = {M.KIND: M.KIND_TRAIN, M.STEP: step, M.TOKENS_SEEN: 1000 * step, M.TRAIN_LOSS: _loss(method, seed, step),
+               M.TRAIN_LOSS_ALL: _loss(method, seed, step) + 0.01, M.TOKENS_PER_S: 2000.0 + step + seed,
                M.ELAPSED_S: 0.5 * step, M.FLOPS_PAPER: flops, M.FLOPS_EXECUTED: FLOPS_PER_STEP * step}
         if method != "clm":
             rec.update({M.KEPT_FRAC: kept, M.ALPHA: alpha, M.kept_frac_key("web"): kept})

@@ -125,8 +125,11 @@ def test_report_files_and_flops_to_target(runs, tmp_path):
     out = tmp_path / "rep"
     s = report.build_report([str(p) for p in runs], out)
     for f in ("index.html", "summary.json", "loss_vs_flops.png", "loss_vs_tokens.png", "loss_vs_time.png",
-              "flops_to_target.png", "time_to_target.png", "domain_final.png", "domain_curves.png", "selection.png"):
+              "flops_to_target.png", "time_to_target.png", "domain_final.png", "domain_curves.png", "train_loss.png",
+              "tokens_per_s.png"):
         assert (out / f).is_file() and (out / f).stat().st_size > 0, f
+    # the kept fraction and alpha of a fixed alpha are constant over training: said in the header, not drawn
+    assert not (out / "selection.png").exists() and "selection" not in s["figures"]
     on_disk = json.loads((out / "summary.json").read_text())
     assert on_disk["target_loss"] == pytest.approx(s["target_loss"])
     # default target = max over runs of min val loss (clm stops at step 80)
@@ -150,7 +153,7 @@ def test_report_files_and_flops_to_target(runs, tmp_path):
 
 def test_one_table_of_figures_drives_drawing_and_the_page(runs, tmp_path, monkeypatch):
     # a figure is declared once, in FIGURES: a new entry is drawn, listed in summary.json and placed on the
-    # page under its section, with no other edit; one that draws nothing gets the "no data" note
+    # page under its section, with no other edit; one that draws nothing is left out (no placeholder)
     pytest.importorskip("matplotlib")
     from eslm.analysis.report import figure_table as T
 
@@ -165,14 +168,15 @@ def test_one_table_of_figures_drives_drawing_and_the_page(runs, tmp_path, monkey
     out = tmp_path / "rep"
     s = report.build_report([str(p) for p in runs], out)
     # one seed per group and no selection scores: no paired difference over training, no kept/dropped scores
-    no_data = {"empty_fig", "difference_over_training", "kept_dropped_scores", "alpha_per_run"}
+    # a fixed alpha: kept fraction and alpha are constant, no selection panel
+    no_data = {"empty_fig", "difference_over_training", "kept_dropped_scores", "alpha_per_run", "selection"}
     assert list(s["figures"]) == [f.id for f in T.FIGURES if f.id not in no_data]
     assert (out / "extra_fig.png").read_bytes() == b"png" and not (out / "empty_fig.png").exists()
     page = (out / "index.html").read_text()
     ids = re.findall(r"<img src='([a-z_]+)\.png'", page)
     assert ids == list(s["figures"])
-    assert ("<h2>Extra section</h2>\n<p><img src='extra_fig.png' alt='an extra figure'></p>\n"
-            "<p class='note'>(nothing to draw: no data)</p>") in page
+    assert "<h2>Extra section</h2>\n<p><img src='extra_fig.png' alt='an extra figure'></p>\n<h2" in page
+    assert "nothing to draw" not in page and "no data" not in page
     assert page.count("<h2>Validation loss</h2>") == 1
 
 

@@ -16,8 +16,9 @@ from eslm import metrics as M
 from eslm.analysis import stats as S
 from eslm.analysis.report.downstream import is_percent
 from eslm.analysis.report import figure_table
-from eslm.analysis.report.markdown import since_branch_lines, spread_lines
+from eslm.analysis.report.markdown import header_rows, since_branch_lines, spread_lines
 from eslm.analysis.report.summary import COSTS, ONE_SEED_NOTE, one_seed
+from eslm.analysis.report.verdicts import verdict_table
 from eslm.analysis.rundir import IGNORED_FOR_GROUPING, MAX_MESSAGE, shorten
 
 Table = tuple[list, list[list]]  # (header cells, rows of cells); a cell: a text or a list of parts (above)
@@ -32,14 +33,15 @@ def _parts(cell) -> list:
 
 
 def _agg_cell(a: dict, spec=".4g", single: bool = False):
-    """'mean ± 95% half-width (n=k)', or 'mean (n=1, no interval)'; just the mean when ``single`` (a one-seed
-    report says once, above its tables, that nothing has an interval)."""
+    """'mean ± 95% half-width', or 'mean (no interval)' for one seed; just the mean when ``single`` (a one-seed
+    report says once, above its tables, that nothing has an interval). The seeds per group are said once, in the
+    header, not in each cell."""
     if a["count"] == 0:
         return "—"
     s = _fmt(a["mean"], spec)
     if a["count"] > 1 and a.get("ci_half_width") is not None:
-        return [s + f" ± {_fmt(a['ci_half_width'], spec)} ", ("small", f"(n={a['count']})")]
-    return s if single else [s + " ", ("small", "(n=1, no interval)")]
+        return s + f" ± {_fmt(a['ci_half_width'], spec)}"
+    return s if single else [s + " ", ("small", "(no interval)")]
 
 
 def _target_cell(t: dict, spec=".3g", single: bool = False):
@@ -98,7 +100,8 @@ def _costs_rows(summary: dict) -> Table:
 
 def _comparison_rows(summary: dict, comparisons: list[dict]) -> Table:
     """Paired differences per group: final loss (nats) and relative to-target costs, with 95% intervals (a
-    one-seed report: the means alone, the page says once that nothing has an interval)."""
+    one-seed report: the means alone, the page says once that nothing has an interval; the number of pairs is
+    the seeds per group of the header)."""
     single = one_seed(summary)
 
     def cell(ci, rel):
@@ -107,8 +110,8 @@ def _comparison_rows(summary: dict, comparisons: list[dict]) -> Table:
         spec = "+.1%" if rel else "+.4f"
         mark = {-1: " ▼", 1: " ▲", 0: ""}[S.significant(ci)]
         if ci["lo"] is None:
-            return f"{ci['mean']:{spec}}" if single else [f"{ci['mean']:{spec}} ", ("small", "(n=1)")]
-        return [f"{ci['mean']:{spec}} [{ci['lo']:{spec}}, {ci['hi']:{spec}}]{mark} ", ("small", f"(n={ci['n']})")]
+            return f"{ci['mean']:{spec}}" if single else [f"{ci['mean']:{spec}} ", ("small", "(no interval)")]
+        return f"{ci['mean']:{spec}} [{ci['lo']:{spec}}, {ci['hi']:{spec}}]{mark}"
 
     rows = [[_label_of(summary, c["group"]), _label_of(summary, c["against"]),
              cell(c["losses"]["final validation loss"], False), cell(c["losses"]["equal-token validation loss"], False)]
@@ -132,27 +135,42 @@ def _groups_rows(summary: dict) -> Table:
     return ["group", "method", "settings that differ", "runs", "seeds"], rows
 
 
-def _downstream_cell(d: dict | None):
+def _downstream_cell(d: dict | None, runs: int):
+    """A task's value ± standard error; '(k of n seeds)' where fewer seeds than the group's have results."""
     if d is None:
         return "—"
     k = 100.0 if is_percent(d["metric"]) else 1.0
     s = f"{d['value'] * k:.1f}" if k == 100.0 else f"{d['value']:.4g}"
     if d["stderr"] is not None:
         s += f" ± {d['stderr'] * k:.1f}" if k == 100.0 else f" ± {d['stderr']:.2g}"
-    return [s + " ", ("small", f"(n={d['k']})")] if d["k"] > 1 else s
+    return [s + " ", ("small", f"({d['k']} of {runs} seeds)")] if d["k"] != runs else s
 
 
 # ---------------------------------------------------------------- the page from its template
 
 
 def _figures(written: dict) -> list[dict]:
-    """Every figure of ``FIGURES`` in its order: {heading (its section, where one begins), alt, src or None}."""
+    """The figures of ``FIGURES`` that were drawn, in its order: {heading (its section, where one begins), alt,
+    src}. A figure without data is left out, and so is a section without a drawn figure: no placeholders."""
     out, section = [], None
     for fig in figure_table.FIGURES:
+        if fig.id not in written:
+            continue
         heading = fig.section if fig.section != section else None
         section = fig.section
-        out.append({"heading": heading, "alt": fig.alt, "src": written.get(fig.id)})
+        out.append({"heading": heading, "alt": fig.alt, "src": written[fig.id]})
     return out
+
+
+def _verdict_rows(s: dict) -> Table:
+    """The verdict table (``verdicts.verdict_table``) as cells: group (primary marked), vs, and per read-out the
+    difference, its interval and the verdict word."""
+    rows = []
+    for r in verdict_table(s):
+        group = [shorten(r["group"]) + " ", ("small", "(primary)")] if r["primary"] else shorten(r["group"])
+        rows.append([group, shorten(r["against"]), *r["loss"], *r["cost"]])
+    return (["group", "vs", "Δ final val loss (nats)", "95% interval", "verdict",
+             f"Δ {s['flops_key']} to target", "95% interval", "verdict"], rows)
 
 
 def _downstream(summary: dict) -> Table | None:
@@ -166,7 +184,7 @@ def _downstream(summary: dict) -> Table | None:
             meta.setdefault(t, [shorten(t), ("br", ""), ("small", shorten(f"{d['metric']}, {d['num_fewshot']}-shot"))])
     rows = []
     for g in summary["groups"]:
-        cells = [_downstream_cell(g["downstream"].get(t)) for t in tasks]
+        cells = [_downstream_cell(g["downstream"].get(t), len(g["runs"])) for t in tasks]
         pct = [g["downstream"][t]["value"] * 100 for t in tasks
                if t in g["downstream"] and is_percent(g["downstream"][t]["metric"])]
         avg = f"{statistics.fmean(pct):.1f}" if pct and len(pct) == len(tasks) else "—"
@@ -207,6 +225,7 @@ def render_html(summary: dict, written: dict) -> str:
     s = summary
     return env.get_template("index.html.j2").render(
         s=s, one_seed_note=ONE_SEED_NOTE if one_seed(s) else None, ignored=IGNORED_FOR_GROUPING,
+        header=header_rows(s), verdict_table=_verdict_rows(s), token_view=s.get("token_view"),
         verdicts=[("Against the baseline", s["comparisons"]),
                   ("Against the random-drop control at the same alpha", s["controls"])],
         summary_table=_summary_rows(s), costs_table=_costs_rows(s),

@@ -216,9 +216,9 @@ def tokens_per_step(r: Run):
 
 
 def header(runs: list[Run], groups: list[Group], study: str | None) -> dict:
-    """What the report's header says once, read from the run directories: the study (``study``; else the
-    directory the runs share), the alphas of the runs that select tokens (those that log alpha; "adaptive" where
-    it moved), the model (preset, non-embedding parameters from env.json), tokens per optimizer step, the code
+    """What the report's header says once, read from the run directories: the study (``study``, given by
+    ``eslm study``) and the directories the runs are in, the alphas of the runs that select tokens (those that
+    log alpha; "adaptive" where it moved), the model (preset, non-embedding parameters from env.json), tokens per optimizer step, the code
     commit(s) (env.json) and the seeds per group."""
     def alpha_of(r: Run) -> str | None:
         logged = [rec[M.ALPHA] for rec in r.train if is_number(rec.get(M.ALPHA))]
@@ -231,9 +231,7 @@ def header(runs: list[Run], groups: list[Group], study: str | None) -> dict:
                         if r.env.get("git_commit") else None for r in runs)
     counts = _distinct(len(g.runs) for g in groups)
     return {
-        "study": study or (Path(parents[0]).name if len(parents) == 1 else None),
-        "from_study": study is not None,
-        "directories": parents,
+        "study": study, "directories": parents,
         "alphas": _distinct(alpha_of(r) for r in runs),
         "presets": _distinct(config_get(r.config, "model.preset") for r in runs),
         "params": _distinct(r.env.get("model_params_non_embedding") for r in runs),

@@ -368,9 +368,11 @@ def test_report_with_five_seeds_has_intervals_paired_verdicts_and_controls(tmp_p
     # executed FLOPs per step in CLM steps: the synthetic runs execute exactly their dense FLOPs
     assert g["clm"]["step_cost_vs_clm"]["mean"] == pytest.approx(1.0)
     md = (tmp_path / "rep" / "summary.md").read_text()
-    assert md.startswith("| group | n | final val loss") and "reaches the target with" in md
+    assert md.startswith("# eslm report\n") and "## Summary\n\n| group | n | final val loss" in md
+    assert "reaches the target with" in md
     html = (tmp_path / "rep" / "index.html").read_text()
-    assert "Verdicts" in html and "flops_executed to target" in html and "CPU s" in html and "(n=5)" in html
+    assert "Verdicts" in html and "flops_executed to target" in html and "CPU s" in html
+    assert html.count("n = 5 per group") == 1 and "(n=" not in html  # the seeds said once, in the header
 
 
 def test_report_with_one_seed_says_no_interval_once(tmp_path, capsys):
@@ -390,8 +392,11 @@ def test_report_with_one_seed_says_no_interval_once(tmp_path, capsys):
     assert "n=1" not in page and "no interval" not in page
     md = (out / "summary.md").read_text()
     lines = md.splitlines()
-    assert lines[0] == f"**{s['primary']['primary_verdict']}**"  # the primary line first, then the note once
-    assert lines[2].startswith("**One seed per group**: no number in this report has an interval"), md
+    # after the header (as on the page): the note once, then the primary line, then the verdict table
+    note_at = next(i for i, x in enumerate(lines) if x.startswith("**One seed per group**: no number in this "
+                                                                   "report has an interval"))
+    assert lines[0].startswith("# eslm report") and lines[note_at + 2] == f"**{s['primary']['primary_verdict']}**"
+    assert lines.index("## Verdicts") == note_at + 4
     assert md.count("One seed per group") == 1 and "n=1" not in md and "no interval" not in md, md
     report.print_summary(s, out)
     printed = capsys.readouterr().out
@@ -410,7 +415,9 @@ def test_a_one_pair_verdict_in_a_report_with_more_seeds_says_n_1(tmp_path):
     assert all(v.endswith("(n=1, no interval)") for v in c["eslm-entropy"]["verdicts"])
     assert not any("n=1" in v for v in c["random"]["verdicts"])
     page = (tmp_path / "rep" / "index.html").read_text()
-    assert "One seed per group" not in page and "(n=1, no interval)" in page and "<small>(n=1)</small>" in page
+    # the verdict sentences say n=1; the cells say only that they have no interval (the seeds: once, in the header)
+    assert "One seed per group" not in page and "(n=1, no interval)" in page
+    assert "<small>(no interval)</small>" in page and "<small>(n=" not in page
     assert "One seed per group" not in (tmp_path / "rep" / "summary.md").read_text()
 
 

@@ -106,13 +106,14 @@ def tost_verdict(t: dict | None, unit: str = "nats") -> str:
     return f"equivalence {within} not shown (TOST p = {t['p']:.2g}; {interval} reaches past the margin)"
 
 
-def verdict_word(ci: dict | None, relative: bool) -> str:
+def verdict_word(ci: dict | None, relative: bool, single: bool = False) -> str:
     """The verdict of one paired difference in a word or two, for the report's verdict table: lower / higher (a
-    loss), less / more (a relative cost), no difference detectable, or why there is no verdict."""
+    loss), less / more (a relative cost), no difference detectable, or why there is no verdict (``single``: the
+    report has one seed per group and says once that nothing has an interval: '—')."""
     if ci is None or ci["n"] == 0:
         return "no pair"
     if ci["lo"] is None:
-        return "no interval"
+        return "—" if single else "no interval"
     sign = significant(ci)
     if sign == 0:
         return "no difference detectable"
@@ -135,6 +136,7 @@ def verdict_table(summary: dict) -> list[dict]:
     paired difference, its 95% interval and the verdict word (``verdict_word``). The full sentences stay in each
     comparison's ``verdicts``."""
     primary = summary.get("primary")
+    single = all(len(g["runs"]) <= 1 for g in summary["groups"])
     rows, seen = [], set()
     for c in ([primary] if primary else []) + summary["comparisons"] + summary["controls"]:
         if (c["group"], c["against"]) in seen:
@@ -143,6 +145,6 @@ def verdict_table(summary: dict) -> list[dict]:
         loss = c["losses"]["final validation loss"]
         cost = c["to_target"][summary["flops_key"]]
         rows.append({"group": c["group"], "against": c["against"], "primary": bool(c.get("primary")),
-                     "loss": (*_difference(loss, False), verdict_word(loss, False)),
-                     "cost": (*_difference(cost, True), verdict_word(cost, True))})
+                     "loss": (*_difference(loss, False), verdict_word(loss, False, single)),
+                     "cost": (*_difference(cost, True), verdict_word(cost, True, single))})
     return rows

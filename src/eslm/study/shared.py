@@ -37,7 +37,7 @@ from eslm.config import build_config
 from eslm.files import atomic_write, sha256_file
 from eslm.methods import METHODS
 from eslm.model.loading import resolve_checkpoint
-from eslm.train.resume import INVOCATION_KEYS, effective_config, flat
+from eslm.train.resume import INVOCATION_KEYS, RESUME_MAY_CHANGE, effective_config, flat
 
 MODELS_DIR = "models"
 STAGE = "shared models"  # the name of their stage (``eslm.study.grid.stages``): trained before the runs
@@ -129,6 +129,41 @@ def changed_problems(configs: list) -> list[str]:
                        "it would mix two models: restore the study file's models entry, or delete that directory "
                        "and the runs that used it to train it again, or give the changed model a new name")
     return out
+
+
+# keys a study's run may have trained with other values without changing its results (how it logged, where it
+# kept checkpoints, how it ran); every other key of a finished run's config must equal the plan's
+RUN_NEUTRAL_KEYS = tuple(k for k in RESUME_MAY_CHANGE if k not in ("train.max_steps", "train.max_flops",
+                                                                    "eval.interval"))
+
+
+def changed_run_problems(configs: list) -> list[str]:
+    """Runs of the study that already trained (config.yaml in their directory) with a config other than the
+    plan's: one problem naming the runs and, per run, the keys (old -> new). A finished run would otherwise be
+    skipped and reported as if it had the study file's settings; an unfinished one is compared on the keys a
+    resume may not change (``RESUME_MAY_CHANGE``: the study's resume applies those)."""
+    changed = []
+    for c in configs:
+        d = Path(c.run.out_dir) / c.run.name
+        if not (d / "config.yaml").is_file():
+            continue
+        try:
+            old = flat(effective_config(d))
+        except ConfigError as e:
+            changed.append(f"{c.run.name} (its config cannot be read: {e})")
+            continue
+        skip = RUN_NEUTRAL_KEYS if (d / "result.json").is_file() else RESUME_MAY_CHANGE
+        new = flat(c)
+        diff = [f"{k}: {old.get(k)!r} -> {new[k]!r}" for k in new
+                if k not in INVOCATION_KEYS and k not in skip and old.get(k) != new[k]]
+        if diff:
+            changed.append(f"{c.run.name} ({'; '.join(diff[:4])}{f'; and {len(diff) - 4} more' if len(diff) > 4 else ''})")
+    if not changed:
+        return []
+    return [f"{len(changed)} run(s) already trained with settings other than the plan's: {', '.join(changed[:5])}"
+            f"{f' and {len(changed) - 5} more' if len(changed) > 5 else ''}; their results would be reported as "
+            "the study file's: restore the study file's settings (and the command's overrides), or give the "
+            "changed study another name or --out (a new directory trains every run with the new settings)"]
 
 
 def used_models(cfg, study: dict, study_dir: Path) -> dict[str, Path]:

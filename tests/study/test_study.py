@@ -546,3 +546,19 @@ def test_a_study_rerun_after_its_settings_changed_is_refused_naming_runs_and_key
     assert "4 run(s)" in err and "clm-s1 (train.lr: 0.001 -> 0.05)" in err, err
     # settings that do not change results (thread count, logging) are not a change
     assert main(["study", str(f), "--out", out, "--dry-run", "train.num_threads=1", "log.interval=5"]) == 0
+
+
+def test_a_huge_grid_or_seed_list_is_refused_with_its_numbers_before_anything_is_expanded(tmp_path):
+    import time
+
+    axis = "[" + ", ".join(str(i) for i in range(1000)) + "]"
+    huge = STUDY_OK.replace("sweep:\n", f"sweep:\n  train.lr: {axis}\n  train.warmup_steps: {axis}\n"
+                                        f"  train.min_lr: {axis}\n")
+    t0 = time.perf_counter()
+    code, err = _cli_study(tmp_path, huge, "--dry-run")
+    assert code == 2 and "expected at most 10000 runs, found 4000000000 grid points x 2 seed(s)" in err, err
+    f = tmp_path / "ok.yaml"
+    f.write_text(STUDY_OK)
+    with pytest.raises(ConfigError, match="--seeds: expected at most 1000 seeds, found 1000000"):
+        study.run_study(str(f), tmp_path / "out", seeds=list(range(10**6)), dry_run=True)
+    assert time.perf_counter() - t0 < 30  # seconds on a loaded machine; the refusals themselves take milliseconds

@@ -77,6 +77,8 @@ def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int]
     study = load_study(preset)
     out = Path(out)
     configs = plan(study, out, seeds, overrides)
+    if changed := shared.changed_run_problems(configs):  # before the dry run returns: it knows them too
+        raise ConfigError(f"study {study['name']}: {changed[0]}")
     launcher = make_launcher(study, launcher, jobs, detach=detach)
     jobs = jobs or study.get("jobs") or 1
     if status:

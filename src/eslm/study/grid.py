@@ -12,12 +12,14 @@ reported."""
 from __future__ import annotations
 
 import itertools
+import math
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from eslm import metrics as M
 from eslm.errors import ConfigError
-from eslm.study.schema import _entry, _flatten, _refuse, _seeds_problems, _slug
+from eslm.study.schema import MAX_RUNS, _entry, _flatten, _refuse, _seeds_problems, _slug
 from eslm.analysis.rundir import comparable_sets_problem, experiment_key, find_group, planned_groups
 from eslm.config import build_config, equal_flops_budget
 from eslm.files import atomic_write
@@ -121,6 +123,7 @@ def grid(study: dict, seeds=None) -> list[tuple[str, str, list[str], int]]:
     order, then the sweep axes' product. Two grid points with one name are refused."""
     points: list[tuple[str, str, list[str]]] = []
     axes = _axes(study)
+    _check_size(study, axes, seeds or study["seeds"])
     for item in study["methods"]:
         method, label, over = _entry(item)
         # a restricted axis names methods by label: a labelled variant is its own entry, not its method's
@@ -129,11 +132,23 @@ def grid(study: dict, seeds=None) -> list[tuple[str, str, list[str], int]]:
             sweep = [f"{k}={v}" for (k, _), v in zip(applicable, combo)]
             name = "-".join([label] + [_slug(o) for o in sweep])
             points.append((method, name, over + sweep))
-    names = [p[1] for p in points]
-    dup = sorted({n for n in names if names.count(n) > 1})
+    dup = sorted(n for n, k in Counter(p[1] for p in points).items() if k > 1)
     if dup:
         raise ConfigError(f"study: the grid names {dup[0]!r} twice; give one of the method entries a 'label'")
     return [(m, f"{name}-s{seed}", over, seed) for seed in (seeds or study["seeds"]) for m, name, over in points]
+
+
+def _check_size(study: dict, axes: list, seeds: list) -> None:
+    """The grid's size (methods x the product of their sweep axes x seeds), counted before anything is expanded:
+    above ``MAX_RUNS`` refused in one line with the numbers."""
+    per_seed = 0
+    for item in study["methods"]:
+        label = _entry(item)[1]
+        per_seed += math.prod(len(vals) for _, vals, ms in axes if ms is None or label in ms)
+    if per_seed * len(seeds) > MAX_RUNS:
+        raise ConfigError(f"study {study['name']}: expected at most {MAX_RUNS} runs, found {per_seed} grid points x "
+                          f"{len(seeds)} seed(s) = {per_seed * len(seeds)}; shorten the sweep axes or the seeds "
+                          "(or split the study)")
 
 
 def _by_message(failures: list[tuple[str, str]], total: int) -> list[str]:

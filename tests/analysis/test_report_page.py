@@ -164,7 +164,9 @@ def test_the_built_page_draws_training_loss_and_throughput_and_names_the_token_v
     (tmp_path / "study" / "tokens").mkdir()
     for name in ("index.html", "tokens.json"):
         (tmp_path / "study" / "tokens" / name).write_text("{}")
-    report.build_report([str(p) for p in runs], tmp_path / "study" / "report")
-    page = parse((tmp_path / "study" / "report" / "index.html").read_text())
+    report.build_report([str(p) for p in runs], tmp_path / "study" / "report", study="demo<b>")
+    text = (tmp_path / "study" / "report" / "index.html").read_text()
+    assert "<h1>eslm report: demo&lt;b&gt;</h1>" in text  # the study's name in the title, escaped
+    page = parse(text)
     assert [x["attrs"]["href"] for x in page.items if x["tag"] == "a" and "tokens" in x["attrs"].get("href", "")] \
         == ["../tokens/index.html"]

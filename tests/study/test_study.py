@@ -501,6 +501,15 @@ def test_branch_section_mistakes_are_refused(tmp_path, tiny_data):
     assert code == 2 and "branch.at_tokens: 128 tokens is step 1, inside the warmup (2 steps)" in err
     code, err = _cli_study(tmp_path, text.replace("at_tokens: 256", "at_tokens: 100000"), "--dry-run")
     assert code == 2 and "at or past the end of the schedule (6 steps)" in err
+    # issue 47: every arm must be able to continue its seed's trunk, checked by the dry run (not at branch_from)
+    code, err = _cli_study(tmp_path, text.replace("seeds: [3]", "seeds: [3]\nsweep: {train.lr: [0.001, 0.002]}"),
+                           "--dry-run")
+    assert code == 2 and "branch: clm-lr0.002-s3, random-lr0.002-s3 set train.lr otherwise than their seed's first" \
+        in err, err
+    code, err = _cli_study(tmp_path, text.replace("methods: [clm, random]", "methods: [clm, {name: random, "
+                                                  "train.micro_batch_size_seqs: 2}]"), "--dry-run")
+    assert code == 2 and "branch: random-micro_batch_size_seqs2-s3 set train.micro_batch_size_seqs otherwise" in err, err
+    assert _cli_study(tmp_path, text, "--dry-run")[0] == 0
 
 
 # ---------------------------------------------------------------- issue 47: a study file changed after its runs

@@ -25,6 +25,8 @@ from eslm.config import build_config, equal_flops_budget
 from eslm.files import atomic_write
 from eslm.methods import baseline
 from eslm.study import shared
+from eslm.train.branch import SHARED_KEYS
+from eslm.train.resume import flat
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,26 @@ def _branch_problems(study: dict, configs: list) -> list[str]:
     names = {x.run.name for x in configs}
     out += [f"branch: the trunk {trunk_name(study, x.run.seed)!r} has the name of a grid run; label that entry"
             for x in configs if trunk_name(study, x.run.seed) in names][:1]
-    return out
+    return out + _arm_problems(configs)
+
+
+def _arm_problems(configs: list) -> list[str]:
+    """Arms that could not continue their seed's trunk (it is built from the seed's first run): a key the branch
+    must share (``eslm.train.branch.SHARED_KEYS``: data, model, batch, optimizer, schedule up to the branch) set
+    otherwise, e.g. by an lr sweep or a micro-batch variant. Refused in the plan, not at branch_from after the
+    trunk and the other arms trained."""
+    first: dict[int, dict] = {}
+    bad: dict[str, list[str]] = {}
+    for c in configs:
+        values = {k: v for k, v in flat(c).items() if k in SHARED_KEYS or k.split(".")[0] in SHARED_KEYS}
+        trunk = first.setdefault(c.run.seed, values)
+        for k, v in values.items():
+            if trunk.get(k) != v:
+                bad.setdefault(k, []).append(c.run.name)
+    return [f"branch: {', '.join(runs[:3])}{f' and {len(runs) - 3} more' if len(runs) > 3 else ''} set {key} "
+            "otherwise than their seed's first run, whose trunk every arm continues; a branched study's arms share "
+            "the data, model, batch and optimizer up to the branch point: sweep that key in a study without a "
+            "branch section, or give it one value" for key, runs in bad.items()]
 
 
 def _with_branch(study: dict, configs: list) -> list:

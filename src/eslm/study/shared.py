@@ -168,6 +168,26 @@ def changed_run_problems(configs: list) -> list[str]:
             "changed study another name or --out (a new directory trains every run with the new settings)"]
 
 
+def unknown_model_problems(configs: list, study: dict, study_dir: Path) -> list[str]:
+    """Runs whose method reads a frozen model (``method.kd.teacher``, ``method.rho1.reference``) from a value that
+    is neither one of the study's shared models nor an existing path: refused in the plan, not after the shared
+    models and the other runs trained. One line per value, naming its runs and the study's model names."""
+    models = study.get("models") or {}
+    planned = {model_dir(study_dir, n, spec, seed) for n, spec in models.items()
+               for seed in _model_seeds(spec, sorted({c.run.seed for c in configs}))}
+    bad: dict[tuple[str, str], list[str]] = {}
+    for c in configs:
+        values = flat(c)
+        for need in METHODS[c.method.name].frozen_models:
+            value = values.get(need.key)
+            if value and Path(str(value)) not in planned and not Path(str(value)).exists():
+                bad.setdefault((need.key, str(value)), []).append(c.run.name)
+    names = ", ".join(repr(n) for n in models) or "none"
+    return [f"{', '.join(runs[:3])}{f' and {len(runs) - 3} more' if len(runs) > 3 else ''}: {key}={value!r} names "
+            f"neither a model of the study's models section ({names}) nor an existing path; fix: name one of "
+            "them, or give the path of a trained run" for (key, value), runs in bad.items()]
+
+
 def used_models(cfg, study: dict, study_dir: Path) -> dict[str, Path]:
     """{frozen-model key: model directory} of a planned run that uses shared models of its study: the keys its
     method needs (a study-wide ``method.kd.teacher`` is set in CLM's config too, but CLM does not use it)."""

@@ -199,3 +199,21 @@ def test_warmup_longer_than_the_run_warns_once_in_one_line():
 def test_an_override_without_equals_shows_the_fix():
     with pytest.raises(ConfigError, match=r"got 'train.max_steps'; fix: write train.max_steps=VALUE as one argument"):
         build_config(overrides=["train.max_steps"])
+
+
+@pytest.mark.parametrize("override, words", [
+    ("train.micro_batch_size_seqs=1000000000", "tokens per micro-batch: the activations kept for backward"),
+    ("train.grad_accum_steps=1000000000", "tokens per optimizer step (its micro-batches are drawn together)"),
+    ("model.block_size=1000000000", "model.block_size=1000000000: the positional table"),
+])
+def test_sizes_that_cannot_fit_in_memory_are_refused_with_the_estimate(override, words):
+    """issue 47: refused in one line with a lower bound of the memory needed, before anything is allocated."""
+    import time
+
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError) as e:
+        build_config(overrides=["model.preset=tiny", override])
+    msg = str(e.value)
+    assert words in msg and "GiB, more than this machine's" in msg and "fix:" in msg, msg
+    assert time.perf_counter() - t0 < 10
+    assert build_config(overrides=["model.preset=tiny"]) is not None  # the defaults fit

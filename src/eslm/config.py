@@ -20,6 +20,7 @@ import dataclasses
 import difflib
 import importlib.util
 import math
+import os
 import typing
 import warnings
 from dataclasses import dataclass, field, fields, is_dataclass, replace
@@ -514,6 +515,45 @@ def value_problems(cfg: Config) -> list[str]:
     return problems
 
 
+def physical_memory() -> int | None:
+    """Bytes of memory of this machine, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def memory_problems(cfg: Config, memory: int | None = None) -> list[str]:
+    """Sizes that cannot fit in this machine's memory (``memory`` bytes; default ``physical_memory()``), each
+    with a lower bound of what it needs, checked before anything is allocated: the activations one micro-batch
+    keeps for backward (its tokens x model width x (layers + 1), float32), the micro-batches of one optimizer
+    step (drawn together: inputs and targets, int64) and the positional table of the context (model.block_size x
+    width, float32)."""
+    memory = memory or physical_memory()
+    if not memory or cfg.model.preset not in PRESETS or cfg.data.tokenizer not in TOKENIZER_NAMES:
+        return []
+    mc = model_config_for(cfg)
+    t = cfg.train
+    tokens = t.micro_batch_size_seqs * cfg.data.seq_len
+    gib, have = 2.0 ** 30, memory / 2.0 ** 30
+    out = []
+    for need, what, fix in (
+            (tokens * mc.n_embd * 4 * (mc.n_layer + 1),
+             f"train.micro_batch_size_seqs x data.seq_len = {tokens} tokens per micro-batch: the activations kept "
+             f"for backward ({mc.n_layer} layers of width {mc.n_embd})",
+             "set train.micro_batch_size_seqs (or data.seq_len) smaller; raise train.grad_accum_steps to keep the "
+             "tokens per step"),
+            (t.grad_accum_steps * tokens * 16,
+             f"train.grad_accum_steps x {tokens} tokens = {t.grad_accum_steps * tokens} tokens per optimizer step "
+             "(its micro-batches are drawn together)", "set train.grad_accum_steps smaller"),
+            (mc.block_size * mc.n_embd * 4, f"model.block_size={mc.block_size}: the positional table",
+             "set model.block_size to the context you train (0: the preset's)")):
+        if need > memory:
+            out.append(f"{what} need at least {need / gib:.3g} GiB, more than this machine's {have:.3g} GiB; "
+                       f"fix: {fix}")
+    return out
+
+
 def validate(cfg: Config) -> list[str]:
     """Every problem of a built config (empty list when valid)."""
     problems = []
@@ -561,6 +601,8 @@ def validate(cfg: Config) -> list[str]:
         problems.append(f"method.name: unknown method {cfg.method.name!r}{hint}; expected one of {', '.join(METHODS)}")
     else:
         problems += METHODS[cfg.method.name].problems(cfg.method)
+    if not problems:  # sizes are estimated from a config that is otherwise valid
+        problems += memory_problems(cfg)
     return problems
 
 

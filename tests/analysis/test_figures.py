@@ -94,3 +94,20 @@ def test_panels_legend_never_covers_an_axis_label(kept_figures, tmp_path, n_line
         box = t.get_window_extent(renderer)
         assert legend.y1 <= box.y0, (t.get_text(), legend, box)
     assert legend.y0 >= 0, legend  # and the legend is inside the figure
+
+
+def test_log_x_ticks_are_plain_text_not_unparsed_mathtext():
+    # the figures do not parse mathtext (labels come from configs), so matplotlib's own log labels
+    # ("$\mathdefault{10^{13}}$") showed raw on a FLOPs axis: the log x axis is labelled in plain text
+    pytest.importorskip("matplotlib")
+    assert [figures.tick_text(v) for v in (1e13, 2e13, 5e-5, 0.5, 3.0, 1e4, 2000.0)] == \
+        ["10¹³", "2×10¹³", "5×10⁻⁵", "0.5", "3", "10⁴", "2000"]
+    plt = figures._plt()
+    fig, ax = plt.subplots()
+    s = {"label": "g", "n": 2, "x": [1e13, 4e13, 1.6e14], "mean": [5.0, 4.0, 3.5], "lo": [4.9, 3.9, 3.4],
+         "hi": [5.1, 4.1, 3.6]}
+    figures._draw_series(ax, [s], {}, logx=True, logy=False)
+    fig.canvas.draw()
+    labels = [t.get_text() for t in ax.get_xticklabels() + ax.get_xticklabels(minor=True) if t.get_text()]
+    plt.close(fig)
+    assert labels and not any("$" in x for x in labels) and "10¹³" in labels and "10¹⁴" in labels, labels

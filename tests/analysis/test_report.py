@@ -33,12 +33,14 @@ def make_run(root, name, method, seed, *, steps=(10, 20, 40, 80, 160), alpha=0.1
            "method": {"name": method, "alpha": alpha}, "model": {"preset": "tiny"},
            "data": {"source": "stdlib", "weights": "natural"}, "flops": {"count_per": "global"}}
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
-    (d / "env.json").write_text(json.dumps({"git_commit": "abc", "device": "cpu", "world_size": 1, "seed": seed}))
+    (d / "env.json").write_text(json.dumps({"git_commit": "abc", "device": "cpu", "world_size": 1, "seed": seed,
+                                            "model_params_non_embedding": 12345}))
     kept = 1.0 if method == "clm" else 1.0 - alpha
     lines = []
     for step in range(10, steps[-1] + 1, 10):
         flops = FLOPS_PER_STEP * step * (1.0 + 2.0 * kept) / 3.0
         rec = {M.KIND: M.KIND_TRAIN, M.STEP: step, M.TOKENS_SEEN: 1000 * step, M.TRAIN_LOSS: _loss(method, seed, step),
+               M.TRAIN_LOSS_ALL: _loss(method, seed, step) + 0.01, M.TOKENS_PER_S: 2000.0 + step + seed,
                M.ELAPSED_S: 0.5 * step, M.FLOPS_PAPER: flops, M.FLOPS_EXECUTED: FLOPS_PER_STEP * step}
         if method != "clm":
             rec.update({M.KEPT_FRAC: kept, M.ALPHA: alpha, M.kept_frac_key("web"): kept})
@@ -123,8 +125,11 @@ def test_report_files_and_flops_to_target(runs, tmp_path):
     out = tmp_path / "rep"
     s = report.build_report([str(p) for p in runs], out)
     for f in ("index.html", "summary.json", "loss_vs_flops.png", "loss_vs_tokens.png", "loss_vs_time.png",
-              "flops_to_target.png", "time_to_target.png", "domain_final.png", "domain_curves.png", "selection.png"):
+              "flops_to_target.png", "time_to_target.png", "domain_final.png", "domain_curves.png", "train_loss.png",
+              "tokens_per_s.png"):
         assert (out / f).is_file() and (out / f).stat().st_size > 0, f
+    # the kept fraction and alpha of a fixed alpha are constant over training: said in the header, not drawn
+    assert not (out / "selection.png").exists() and "selection" not in s["figures"]
     on_disk = json.loads((out / "summary.json").read_text())
     assert on_disk["target_loss"] == pytest.approx(s["target_loss"])
     # default target = max over runs of min val loss (clm stops at step 80)
@@ -148,7 +153,7 @@ def test_report_files_and_flops_to_target(runs, tmp_path):
 
 def test_one_table_of_figures_drives_drawing_and_the_page(runs, tmp_path, monkeypatch):
     # a figure is declared once, in FIGURES: a new entry is drawn, listed in summary.json and placed on the
-    # page under its section, with no other edit; one that draws nothing gets the "no data" note
+    # page under its section, with no other edit; one that draws nothing is left out (no placeholder)
     pytest.importorskip("matplotlib")
     from eslm.analysis.report import figure_table as T
 
@@ -163,14 +168,15 @@ def test_one_table_of_figures_drives_drawing_and_the_page(runs, tmp_path, monkey
     out = tmp_path / "rep"
     s = report.build_report([str(p) for p in runs], out)
     # one seed per group and no selection scores: no paired difference over training, no kept/dropped scores
-    no_data = {"empty_fig", "difference_over_training", "kept_dropped_scores", "alpha_per_run"}
+    # a fixed alpha: kept fraction and alpha are constant, no selection panel
+    no_data = {"empty_fig", "difference_over_training", "kept_dropped_scores", "alpha_per_run", "selection"}
     assert list(s["figures"]) == [f.id for f in T.FIGURES if f.id not in no_data]
     assert (out / "extra_fig.png").read_bytes() == b"png" and not (out / "empty_fig.png").exists()
     page = (out / "index.html").read_text()
     ids = re.findall(r"<img src='([a-z_]+)\.png'", page)
     assert ids == list(s["figures"])
-    assert ("<h2>Extra section</h2>\n<p><img src='extra_fig.png' alt='an extra figure'></p>\n"
-            "<p class='note'>(nothing to draw: no data)</p>") in page
+    assert "<h2>Extra section</h2>\n<p><img src='extra_fig.png' alt='an extra figure'></p>\n<h2" in page
+    assert "nothing to draw" not in page and "no data" not in page
     assert page.count("<h2>Validation loss</h2>") == 1
 
 
@@ -362,9 +368,11 @@ def test_report_with_five_seeds_has_intervals_paired_verdicts_and_controls(tmp_p
     # executed FLOPs per step in CLM steps: the synthetic runs execute exactly their dense FLOPs
     assert g["clm"]["step_cost_vs_clm"]["mean"] == pytest.approx(1.0)
     md = (tmp_path / "rep" / "summary.md").read_text()
-    assert md.startswith("| group | n | final val loss") and "reaches the target with" in md
+    assert md.startswith("# eslm report\n") and "## Summary\n\n| group | n | final val loss" in md
+    assert "reaches the target with" in md
     html = (tmp_path / "rep" / "index.html").read_text()
-    assert "Verdicts" in html and "flops_executed to target" in html and "CPU s" in html and "(n=5)" in html
+    assert "Verdicts" in html and "flops_executed to target" in html and "CPU s" in html
+    assert html.count("n = 5 per group") == 1 and "(n=" not in html  # the seeds said once, in the header
 
 
 def test_report_with_one_seed_says_no_interval_once(tmp_path, capsys):
@@ -384,8 +392,11 @@ def test_report_with_one_seed_says_no_interval_once(tmp_path, capsys):
     assert "n=1" not in page and "no interval" not in page
     md = (out / "summary.md").read_text()
     lines = md.splitlines()
-    assert lines[0] == f"**{s['primary']['primary_verdict']}**"  # the primary line first, then the note once
-    assert lines[2].startswith("**One seed per group**: no number in this report has an interval"), md
+    # after the header (as on the page): the note once, then the primary line, then the verdict table
+    note_at = next(i for i, x in enumerate(lines) if x.startswith("**One seed per group**: no number in this "
+                                                                   "report has an interval"))
+    assert lines[0].startswith("# eslm report") and lines[note_at + 2] == f"**{s['primary']['primary_verdict']}**"
+    assert lines.index("## Verdicts") == note_at + 4
     assert md.count("One seed per group") == 1 and "n=1" not in md and "no interval" not in md, md
     report.print_summary(s, out)
     printed = capsys.readouterr().out
@@ -404,7 +415,9 @@ def test_a_one_pair_verdict_in_a_report_with_more_seeds_says_n_1(tmp_path):
     assert all(v.endswith("(n=1, no interval)") for v in c["eslm-entropy"]["verdicts"])
     assert not any("n=1" in v for v in c["random"]["verdicts"])
     page = (tmp_path / "rep" / "index.html").read_text()
-    assert "One seed per group" not in page and "(n=1, no interval)" in page and "<small>(n=1)</small>" in page
+    # the verdict sentences say n=1; the cells say only that they have no interval (the seeds: once, in the header)
+    assert "One seed per group" not in page and "(n=1, no interval)" in page
+    assert "<small>(no interval)</small>" in page and "<small>(n=" not in page
     assert "One seed per group" not in (tmp_path / "rep" / "summary.md").read_text()
 
 

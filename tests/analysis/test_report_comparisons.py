@@ -76,7 +76,8 @@ def test_the_primary_comparison_is_first_and_unadjusted(study, capsys):
     assert p is next(c for c in s["controls"] if c["group"] == "eslm-entropy")  # the control comparison itself
     report.print_summary(s, out)
     assert capsys.readouterr().out.splitlines()[0] == p["primary_verdict"]
-    assert (out / "summary.md").read_text().splitlines()[0] == f"**{p['primary_verdict']}**"
+    md = (out / "summary.md").read_text().splitlines()  # after the header, before the verdict table
+    assert md.index(f"**{p['primary_verdict']}**") < md.index("## Verdicts") and md[0].startswith("# eslm report")
     page = (out / "index.html").read_text()
     assert page.index("Primary comparison") < page.index("<h2>Verdicts</h2>")
 
@@ -178,7 +179,8 @@ def test_a_control_that_is_the_baseline_is_compared_once(tmp_path, capsys):
     assert s["controls"] == []
     md = (out / "summary.md").read_text()
     assert sum(line.startswith("- **eslm-entropy** vs random: ") for line in md.splitlines()) == 1
-    row = next(line for line in md.splitlines() if line.startswith("| eslm-entropy"))
+    lines = md.splitlines()
+    row = next(line for line in lines[lines.index("## Summary"):] if line.startswith("| eslm-entropy"))
     final = s["comparisons"][0]["losses"][C.FINAL]
     assert row.split(" | ")[3] == row.split(" | ")[4] != "—" and f"{final['mean']:+.4f}" in row.split(" | ")[4]
     report.print_summary(s, out)

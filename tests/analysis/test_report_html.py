@@ -33,5 +33,5 @@ def test_text_from_the_runs_is_escaped_in_the_page():
     s["warnings"] = ["<script>alert(1)</script> & 'x'"]
     s["groups"][0]["label"] = "<b>g</b>"
     page = render_html(s, data["written"])
-    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt; &amp; &#x27;x&#x27;" in page
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt; &amp; &#39;x&#39;" in page
     assert "&lt;b&gt;g&lt;/b&gt;" in page and "<b>g</b>" not in page

@@ -72,8 +72,9 @@ def test_mark_stale_writes_a_notice_into_every_file_until_the_report_is_rebuilt(
     report.build_report(two_runs, out)
     assert report.mark_stale(out, "3 runs trained since") is True
     assert "<p class='warn' id='stale'><b>STALE: 3 runs trained since</b></p><h1>" in (out / "index.html").read_text()
-    md = (out / "summary.md").read_text()  # one seed per group: the one-seed note, then the table
-    assert md.startswith("**STALE: 3 runs trained since**\n\n**One seed per group**") and "\n\n| group |" in md
+    md = (out / "summary.md").read_text()  # the notice, then the report: its header, the one-seed note, the tables
+    assert md.startswith("**STALE: 3 runs trained since**\n\n# eslm report\n")
+    assert md.index("**One seed per group**") < md.index("\n\n| group |")
     assert json.loads((out / "summary.json").read_text())["stale"] == "3 runs trained since"
     report.mark_stale(out, "again")  # marked once
     assert (out / "index.html").read_text().count("STALE") == 1

@@ -155,3 +155,36 @@ def test_per_seed_models_and_plan_problems(tiny_data, tmp_path):
     msg = str(e.value)
     assert "te/acher" in msg and "did you mean 'clm'" in msg and "seed: expected an integer" in msg
     assert "run.* keys" in msg
+
+
+def test_a_later_seed_that_would_load_another_checkpoint_of_the_model_is_refused(tiny_data, tmp_path, trained):
+    """issue 47: models.json pins the checkpoint every run used (its file, step and sha256); with the model's
+    checkpoints and last snapshot deleted it would resolve to an earlier snapshot: a later seed is refused."""
+    path = _study_file(tmp_path, tiny_data, teacher_steps=4)
+    out = tmp_path / "out"
+    assert study.run_study(str(path), out, seeds=[1]) == 0
+    teacher = out / "kd" / "models" / "teacher"
+    entry = json.loads((teacher.parent / "models.json").read_text())["teacher"]
+    assert Path(entry["checkpoint"]).name == "step_0000004.pt" and entry["step"] == 4  # the file's own step
+    for p in [*(teacher / "checkpoints").iterdir(), teacher / "snapshots" / "step_0000004.safetensors"]:
+        p.unlink()
+    trained.clear()
+    with pytest.raises(ConfigError) as e:
+        study.run_study(str(path), out, seeds=[1, 2])
+    msg = str(e.value)
+    assert "is pinned to step_0000004.pt (step 4" in msg and "now resolves to step_0000002.safetensors" in msg, msg
+    assert "dense-kd-s1" in msg and trained == []
+
+
+def test_a_mistyped_model_name_is_refused_by_the_dry_run(tiny_data, tmp_path, trained):
+    """issue 47: method.kd.teacher naming no model of the study (and no path) is refused before anything trains,
+    --dry-run included, naming the runs, the value and the study's model names."""
+    path = _study_file(tmp_path, tiny_data)
+    path.write_text(path.read_text().replace("teacher: teacher", "teacher: teachr"))
+    for dry in (True, False):
+        with pytest.raises(ConfigError) as e:
+            study.run_study(str(path), tmp_path / "out", dry_run=dry)
+        msg = str(e.value)
+        assert "method.kd.teacher='teachr' names neither a model of the study's models section ('teacher')" in msg
+        assert "dense-kd-s1" in msg and "clm-s1" not in msg, msg  # CLM reads no teacher
+    assert trained == [] and not (tmp_path / "out").exists()

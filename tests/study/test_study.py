@@ -532,3 +532,73 @@ def test_branch_section_mistakes_are_refused(tmp_path, tiny_data):
     assert code == 2 and "branch.at_tokens: 128 tokens is step 1, inside the warmup (2 steps)" in err
     code, err = _cli_study(tmp_path, text.replace("at_tokens: 256", "at_tokens: 100000"), "--dry-run")
     assert code == 2 and "at or past the end of the schedule (6 steps)" in err
+    # issue 47: every arm must be able to continue its seed's trunk, checked by the dry run (not at branch_from)
+    code, err = _cli_study(tmp_path, text.replace("seeds: [3]", "seeds: [3]\nsweep: {train.lr: [0.001, 0.002]}"),
+                           "--dry-run")
+    assert code == 2 and "branch: clm-lr0.002-s3, random-lr0.002-s3 set train.lr otherwise than their seed's first" \
+        in err, err
+    code, err = _cli_study(tmp_path, text.replace("methods: [clm, random]", "methods: [clm, {name: random, "
+                                                  "train.micro_batch_size_seqs: 2}]"), "--dry-run")
+    assert code == 2 and "branch: random-micro_batch_size_seqs2-s3 set train.micro_batch_size_seqs otherwise" in err, err
+    assert _cli_study(tmp_path, text, "--dry-run")[0] == 0
+
+
+# ---------------------------------------------------------------- issue 47: a study file changed after its runs
+
+CHANGED = """methods: [clm, eslm-entropy]
+seeds: [1, 2]
+config: {model: {preset: tiny}, data: {seq_len: 64}, train: {max_steps: 10, warmup_steps: 2, lr: 0.001},
+         method: {alpha: 0.2}}
+"""
+
+
+def _trained_as_planned(tmp_path, text: str) -> list:
+    """Run directories as if the study had trained them: each holds the config.yaml the plan gives it (and
+    result.json: finished)."""
+    from eslm.config import to_yaml
+
+    f = tmp_path / "grid.yaml"
+    f.write_text(text)
+    configs = study.plan(study.load_study(str(f)), tmp_path / "out")
+    for c in configs:
+        d = tmp_path / "out" / "grid" / c.run.name
+        d.mkdir(parents=True)
+        (d / "config.yaml").write_text(to_yaml(c))
+        (d / "result.json").write_text("{}")
+    return configs
+
+
+def test_a_study_rerun_after_its_settings_changed_is_refused_naming_runs_and_keys(tmp_path, capsys):
+    from eslm.cli import main
+
+    _trained_as_planned(tmp_path, CHANGED)
+    f, out = tmp_path / "grid.yaml", str(tmp_path / "out")
+    assert main(["study", str(f), "--out", out, "--dry-run"]) == 0  # the same plan: nothing to say
+    f.write_text(CHANGED.replace("alpha: 0.2", "alpha: 0.4"))
+    assert main(["study", str(f), "--out", out, "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    assert "4 run(s) already trained with settings other than the plan's" in err, err
+    assert "eslm-entropy-s1 (method.alpha: 0.2 -> 0.4)" in err and "eslm-entropy-s2" in err, err
+    f.write_text(CHANGED)
+    assert main(["study", str(f), "--out", out, "--dry-run", "train.lr=0.05"]) == 2  # an override counts too
+    err = capsys.readouterr().err
+    assert "4 run(s)" in err and "clm-s1 (train.lr: 0.001 -> 0.05)" in err, err
+    # settings that do not change results (thread count, logging) are not a change
+    assert main(["study", str(f), "--out", out, "--dry-run", "train.num_threads=1", "log.interval=5"]) == 0
+
+
+def test_a_huge_grid_or_seed_list_is_refused_with_its_numbers_before_anything_is_expanded(tmp_path):
+    import time
+
+    axis = "[" + ", ".join(str(i) for i in range(1000)) + "]"
+    huge = STUDY_OK.replace("sweep:\n", f"sweep:\n  train.lr: {axis}\n  train.warmup_steps: {axis}\n"
+                                        f"  train.min_lr: {axis}\n")
+    t0 = time.perf_counter()
+    code, err = _cli_study(tmp_path, huge, "--dry-run")
+    assert code == 2 and "expected at most 10000 runs, found 4000000000 grid points x 2 seed(s)" in err, err
+    f = tmp_path / "ok.yaml"
+    f.write_text(STUDY_OK)
+    with pytest.raises(ConfigError, match="--seeds: expected at most 1000 seeds, found 1000000"):
+        study.run_study(str(f), tmp_path / "out", seeds=list(range(10**6)), dry_run=True)
+    assert time.perf_counter() - t0 < 30  # seconds on a loaded machine; the refusals themselves take milliseconds

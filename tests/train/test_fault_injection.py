@@ -190,3 +190,77 @@ def test_eval_all_checkpoints_skips_a_damaged_snapshot_and_evaluates_the_rest(ti
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "skipped" in err[0] and "step_0000002.safetensors does not match its checksum" in err[0]
     assert sorted(p.name for p in (run / "eval").glob("*.json")) == ["step_0000001.json", "step_0000003.json"]
+
+
+# ---------------------------------------------------------------- issue 47: no complete checkpoint yet
+
+FIRST = {**COMMON, "train.max_steps": 4, "checkpoint.interval": 2, "eval.interval": 2}  # a snapshot, then a save
+
+
+def test_a_kill_inside_the_first_checkpoint_write_then_resume_starts_again_bit_for_bit(tiny_data, tmp_path):
+    """SIGKILL inside the first checkpoint's write (its .step_0000002.pt.tmp.PID half written, metrics and the
+    snapshot of step 2 there): --resume starts the run again, removes the temporary file and logs what an
+    uninterrupted run logs."""
+    ref = _run(tiny_overrides(tiny_data, tmp_path / "ref", **FIRST), kill=None)
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    args = tiny_overrides(tiny_data, tmp_path / "b", **FIRST)
+    killed = _run(args, kill="save:1")
+    run = tmp_path / "b" / "t"
+    assert killed.returncode == -9, killed.stdout[-2000:] + killed.stderr[-2000:]
+    assert [p.name for p in (run / "checkpoints").iterdir()][0].startswith(".step_0000002.pt.tmp.")
+    assert max(r[M.STEP] for r in read_metrics(run)) == 2  # the steps up to the first save were logged
+    again = _run(args + ["--resume"], kill=None)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert "no checkpoint" in again.stdout and "starting from step 0" in again.stdout
+    assert _comparable(read_metrics(tmp_path / "ref" / "t")) == _comparable(read_metrics(run))
+    assert not [p for d in ("checkpoints", "snapshots") for p in (run / d).iterdir() if ".tmp." in p.name]
+
+
+def test_a_full_disk_at_the_first_snapshot_then_resume_starts_again(tiny_data, tmp_path, monkeypatch, capsys):
+    """ENOSPC at the first snapshot (before any checkpoint): one line saying to free space and --resume; that
+    resume starts the run again and ends as an uninterrupted run."""
+    import errno
+
+    import eslm.train.snapshots as snaps
+    from eslm.cli import main as cli_main
+
+    args = tiny_overrides(tiny_data, tmp_path / "b", **FIRST)
+    real = snaps._atomic_write
+
+    def full(path, write):
+        with open(path.with_name(f".{path.name}.tmp.{os.getpid()}"), "wb") as f:
+            f.write(b"partial")  # what a real write leaves before ENOSPC; eslm's own temporary name
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(snaps, "_atomic_write", full)
+    assert cli_main(["train", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "could not write snapshot" in err and "free disk space" in err and "--resume" in err, err
+    run = tmp_path / "b" / "t"
+    assert not list((run / "checkpoints").glob("step_*")) and read_metrics(run)
+    monkeypatch.setattr(snaps, "_atomic_write", real)
+    assert cli_main(["train", *args, "--resume"]) == 0, capsys.readouterr().err
+    assert max(r[M.STEP] for r in read_metrics(run, "train")) == 4 and (run / "result.json").is_file()
+    assert not [p for d in ("checkpoints", "snapshots") for p in (run / d).iterdir() if ".tmp." in p.name]
+
+
+def test_a_branch_killed_inside_its_first_checkpoint_write_resumes_from_its_branch_point(tiny_data, tmp_path):
+    """The same for a branched run (a study's arm): its first save is the first on its interval after the branch
+    point; killed inside it, --resume starts the arm again from the trunk's checkpoint, bit for bit."""
+    common = {**FIRST, "method.name": "clm", "train.lr_decay_steps": 4, "train.lr_schedule": "steps"}
+    trunk = _run(tiny_overrides(tiny_data, tmp_path / "trunk", **{**common, "train.max_steps": 2}), kill=None)
+    assert trunk.returncode == 0, trunk.stdout + trunk.stderr
+    arm = {**common, "method.name": "eslm-entropy",
+           "train.branch_from": str(tmp_path / "trunk" / "t" / "checkpoints" / "step_0000002.pt")}
+    ref = _run(tiny_overrides(tiny_data, tmp_path / "ref", **arm), kill=None)
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    args = tiny_overrides(tiny_data, tmp_path / "b", **arm)
+    killed = _run(args, kill="save:1")  # step 4's checkpoint, the arm's first
+    assert killed.returncode == -9, killed.stdout[-2000:] + killed.stderr[-2000:]
+    run = tmp_path / "b" / "t"
+    assert max(r[M.STEP] for r in read_metrics(run)) == 4 and not list((run / "checkpoints").glob("step_*"))
+    again = _run(args + ["--resume"], kill=None)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert "branched from" in again.stdout
+    assert _comparable(read_metrics(tmp_path / "ref" / "t")) == _comparable(read_metrics(run))
+    assert not [p for p in (run / "checkpoints").iterdir() if ".tmp." in p.name]

@@ -25,6 +25,7 @@ def _plt():
     import matplotlib
 
     matplotlib.use("Agg")
+    matplotlib.rcParams["text.parse_math"] = False  # labels come from configs: "$x$" is text, not mathtext
     import matplotlib.pyplot as plt
 
     return plt
@@ -83,13 +84,14 @@ def _draw_series(ax, series: list[dict], colors: dict, logx: bool, logy: bool) -
             continue
         x = [s["x"][i] for i in idx]
         c = colors.get(s["label"])
-        name = s["label"] + (f" (n={s['n']})" if s["n"] > 1 else "")
+        name = s["label"]  # the seeds per group: said once, in the report's header
         marker = "o" if len(x) <= 60 else None  # dots on eval points; plain lines for dense train logs
         ax.plot(x, [s["mean"][i] for i in idx], color=c, marker=marker, ms=3, lw=1.6, label=name)
         if s["n"] > 1:
             ax.fill_between(x, [s["lo"][i] for i in idx], [s["hi"][i] for i in idx], color=c, alpha=0.2, lw=0)
     if logx:
         ax.set_xscale("log")
+        _plain_log_x(ax.xaxis)
     if logy:
         ax.set_yscale("log")
     _finish_log_y(ax, logy)  # again by the caller once it has drawn everything else (a target line, limits)
@@ -106,6 +108,38 @@ def _fit_log_y(ax) -> None:
         lo, hi = lo / 1.01, hi * 1.01
     pad = (hi / lo) ** 0.05
     ax.set_ylim(lo / pad, hi * pad)
+
+
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def tick_text(v: float) -> str:
+    """A tick value as plain text, 10¹³ or 2×10¹³ for large and small values (matplotlib's own log labels are
+    mathtext, which the figures do not parse: ``_plt``)."""
+    if v == 0 or not math.isfinite(v):
+        return f"{v:g}"
+    e = math.floor(math.log10(abs(v)) + 1e-9)
+    if -3 <= e < 4:
+        return f"{v:g}"
+    m = round(v / 10 ** e, 6)
+    power = "10" + str(e).translate(_SUPERSCRIPT)
+    return power if m == 1 else f"{m:g}×{power}"
+
+
+def _plain_log_x(axis) -> None:
+    """A log x axis labelled in plain text (``tick_text``): the decades, and 2 and 5 times them when the axis
+    spans at most two decades (read when the ticks are drawn)."""
+    from matplotlib.ticker import FuncFormatter
+
+    def minor(v, _):
+        lo, hi = sorted(axis.get_view_interval())
+        if not lo > 0 or math.log10(hi / lo) > 2:
+            return ""
+        mantissa = round(v / 10 ** math.floor(math.log10(v) + 1e-9))
+        return tick_text(v) if mantissa in (2, 5) else ""
+
+    axis.set_major_formatter(FuncFormatter(lambda v, _: tick_text(v)))
+    axis.set_minor_formatter(FuncFormatter(minor))
 
 
 def _plain_log_ticks(axis) -> None:
@@ -134,11 +168,11 @@ def _plain_log_ticks(axis) -> None:
 
     def minor(v, _):
         mantissa = round(v / 10 ** math.floor(math.log10(v) + 1e-9))
-        return f"{v:g}" if few and mantissa in (2, 5) else ""
+        return tick_text(v) if few and mantissa in (2, 5) else ""
 
     axis.set_major_locator(LogLocator(base=10))
     axis.set_minor_locator(LogLocator(base=10, subs=tuple(range(2, 10))))
-    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: tick_text(v)))
     axis.set_minor_formatter(FuncFormatter(minor))
 
 
@@ -309,7 +343,7 @@ def kept_dropped(path: Path, per_group: dict[str, tuple[dict, dict]], colors: di
     for ax, (label, (kept, dropped)) in zip(axes.flat, per_group.items()):
         c = colors.get(label)
         for s, style, name in ((kept, "-", "kept"), (dropped, "--", "dropped")):
-            ax.plot(s["x"], s["mean"], color=c, ls=style, lw=1.6, label=f"{name} (n={s['n']})")
+            ax.plot(s["x"], s["mean"], color=c, ls=style, lw=1.6, label=name)
             if s["n"] > 1:
                 ax.fill_between(s["x"], s["lo"], s["hi"], color=c, alpha=0.15, lw=0)
         ax.set_title(label, fontsize=9)

@@ -225,9 +225,21 @@ def _varying_keys(flat_configs: list[dict]) -> list[str]:
             and len({json.dumps(c.get(k), sort_keys=True, default=str) for c in flat_configs}) > 1]
 
 
+MAX_TEXT = 200  # characters of one name or value from the runs shown in a report (longer: cut, its length said)
+MAX_MESSAGE = 2000  # characters of one message (a warning, a verdict) that names such texts
+
+
+def shorten(text, limit: int = MAX_TEXT) -> str:
+    """``text`` as a string of at most about ``limit`` characters: a longer one keeps its start and says how
+    long it was (a 200,000-character config value would otherwise fill the page and every figure's legend)."""
+    text = str(text)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
+
 def group_runs(runs: list[Run]) -> list[Group]:
     """Group runs by ``group_key``, in order of first appearance; labels name the method and the settings
-    that differ from other groups of the same method (e.g. ``eslm-entropy (method.alpha=0.2)``)."""
+    that differ from other groups of the same method (e.g. ``eslm-entropy (method.alpha=0.2)``), shortened
+    (``shorten``; two labels equal after it get #2, #3 ...)."""
     buckets: dict[str, list[Run]] = {}
     for r in runs:
         buckets.setdefault(group_key(r), []).append(r)
@@ -241,7 +253,7 @@ def group_runs(runs: list[Run]) -> list[Group]:
         for g, flat in zip(same, flats):
             g.settings = {k: flat.get(k) for k in varying}
             extra = ", ".join(f"{k}={v}" for k, v in g.settings.items())
-            g.label = f"{method} ({extra})" if extra else method
+            g.label = shorten(f"{method} ({extra})" if extra else method)
     _dedupe_labels(groups)
     return groups
 

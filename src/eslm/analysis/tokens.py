@@ -284,6 +284,7 @@ def frequency_chart(path: Path, items: list[tuple[str, int]], title: str, rgb) -
     import matplotlib
 
     matplotlib.use("Agg")
+    matplotlib.rcParams["text.parse_math"] = False  # a token "$" is text, not mathtext
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 0.28 * max(5, len(items)) + 1.2))

@@ -77,6 +77,11 @@ def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int]
     study = load_study(preset)
     out = Path(out)
     configs = plan(study, out, seeds, overrides)
+    # before the dry run returns: it knows these too
+    if problems := shared.changed_run_problems(configs) + shared.unknown_model_problems(configs, study,
+                                                                                        out / study["name"]):
+        raise ConfigError(f"study {study['name']}: " + (problems[0] if len(problems) == 1 else
+                          f"{len(problems)} problem(s), nothing was run:" + "".join(f"\n  - {p}" for p in problems)))
     launcher = make_launcher(study, launcher, jobs, detach=detach)
     jobs = jobs or study.get("jobs") or 1
     if status:

@@ -12,17 +12,21 @@ reported."""
 from __future__ import annotations
 
 import itertools
+import math
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from eslm import metrics as M
 from eslm.errors import ConfigError
-from eslm.study.schema import flatten, method_entry, refuse, seeds_problems, slug
+from eslm.study.schema import MAX_RUNS, flatten, method_entry, refuse, seeds_problems, slug
 from eslm.analysis.rundir import comparable_sets_problem, experiment_key, find_group, planned_groups
 from eslm.config import build_config, equal_flops_budget
 from eslm.files import atomic_write
 from eslm.methods import baseline
 from eslm.study import shared
+from eslm.train.branch import SHARED_KEYS
+from eslm.train.resume import flat
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,26 @@ def _branch_problems(study: dict, configs: list) -> list[str]:
     names = {x.run.name for x in configs}
     out += [f"branch: the trunk {trunk_name(study, x.run.seed)!r} has the name of a grid run; label that entry"
             for x in configs if trunk_name(study, x.run.seed) in names][:1]
-    return out
+    return out + _arm_problems(configs)
+
+
+def _arm_problems(configs: list) -> list[str]:
+    """Arms that could not continue their seed's trunk (it is built from the seed's first run): a key the branch
+    must share (``eslm.train.branch.SHARED_KEYS``: data, model, batch, optimizer, schedule up to the branch) set
+    otherwise, e.g. by an lr sweep or a micro-batch variant. Refused in the plan, not at branch_from after the
+    trunk and the other arms trained."""
+    first: dict[int, dict] = {}
+    bad: dict[str, list[str]] = {}
+    for c in configs:
+        values = {k: v for k, v in flat(c).items() if k in SHARED_KEYS or k.split(".")[0] in SHARED_KEYS}
+        trunk = first.setdefault(c.run.seed, values)
+        for k, v in values.items():
+            if trunk.get(k) != v:
+                bad.setdefault(k, []).append(c.run.name)
+    return [f"branch: {', '.join(runs[:3])}{f' and {len(runs) - 3} more' if len(runs) > 3 else ''} set {key} "
+            "otherwise than their seed's first run, whose trunk every arm continues; a branched study's arms share "
+            "the data, model, batch and optimizer up to the branch point: sweep that key in a study without a "
+            "branch section, or give it one value" for key, runs in bad.items()]
 
 
 def _with_branch(study: dict, configs: list) -> list:
@@ -121,6 +144,7 @@ def grid(study: dict, seeds=None) -> list[tuple[str, str, list[str], int]]:
     order, then the sweep axes' product. Two grid points with one name are refused."""
     points: list[tuple[str, str, list[str]]] = []
     axes = _axes(study)
+    _check_size(study, axes, seeds or study["seeds"])
     for item in study["methods"]:
         method, label, over = method_entry(item)
         # a restricted axis names methods by label: a labelled variant is its own entry, not its method's
@@ -129,11 +153,23 @@ def grid(study: dict, seeds=None) -> list[tuple[str, str, list[str], int]]:
             sweep = [f"{k}={v}" for (k, _), v in zip(applicable, combo)]
             name = "-".join([label] + [slug(o) for o in sweep])
             points.append((method, name, over + sweep))
-    names = [p[1] for p in points]
-    dup = sorted({n for n in names if names.count(n) > 1})
+    dup = sorted(n for n, k in Counter(p[1] for p in points).items() if k > 1)
     if dup:
         raise ConfigError(f"study: the grid names {dup[0]!r} twice; give one of the method entries a 'label'")
     return [(m, f"{name}-s{seed}", over, seed) for seed in (seeds or study["seeds"]) for m, name, over in points]
+
+
+def _check_size(study: dict, axes: list, seeds: list) -> None:
+    """The grid's size (methods x the product of their sweep axes x seeds), counted before anything is expanded:
+    above ``MAX_RUNS`` refused in one line with the numbers."""
+    per_seed = 0
+    for item in study["methods"]:
+        label = method_entry(item)[1]
+        per_seed += math.prod(len(vals) for _, vals, ms in axes if ms is None or label in ms)
+    if per_seed * len(seeds) > MAX_RUNS:
+        raise ConfigError(f"study {study['name']}: expected at most {MAX_RUNS} runs, found {per_seed} grid points x "
+                          f"{len(seeds)} seed(s) = {per_seed * len(seeds)}; shorten the sweep axes or the seeds "
+                          "(or split the study)")
 
 
 def _by_message(failures: list[tuple[str, str]], total: int) -> list[str]:

@@ -25,7 +25,8 @@ def run_report(study: dict, run_dirs: list[Path], report_dir: Path, t0: float) -
         summary = analysis_report.build_report([str(p) for p in run_dirs], str(report_dir),
                                                target_loss=opts.get("target"), baseline=opts.get("baseline"),
                                                where="report.", primary=opts.get("primary"),
-                                               equivalence_margin=opts.get("equivalence_margin"))
+                                               equivalence_margin=opts.get("equivalence_margin"),
+                                               study=study["name"])
     except ESLMError as e:
         raise ESLMError(f"study {study['name']}: every run finished, but the report failed: {e}; fix the study "
                         "file's report section and run the same command again (finished runs are skipped: "

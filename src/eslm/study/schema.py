@@ -4,6 +4,7 @@ every problem at once, one line each, before anything is planned or run. The fil
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 from eslm.errors import ConfigError
@@ -132,11 +133,18 @@ def _entries_problems(methods) -> tuple[list[str], list[str], list[str]]:
     return problems, names, labels
 
 
+MAX_SEEDS = 1000  # seeds of one study
+MAX_RUNS = 10_000  # runs of one study's grid (methods x sweep points x seeds), refused before it is expanded
+
+
 def seeds_problems(seeds, where: str) -> list[str]:
     if is_int(seeds):
         return [f"{where}: expected a list of integer seeds, found {seeds!r}; write seeds: [{seeds}]"]
     if not isinstance(seeds, list) or not seeds:
         return [f"{where}: expected a non-empty list of integer seeds, found {seeds!r}"]
+    if len(seeds) > MAX_SEEDS:  # first: every check below is linear, but a million runs is no study
+        return [f"{where}: expected at most {MAX_SEEDS} seeds, found {len(seeds)}; list fewer seeds (each seed "
+                "trains every grid point once)"]
     bad = [s for s in seeds if not is_int(s)]
     if bad:
         return [f"{where}: expected integer seeds, found {_name_list(bad)}"]
@@ -144,9 +152,10 @@ def seeds_problems(seeds, where: str) -> list[str]:
     out = [s for s in seeds if not 0 <= s < MAX_SEED - 1024]  # run.seed's range (eslm.config.value_problems)
     if out:
         return [f"{where}: expected seeds in [0, {MAX_SEED - 1024}) (run.seed's range), found {_name_list(out)}"]
-    twice = sorted({s for s in seeds if seeds.count(s) > 1})
+    counts = Counter(seeds)
+    twice = sorted(s for s, n in counts.items() if n > 1)
     if twice:
-        return [f"{where}: seed {twice[0]} is listed {seeds.count(twice[0])} times; list each seed once "
+        return [f"{where}: seed {twice[0]} is listed {counts[twice[0]]} times; list each seed once "
                 "(a repeated seed would train the same run twice and be counted twice in the report)"]
     return []
 

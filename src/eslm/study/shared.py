@@ -23,7 +23,9 @@ plan replaces the name by the model's directory, so each run's config.yaml recor
   are still there. Delete the model's directory and the runs that used it to train it again, or give the
   changed model a new name.
 * Recorded: every run that uses a model has its directory in its config.yaml (the key the method reads), and
-  ``<study>/models/models.json`` lists each model's config, checkpoint, sha256 and the runs that use it.
+  ``<study>/models/models.json`` lists each model's config, checkpoint, its step, sha256 and the runs that use
+  it. Pinned: once those runs started, a model that resolves to another checkpoint is refused
+  (``pinned_problems``), so a later seed never trains against another model.
 """
 
 from __future__ import annotations
@@ -31,13 +33,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from eslm.errors import ConfigError
+from eslm.errors import ConfigError, ESLMError
 from eslm.study.schema import MODEL_KEYS, flatten
 from eslm.config import build_config
 from eslm.files import atomic_write, sha256_file
 from eslm.methods import METHODS, baseline
 from eslm.model.loading import resolve_checkpoint
-from eslm.train.resume import INVOCATION_KEYS, effective_config, flat
+from eslm.train.resume import INVOCATION_KEYS, RESUME_MAY_CHANGE, effective_config, flat
 
 MODELS_DIR = "models"
 STAGE = "shared models"  # the name of their stage (``eslm.study.grid.stages``): trained before the runs
@@ -131,6 +133,61 @@ def changed_problems(configs: list) -> list[str]:
     return out
 
 
+# keys a study's run may have trained with other values without changing its results (how it logged, where it
+# kept checkpoints, how it ran); every other key of a finished run's config must equal the plan's
+RUN_NEUTRAL_KEYS = tuple(k for k in RESUME_MAY_CHANGE if k not in ("train.max_steps", "train.max_flops",
+                                                                    "eval.interval"))
+
+
+def changed_run_problems(configs: list) -> list[str]:
+    """Runs of the study that already trained (config.yaml in their directory) with a config other than the
+    plan's: one problem naming the runs and, per run, the keys (old -> new). A finished run would otherwise be
+    skipped and reported as if it had the study file's settings; an unfinished one is compared on the keys a
+    resume may not change (``RESUME_MAY_CHANGE``: the study's resume applies those)."""
+    changed = []
+    for c in configs:
+        d = Path(c.run.out_dir) / c.run.name
+        if not (d / "config.yaml").is_file():
+            continue
+        try:
+            old = flat(effective_config(d))
+        except ConfigError as e:
+            changed.append(f"{c.run.name} (its config cannot be read: {e})")
+            continue
+        skip = RUN_NEUTRAL_KEYS if (d / "result.json").is_file() else RESUME_MAY_CHANGE
+        new = flat(c)
+        diff = [f"{k}: {old.get(k)!r} -> {new[k]!r}" for k in new
+                if k not in INVOCATION_KEYS and k not in skip and old.get(k) != new[k]]
+        if diff:
+            changed.append(f"{c.run.name} ({'; '.join(diff[:4])}{f'; and {len(diff) - 4} more' if len(diff) > 4 else ''})")
+    if not changed:
+        return []
+    return [f"{len(changed)} run(s) already trained with settings other than the plan's: {', '.join(changed[:5])}"
+            f"{f' and {len(changed) - 5} more' if len(changed) > 5 else ''}; their results would be reported as "
+            "the study file's: restore the study file's settings (and the command's overrides), or give the "
+            "changed study another name or --out (a new directory trains every run with the new settings)"]
+
+
+def unknown_model_problems(configs: list, study: dict, study_dir: Path) -> list[str]:
+    """Runs whose method reads a frozen model (``method.kd.teacher``, ``method.rho1.reference``) from a value that
+    is neither one of the study's shared models nor an existing path: refused in the plan, not after the shared
+    models and the other runs trained. One line per value, naming its runs and the study's model names."""
+    models = study.get("models") or {}
+    planned = {model_dir(study_dir, n, spec, seed) for n, spec in models.items()
+               for seed in _model_seeds(spec, sorted({c.run.seed for c in configs}))}
+    bad: dict[tuple[str, str], list[str]] = {}
+    for c in configs:
+        values = flat(c)
+        for need in METHODS[c.method.name].frozen_models:
+            value = values.get(need.key)
+            if value and Path(str(value)) not in planned and not Path(str(value)).exists():
+                bad.setdefault((need.key, str(value)), []).append(c.run.name)
+    names = ", ".join(repr(n) for n in models) or "none"
+    return [f"{', '.join(runs[:3])}{f' and {len(runs) - 3} more' if len(runs) > 3 else ''}: {key}={value!r} names "
+            f"neither a model of the study's models section ({names}) nor an existing path; fix: name one of "
+            "them, or give the path of a trained run" for (key, value), runs in bad.items()]
+
+
 def used_models(cfg, study: dict, study_dir: Path) -> dict[str, Path]:
     """{frozen-model key: model directory} of a planned run that uses shared models of its study: the keys its
     method needs (a study-wide ``method.kd.teacher`` is set in CLM's config too, but CLM does not use it)."""
@@ -155,7 +212,47 @@ def missing_problems(run_configs: list, study: dict, study_dir: Path) -> list[st
                 gone.setdefault(d, []).append(c.run.name)
     return [f"shared model {d} is gone (or unfinished) but {', '.join(runs[:3])}"
             f"{f' and {len(runs) - 3} more' if len(runs) > 3 else ''} already trained with it; restore it, or delete "
-            "those runs to train the model and them again" for d, runs in gone.items()]
+            "those runs to train the model and them again" for d, runs in gone.items()] \
+        + pinned_problems(study_dir, run_configs)
+
+
+def pinned_problems(study_dir: Path, run_configs: list) -> list[str]:
+    """A finished shared model whose checkpoint is no longer the one ``models.json`` records (its file and
+    sha256) while runs that used it have started: a later seed would load another checkpoint of it (e.g. an
+    earlier snapshot once the last checkpoints were deleted) and the seeds' comparisons would mix two models."""
+    path = Path(study_dir) / MODELS_DIR / "models.json"
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    started = {c.run.name for c in run_configs if (Path(c.run.out_dir) / c.run.name / "metrics.jsonl").is_file()}
+    out = []
+    for name, entry in (record.items() if isinstance(record, dict) else ()):
+        if not (isinstance(entry, dict) and entry.get("sha256") and entry.get("checkpoint")):
+            continue
+        users = [r for r in entry.get("used_by") or [] if r in started]
+        d = Path(study_dir) / MODELS_DIR / name
+        if not users or not (d / "result.json").is_file():  # a gone model: missing_problems says so
+            continue
+        try:
+            now: Path | None = resolve_checkpoint(d)
+        except ESLMError:
+            now = None
+        if now is not None and str(now) == entry["checkpoint"] and sha256_file(now) == entry["sha256"]:
+            continue
+        out.append(f"shared model {d} is pinned to {Path(entry['checkpoint']).name} (step {entry.get('step')}, "
+                   f"sha256 {str(entry['sha256'])[:12]}; models.json) but now resolves to "
+                   f"{now.name if now is not None else 'no checkpoint'}: {', '.join(users[:3])}"
+                   f"{f' and {len(users) - 3} more' if len(users) > 3 else ''} trained with the pinned one and a "
+                   "further run would use another; restore that checkpoint, or delete those runs (and the model) "
+                   "to train them again")
+    return out
+
+
+def step_of_file(path: Path) -> int | None:
+    """The step of a checkpoint or snapshot file by its name (step_0000006.pt, step_0000003.safetensors)."""
+    digits = Path(path).name.removeprefix("step_").split(".")[0]
+    return int(digits) if digits.isdigit() else None
 
 
 def write_record(study: dict, study_dir: Path, model_configs: list, run_configs: list) -> Path | None:
@@ -170,8 +267,7 @@ def write_record(study: dict, study_dir: Path, model_configs: list, run_configs:
         entry = {"config": flat(c), "finished": (d / "result.json").is_file()}
         if entry["finished"]:
             ckpt = resolve_checkpoint(d)
-            entry.update(checkpoint=str(ckpt), sha256=sha256_file(ckpt),
-                         step=json.loads((d / "result.json").read_text()).get("step"))
+            entry.update(checkpoint=str(ckpt), sha256=sha256_file(ckpt), step=step_of_file(ckpt))
         entry["used_by"] = [r.run.name for r in run_configs if d in used_models(r, study, study_dir).values()]
         record[str(d.name)] = entry
     path = Path(study_dir) / MODELS_DIR / "models.json"

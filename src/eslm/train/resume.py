@@ -272,8 +272,11 @@ def check_provenance(run_dir: Path, cfg: Config) -> None:
 
 def check_resume_point(run_dir: Path, cfg: Config) -> None:
     """Before anything is written: the checkpoint a resume continues from is there, and train.max_steps is not
-    below its step. A run with no checkpoint left that had written one (result.json, or metrics past the first
-    save step) is refused: starting again from step 0 would replace its results."""
+    below its step. A run with no checkpoint left that had written one (result.json, or metrics of a step after
+    its first save step: that save had completed) is refused: starting again from step 0 would replace its
+    results. A run with no complete checkpoint and no step after its first save step (killed, or out of disk,
+    before or inside its first checkpoint or snapshot write) starts again: from step 0, or from its branch point;
+    its temporary files are removed by ``lock_run_dir`` and its steps recomputed bit for bit."""
 
     run_dir = Path(run_dir)
     rf = cfg.run.resume_from
@@ -291,14 +294,27 @@ def check_resume_point(run_dir: Path, cfg: Config) -> None:
     metrics = run_dir / "metrics.jsonl"
     if metrics.is_file():
         steps = [r.get("step", 0) for r in last_records(metrics)[0]]
-        interval = cfg.checkpoint.interval
-        if steps and interval > 0 and max(steps) >= interval:
+        first = first_save_step(cfg)
+        if steps and first is not None and max(steps) > first:
             found.append(f"metrics.jsonl up to step {max(steps)}")
     if found:
         raise ConfigError(f"resume of {str(run_dir)!r} refused: found {' and '.join(found)} but no checkpoint in "
                           f"{run_dir / 'checkpoints'} (deleted or moved?); a resume continues only from a "
                           "checkpoint, and starting again from step 0 would replace the run's results: restore "
                           "its checkpoints, or train again on purpose as a new run (run.name=NEW, without --resume)")
+
+
+def first_save_step(cfg: Config) -> int | None:
+    """The step of a run's first checkpoint on its interval (after its branch point for a branched run), or None
+    without checkpoint.interval."""
+    interval = cfg.checkpoint.interval
+    if interval <= 0:
+        return None
+    try:
+        start = ckpt.step_of(Path(cfg.train.branch_from)) if cfg.train.branch_from else 0
+    except ValueError:  # not a step_XXXXXXX.pt name: read_branch_point refuses it in one line
+        start = 0
+    return (start // interval + 1) * interval
 
 
 def check_checkpoint_of_run(state: dict, cfg: Config, run_dir: Path, path) -> None:

@@ -4,7 +4,9 @@ the index.html that the renderer made of it when it was recorded (CASE.html).
 
     PYTHONPATH=src python tests/analysis/report_pages/make_pages.py
 
-Run it again only when the page is meant to change (a new section, a new column), and say why in the commit."""
+Run it again only when the page is meant to change (a new section, a new column), and say why in the commit.
+``--demo DIR`` instead writes a whole report with its figures (matplotlib) from synthetic runs of a three-seed
+study under DIR (DIR/demo/report/index.html): the page docs/report-screenshot.png shows."""
 
 from __future__ import annotations
 
@@ -48,9 +50,27 @@ def cases(root: Path) -> dict:
     return {k: (json.loads(json.dumps(s, default=str)), w) for k, (s, w) in out.items()}
 
 
+def demo(root: Path) -> Path:
+    """A report like the demo study's (clm, eslm-entropy, random at alpha 0.1; three seeds), figures drawn, from
+    the synthetic runs of test_report; returns its index.html."""
+    from eslm.analysis import report
+
+    import test_report as T
+
+    noise = {1: 0.04, 2: -0.03, 3: -0.01}
+    shifts = {"clm": lambda s: noise[s] + 0.1, "eslm-entropy": lambda s: noise[s] + 0.04,
+              "random": lambda s: noise[s] + 0.09}
+    runs = T._study(root / "demo", [1, 2, 3], shifts)
+    report.build_report([str(p) for p in runs], root / "demo" / "report", study="demo")
+    return root / "demo" / "report" / "index.html"
+
+
 def main() -> None:
     from eslm.analysis.report import render_html
 
+    if sys.argv[1:2] == ["--demo"]:
+        print(f"wrote {demo(Path(sys.argv[2]))}")
+        return
     with tempfile.TemporaryDirectory() as tmp:
         for name, (summary, written) in cases(Path(tmp)).items():
             (HERE / f"{name}.json").write_text(json.dumps({"summary": summary, "written": written}, indent=1) + "\n")

@@ -33,6 +33,7 @@ import json
 import sys
 from pathlib import Path
 
+from eslm import metrics as M
 from eslm.analysis import figures
 from eslm.analysis.report.curves import best_val_loss, crossing, default_target
 from eslm.analysis.report.figure_table import FIGURES, make_figures
@@ -41,7 +42,7 @@ from eslm.analysis.report.markdown import render_markdown
 from eslm.analysis.report.output import check_report_dir, mark_stale, write_report_dir
 from eslm.analysis.report.summary import (FLOPS_KEYS, ONE_SEED_NOTE, ReportError, find_baseline, load_runs, one_seed,
                                           summarize)
-from eslm.analysis.rundir import comparable_sets_problem, group_runs, is_number, one_run_per_seed
+from eslm.analysis.rundir import comparable_sets_problem, config_get, group_runs, is_number, one_run_per_seed
 
 __all__ = ["FIGURES", "FLOPS_KEYS", "ReportError", "build_report", "crossing", "load_runs", "make_figures",
            "mark_stale", "print_summary", "render_html", "render_markdown", "summarize"]
@@ -60,13 +61,36 @@ def print_summary(summary: dict, out: Path) -> None:
     print(f"wrote {Path(out) / 'index.html'} ({len(summary['groups'])} groups, {len(summary['runs'])} runs)")
 
 
+TOKEN_VIEW_DIR = "tokens"  # the token view (eslm tokens --out) the page links to: a directory beside the report
+
+
+def token_view(out: Path, runs: list) -> dict:
+    """The token view the page links to: ``{"link": ...}`` when ``out``'s sibling ``tokens/`` holds one
+    (``eslm tokens``' index.html and tokens.json), else ``{"command": ...}``, the command that makes it from the
+    last checkpoint of a run that selects tokens (one that logs alpha), placeholders where none is known."""
+    where = Path(out).resolve().parent / TOKEN_VIEW_DIR
+    if (where / "index.html").is_file() and (where / "tokens.json").is_file():
+        return {"link": f"../{TOKEN_VIEW_DIR}/index.html"}
+    checkpoint, data = "RUN_DIR/checkpoints/step_NNNNNNN.pt", "--data DATA_DIR"
+    for r in runs:
+        found = sorted((r.path / "checkpoints").glob("step_*.pt")) if any(M.ALPHA in rec for rec in r.train) else []
+        if found:
+            checkpoint = str(found[-1])
+            d = config_get(r.config, "data.dir")
+            data = f"--data {d}" if d else "--text FILE"
+            break
+    return {"command": f"eslm tokens {checkpoint} {data} --out {where}"}
+
+
 def build_report(run_dirs: list[str], out_dir: str | Path, *, target_loss: float | None = None,
                  flops: str = "paper", baseline: str | None = None, where: str = "--",
-                 primary: list[str] | None = None, equivalence_margin: float | None = None) -> dict:
+                 primary: list[str] | None = None, equivalence_margin: float | None = None,
+                 study: str | None = None) -> dict:
     """Read the runs, write ``out_dir``/index.html, the PNGs and summary.json; return the summary. Errors name
     the options as ``{where}baseline`` etc.: the command line's ``--baseline`` by default, ``report.`` for the
     report section of a study file. ``primary``: the two groups of the comparison named in advance;
-    ``equivalence_margin``: its pre-registered equivalence margin in nats (TOST)."""
+    ``equivalence_margin``: its pre-registered equivalence margin in nats (TOST); ``study``: the study's name for
+    the page's header (else the name of the directory the runs share)."""
     if primary is not None and (len(primary) != 2 or primary[0] == primary[1]):
         raise ReportError(f"expected {where}primary to name two different groups, found {list(primary)!r}; "
                           "give the group and the one it is compared with, e.g. eslm-entropy random")
@@ -104,7 +128,8 @@ def build_report(run_dirs: list[str], out_dir: str | Path, *, target_loss: float
         target, source = default_target(runs), "the lowest loss every run reaches: max over runs of min val_loss"
     summary = summarize(runs, groups, target=target, target_source=source, flops=flops,
                         skipped=skipped, warnings=warnings, baseline=baseline, where=where, primary=primary,
-                        margin=equivalence_margin)
+                        margin=equivalence_margin, study=study)
+    summary["token_view"] = token_view(Path(out_dir), runs)
     write_report_dir(Path(out_dir), lambda out: _write(out, groups, summary))
     return summary
 

@@ -28,7 +28,7 @@ class Scene:
 class Figure:
     id: str  # file <id>.png, key of summary["figures"]
     section: str  # the <h2> of the HTML page it appears under (consecutive figures share it)
-    alt: str  # alt text, and the "(...: no data)" note when it was not drawn
+    alt: str  # alt text (a figure without data is not drawn, and the page leaves it out)
     draw: Callable[[Path, Scene], bool]  # writes the PNG at the path; False when there is nothing to draw
 
 
@@ -100,18 +100,50 @@ def _domain_curves(path: Path, sc: Scene) -> bool:
     return True
 
 
+def varies(curve: dict) -> bool:
+    """A curve whose values move over training (its mean or its band); a constant one is said once in the header
+    (alpha, and the kept fraction 1 - alpha of a fixed alpha), not drawn as a flat line."""
+    values = curve["mean"] + curve["lo"] + curve["hi"]
+    return max(values) - min(values) > 1e-9 * max(1.0, max(abs(v) for v in values))
+
+
 def _selection(path: Path, sc: Scene) -> bool:
+    """Kept fraction (overall and per domain) and alpha over training: only the panels where some group's curve
+    moves (a fixed alpha keeps a constant fraction: the header says it)."""
     tr = lambda r: r.train  # noqa: E731
     keys = [("kept fraction", M.KEPT_FRAC), ("alpha", M.ALPHA)]
     keys += [(f"kept fraction: {d}", M.kept_frac_key(d))
              for d in domains_of([r for g in sc.groups for r in g.runs], M.KEPT_FRAC_DOMAIN_PREFIX, tr)]
     panel = {name: _curve_set(sc.groups, tr, M.STEP, key) for name, key in keys}
-    panel = {k: v for k, v in panel.items() if v}
+    panel = {k: v for k, v in panel.items() if any(varies(c) for c in v)}
     if not panel:
         return False
     figures.panels(path, panel, sc.colors, xlabel="optimizer step", ylabel="value",
                    title="Token selection over training (selective methods)", logx=False, logy=False,
                    ylim=(0.0, 1.02))
+    return True
+
+
+def _train(path: Path, sc: Scene) -> bool:
+    """The training loss over every token of a step (comparable across methods; the loss a selective method
+    optimises covers its kept tokens only) against tokens seen."""
+    tr = lambda r: r.train  # noqa: E731
+    s = _curve_set(sc.groups, tr, M.TOKENS_SEEN, M.TRAIN_LOSS_ALL)
+    if not s:
+        return False
+    figures.curves(path, s, sc.colors, xlabel="tokens seen", ylabel="training loss (all tokens of the step)",
+                   title="Training loss vs tokens", logx=True, logy=True)
+    return True
+
+
+def _throughput(path: Path, sc: Scene) -> bool:
+    """Training throughput (tokens per second of step time) over training."""
+    tr = lambda r: r.train  # noqa: E731
+    s = _curve_set(sc.groups, tr, M.STEP, M.TOKENS_PER_S)
+    if not s:
+        return False
+    figures.curves(path, s, sc.colors, xlabel="optimizer step", ylabel="tokens / s",
+                   title="Training throughput", logx=False, logy=False)
     return True
 
 
@@ -178,6 +210,8 @@ FIGURES: tuple[Figure, ...] = (
     Figure("loss_vs_tokens", _LOSS, "validation loss vs tokens", _loss_curves(lambda s: (M.TOKENS_SEEN, "tokens seen"), True)),
     Figure("loss_vs_time", _LOSS, "validation loss vs wall-clock",
            _loss_curves(lambda s: (s["time_key"], s["time_words"]), False)),
+    Figure("train_loss", "Training", "training loss vs tokens", _train),
+    Figure("tokens_per_s", "Training", "training throughput (tokens/s) over training", _throughput),
     Figure("difference_over_training", "Paired differences over training",
            "paired difference vs the baseline and vs random over training", _differences),
     Figure("flops_to_target", _COST, "paper FLOPs to target",

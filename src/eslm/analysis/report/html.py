@@ -2,58 +2,67 @@
 
 The page's layout, style and words are the Jinja2 templates in ``templates/`` (``index.html.j2``; jinja2 is
 installed with torch); this module formats the numbers into table cells and hands the template the summary
-(``render_html``). Text from the runs (labels, paths, warnings) is escaped: here in the cells, in the template
-with its ``esc`` filter (``html.escape``), the page being built with autoescaping off so that the cells' markup
-passes through."""
+(``render_html``). Every text reaches the page through the template engine with autoescaping on for the whole
+page: no markup is built here. A table cell is a string (text) or a list of parts, each a string or a pair
+(kind, text) with kind ``small``, ``warn`` (small, in the warning colour) or ``br`` (a line break), which the
+template's ``cell`` macro turns into markup around the escaped text. Long texts from the runs are shortened
+(``rundir.shorten``)."""
 
 from __future__ import annotations
 
-import html
 import statistics
 
 from eslm import metrics as M
 from eslm.analysis import stats as S
 from eslm.analysis.report.downstream import is_percent
 from eslm.analysis.report import figure_table
-from eslm.analysis.report.markdown import since_branch_lines, spread_lines
+from eslm.analysis.report.markdown import header_rows, since_branch_lines, spread_lines
 from eslm.analysis.report.summary import COSTS, ONE_SEED_NOTE, one_seed
-from eslm.analysis.rundir import IGNORED_FOR_GROUPING
+from eslm.analysis.report.verdicts import verdict_table
+from eslm.analysis.rundir import IGNORED_FOR_GROUPING, MAX_MESSAGE, shorten
+
+Table = tuple[list, list[list]]  # (header cells, rows of cells); a cell: a text or a list of parts (above)
+
 
 def _fmt(v, spec=".4g") -> str:
     return "—" if v is None else format(v, spec)
 
 
-def _agg_cell(a: dict, spec=".4g", single: bool = False) -> str:
-    """'mean ± 95% half-width (n=k)', or 'mean (n=1, no interval)'; just the mean when ``single`` (a one-seed
-    report says once, above its tables, that nothing has an interval)."""
+def _parts(cell) -> list:
+    return [cell] if isinstance(cell, str) else list(cell)
+
+
+def _agg_cell(a: dict, spec=".4g", single: bool = False):
+    """'mean ± 95% half-width', or 'mean (no interval)' for one seed; just the mean when ``single`` (a one-seed
+    report says once, above its tables, that nothing has an interval). The seeds per group are said once, in the
+    header, not in each cell."""
     if a["count"] == 0:
         return "—"
     s = _fmt(a["mean"], spec)
     if a["count"] > 1 and a.get("ci_half_width") is not None:
-        return s + f" ± {_fmt(a['ci_half_width'], spec)} <small>(n={a['count']})</small>"
-    return s if single else s + " <small>(n=1, no interval)</small>"
+        return s + f" ± {_fmt(a['ci_half_width'], spec)}"
+    return s if single else [s + " ", ("small", "(no interval)")]
 
 
-def _target_cell(t: dict, spec=".3g", single: bool = False) -> str:
+def _target_cell(t: dict, spec=".3g", single: bool = False):
     if t["reached"] == 0:
         return "not reached"
     s = _agg_cell({**t, "count": t["reached"]}, spec, single)
-    return s if t["reached"] == t["n"] else f"{s} ({t['reached']}/{t['n']} reached)"
+    return s if t["reached"] == t["n"] else _parts(s) + [f" ({t['reached']}/{t['n']} reached)"]
 
 
-def _label(g: dict) -> str:
-    label = html.escape(g["label"])
+def _label(g: dict):
     if g["unfinished"]:
-        label += f" <small class='warn'>({len(g['unfinished'])}/{len(g['runs'])} unfinished)</small>"
-    return label
+        return [shorten(g["label"]) + " ", ("warn", f"({len(g['unfinished'])}/{len(g['runs'])} unfinished)")]
+    return shorten(g["label"])
 
 
-def _label_of(summary: dict, label: str) -> str:
+def _label_of(summary: dict, label: str):
     """``_label`` of the group called ``label`` (comparisons name their groups by label)."""
-    return next((_label(g) for g in summary["groups"] if g["label"] == label), html.escape(label))
+    return next((_label(g) for g in summary["groups"] if g["label"] == label), shorten(label))
 
 
-def _summary_rows(summary: dict) -> tuple[list[str], list[list[str]]]:
+def _summary_rows(summary: dict) -> Table:
     rows = []
     one = one_seed(summary)
     for g in summary["groups"]:
@@ -70,15 +79,15 @@ def _summary_rows(summary: dict) -> tuple[list[str], list[list[str]]]:
              M.FLOPS_EXECUTED, "executed per step / CLM step", time_head], rows)
 
 
-def _censored_cell(t: dict, spec=".3g") -> str:
+def _censored_cell(t: dict, spec=".3g"):
     """The mean with every seed, a seed that never reached the target at its budget (a lower bound)."""
     if not t["censored"]:
         return "—"
     a = t["with_censored"]
-    return f"≥ {_fmt(a['mean'], spec)} <small>({len(t['censored'])}/{t['n']} censored)</small>"
+    return [f"≥ {_fmt(a['mean'], spec)} ", ("small", f"({len(t['censored'])}/{t['n']} censored)")]
 
 
-def _costs_rows(summary: dict) -> tuple[list[str], list[list[str]]]:
+def _costs_rows(summary: dict) -> Table:
     """To-target costs in both FLOPs conventions, tokens and time, side by side; with censored seeds, the
     paper-FLOPs mean that counts them at their budget."""
     one = one_seed(summary)
@@ -89,9 +98,10 @@ def _costs_rows(summary: dict) -> tuple[list[str], list[list[str]]]:
              f"{time_head} to target", "flops_paper, censored seeds at their budget"], rows)
 
 
-def _comparison_rows(summary: dict, comparisons: list[dict]) -> tuple[list[str], list[list[str]]]:
+def _comparison_rows(summary: dict, comparisons: list[dict]) -> Table:
     """Paired differences per group: final loss (nats) and relative to-target costs, with 95% intervals (a
-    one-seed report: the means alone, the page says once that nothing has an interval)."""
+    one-seed report: the means alone, the page says once that nothing has an interval; the number of pairs is
+    the seeds per group of the header)."""
     single = one_seed(summary)
 
     def cell(ci, rel):
@@ -100,8 +110,8 @@ def _comparison_rows(summary: dict, comparisons: list[dict]) -> tuple[list[str],
         spec = "+.1%" if rel else "+.4f"
         mark = {-1: " ▼", 1: " ▲", 0: ""}[S.significant(ci)]
         if ci["lo"] is None:
-            return f"{ci['mean']:{spec}}" + ("" if single else " <small>(n=1)</small>")
-        return f"{ci['mean']:{spec}} [{ci['lo']:{spec}}, {ci['hi']:{spec}}]{mark} <small>(n={ci['n']})</small>"
+            return f"{ci['mean']:{spec}}" if single else [f"{ci['mean']:{spec}} ", ("small", "(no interval)")]
+        return f"{ci['mean']:{spec}} [{ci['lo']:{spec}}, {ci['hi']:{spec}}]{mark}"
 
     rows = [[_label_of(summary, c["group"]), _label_of(summary, c["against"]),
              cell(c["losses"]["final validation loss"], False), cell(c["losses"]["equal-token validation loss"], False)]
@@ -110,50 +120,71 @@ def _comparison_rows(summary: dict, comparisons: list[dict]) -> tuple[list[str],
              "Δ flops_executed", "Δ tokens", "Δ time"], rows)
 
 
-def _groups_rows(summary: dict) -> tuple[list[str], list[list[str]]]:
-    rows = [[_label(g), html.escape(g["method"]),
-             html.escape(", ".join(f"{k}={v}" for k, v in g["settings"].items()) or "—"),
-             ", ".join(html.escape(r) + (" <small class='warn'>(unfinished)</small>" if r in g["unfinished"] else "")
-                       for r in g["runs"]), html.escape(", ".join(str(s) for s in g["seeds"]))]
+def _groups_rows(summary: dict) -> Table:
+    def runs(g):
+        out: list = []
+        for i, r in enumerate(g["runs"]):
+            out += ([", "] if i else []) + [shorten(r)] + ([" ", ("warn", "(unfinished)")] if r in g["unfinished"]
+                                                            else [])
+        return out
+
+    rows = [[_label(g), shorten(g["method"]),
+             ", ".join(shorten(f"{k}={v}") for k, v in g["settings"].items()) or "—",
+             runs(g), shorten(", ".join(str(s) for s in g["seeds"]))]
             for g in summary["groups"]]
     return ["group", "method", "settings that differ", "runs", "seeds"], rows
 
 
-def _downstream_cell(d: dict | None) -> str:
+def _downstream_cell(d: dict | None, runs: int):
+    """A task's value ± standard error; '(k of n seeds)' where fewer seeds than the group's have results."""
     if d is None:
         return "—"
     k = 100.0 if is_percent(d["metric"]) else 1.0
     s = f"{d['value'] * k:.1f}" if k == 100.0 else f"{d['value']:.4g}"
     if d["stderr"] is not None:
         s += f" ± {d['stderr'] * k:.1f}" if k == 100.0 else f" ± {d['stderr']:.2g}"
-    return s + (f" <small>(n={d['k']})</small>" if d["k"] > 1 else "")
+    return [s + " ", ("small", f"({d['k']} of {runs} seeds)")] if d["k"] != runs else s
 
 
 # ---------------------------------------------------------------- the page from its template
 
 
 def _figures(written: dict) -> list[dict]:
-    """Every figure of ``FIGURES`` in its order: {heading (its section, where one begins), alt, src or None}."""
+    """The figures of ``FIGURES`` that were drawn, in its order: {heading (its section, where one begins), alt,
+    src}. A figure without data is left out, and so is a section without a drawn figure: no placeholders."""
     out, section = [], None
     for fig in figure_table.FIGURES:
+        if fig.id not in written:
+            continue
         heading = fig.section if fig.section != section else None
         section = fig.section
-        out.append({"heading": heading, "alt": fig.alt, "src": written.get(fig.id)})
+        out.append({"heading": heading, "alt": fig.alt, "src": written[fig.id]})
     return out
 
 
-def _downstream(summary: dict) -> tuple[list[str], list[list[str]]] | None:
-    """The downstream table's header (HTML) and rows, or None without downstream results."""
+def _verdict_rows(s: dict) -> Table:
+    """The verdict table (``verdicts.verdict_table``) as cells: group (primary marked), vs, and per read-out the
+    difference, its interval and the verdict word."""
+    rows = []
+    for r in verdict_table(s):
+        group = [shorten(r["group"]) + " ", ("small", "(primary)")] if r["primary"] else shorten(r["group"])
+        rows.append([group, shorten(r["against"]), *r["loss"], *r["cost"]])
+    return (["group", "vs", "Δ final val loss (nats)", "95% interval", "verdict",
+             f"Δ {s['flops_key']} to target", "95% interval", "verdict"], rows)
+
+
+def _downstream(summary: dict) -> Table | None:
+    """The downstream table's header and rows (cells), or None without downstream results."""
     tasks = sorted(set().union(*(g["downstream"] for g in summary["groups"])))
     if not tasks:
         return None
-    meta: dict[str, str] = {}
+    meta: dict[str, list] = {}
     for g in summary["groups"]:
         for t, d in g["downstream"].items():
-            meta.setdefault(t, f"{t}<br><small>{html.escape(str(d['metric']))}, {d['num_fewshot']}-shot</small>")
+            meta.setdefault(t, [shorten(t), ("br", ""), ("small", shorten(f"{d['metric']}, {d['num_fewshot']}-shot"))])
     rows = []
     for g in summary["groups"]:
-        cells = [_downstream_cell(g["downstream"].get(t)) for t in tasks]
+        cells = [_downstream_cell(g["downstream"].get(t), len(g["runs"])) for t in tasks]
         pct = [g["downstream"][t]["value"] * 100 for t in tasks
                if t in g["downstream"] and is_percent(g["downstream"][t]["metric"])]
         avg = f"{statistics.fmean(pct):.1f}" if pct and len(pct) == len(tasks) else "—"
@@ -161,9 +192,9 @@ def _downstream(summary: dict) -> tuple[list[str], list[list[str]]] | None:
     return ["group"] + [meta[t] for t in tasks] + ["avg"], rows
 
 
-def _extra_tables(s: dict) -> list[tuple[str, list[str], list[list[str]], str]]:
+def _extra_tables(s: dict) -> list[tuple[str, list, list[list], str]]:
     """The tables given as Markdown lines (``spread_lines``, ``since_branch_lines``) that have rows:
-    (title, header, escaped cells, note)."""
+    (title, header, cells, note)."""
     def cells(line):
         return [c.strip() for c in line.strip().strip("|").split("|")]
 
@@ -178,7 +209,7 @@ def _extra_tables(s: dict) -> list[tuple[str, list[str], list[list[str]], str]]:
              "A branched study: every run continues its seed's trunk at the branch point; costs from there on "
              "beside the totals, which include the trunk's share.")):
         if lines:
-            out.append((title, cells(lines[0]), [[html.escape(c) for c in cells(x)] for x in lines[2:]], note))
+            out.append((title, cells(lines[0]), [[shorten(c) for c in cells(x)] for x in lines[2:]], note))
     return out
 
 
@@ -188,11 +219,13 @@ def render_html(summary: dict, written: dict) -> str:
     import jinja2
 
     env = jinja2.Environment(loader=jinja2.PackageLoader("eslm.analysis.report", "templates"),
-                             autoescape=False, trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
-    env.filters["esc"] = html.escape  # every text from the runs goes through it in the template
+                             autoescape=True, trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+    env.filters["short"] = shorten  # a name or value from the runs
+    env.filters["msg"] = lambda text: shorten(text, MAX_MESSAGE)  # a message that names them
     s = summary
     return env.get_template("index.html.j2").render(
         s=s, one_seed_note=ONE_SEED_NOTE if one_seed(s) else None, ignored=IGNORED_FOR_GROUPING,
+        header=header_rows(s), verdict_table=_verdict_rows(s), token_view=s.get("token_view"),
         verdicts=[("Against the baseline", s["comparisons"]),
                   ("Against the random-drop control at the same alpha", s["controls"])],
         summary_table=_summary_rows(s), costs_table=_costs_rows(s),

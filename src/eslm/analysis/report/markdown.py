@@ -2,16 +2,67 @@
 
 from __future__ import annotations
 
+import html
+
 from eslm import metrics as M
 from eslm.analysis import stats as S
+from eslm.analysis.rundir import MAX_MESSAGE, shorten
+from eslm.analysis.report import figure_table
 from eslm.analysis.report.summary import ONE_SEED_NOTE, one_seed
+from eslm.analysis.report.verdicts import verdict_table
+
+
+def md_text(text) -> str:
+    """A text from the runs (a label, a warning, a verdict naming groups) as Markdown that shows it as it is:
+    shortened, HTML escaped (a renderer of summary.md runs no markup from a config value), ``|`` escaped (a table
+    cell stays one cell), on one line."""
+    return html.escape(shorten(text, MAX_MESSAGE), quote=False).replace("|", "\\|").replace("\n", " ").replace("\r", " ")
+
+
+def _same(text) -> str:
+    return text
+
+
+def _count(n) -> str:
+    return f"{n:,}" if isinstance(n, int) else str(n)
+
+
+def header_rows(s: dict) -> list[tuple[str, str]]:
+    """The header of the page and of summary.md, (name, text) rows each said once for the whole report: study,
+    alpha, model, tokens per step, commit, seeds, what was compared (``summary.header``; a summary written before
+    it had one: the last row only). Texts from the runs are shortened; escaping is the caller's."""
+    h = s.get("header") or {}
+    rows: list[tuple[str, str]] = []
+    if h.get("study"):
+        rows.append(("study", shorten(h["study"])))
+    elif len(h.get("directories") or []) == 1:
+        rows.append(("runs in", shorten(h["directories"][0])))
+    if h:
+        rows.append(("alpha", ", ".join(shorten(str(a)) for a in h["alphas"]) + " (the runs that select tokens)"
+                     if h["alphas"] else "— (no run selects tokens)"))
+        model = ", ".join(shorten(str(p)) for p in h["presets"]) or "—"
+        params = ", ".join(_count(p) for p in h["params"])
+        rows.append(("model", f"{model} ({params} non-embedding parameters)" if params else model))
+        rows.append(("tokens per step", ", ".join(_count(t) for t in h["tokens_per_step"]) or "—"))
+        unknown = h["commit_unknown"]
+        commits = ", ".join(shorten(c) for c in h["commits"]) or "—"
+        rows.append(("commit", commits + (f" ({unknown} run{'s' if unknown > 1 else ''} without one)"
+                                          if unknown and h["commits"] else "")))
+        counts = h["seeds_per_group"]
+        seeds = ", ".join(shorten(str(x)) for x in h["seeds"])
+        rows.append(("seeds", f"n = {counts[0]} per group (seeds {seeds}); every interval is over these seeds"
+                     if len(counts) == 1 else
+                     f"{counts[0]} to {counts[-1]} per group (each group's in the groups table; seeds {seeds})"))
+    rows.append(("compared", f"{len(s['runs'])} runs in {len(s['groups'])} groups; FLOPs convention "
+                 f"{s['flops_convention']}; target validation loss {s['target_loss']:.4g}"))
+    return rows
 
 
 def _md_ci(a: dict, spec: str, single: bool = False) -> str:
     if a["count"] == 0:
         return "—"
     if a.get("ci_half_width") is None:
-        return format(a["mean"], spec) + ("" if single else " (n=1)")
+        return format(a["mean"], spec) + ("" if single else " (no interval)")
     return f"{format(a['mean'], spec)} ± {format(a['ci_half_width'], spec)}"
 
 
@@ -20,20 +71,21 @@ def _md_paired(ci: dict | None, rel: bool, single: bool = False) -> str:
         return "—"
     spec = "+.1%" if rel else "+.4f"
     if ci["lo"] is None:
-        return f"{ci['mean']:{spec}}" + ("" if single else " (n=1)")
+        return f"{ci['mean']:{spec}}" + ("" if single else " (no interval)")
     mark = {-1: " **↓**", 1: " **↑**", 0: ""}[S.significant(ci)]
     return f"{ci['mean']:{spec}} [{ci['lo']:{spec}}, {ci['hi']:{spec}}]{mark}"
 
 
 def _md_label(g: dict) -> str:
     if not g["unfinished"]:
-        return g["label"]
-    return f"{g['label']} (**{len(g['unfinished'])}/{len(g['runs'])} unfinished**)"
+        return md_text(g["label"])
+    return f"{md_text(g['label'])} (**{len(g['unfinished'])}/{len(g['runs'])} unfinished**)"
 
 
-def spread_lines(summary: dict) -> list[str]:
+def spread_lines(summary: dict, text=_same) -> list[str]:
     """The reproducibility table: each group's between-seed SD of the final loss [95% interval], its ratio to
-    the SD of random (same alpha) and of CLM [95% interval] with the F test's and the paired Pitman-Morgan p."""
+    the SD of random (same alpha) and of CLM [95% interval] with the F test's and the paired Pitman-Morgan p.
+    ``text``: how a label is written (``md_text`` in summary.md; the HTML page escapes the cells itself)."""
     rows = summary.get("spread") or []
     if not any(r["sd"] is not None for r in rows):
         return []
@@ -48,14 +100,15 @@ def spread_lines(summary: dict) -> list[str]:
         against = list(r["against"].items()) or [(None, None)]
         for i, (other, c) in enumerate(against):
             ratio = "—" if not c or c["ratio"] is None else f"{c['ratio']:.2f} [{c['lo']:.2f}, {c['hi']:.2f}]"
-            out.append("| " + " | ".join([r["label"] if i == 0 else "", str(r["n"]) if i == 0 else "",
-                                          sd if i == 0 else "", other or "—", ratio,
+            out.append("| " + " | ".join([text(r["label"]) if i == 0 else "", str(r["n"]) if i == 0 else "",
+                                          sd if i == 0 else "", text(other or "—"), ratio,
                                           fmt(c and c["p_f"], ".2g"), fmt(c and c["p_paired"], ".2g")]) + " |")
     return out
 
 
-def since_branch_lines(summary: dict) -> list[str]:
-    """A branched study: each group's costs from the branch point on, beside its totals."""
+def since_branch_lines(summary: dict, text=_same) -> list[str]:
+    """A branched study: each group's costs from the branch point on, beside its totals (``text``: as in
+    ``spread_lines``)."""
     rows = [g for g in summary["groups"] if g.get("since_branch")]
     if not rows:
         return []
@@ -68,24 +121,62 @@ def since_branch_lines(summary: dict) -> list[str]:
             since, total = b[key]["mean"], g.get("final_" + key, {}).get("mean")
             return "—" if since is None else f"{since:{spec}} / {'—' if total is None else format(total, spec)}"
 
-        out.append("| " + " | ".join([g["label"], f"{b['step']['mean']:.0f}", pair(M.TOKENS_SEEN, ".4g"),
+        out.append("| " + " | ".join([text(g["label"]), f"{b['step']['mean']:.0f}", pair(M.TOKENS_SEEN, ".4g"),
                                       pair(M.FLOPS_PAPER, ".3g"), pair(M.FLOPS_EXECUTED, ".3g"),
                                       pair(M.CPU_S, ".0f")]) + " |")
     return out
 
 
+def _verdict_lines(s: dict) -> list[str]:
+    """The verdict table (``verdicts.verdict_table``) in Markdown: one row per comparison."""
+    rows = verdict_table(s)
+    if not rows:
+        return ["No baseline group: no paired comparisons."]
+    out = [f"| group | vs | Δ final val loss (nats) | 95% interval | verdict | Δ {s['flops_key']} to target | "
+           "95% interval | verdict |", "|" + "---|" * 8]
+    for r in rows:
+        group = md_text(r["group"]) + (" (primary)" if r["primary"] else "")
+        out.append("| " + " | ".join([group, md_text(r["against"]), *r["loss"], *r["cost"]]) + " |")
+    return out
+
+
+def _figure_lines(s: dict) -> list[str]:
+    """The drawn figures (summary.json's ``figures``) as images by relative file name, in the page's order and
+    sections; none drawn: no lines."""
+    written = s.get("figures") or {}
+    out, section = [], None
+    for fig in figure_table.FIGURES:
+        if fig.id not in written:
+            continue
+        if fig.section != section:
+            out += [f"### {fig.section}", ""]
+            section = fig.section
+        out += [f"![{fig.alt}]({written[fig.id]})", ""]
+    return out
+
+
+def _token_view_line(s: dict) -> str | None:
+    tv = s.get("token_view")
+    if not tv:
+        return None
+    if tv.get("link"):
+        return f"- **token view**: [which tokens are kept and dropped]({tv['link']}) (eslm tokens)"
+    return f"- **token view**: not made; make it with {md_text(tv['command'])}"
+
+
 def render_markdown(summary: dict) -> str:
-    """The summary as Markdown (summary.md): one table of groups with intervals and paired differences, then
-    the verdicts. Paste-able into a README."""
+    """The report as Markdown (summary.md), in the page's order: the header, the verdict table, the figures, then
+    one table of groups with intervals and paired differences and the verdicts in words. Paste-able into a
+    README."""
     s = summary
     comp = {c["group"]: c for c in s["comparisons"]}
     ctrl = {c["group"]: c for c in s["controls"]}
     t_words = "CPU s" if s["time_key"] == M.CPU_S else "wall-clock s"
-    base = s["baseline"] or "baseline"
+    base = md_text(s["baseline"] or "baseline")
     head = (f"| group | n | final val loss | Δ final loss vs {base} | Δ vs random (same alpha) | "
             f"Δ equal-token loss vs {base} | to target, Δ flops_paper vs {base} | Δ flops_executed | "
             f"Δ {t_words} | reached | step cost / CLM |")
-    lines = [head, "|" + "---|" * 11]
+    table = [head, "|" + "---|" * 11]
     unfinished = any(g["unfinished"] for g in s["groups"])
     one = one_seed(s)
     for g in s["groups"]:
@@ -93,7 +184,7 @@ def render_markdown(summary: dict) -> str:
         if r is None and c is not None and g.get("control") == c["against"]:  # its control is the baseline
             r = c
         tt = g["to_target"][M.FLOPS_PAPER]
-        lines.append("| " + " | ".join([
+        table.append("| " + " | ".join([
             _md_label(g), str(g["final_val_loss"]["count"]), _md_ci(g["final_val_loss"], ".4f", one),
             _md_paired(c["losses"]["final validation loss"] if c else None, False, one),
             _md_paired(r["losses"]["final validation loss"] if r else None, False, one),
@@ -102,26 +193,33 @@ def render_markdown(summary: dict) -> str:
             _md_paired(c["to_target"][M.FLOPS_EXECUTED] if c else None, True, one),
             _md_paired(c["to_target"]["time_s"] if c else None, True, one),
             f"{tt['reached']}/{tt['n']}", _md_ci(g["step_cost_vs_clm"], ".3f", one)]) + " |")
-    notes = [f"Target validation loss {s['target_loss']:.4f} ({s['target_source']}). Mean ± 95% Student-t "
+    notes = [f"Target validation loss {s['target_loss']:.4f} ({md_text(s['target_source'])}). Mean ± 95% Student-t "
              f"half-width over seeds; Δ: mean paired (by seed) difference [95% interval], relative for costs, a "
              f"seed that never reached the target counted at its budget (censored); **↓**/**↑**: below / above 0 "
              f"after Holm's adjustment over the {s['holm_family']} comparisons of this report (the primary "
              f"comparison's final loss: its own interval). Equal-token loss: at {base}'s last evaluation. "
-             f"Learning-rate schedule: {s['schedule']}. Time: {s['time_words']}."]
+             f"Learning-rate schedule: {md_text(s['schedule'])}. Time: {s['time_words']}."]
     if unfinished:
         notes.append("**unfinished**: runs without result.json (still training, interrupted or crashed): their "
                      "\"final\" values are those of their last evaluation, not of the end of training.")
-    verdicts = [f"- **{c['group']}** vs {c['against']}: " + "; ".join(c["verdicts"])
+    verdicts = [f"- **{md_text(c['group'])}** vs {md_text(c['against'])}: " + "; ".join(map(md_text, c["verdicts"]))
                 for c in s["comparisons"] + s["controls"]]
+    study = (s.get("header") or {}).get("study")
+    top = [f"# eslm report{': ' + md_text(study) if study else ''}", ""]
+    top += [f"- **{name}**: {md_text(text)}" for name, text in header_rows(s)]
+    top += [x for x in [_token_view_line(s)] if x]
+    top += [f"- warning: {md_text(w)}" for w in s["warnings"]] + [""]
     if one:
         head_words, rest = ONE_SEED_NOTE.split(": ", 1)
-        lines = [f"**{head_words}**: {rest}", ""] + lines
+        top += [f"**{head_words}**: {rest}", ""]
     if s.get("primary"):
-        lines = [f"**{s['primary']['primary_verdict']}**", ""] + lines
-    gaps = [f"- {x}." for x in s["flops_gaps"]]
-    warn = [f"- warning: {w}" for w in s["warnings"]]
+        top += [f"**{md_text(s['primary']['primary_verdict'])}**", ""]
+    figs = _figure_lines(s)
+    gaps = [f"- {md_text(x)}." for x in s["flops_gaps"]]
     extra = []
-    for block in (spread_lines(s), since_branch_lines(s)):
+    for block in (spread_lines(s, md_text), since_branch_lines(s, md_text)):
         extra += block + [""] if block else []
-    return "\n".join(lines + [""] + notes + [""] + extra + verdicts + [""] + gaps
-                     + ([""] + warn if warn else [])) + "\n"
+    return "\n".join(top + ["## Verdicts", ""] + _verdict_lines(s) + [""]
+                     + (["## Figures", ""] + figs if figs else [])
+                     + ["## Summary", ""] + table + [""] + notes + [""] + extra
+                     + (["## Verdicts in words", ""] + verdicts + [""] if verdicts else []) + gaps) + "\n"

@@ -201,6 +201,47 @@ def spread(groups: list[Group]) -> list[dict]:
     return out
 
 
+def _distinct(values) -> list:
+    """The distinct values in first-seen order (None left out)."""
+    return list(dict.fromkeys(v for v in values if v is not None))
+
+
+def tokens_per_step(r: Run):
+    """Tokens one optimizer step of ``r`` consumed, from its logged counters (the last train line's tokens seen
+    over its step: every micro-batch and process included); None without them."""
+    for rec in reversed(r.train):
+        if is_number(rec.get(M.TOKENS_SEEN)) and is_number(rec.get(M.STEP)) and rec[M.STEP] > 0:
+            return round(rec[M.TOKENS_SEEN] / rec[M.STEP])
+    return None
+
+
+def header(runs: list[Run], groups: list[Group], study: str | None) -> dict:
+    """What the report's header says once, read from the run directories: the study (``study``, given by
+    ``eslm study``) and the directories the runs are in, the alphas of the runs that select tokens (those that
+    log alpha; "adaptive" where it moved), the model (preset, non-embedding parameters from env.json), tokens per optimizer step, the code
+    commit(s) (env.json) and the seeds per group."""
+    def alpha_of(r: Run) -> str | None:
+        logged = [rec[M.ALPHA] for rec in r.train if is_number(rec.get(M.ALPHA))]
+        if not logged:
+            return None
+        return "adaptive" if len(set(logged)) > 1 else f"{config_get(r.config, 'method.alpha', logged[0]):g}"
+
+    parents = _distinct(str(r.path.parent) for r in runs)
+    commits = _distinct((str(r.env["git_commit"])[:10] + (" (uncommitted changes)" if r.env.get("git_dirty") else ""))
+                        if r.env.get("git_commit") else None for r in runs)
+    counts = _distinct(len(g.runs) for g in groups)
+    return {
+        "study": study, "directories": parents,
+        "alphas": _distinct(alpha_of(r) for r in runs),
+        "presets": _distinct(config_get(r.config, "model.preset") for r in runs),
+        "params": _distinct(r.env.get("model_params_non_embedding") for r in runs),
+        "tokens_per_step": _distinct(tokens_per_step(r) for r in runs),
+        "commits": commits, "commit_unknown": sum(not r.env.get("git_commit") for r in runs),
+        "seeds_per_group": sorted(counts),
+        "seeds": sorted(_distinct(r.seed for r in runs), key=str),
+    }
+
+
 def branch_costs(g: Group) -> dict | None:
     """A branched group (``train.branch_from``): the branch step and its runs' costs from the branch point on
     (final minus the first evaluation, the trunk's at the branch point), beside their totals."""
@@ -215,10 +256,12 @@ def branch_costs(g: Group) -> dict | None:
 
 def summarize(runs: list[Run], groups: list[Group], *, target: float, target_source: str,
               flops: str, skipped: list[dict], warnings: list[str], baseline: str | None = None,
-              where: str = "--", primary: list[str] | None = None, margin: float | None = None) -> dict:
+              where: str = "--", primary: list[str] | None = None, margin: float | None = None,
+              study: str | None = None) -> dict:
     """The machine-readable summary written as summary.json. ``primary``: the two groups of the comparison named
     in advance (``--primary A B``, a study's ``report.primary``): read unadjusted and shown first; ``margin``:
-    its pre-registered equivalence margin (nats), tested by TOST (``stats.tost``)."""
+    its pre-registered equivalence margin (nats), tested by TOST (``stats.tost``); ``study``: the study's name for
+    the header (``header``)."""
     flops_key = FLOPS_KEYS[flops]
     time_key, time_words = time_key_of(runs)
     domains = domains_of(runs)
@@ -293,7 +336,7 @@ def summarize(runs: list[Run], groups: list[Group], *, target: float, target_sou
         primary_entry["primary_verdict"] = C.primary_verdict(primary_entry, single)
     warnings += [w for w in (load_warning(runs), machine_warning(runs)) if w]
     return {
-        "format": REPORT_FORMAT, "flops_convention": flops, "flops_key": flops_key,
+        "format": REPORT_FORMAT, "header": header(runs, groups, study), "flops_convention": flops, "flops_key": flops_key,
         "time_key": time_key, "time_words": time_words, "one_seed": single,
         "target_loss": target, "target_source": target_source, "interpolation": INTERPOLATION_NOTE,
         "grouping": "same resolved config except " + ", ".join(IGNORED_FOR_GROUPING),

@@ -93,3 +93,47 @@ def tost_verdict(t: dict | None, unit: str = "nats") -> str:
     if t["equivalent"]:
         return f"equivalent {within} (TOST p = {t['p']:.2g}; {interval})"
     return f"equivalence {within} not shown (TOST p = {t['p']:.2g}; {interval} reaches past the margin)"
+
+
+def verdict_word(ci: dict | None, relative: bool, single: bool = False) -> str:
+    """The verdict of one paired difference in a word or two, for the report's verdict table: lower / higher (a
+    loss), less / more (a relative cost), no difference detectable, or why there is no verdict (``single``: the
+    report has one seed per group and says once that nothing has an interval: '—')."""
+    if ci is None or ci["n"] == 0:
+        return "no pair"
+    if ci["lo"] is None:
+        return "—" if single else "no interval"
+    sign = significant(ci)
+    if sign == 0:
+        return "no difference detectable"
+    return {(-1, False): "lower", (1, False): "higher", (-1, True): "less", (1, True): "more"}[(sign, relative)]
+
+
+def _difference(ci: dict | None, relative: bool) -> tuple[str, str]:
+    """(the mean difference, its 95% interval) as text; '—' where there is none."""
+    if ci is None or ci["n"] == 0 or ci["mean"] is None:
+        return "—", "—"
+    spec = "+.1%" if relative else "+.4f"
+    interval = "—" if ci["lo"] is None else f"[{ci['lo']:{spec}}, {ci['hi']:{spec}}]"
+    return f"{ci['mean']:{spec}}", interval
+
+
+def verdict_table(summary: dict) -> list[dict]:
+    """The report's verdicts as one row per comparison, in the order shown (the primary one first, then against
+    the baseline, then against the random-drop control): group, the group it is compared with, and for the final
+    validation loss (nats) and the cost to the target loss in the report's FLOPs convention (relative): the mean
+    paired difference, its 95% interval and the verdict word (``verdict_word``). The full sentences stay in each
+    comparison's ``verdicts``."""
+    primary = summary.get("primary")
+    single = all(len(g["runs"]) <= 1 for g in summary["groups"])
+    rows, seen = [], set()
+    for c in ([primary] if primary else []) + summary["comparisons"] + summary["controls"]:
+        if (c["group"], c["against"]) in seen:
+            continue
+        seen.add((c["group"], c["against"]))
+        loss = c["losses"]["final validation loss"]
+        cost = c["to_target"][summary["flops_key"]]
+        rows.append({"group": c["group"], "against": c["against"], "primary": bool(c.get("primary")),
+                     "loss": (*_difference(loss, False), verdict_word(loss, False, single)),
+                     "cost": (*_difference(cost, True), verdict_word(cost, True, single))})
+    return rows

@@ -85,6 +85,7 @@ config:
   model: {preset: tiny}
   data: {seq_len: 64}
   train: {max_steps: 10}
+report: {baseline: clm-lr0.001}  # two CLM grid points: the report is told which is the baseline
 """
 
 

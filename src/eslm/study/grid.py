@@ -252,7 +252,8 @@ def _report_group_problems(report: dict, configs: list) -> list[str]:
         _, why = find_group(groups, name, option)
         if why:
             out.append(why)
-    if "baseline" not in report and any(g.method == baseline() for g in groups):  # the report's default baseline
+    base = [g for g in groups if g.method == baseline()]
+    if "baseline" not in report and len({g.point or g.label for g in base}) > 1:  # e.g. two CLM labels
         _, why = find_group(groups, baseline(), "report.baseline (not set: the default)")
         if why:
             out.append(why + "; add report.baseline naming one of them")

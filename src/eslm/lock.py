@@ -92,7 +92,11 @@ class DirLock:
             os.ftruncate(fd, 0)
             os.lseek(fd, 0, os.SEEK_SET)
             os.write(fd, (json.dumps(info) + "\n").encode())
-        except OSError as e:  # a full disk at start: name the lock file
+        except OSError as e:  # a full disk at start: name the lock file, and leave none behind (still held here)
+            try:
+                self.path.unlink(missing_ok=True)
+            except OSError:
+                pass
             os.close(fd)
             raise OSError(e.errno, e.strerror, str(self.path)) from None
         self.fd = fd

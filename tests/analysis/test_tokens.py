@@ -153,3 +153,16 @@ def test_errors(ckpt, tmp_path):
     (tmp_path / "t.txt").write_text("hello world")
     with pytest.raises(ESLMError, match="vocab_size"):  # GPT-2 ids do not fit a byte-level model
         tv.build_token_view(str(ckpt[0]), tmp_path / "o", text=str(tmp_path / "t.txt"), tokenizer="gpt2")
+
+
+def test_a_directory_with_the_views_file_names_but_no_marker_is_refused(ckpt, tmp_path):
+    """issue 47: ownership by the marker (tokens.json's format), not by file names: a user's index.html and
+    tokens.json are never overwritten."""
+    (tmp_path / "t.txt").write_text("hello world, some words here")
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "index.html").write_text("my page")
+    (out / "tokens.json").write_text('{"mine": true}')
+    with pytest.raises(ESLMError, match="the token view's output"):
+        tv.build_token_view(str(ckpt[0]), out, text=str(tmp_path / "t.txt"))
+    assert (out / "index.html").read_text() == "my page" and (out / "tokens.json").read_text() == '{"mine": true}'

@@ -188,3 +188,16 @@ def test_a_mistyped_model_name_is_refused_by_the_dry_run(tiny_data, tmp_path, tr
         assert "method.kd.teacher='teachr' names neither a model of the study's models section ('teacher')" in msg
         assert "dense-kd-s1" in msg and "clm-s1" not in msg, msg  # CLM reads no teacher
     assert trained == [] and not (tmp_path / "out").exists()
+
+
+def test_a_users_models_json_is_refused_not_overwritten(tiny_data, tmp_path, trained):
+    """issue 47: models/ is eslm's by its marker (models.json's format), not by its name."""
+    from eslm.errors import OwnershipError
+
+    path = _study_file(tmp_path, tiny_data)
+    mine = tmp_path / "out" / "kd" / "models" / "models.json"
+    mine.parent.mkdir(parents=True)
+    mine.write_text('{"my": "notes"}')
+    with pytest.raises(OwnershipError, match="was not written by eslm"):
+        study.run_study(str(path), tmp_path / "out", seeds=[1])
+    assert mine.read_text() == '{"my": "notes"}' and trained == []

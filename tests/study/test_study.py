@@ -85,6 +85,7 @@ config:
   model: {preset: tiny}
   data: {seq_len: 64}
   train: {max_steps: 10}
+report: {baseline: clm-lr0.001}  # two CLM grid points: the report is told which is the baseline
 """
 
 
@@ -602,3 +603,14 @@ def test_a_huge_grid_or_seed_list_is_refused_with_its_numbers_before_anything_is
     with pytest.raises(ConfigError, match="--seeds: expected at most 1000 seeds, found 1000000"):
         study.run_study(str(f), tmp_path / "out", seeds=list(range(10**6)), dry_run=True)
     assert time.perf_counter() - t0 < 30  # seconds on a loaded machine; the refusals themselves take milliseconds
+
+
+def test_two_baseline_groups_without_a_report_baseline_are_refused_by_the_dry_run(tmp_path):
+    """issue 47: two CLM labels and no report section: the report could not choose its baseline; refused before
+    anything trains, not by the report after all the training."""
+    two = STUDY_OK.replace("methods: [clm, ", "methods: [{name: clm, label: clm-a, train.weight_decay: 0.0}, "
+                                              "{name: clm, label: clm-b, train.weight_decay: 0.2}, ")
+    code, err = _cli_study(tmp_path, two, "--dry-run")
+    assert code == 2 and "report.baseline (not set: the default): 'clm' is the method of 2 groups" in err, err
+    assert "add report.baseline naming one of them" in err
+    assert _cli_study(tmp_path, two + "report: {baseline: clm-b}\n", "--dry-run")[0] == 0

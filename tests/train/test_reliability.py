@@ -313,3 +313,21 @@ def test_study_file_with_a_yaml_syntax_error(tmp_path, capsys):
     code = cli_main(["study", str(bad), "--dry-run"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err and f"study {str(bad)!r} is not valid YAML" in err
+
+
+def test_a_lock_whose_write_fails_leaves_no_lock_file(tmp_path, monkeypatch):
+    """issue 47: a full disk when the lock records its holder: one OSError naming the lock file, and no empty
+    lock file left behind (the next start would otherwise find it)."""
+    import errno
+    import os
+
+    from eslm import lock as lock_module
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(lock_module.os, "write", full)
+    with pytest.raises(OSError, match="eslm.lock") as e:
+        lock_module.DirLock(tmp_path, "run directory").acquire()
+    monkeypatch.undo()
+    assert e.value.errno == errno.ENOSPC and not (tmp_path / "eslm.lock").exists(), os.listdir(tmp_path)

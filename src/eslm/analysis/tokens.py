@@ -374,7 +374,13 @@ VIEW_FORMAT = "eslm-token-view-v1"
 
 
 def is_token_view(d: Path) -> bool:
-    """``d`` holds only what ``eslm tokens`` writes (index.html, tokens.json, top_tokens_*.png): an earlier view."""
+    """``d`` holds only what ``eslm tokens`` writes (index.html, tokens.json, top_tokens_*.png) and its tokens.json
+    says so (``format: VIEW_FORMAT``): an earlier view, proven by its marker, not by its file names."""
     names = {p.name for p in Path(d).iterdir()}
-    return "tokens.json" in names and all(n in ("index.html", "tokens.json") or
-                                          (n.startswith("top_tokens_") and n.endswith(".png")) for n in names)
+    if not ("tokens.json" in names and all(n in ("index.html", "tokens.json") or
+                                           (n.startswith("top_tokens_") and n.endswith(".png")) for n in names)):
+        return False
+    try:
+        return json.loads((Path(d) / "tokens.json").read_text()).get("format") == VIEW_FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False

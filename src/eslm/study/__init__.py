@@ -112,6 +112,7 @@ def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int]
     ensure_dir(study_dir)
     with DirLock(study_dir, what="study directory"):  # a second eslm study on this directory is refused
         check_study_dir(study_dir)
+        shared.check_record_owner(study_dir)  # before any training: models.json is written after the models
         if read_marker(study_dir / STUDY_MARKER, STUDY_FORMAT) is None:
             atomic_write(study_dir / STUDY_MARKER, (json.dumps(new_marker(STUDY_FORMAT)) + "\n").encode())
         check_branch_record(study, study_dir, configs)

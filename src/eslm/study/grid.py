@@ -252,7 +252,12 @@ def _report_group_problems(report: dict, configs: list) -> list[str]:
         _, why = find_group(groups, name, option)
         if why:
             out.append(why)
-    if report.get("target") == "baseline" and "baseline" not in report:
+    base = [g for g in groups if g.method == baseline()]
+    if "baseline" not in report and len({g.point or g.label for g in base}) > 1:  # e.g. two CLM labels
+        _, why = find_group(groups, baseline(), "report.baseline (not set: the default)")
+        if why:
+            out.append(why + "; add report.baseline naming one of them")
+    elif report.get("target") == "baseline" and "baseline" not in report:
         _, why = find_group(groups, baseline(), "report.target: baseline uses the default baseline, which")
         if why:
             out.append(why + "; add report.baseline")

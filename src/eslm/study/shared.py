@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from eslm.errors import ConfigError, ESLMError
+from eslm.errors import ConfigError, ESLMError, OwnershipError
 from eslm.study.schema import MODEL_KEYS, flatten
 from eslm.config import build_config
 from eslm.files import atomic_write, sha256_file
@@ -255,13 +255,37 @@ def step_of_file(path: Path) -> int | None:
     return int(digits) if digits.isdigit() else None
 
 
+MODELS_FORMAT = "eslm-models-v1"  # models.json's marker (``format``)
+
+
+def check_record_owner(study_dir: Path) -> None:
+    """``<study>/models/models.json`` is absent or eslm's: its ``format`` is ``MODELS_FORMAT``, or (written
+    before the marker) every entry is a model record (a mapping with ``config`` and ``used_by``); a file of
+    another program is refused in one line, never overwritten (nor a link, which would be followed)."""
+    path = Path(study_dir) / MODELS_DIR / "models.json"
+    if path.is_symlink():
+        raise OwnershipError(f"{str(path)!r} is a symbolic link; eslm writes models.json itself: remove the link")
+    if not path.exists():
+        return
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        record = None
+    ours = isinstance(record, dict) and (record.get("format") == MODELS_FORMAT or (bool(record) and all(
+        isinstance(e, dict) and "config" in e and "used_by" in e for e in record.values())))
+    if not ours:
+        raise OwnershipError(f"{str(path)!r} was not written by eslm (no format {MODELS_FORMAT!r}); eslm study "
+                             "records its shared models there: move the file away, or choose another --out")
+
+
 def write_record(study: dict, study_dir: Path, model_configs: list, run_configs: list) -> Path | None:
     """``<study>/models/models.json``: per model directory its config (flat), checkpoint, sha256, step and the
     runs that use it. Written after the models are trained, before the runs start."""
     if not model_configs:
         return None
 
-    record = {}
+    check_record_owner(study_dir)
+    record: dict = {"format": MODELS_FORMAT}
     for c in model_configs:
         d = Path(c.run.out_dir) / c.run.name
         entry = {"config": flat(c), "finished": (d / "result.json").is_file()}

@@ -11,6 +11,7 @@ that holds nothing but the manifest's files; a corpus of 0 training tokens is re
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -114,11 +115,8 @@ def prepare(source: str, out_dir: str | os.PathLike, *, tokenizer: str = "gpt2",
     val_fraction: share of documents (by stable hash) sent to val, stdlib/text only (default 0.05).
     workers: tokenisation processes (default min(2, cpu count)); the output does not depend on it.
     """
-    if not _lock:  # the caller (ensure_prepared) holds the output lock
-        return _prepare_locked(source, out_dir, tokenizer=tokenizer, paths=paths, domains=domains,
-                               val_fraction=val_fraction, workers=workers, progress=progress, overwrite=overwrite,
-                               hf_cache_dir=hf_cache_dir)
-    with output_lock(Path(out_dir)).acquire():
+    # without _lock the caller (ensure_prepared) holds the output lock
+    with output_lock(Path(out_dir)).acquire() if _lock else contextlib.nullcontext():
         return _prepare_locked(source, out_dir, tokenizer=tokenizer, paths=paths, domains=domains,
                                val_fraction=val_fraction, workers=workers, progress=progress, overwrite=overwrite,
                                hf_cache_dir=hf_cache_dir)

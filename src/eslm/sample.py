@@ -29,11 +29,7 @@ def sample_texts(checkpoint: str, prompt: str | None = None, *, num_samples: int
     if tokenizer is not None:
         resolve_tokenizer(tokenizer)  # an unknown name: one line before the model is loaded
     model, info = load_model(checkpoint, device=device)
-    tok = resolve_tokenizer(tokenizer or info.get("tokenizer"))
-    if tok.vocab_size > model.config.vocab_size:
-        raise ConfigError(f"expected a tokenizer with at most {model.config.vocab_size} ids for {checkpoint} (the "
-                          f"model's vocabulary), found {tok.name} with {tok.vocab_size}; pass the --tokenizer it "
-                          "was trained with")
+    tok = resolve_tokenizer(tokenizer or info.get("tokenizer"), model.config.vocab_size, checkpoint)
     ids = tok.encode(prompt) if prompt else [tok.eot_id]
     for i in range(num_samples):
         new = generate(model, ids, max_new_tokens, temperature=temperature, top_k=top_k or None,

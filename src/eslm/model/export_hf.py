@@ -18,7 +18,7 @@ from eslm.errors import ConfigError
 from eslm.files import foreign_entries, link_refused, listing, os_error_in, output_lock
 from eslm.model.hf import EXPORT_FORMAT, EXPORT_INFO_FILE, read_export_info, to_hf
 from eslm.model.loading import is_run_dir, load_model
-from eslm.data.tokenizers import get_tokenizer, gpt2_bpe_files
+from eslm.data.tokenizers import gpt2_bpe_files, tokenizer_class
 
 
 # ----------------------------------------------------------------------------------------- tokenizer
@@ -48,15 +48,11 @@ def save_gpt2_tokenizer(out_dir: str | Path) -> bool:
 
 def _tokenizer_vocab(name: str | None) -> tuple[int | None, int | None]:
     """(vocab_size, eot_id) of a tokenizer name, or (None, None) when unknown."""
-    if name is None:
-        return None, None
-    if name == "gpt2":  # fixed by GPT-2's BPE; no need to build the tokenizer
-        return 50257, 50256
     try:
-        tok = get_tokenizer(name)
-        return tok.vocab_size, tok.eot_id
-    except Exception:
+        tok = tokenizer_class(name or "")
+    except ConfigError:
         return None, None
+    return tok.vocab_size, tok.eot_id
 
 
 # What an export writes (transformers' save_pretrained, the tokenizer files, our metadata): with --force an earlier

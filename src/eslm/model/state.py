@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 from eslm.errors import CheckpointError
 from eslm.model.gpt import GPT
 
@@ -77,21 +79,9 @@ def build_checked(cfg, state: dict, source: str) -> GPT:
     return model
 
 
-_WRAPPER_PREFIXES = ("_orig_mod.", "module.")
-
-
 def clean_state_dict(state: dict) -> dict:
     """Strip ``_orig_mod.`` / ``module.`` prefixes (torch.compile, DDP) from parameter names."""
-    out = {}
-    for k, v in state.items():
-        changed = True
-        while changed:
-            changed = False
-            for pre in _WRAPPER_PREFIXES:
-                if k.startswith(pre):
-                    k, changed = k[len(pre):], True
-        out[k] = v
-    return out
+    return {re.sub(r"^(?:_orig_mod\.|module\.)+", "", k): v for k, v in state.items()}
 
 
 def non_finite(tree, prefix: str = "") -> str | None:

@@ -357,11 +357,6 @@ def config_warnings(cfg: Config) -> list[str]:
     return out
 
 
-# Keys whose default is what every run written before the key existed did (train.branch_from "": not branched):
-# their absence from a stored config is read as the default.
-ABSENT_MEANS_DEFAULT = ("train.branch_from",)
-
-
 def stored_config_problem(d: dict, *, complete: bool = False) -> str | None:
     """Why a run directory's stored config mapping (config.yaml as eslm wrote it) is not in this version's format,
     or None: a key this version does not have (e.g. the flat method keys eslm wrote before they were nested by
@@ -372,7 +367,7 @@ def stored_config_problem(d: dict, *, complete: bool = False) -> str | None:
     _apply(Config(), d, "", problems)
     if not problems and complete:
         have = _leaf_keys(d)
-        missing = [k for k in all_keys() if k not in have and k not in ABSENT_MEANS_DEFAULT]
+        missing = [k for k in all_keys() if k not in have]
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
             problems.append(f"no {missing[0]}{more}: written before the key existed")

@@ -29,7 +29,7 @@ from eslm.errors import CheckpointError, ConfigError
 from eslm.files import RUN_MARKER, verify_checksum
 from eslm.model.gpt import GPT, ModelConfig
 from eslm.model.snapshot_file import SNAPSHOT_DIR, SNAPSHOT_FORMAT, SnapshotDamaged, list_snapshots, read_snapshot
-from eslm.model.state import build_checked, clean_state_dict, non_finite
+from eslm.model.state import build_checked, clean_state_dict, load_error_line, non_finite
 from eslm.model.hf import from_hf, read_export_info
 
 CHECKPOINT_FORMAT = "eslm-checkpoint-v1"
@@ -175,11 +175,9 @@ def read_checkpoint(path: str | Path) -> dict:
     try:
         ckpt = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:  # pickle errors, zip errors, unsafe globals: all mean "not our checkpoint"
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if "weights_only" in str(e) or "Weights only" in str(e):  # never relay torch's "retry unsafely" advice
-            first = "it holds objects other than tensors and plain values, which eslm never loads"
         raise CheckpointError(
-            f"expected an eslm checkpoint (torch.save'd dict) at {p}, but it could not be read ({first}); "
+            f"expected an eslm checkpoint (torch.save'd dict) at {p}, but it could not be read "
+            f"({load_error_line(e, 'it')}); "
             "point at a step_XXXXXXX.pt written by 'eslm train'"
         ) from None
     if not isinstance(ckpt, dict) or "format" not in ckpt:

@@ -84,6 +84,13 @@ def clean_state_dict(state: dict) -> dict:
     return {re.sub(r"^(?:_orig_mod\.|module\.)+", "", k): v for k, v in state.items()}
 
 
+def load_error_line(e: Exception, holder: str) -> str:
+    """The first line of a loading error, never torch's advice to retry unsafely (``weights_only``)."""
+    if "weights_only" in str(e) or "Weights only" in str(e):
+        return f"{holder} holds objects other than tensors and plain values, which eslm never loads"
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
 def non_finite(tree, prefix: str = "") -> str | None:
     """The name of the first floating-point tensor in ``tree`` (a state dict, an optimizer state: nested dicts
     and lists) holding a NaN or inf, else None. One pass over every tensor."""

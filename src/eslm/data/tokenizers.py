@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 from pathlib import Path
 
 from eslm.errors import ConfigError, DataError
@@ -117,8 +118,6 @@ def _gpt2_byte_of_char() -> dict[str, int]:
 
 @functools.lru_cache(maxsize=1)
 def _build_gpt2_encoding():
-    import json
-
     import tiktoken
     from tiktoken_ext.openai_public import r50k_pat_str
 

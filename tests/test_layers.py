@@ -23,7 +23,7 @@ LAYERS = {
     "eslm.config": 6,  # the typed config validates method names and presets, so it sits above the registry
     "eslm.train": 7,
     "eslm.eval": 8, "eslm.analysis": 8,
-    "eslm.study": 9, "eslm.sample": 9,
+    "eslm.study": 9,
     "eslm.cli": 10,  # the commands: eslm/cli/<command>.py, each calling one library function
 }
 

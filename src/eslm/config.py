@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 from eslm import metrics as M
 from eslm.data.mixture import PRESETS as MIXTURES
-from eslm.data.tokenizers import TOKENIZER_NAMES, tokenizer_vocab_size
+from eslm.data.tokenizers import TOKENIZER_NAMES, tokenizer_class
 from eslm.errors import ConfigError
 from eslm.files import name_problem, read_yaml
 from eslm.flops import COUNT_PER, COUNTER_KEYS, FlopsModel
@@ -197,10 +197,6 @@ def _to_dict(obj) -> Any:
     return obj
 
 
-def _hints(cls) -> dict:
-    return typing.get_type_hints(cls)
-
-
 def all_keys(cls=Config, prefix: str = "") -> dict[str, tuple[Any, str]]:
     """Every dotted leaf key -> (default, help)."""
     out: dict[str, tuple[Any, str]] = {}
@@ -252,7 +248,7 @@ def _coerce(value: Any, typ, key: str, problems: list[str]) -> Any:
 
 def _apply(cfg, delta: dict, prefix: str, problems: list[str]):
     """Return cfg with the nested mapping ``delta`` applied; unknown keys become problems."""
-    hints = _hints(type(cfg))
+    hints = typing.get_type_hints(type(cfg))
     names = {key_of(f): f.name for f in fields(cfg)}  # config key -> attribute
     changes = {}
     for k, v in delta.items():
@@ -369,11 +365,6 @@ def config_warnings(cfg: Config) -> list[str]:
     return out
 
 
-# Keys whose default is what every run written before the key existed did (train.branch_from "": not branched):
-# their absence from a stored config is read as the default.
-ABSENT_MEANS_DEFAULT = ("train.branch_from",)
-
-
 def stored_config_problem(d: dict, *, complete: bool = False) -> str | None:
     """Why a run directory's stored config mapping (config.yaml as eslm wrote it) is not in this version's format,
     or None: a key this version does not have (e.g. the flat method keys eslm wrote before they were nested by
@@ -384,7 +375,7 @@ def stored_config_problem(d: dict, *, complete: bool = False) -> str | None:
     _apply(Config(), d, "", problems)
     if not problems and complete:
         have = _leaf_keys(d)
-        missing = [k for k in all_keys() if k not in have and k not in ABSENT_MEANS_DEFAULT]
+        missing = [k for k in all_keys() if k not in have]
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
             problems.append(f"no {missing[0]}{more}: written before the key existed")
@@ -418,7 +409,7 @@ def model_config_for(cfg: Config) -> ModelConfig:
     sized before the run; only ``model.init_from`` with ``model.vocab_size=0`` may later swap in the source's
     vocabulary (``eslm.train.setup.init_from``)."""
     m = cfg.model
-    overrides = {"vocab_size": m.vocab_size or pad_vocab(tokenizer_vocab_size(cfg.data.tokenizer)),
+    overrides = {"vocab_size": m.vocab_size or pad_vocab(tokenizer_class(cfg.data.tokenizer).vocab_size),
                  "dropout": m.dropout}
     if m.block_size:
         overrides["block_size"] = m.block_size
@@ -614,10 +605,7 @@ def to_yaml(cfg: Config) -> str:
 
 def describe_keys() -> str:
     """A table of every key, its default and meaning (for --help)."""
-    lines = []
-    for key, (default, help) in all_keys().items():
-        lines.append(f"  {key:<32} {str(default)!s:<14} {help}")
-    return "\n".join(lines)
+    return "\n".join(f"  {key:<32} {str(default):<14} {help}" for key, (default, help) in all_keys().items())
 
 
 __all__ = ["Config", "build_config", "config_warnings", "from_dict", "stored_config_problem", "validate", "to_yaml",

@@ -1,5 +1,7 @@
 """User-facing errors: one line that says what was expected, what was found and how to fix it."""
 
+import errno
+
 
 class ESLMError(Exception):
     """An error caused by the user's input (config, data, checkpoint). The CLI prints it as one line."""
@@ -24,8 +26,6 @@ class CheckpointError(ESLMError):
 
 def os_error_line(e: OSError) -> str:
     """One line for an OS error that reached the command line: what failed, on which file, how to fix it."""
-    import errno
-
     where = f" {e.filename!r}" if e.filename is not None else ""
     if e.filename2 is not None:
         where += f" -> {e.filename2!r}"

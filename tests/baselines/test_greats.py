@@ -293,14 +293,11 @@ def test_extra_flops_formula():
     fwd, bwd = 1e6, 2e6
     base = (B124 + BV124) * T124 * (fwd + bwd / 2)  # scoring forward + activation backward
     for route, block in [("memory", [MAT, MAT, GHO, GHO]), ("flops", [MAT] * 4), ("ghost", [GHO] * 4)]:
-        got = G.greats_extra_flops(fwd, bwd, shapes, B124, BV124, T124, route=route)
+        routes = G.layer_routes(shapes, B124, BV124, T124, route)
+        assert routes == block * 12, route
+        got = G.greats_extra_flops(fwd, bwd, shapes, B124, BV124, T124, routes=routes)
         assert got == pytest.approx(base + _hand_ip_flops(block), rel=1e-12), route
-        # the routes actually taken override the route rule
-        taken = G.greats_extra_flops(fwd, bwd, shapes, B124, BV124, T124, routes=block * 12)
-        assert taken == pytest.approx(got, rel=1e-12)
-    assert G.greats_extra_flops(fwd, bwd, shapes, B124, BV124, T124) == pytest.approx(
-        base + _hand_ip_flops([MAT] * 4), rel=1e-12)  # default: flops
-    assert G.greats_extra_flops(fwd, bwd, [], B124, BV124, T124) == pytest.approx(base)
+    assert G.greats_extra_flops(fwd, bwd, [], B124, BV124, T124, routes=[]) == pytest.approx(base)
     mlp_ghost, mlp_mat = G.layer_flops(T124, 768, 3072, False, B124, B124 + BV124)
     assert 19 < mlp_ghost / mlp_mat < 20  # the "about 20x fewer FLOPs"
 

@@ -158,7 +158,7 @@ def test_eslm_eval_end_to_end_on_local_tasks(tmp_path, monkeypatch):
 
     tok = _tokenizer()
     if not hasattr(tok, "encode_batch"):  # our fallback, not eslm.data.tokenizers
-        monkeypatch.setattr(command, "resolve_tokenizer", lambda name: tok)
+        monkeypatch.setattr(command, "resolve_tokenizer", lambda name, *a: tok)
     torch.manual_seed(0)
     run = tmp_path / "run"
     for step in (10, 20):

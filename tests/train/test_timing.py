@@ -1,4 +1,4 @@
-"""train/timing.py and train/progress.py: clocks, throughput, the load record, MFU off CUDA, the progress line."""
+"""train/timing.py and train/records.py's progress line: clocks, throughput, the load record, MFU off CUDA, the progress line."""
 
 import json
 import time
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from eslm import metrics as M
-from eslm.train.progress import fmt_time, progress_line
+from eslm.train.records import fmt_time, progress_line
 from eslm.train.timing import LoadSampler, Throughput, mfu, timed
 
 

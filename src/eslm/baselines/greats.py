@@ -391,23 +391,13 @@ def inner_product_flops(layer_shapes: Sequence[tuple[int, int, bool]], routes: S
 
 def greats_extra_flops(forward_per_token: float, backward_per_token: float,
                        layer_shapes: Sequence[tuple[int, int, bool]], B: int, Bv: int, T: int, *,
-                       act_backward_fraction: float = 0.5, route: str = "flops",
-                       memory_cap_mb: float = DEFAULT_MEMORY_CAP_MB, routes: Sequence[str] | None = None) -> float:
-    """FLOPs GREATS spends per micro-batch beyond the update pass on the kept rows:
-
-        (B + Bv) T forward_per_token                               scoring forward, train + validation rows
-      + (B + Bv) T backward_per_token * act_backward_fraction      activation-gradient backward (no weight
-                                                                   gradients: about half of a backward)
-      + inner_product_flops(layer_shapes, routes, B, Bv, T)        the inner products
-
-    forward_per_token / backward_per_token: the trained model's per-token FLOPs; layer_shapes from
-    ``scored_layer_shapes``; routes: the form each layer took (``greats_select``'s info["layer_modes"]), or None
-    for ``layer_routes(..., route, memory_cap_mb)``. The greedy itself (O(k B)) is negligible and not counted.
-    """
-    if routes is None:
-        routes = layer_routes(layer_shapes, B, Bv, T, route, memory_cap_mb)
+                       routes: Sequence[str]) -> float:
+    """FLOPs GREATS spends per micro-batch beyond the update pass on the kept rows: the scoring forward of the
+    B + Bv rows, their activation-gradient backward (no weight gradients: half a backward) and the inner
+    products in the form each layer took (``routes``: ``greats_select``'s info["layer_modes"], or
+    ``layer_routes``). The greedy itself (O(k B)) is negligible and not counted."""
     tokens = (B + Bv) * T
-    return (tokens * forward_per_token + tokens * backward_per_token * act_backward_fraction
+    return (tokens * forward_per_token + tokens * backward_per_token * 0.5
             + inner_product_flops(layer_shapes, routes, B, Bv, T))
 
 
@@ -438,15 +428,9 @@ class GradientScoring:
 def greats_micro_batch_cost(fm, layer_shapes: Sequence[tuple[int, int, bool]], B: int, Bv: int, *,
                             budget: float = 0.9, pool: str = "floor", route: str = "flops",
                             memory_cap_mb: float = DEFAULT_MEMORY_CAP_MB) -> dict:
-    """GREATS' FLOPs per micro-batch in CLM micro-batches: {"paper": r, "executed": r, "routes": [...]}.
-
-    fm: the trained model's ``FlopsModel`` at T = fm.seq_len; B: the loader's rows per micro-batch (a CLM
-    micro-batch is B T tokens, ``fm.train_per_token * B T`` FLOPs in every convention), Bv validation rows;
-    budget, pool: ``greats_pool_size`` (n candidates scored, k kept). GREATS trains every token of its k kept
-    rows (``fm.train_per_token * k T``: no head work to skip, in both conventions) and scores n + Bv rows
-    (``greats_extra_flops``), which both conventions count, so "paper" and "executed" are equal. The ratio per
-    optimizer step is the same: both take the same number of micro-batches.
-    """
+    """GREATS' FLOPs per micro-batch in CLM micro-batches (of B rows): {"paper": r, "executed": r, "routes": [...]}.
+    It trains every token of its k kept rows and scores n + Bv rows (``greats_pool_size``,
+    ``greats_extra_flops``), which both conventions count, so "paper" and "executed" are equal."""
     T = fm.seq_len
     n, k = greats_pool_size(B, budget, pool)
     routes = layer_routes(layer_shapes, n, Bv, T, route, memory_cap_mb)
@@ -456,11 +440,8 @@ def greats_micro_batch_cost(fm, layer_shapes: Sequence[tuple[int, int, bool]], B
 
 
 def greats_cost_ratio(cfg, fm, model_config) -> dict:
-    """GREATS' cost per micro-batch (= per optimizer step) in CLM micro-batches for an eslm Config, by
-    ``greats_micro_batch_cost`` with the config's micro-batch, alpha and method.greats.* keys: {"paper": r,
-    "executed": r, "routes": [ghost|materialised per scored layer]} ("GREATS costs r CLM micro-batches per step").
-    fm: the trained model's FlopsModel (``eslm.config.training_flops_model(cfg)``); model_config: its ModelConfig
-    (``eslm.config.model_config_for(cfg)``)."""
+    """``greats_micro_batch_cost`` (= per optimizer step) for an eslm Config's micro-batch, alpha and method.greats.*
+    keys; fm: ``eslm.config.training_flops_model(cfg)``, model_config: ``eslm.config.model_config_for(cfg)``."""
     g, B = cfg.method.greats, cfg.train.micro_batch_size_seqs
     return greats_micro_batch_cost(fm, scored_layer_shapes(model_config, g.exclude_head), B,
                                    greats_val_rows(B, g.val_fraction), budget=greats_budget(cfg.method.alpha), pool=g.pool,
@@ -502,23 +483,15 @@ class GreatsSection(Section):
 
 class GreatsRows(AllRows):
     """GREATS: per micro-batch, score every candidate row by its gradient's alignment with a fresh validation
-    batch (ghost inner products) and keep the greedy best rows for the update pass.
+    batch and keep the greedy best rows for the update pass.
 
     The validation batches are held-out TRAINING data (``val_loader``: the trainer's, from each domain's last
     5% of training tokens, ``eslm.data.loader.held_out_start``), never the validation split the run is
     evaluated on; a GREATS run's training stream and pool mode's candidates leave that tail out.
 
-    ``route``, ``memory_cap_mb`` (``method.greats.route``, ``method.greats.memory_cap_mb``): each layer's form of
-    the inner products (``layer_route``); the FLOPs declared follow the forms actually taken.
-
-    ``pool`` (``method.greats.pool``, see ``greats_pool_size``) for a loader micro-batch of B rows:
-      "floor" (default): the B loader rows are the candidates; keep floor(budget B).
-      "pool":  the B loader rows plus ceil(B / budget) - B extra rows drawn from ``candidate_loader`` (an
-               independent stream of training windows, same dataset, mixture, seq_len and rank, its own seed)
-               are the candidates; keep B. The training sampler draws every window independently and
-               uniformly (``eslm.data.loader``), so this pool has the distribution of ceil(B / budget) rows of
-               one stream; the trainer's loader and the step are unchanged. The candidate loader's position is
-               part of ``state_dict``, so a resumed run draws the same candidates.
+    ``pool`` mode (``greats_pool_size``) draws its extra candidates from ``candidate_loader``, an independent
+    stream of training windows (the sampler draws every window independently and uniformly, so the pool has
+    the distribution of ceil(B / budget) rows of one stream); its position is part of ``state_dict``.
     """
 
     syncs_host = True  # the greedy loop reads each chosen row's index (greedy_select)

@@ -4,12 +4,8 @@
 
 ``Rho1Selector`` (a ``VaRSelector``, the plug-in of the step) keeps the top 1-alpha of the tokens by this score
 (paper: 90%) and the step averages the CE over the kept tokens. This module holds Rho-1 whole: its settings, the
-score and the selector; the reference is an ``eslm.objectives.frozen.ReferenceModel`` (re-exported here), shared with the KD teacher.
-
-The reference is a frozen GPT: eval mode (no dropout), every parameter ``requires_grad=False``, always run
-under ``torch.no_grad``. ``ReferenceModel`` is deliberately not an ``nn.Module``: it can never become a
-submodule of the trained model, so it is never wrapped in DDP, never in the optimizer, never in the trained
-model's ``state_dict``. A resumed run reloads it from its path (``.source``).
+score and the selector; the reference is a frozen ``eslm.objectives.frozen.ReferenceModel`` (re-exported here,
+shared with the KD teacher; why it is no ``nn.Module``: that module's docstring).
 
 Vocabularies. An imported OpenAI GPT-2 has V = 50257, our models V = 50304 (padded to a multiple of 64).
 Targets are real token ids < 50257 in both, so the two per-token losses refer to the same event. Each model

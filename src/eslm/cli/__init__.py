@@ -17,6 +17,8 @@ import importlib
 import os
 import re
 import sys
+import warnings
+from pathlib import Path
 
 import eslm
 from eslm.errors import ConfigError, ESLMError, extra_of, os_error_line
@@ -82,8 +84,6 @@ _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+:?")
 
 def _is_item(text: str) -> bool:
     """Whether ``text`` reads as a positional item of its own: key=value, a YAML file or a config key."""
-    from pathlib import Path
-
     return "=" in text or text.endswith((".yaml", ".yml")) or bool(_KEY.fullmatch(text)) or Path(text).is_file()
 
 
@@ -93,8 +93,6 @@ def split_config_items(items: list[str]) -> tuple[list[str], list[str]]:
     A config key written without its '=' (``method.alpha 0.2``, ``method.alpha: 0.2``, ``method.alpha = 0.2``)
     would otherwise be read as the name of a YAML file that does not exist; it raises a ConfigError that
     shows the override as it should be written."""
-    from pathlib import Path
-
     files, overrides = [], []
     for i, item in enumerate(items):
         nxt = items[i + 1] if i + 1 < len(items) else None
@@ -123,9 +121,6 @@ def one_line_warnings(prefix: str):
     """Within the block, a warning raised by eslm's own code prints as one line, ``PREFIX: warning: MESSAGE``
     (Python's default adds the category and the source line that raised it). Other packages' warnings keep
     Python's format, which says where they come from."""
-    import warnings
-    from pathlib import Path
-
     package = str(Path(__file__).resolve().parents[1]) + os.sep
     default = warnings.showwarning
 

@@ -1,10 +1,10 @@
-"""``eslm sample CHECKPOINT|RUN_DIR --prompt TEXT``: what a model writes (``eslm.sample.sample_texts``)."""
+"""``eslm sample CHECKPOINT|RUN_DIR --prompt TEXT``: what a model writes (``eslm.eval.generate.sample_texts``)."""
 
 from __future__ import annotations
 
 import argparse
 
-from eslm.sample import sample_texts
+from eslm.eval.generate import sample_texts
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from eslm.cli import split_config_items
 from eslm.config import build_config, describe_keys, to_yaml
@@ -44,8 +45,6 @@ def run(args: argparse.Namespace) -> int:
 def _resume_args(args):
     """(base config, items, resume): ``--resume RUN_DIR`` starts from the run's own config; ``--resume`` followed
     by a YAML file or key=value (argparse took it as RUN_DIR) gives it back to the items."""
-    from pathlib import Path
-
     items, base = list(args.items), None
     r = args.resume
     looks_like_item = "=" in str(r) or str(r).endswith((".yaml", ".yml"))

@@ -232,7 +232,6 @@ class TrainLoader:
         if state.get("version") != STATE_VERSION:
             raise CheckpointError(f"expected loader state version {STATE_VERSION}; found {state.get('version')!r}; "
                                   "fix: resume with the eslm version that wrote the checkpoint")
-        state = {"part": "all", **state}  # a checkpoint from before parts drew from the whole stream
         for key in ("seed", "seq_len", "micro_batch_size_seqs", "split", "part", "domains", "content_hash"):
             if state.get(key) != mine[key]:
                 raise CheckpointError(f"expected the checkpoint's data {key}={state.get(key)!r} to resume exactly; "

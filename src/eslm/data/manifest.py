@@ -19,9 +19,8 @@ Manifest fields (format "eslm-tokens", version 1)::
     source         the source's description (name, paths or hub id, split rule, ...)
     created, eslm_version, prepare_seconds
 
-Full SHA-256 is used (not a cheaper hash) because it is computed while writing, costing about 1 s per GB,
-and it identifies the exact data a run trained on. Verifying it on open is O(size), so
-:func:`verify_shards` checks byte sizes always and content hashes only when asked or when small.
+Full SHA-256 is computed while writing and identifies the exact data a run trained on. Verifying it on open
+is O(size), so :func:`verify_shards` checks byte sizes always and content hashes only when asked or when small.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ import os
 from pathlib import Path
 
 from eslm.errors import DataError
-from eslm.files import atomic_write, name_problem, sha256_file  # noqa: F401  (mf.sha256_file: the shards' checksums)
+from eslm.files import atomic_write, name_problem, sha256_file
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "eslm-tokens"
@@ -143,8 +142,8 @@ def check_token_range(data_dir: str | os.PathLike, manifest: dict, chunk_tokens:
     """DataError unless every token id of every shard is below the tokenizer's vocabulary size.
 
     Whatever the size (the SHA-256 check is skipped for large data): a max over each memory-mapped shard in
-    chunks of ``chunk_tokens`` ids, about 1 s per 10 GB read; an out-of-range id would otherwise fail deep in
-    training with an IndexError (CPU) or a device assert (CUDA)."""
+    chunks of ``chunk_tokens`` ids; an out-of-range id would otherwise fail deep in training with an IndexError
+    (CPU) or a device assert (CUDA)."""
     import numpy as np
 
     data_dir = Path(data_dir)

@@ -69,11 +69,9 @@ def parse_weight_string(text: str) -> dict[str, float]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, sep, value = part.partition("=")
         try:
-            out[name.strip()] = float(value)
+            out[name.strip()] = float(value if sep else "no number")
         except ValueError:
             raise ConfigError(f"expected NAME=NUMBER in weights; found {part!r}; fix: e.g. code=0.5,docs=0.5") from None
-        if not sep:
-            raise ConfigError(f"expected NAME=NUMBER in weights; found {part!r}; fix: e.g. code=0.5,docs=0.5")
     return out
 
 

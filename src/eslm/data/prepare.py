@@ -11,6 +11,7 @@ that holds nothing but the manifest's files; a corpus of 0 training tokens is re
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -114,11 +115,8 @@ def prepare(source: str, out_dir: str | os.PathLike, *, tokenizer: str = "gpt2",
     val_fraction: share of documents (by stable hash) sent to val, stdlib/text only (default 0.05).
     workers: tokenisation processes (default min(2, cpu count)); the output does not depend on it.
     """
-    if not _lock:  # the caller (ensure_prepared) holds the output lock
-        return _prepare_locked(source, out_dir, tokenizer=tokenizer, paths=paths, domains=domains,
-                               val_fraction=val_fraction, workers=workers, progress=progress, overwrite=overwrite,
-                               hf_cache_dir=hf_cache_dir)
-    with output_lock(Path(out_dir)).acquire():
+    # without _lock the caller (ensure_prepared) holds the output lock
+    with output_lock(Path(out_dir)).acquire() if _lock else contextlib.nullcontext():
         return _prepare_locked(source, out_dir, tokenizer=tokenizer, paths=paths, domains=domains,
                                val_fraction=val_fraction, workers=workers, progress=progress, overwrite=overwrite,
                                hf_cache_dir=hf_cache_dir)
@@ -140,7 +138,7 @@ def _prepare_locked(source: str, out_dir, *, tokenizer, paths, domains, val_frac
                     hf_cache_dir) -> dict:
     t0 = time.perf_counter()
     out_dir = Path(out_dir)
-    _remove_leftovers(out_dir)
+    remove_leftovers(out_dir)
     _check_out_dir(out_dir, overwrite)
     tok = get_tokenizer(tokenizer)
     src = get_source(source, paths=paths, domains=domains, val_fraction=val_fraction, hf_cache_dir=hf_cache_dir)
@@ -156,7 +154,7 @@ def _prepare_locked(source: str, out_dir, *, tokenizer, paths, domains, val_frac
         _check_not_empty(src, manifest)
         mf.write_manifest(tmp, manifest)
         (tmp / TMP_MARKER).unlink()
-        _move_into_place(tmp, out_dir, overwrite)
+        move_into_place(tmp, out_dir, overwrite and _eslm_manifest(out_dir) is not None)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # made by this process
     return manifest
@@ -171,28 +169,33 @@ def _check_not_empty(src, manifest: dict) -> None:
                         "and --domains")
 
 
-def _remove_leftovers(out_dir: Path) -> list[Path]:
-    """Remove the temporary directories (``.NAME.tmp-PID``, ``.NAME.old-PID``) that a killed prepare left beside
-    ``out_dir``: only those holding eslm's marker, and in them only the files prepare writes. Call under the
-    output lock (then no live prepare writes them)."""
-    pattern = re.compile(rf"^\.{re.escape(out_dir.name)}\.(tmp|old)-\d+$")
+def remove_leftovers(out_dir: Path, marker: str = TMP_MARKER, ours=None, tag: str = "") -> list[Path]:
+    """Remove the temporary directories (``.NAME.tmp{tag}-PID``, ``.NAME.old{tag}-PID``) that a killed prepare
+    (or export: ``tag``) left beside ``out_dir``: only those holding eslm's ``marker``, and in them only the files
+    it writes (``ours(name)``; default: prepare's). Call under the output lock (then no live writer uses them)."""
+    pattern = re.compile(rf"^\.{re.escape(out_dir.name)}\.(tmp|old){re.escape(tag)}-\d+$")
     removed: list[Path] = []
     if not out_dir.parent.is_dir():
         return removed
     for d in out_dir.parent.iterdir():
-        if pattern.match(d.name) and d.is_dir() and not d.is_symlink() and (d / TMP_MARKER).is_file():
-            _remove_prepared(d)
+        if pattern.match(d.name) and d.is_dir() and not d.is_symlink() and (d / marker).is_file():
+            remove_owned(d, marker, ours)
             removed.append(d)
     return removed
 
 
-def _remove_prepared(d: Path) -> None:
-    """Delete the files a prepare writes in ``d`` (shards, manifest, marker), then ``d`` if that emptied it."""
+def _prepared(name: str) -> bool:
+    """A file a prepare writes: a shard, the manifest or its temporary file."""
+    return name in (mf.MANIFEST_NAME, mf.MANIFEST_NAME + ".tmp") or bool(_SHARD.match(name)) or \
+        temp_of(name) == mf.MANIFEST_NAME
+
+
+def remove_owned(d: Path, marker: str = TMP_MARKER, ours=None) -> None:
+    """Delete ``marker`` and the files ``ours(name)`` claims in ``d`` (default: what a prepare writes), then ``d``
+    if that emptied it."""
     for p in d.iterdir():
-        if (p.name in (mf.MANIFEST_NAME, mf.MANIFEST_NAME + ".tmp", TMP_MARKER) or _SHARD.match(p.name)
-                or temp_of(p.name) == mf.MANIFEST_NAME):
-            if not p.is_dir():
-                p.unlink()
+        if (p.name == marker or (ours or _prepared)(p.name)) and p.is_file() and not p.is_symlink():
+            p.unlink()
     try:
         d.rmdir()
     except OSError:  # something else is in it: not ours to delete
@@ -262,20 +265,22 @@ def _eslm_manifest(d: Path) -> dict | None:
     return m if isinstance(m, dict) and m.get("format") == mf.FORMAT else None
 
 
-def _move_into_place(tmp: Path, out_dir: Path, overwrite: bool) -> None:
-    """Rename the finished ``tmp`` to ``out_dir``. With --force an earlier prepared ``out_dir`` (checked by
-    ``_check_out_dir``) is marked and renamed aside first, then its files are deleted."""
+def move_into_place(tmp: Path, out_dir: Path, replace: bool, marker: str = TMP_MARKER, ours=None,
+                    tag: str = "") -> None:
+    """Rename the finished ``tmp`` to ``out_dir``. With ``replace`` an earlier output there (checked by the
+    caller to hold only ``ours``) is marked and renamed aside first, then its files are deleted; else an empty
+    ``out_dir`` is removed."""
     old = None
     if out_dir.exists():
-        if overwrite and _eslm_manifest(out_dir) is not None:
-            (out_dir / TMP_MARKER).write_text("")  # a kill from here on leaves a directory the next start removes
-            old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+        if replace:
+            (out_dir / marker).write_text("")  # a kill from here on leaves a directory the next start removes
+            old = out_dir.parent / f".{out_dir.name}.old{tag}-{os.getpid()}"
             os.replace(out_dir, old)
         elif not any(out_dir.iterdir()):
             out_dir.rmdir()
-    os.replace(tmp, out_dir)  # raises OSError if another process put a prepared directory there meanwhile
+    os.replace(tmp, out_dir)  # raises OSError if another process put a directory there meanwhile
     if old is not None:
-        _remove_prepared(old)
+        remove_owned(old, marker, ours)
 
 
 def default_data_root() -> Path:

@@ -28,10 +28,12 @@ from __future__ import annotations
 import ast
 import glob
 import hashlib
+import json
 import os
 import re
 import sys
 import sysconfig
+import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -110,8 +112,6 @@ def _read_utf8(path: str) -> str:
 
 
 def _read_python(path: str) -> str:
-    import tokenize
-
     try:
         with tokenize.open(path) as f:  # honours PEP 263 coding cookies
             return f.read()
@@ -348,8 +348,6 @@ def openwebtext_source(paths: list[str] | None, cache_dir: str | None = None) ->
 
 def _set_name(meta) -> str:
     if isinstance(meta, str):  # some copies store meta as a JSON string
-        import json
-
         meta = json.loads(meta)
     name = meta.get("redpajama_set_name") if isinstance(meta, dict) else None
     if name not in SLIMPAJAMA_SET_NAMES:

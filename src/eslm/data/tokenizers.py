@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 from pathlib import Path
 
 from eslm.errors import ConfigError, DataError
-
-TOKENIZER_NAMES = ("gpt2", "byte")
 
 # SHA-256 of OpenAI's GPT-2 files, the same digests tiktoken_ext.openai_public pins for its download.
 _GPT2_FILE_SHA256 = {
@@ -119,8 +118,6 @@ def _gpt2_byte_of_char() -> dict[str, int]:
 
 @functools.lru_cache(maxsize=1)
 def _build_gpt2_encoding():
-    import json
-
     import tiktoken
     from tiktoken_ext.openai_public import r50k_pat_str
 
@@ -139,28 +136,33 @@ def _build_gpt2_encoding():
     )
 
 
-def tokenizer_vocab_size(name: str) -> int:
-    """The vocabulary size of tokenizer ``name`` without building it (gpt2: 50257, byte: 257)."""
-    classes: dict[str, type[GPT2Tokenizer] | type[ByteTokenizer]] = {"gpt2": GPT2Tokenizer, "byte": ByteTokenizer}
-    if name not in classes:
+TOKENIZERS: dict[str, type[GPT2Tokenizer] | type[ByteTokenizer]] = {"gpt2": GPT2Tokenizer, "byte": ByteTokenizer}
+TOKENIZER_NAMES = tuple(TOKENIZERS)
+
+
+def tokenizer_class(name: str) -> type[GPT2Tokenizer] | type[ByteTokenizer]:
+    """The class of tokenizer ``name``: its ``vocab_size`` and ``eot_id`` without building it."""
+    if name not in TOKENIZERS:
         raise ConfigError(f"expected a tokenizer name in {list(TOKENIZER_NAMES)}; found {name!r}; "
                           f"fix: use one of {', '.join(TOKENIZER_NAMES)}")
-    return classes[name].vocab_size
+    return TOKENIZERS[name]
 
 
 @functools.lru_cache(maxsize=None)
 def get_tokenizer(name: str) -> GPT2Tokenizer | ByteTokenizer:
     """The tokenizer called ``name`` ("gpt2" or "byte"); instances are cached per process."""
-    if name == "gpt2":
-        return GPT2Tokenizer()
-    if name == "byte":
-        return ByteTokenizer()
-    raise ConfigError(f"expected a tokenizer name in {list(TOKENIZER_NAMES)}; found {name!r}; "
-                      f"fix: use one of {', '.join(TOKENIZER_NAMES)}")
+    return tokenizer_class(name)()
 
 
-def resolve_tokenizer(name: str | None) -> GPT2Tokenizer | ByteTokenizer:
-    """The tokenizer a checkpoint names (or the one ``--tokenizer`` names); one line when it names none."""
+def resolve_tokenizer(name: str | None, model_vocab: int | None = None,
+                      source: str = "the model") -> GPT2Tokenizer | ByteTokenizer:
+    """The tokenizer a checkpoint names (or the one ``--tokenizer`` names); one line when it names none, or when
+    it has more ids than ``model_vocab``, the vocabulary of the model loaded from ``source``."""
     if not name:
         raise ConfigError("expected the checkpoint to name its tokenizer, found none; pass --tokenizer gpt2|byte")
-    return get_tokenizer(name)
+    tok = get_tokenizer(name)
+    if model_vocab is not None and tok.vocab_size > model_vocab:
+        raise ConfigError(f"expected a tokenizer with at most {model_vocab} ids for {source} (the model's "
+                          f"vocabulary), found {tok.name} with {tok.vocab_size}; pass the --tokenizer it was "
+                          "trained with")
+    return tok

@@ -10,6 +10,8 @@ request at a time through the KV cache of ``eslm.eval.generate.generate``. See d
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from eslm.data.tokenizers import resolve_tokenizer
@@ -18,14 +20,9 @@ from eslm.eval.generate import generate
 from eslm.eval.scoring import cut_at_stop, encode_pair, rolling_windows, score_continuations
 from eslm.model.loading import load_model
 
-_LM_CLASS = None
-
-
+@functools.cache
 def lm_class():
     """The registered lm-eval ``LM`` subclass ``eslm`` (built on first use: lm_eval is optional)."""
-    global _LM_CLASS
-    if _LM_CLASS is not None:
-        return _LM_CLASS
     from lm_eval.api.model import LM
 
     class ESLMLM(LM):
@@ -81,5 +78,4 @@ def lm_class():
         register_model("eslm")(ESLMLM)
     except Exception:  # already registered (module reloaded) or a registry API change: the class still works
         pass
-    _LM_CLASS = ESLMLM
     return ESLMLM

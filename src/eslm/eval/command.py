@@ -54,10 +54,7 @@ def evaluate_checkpoints(paths: list[str], tasks: dict[str, int], *, all_checkpo
             print(f"eslm eval: warning: skipped {path}: {e}", file=sys.stderr, flush=True)
             skipped.append(path)
             continue
-        tok = resolve_tokenizer(tokenizer or info.get("tokenizer"))
-        if tok.vocab_size > model.config.vocab_size:
-            raise ConfigError(f"expected a tokenizer with at most {model.config.vocab_size} ids for {path}, "
-                              f"found {tok.name} with {tok.vocab_size}; pass the --tokenizer it was trained with")
+        tok = resolve_tokenizer(tokenizer or info.get("tokenizer"), model.config.vocab_size, path)
         results = evaluate(model, tok, tasks, limit=limit, batch_size=batch_size, include_path=include_path,
                            bootstrap_iters=bootstrap_iters, seed=seed, progress=True)
         record = {"format": EVAL_FORMAT, "source": info["source"], "step": info.get("step"),

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import uuid
 from pathlib import Path
@@ -18,7 +17,8 @@ from eslm.errors import ConfigError
 from eslm.files import foreign_entries, link_refused, listing, os_error_in, output_lock
 from eslm.model.hf import EXPORT_FORMAT, EXPORT_INFO_FILE, read_export_info, to_hf
 from eslm.model.loading import is_run_dir, load_model
-from eslm.data.tokenizers import get_tokenizer, gpt2_bpe_files
+from eslm.data.prepare import move_into_place, remove_leftovers
+from eslm.data.tokenizers import gpt2_bpe_files, tokenizer_class
 
 
 # ----------------------------------------------------------------------------------------- tokenizer
@@ -48,15 +48,11 @@ def save_gpt2_tokenizer(out_dir: str | Path) -> bool:
 
 def _tokenizer_vocab(name: str | None) -> tuple[int | None, int | None]:
     """(vocab_size, eot_id) of a tokenizer name, or (None, None) when unknown."""
-    if name is None:
-        return None, None
-    if name == "gpt2":  # fixed by GPT-2's BPE; no need to build the tokenizer
-        return 50257, 50256
     try:
-        tok = get_tokenizer(name)
-        return tok.vocab_size, tok.eot_id
-    except Exception:
+        tok = tokenizer_class(name or "")
+    except ConfigError:
         return None, None
+    return tok.vocab_size, tok.eot_id
 
 
 # What an export writes (transformers' save_pretrained, the tokenizer files, our metadata): with --force an earlier
@@ -65,6 +61,11 @@ EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", "p
                 "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                 "added_tokens.json", "chat_template.jinja", EXPORT_INFO_FILE)
 TMP_MARKER = ".eslm-export-tmp"  # inside a temporary or replaced export directory: eslm made it
+
+
+def _exported(names):
+    """Whether a file name is one of ``names``, the files an export wrote."""
+    return lambda name: name in set(names)
 
 
 def export(source: str | Path, out_dir: str | Path, keep_padded_vocab: bool = False,
@@ -88,7 +89,7 @@ def _export_locked(source, out: Path, keep_padded_vocab: bool, with_tokenizer: b
     vocab = None if keep_padded_vocab or tok_vocab is None else min(tok_vocab, model.config.vocab_size)
     hf = to_hf(model, vocab_size=vocab, eot_id=eot)
     out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_leftovers(out)
+    remove_leftovers(out, TMP_MARKER, _exported(EXPORT_FILES), tag="-export")
     tmp = out.parent / f".{out.name}.tmp-export-{os.getpid()}"
     tmp.mkdir()
     try:
@@ -111,7 +112,8 @@ def _export_locked(source, out: Path, keep_padded_vocab: bool, with_tokenizer: b
                 meta[key] = info[key]
         (tmp / EXPORT_INFO_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         (tmp / TMP_MARKER).unlink()
-        _move_into_place(tmp, out, previous)
+        move_into_place(tmp, out, previous is not None, TMP_MARKER,
+                        _exported((previous or {}).get("files") or EXPORT_FILES), tag="-export")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # made by this process
     return meta
@@ -145,35 +147,3 @@ def check_export_target(out: Path, force: bool) -> dict | None:
         raise ConfigError(f"expected --force to replace an earlier export; found {out} also holds files eslm did "
                           f"not write ({listing(foreign)}); fix: move them away, or choose another --out")
     return previous
-
-
-def _remove_leftovers(out: Path) -> None:
-    """Temporary directories of killed exports to ``out`` (eslm's marker inside), with the files exports write."""
-    pattern = re.compile(rf"^\.{re.escape(out.name)}\.(tmp|old)-export-\d+$")
-    for d in out.parent.iterdir():
-        if pattern.match(d.name) and d.is_dir() and not d.is_symlink() and (d / TMP_MARKER).is_file():
-            _remove_export(d, EXPORT_FILES)
-
-
-def _remove_export(d: Path, names) -> None:
-    for name in {*names, TMP_MARKER}:
-        if (d / name).is_file() and not (d / name).is_symlink():
-            (d / name).unlink()
-    try:
-        d.rmdir()
-    except OSError:  # something else is in it: not ours to delete
-        pass
-
-
-def _move_into_place(tmp: Path, out: Path, previous: dict | None) -> None:
-    old = None
-    if out.exists():
-        if previous is not None:  # --force over an earlier export: marked, renamed aside, then its files deleted
-            (out / TMP_MARKER).write_text("")
-            old = out.parent / f".{out.name}.old-export-{os.getpid()}"
-            os.replace(out, old)
-        else:
-            out.rmdir()  # empty (checked)
-    os.replace(tmp, out)
-    if old is not None and previous is not None:
-        _remove_export(old, previous.get("files") or EXPORT_FILES)

@@ -32,7 +32,7 @@ import torch
 
 from eslm.errors import CheckpointError
 from eslm.model.gpt import GPT, ModelConfig
-from eslm.model.state import load_state_checked
+from eslm.model.state import load_error_line, load_state_checked
 
 # Weights that are Conv1D (in, out) in transformers and nn.Linear (out, in) here.
 _CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -144,10 +144,8 @@ def _load_hf_model(path: str | Path):
     try:
         return GPT2LMHeadModel.from_pretrained(str(p), local_files_only=True, dtype=torch.float32)
     except Exception as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if "weights_only" in str(e) or "Weights only" in str(e):  # never relay torch's "retry unsafely" advice
-            msg = "its weights file holds objects other than tensors and plain values, which eslm never loads"
-        raise CheckpointError(f"expected a GPT-2 (GPT2LMHeadModel) directory at {p}, but loading failed: {msg}; "
+        raise CheckpointError(f"expected a GPT-2 (GPT2LMHeadModel) directory at {p}, but loading failed: "
+                              f"{load_error_line(e, 'its weights file')}; "
                               "check config.json and the weights file") from None
 
 

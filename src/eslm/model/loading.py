@@ -29,12 +29,11 @@ from eslm.errors import CheckpointError, ConfigError
 from eslm.files import RUN_MARKER, verify_checksum
 from eslm.model.gpt import GPT, ModelConfig
 from eslm.model.snapshot_file import SNAPSHOT_DIR, SNAPSHOT_FORMAT, SnapshotDamaged, list_snapshots, read_snapshot
-from eslm.model.state import build_checked, clean_state_dict, non_finite
+from eslm.model.state import build_checked, clean_state_dict, load_error_line, non_finite
 from eslm.model.hf import from_hf, read_export_info
 
 CHECKPOINT_FORMAT = "eslm-checkpoint-v1"
 CHECKPOINT_FILE = re.compile(r"^step_(\d{7,})\.pt$")  # train.checkpoint.checkpoint_name's (7 digits or more)
-# Prefixes that torch.compile ("_orig_mod.") and DDP ("module.") add to parameter names.
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[GPT, dict]:
@@ -58,8 +57,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[GP
     ckpt_file = resolve_checkpoint(p)
     if ckpt_file.suffix == ".safetensors":
         return _load_snapshot_file(ckpt_file, device)
-    model, info = _load_checkpoint_file(ckpt_file, device)
-    return model, info
+    return _load_checkpoint_file(ckpt_file, device)
 
 
 def is_run_dir(path: Path) -> bool:
@@ -177,11 +175,9 @@ def read_checkpoint(path: str | Path) -> dict:
     try:
         ckpt = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:  # pickle errors, zip errors, unsafe globals: all mean "not our checkpoint"
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if "weights_only" in str(e) or "Weights only" in str(e):  # never relay torch's "retry unsafely" advice
-            first = "it holds objects other than tensors and plain values, which eslm never loads"
         raise CheckpointError(
-            f"expected an eslm checkpoint (torch.save'd dict) at {p}, but it could not be read ({first}); "
+            f"expected an eslm checkpoint (torch.save'd dict) at {p}, but it could not be read "
+            f"({load_error_line(e, 'it')}); "
             "point at a step_XXXXXXX.pt written by 'eslm train'"
         ) from None
     if not isinstance(ckpt, dict) or "format" not in ckpt:
@@ -217,23 +213,7 @@ def _load_checkpoint_file(path: Path, device: str | torch.device) -> tuple[GPT, 
     if verify_checksum(path) is False:
         raise _refuse(path, _DAMAGED.replace("checksum", f"checksum ({path.name}.sha256)"))
     ckpt = read_checkpoint(path)
-    bad = non_finite(ckpt["model"])
-    if bad is not None:
-        raise _refuse(path, f"holds non-finite weights ({bad})")
-    cfg = config_from_dict(dict(ckpt["model_config"]), source=str(path))
-    model = build_checked(cfg, clean_state_dict(ckpt["model"]), source=str(path))  # checked before it is built
-    run_dir = run_dir_of(path)
-    info = {
-        "tokenizer": ckpt.get("tokenizer"),
-        "step": ckpt.get("step"),
-        "source": str(path),
-        "run_dir": str(run_dir) if run_dir else None,
-        "model_config": cfg.to_dict(),
-    }
-    for key in (M.FLOPS_PAPER, M.FLOPS_EXECUTED, M.TOKENS_SEEN):
-        if key in ckpt:
-            info[key] = ckpt[key]
-    return model.to(device).eval(), info
+    return _loaded(path, clean_state_dict(ckpt["model"]), ckpt, device)
 
 
 def _load_snapshot_file(path: Path, device: str | torch.device) -> tuple[GPT, dict]:
@@ -249,18 +229,23 @@ def _load_snapshot_file(path: Path, device: str | torch.device) -> tuple[GPT, di
         raise CheckpointError(f"expected a safetensors file with format {SNAPSHOT_FORMAT!r} and a model_config in "
                               f"its metadata at {path}, found format {meta.get('format')!r}; point at a "
                               "snapshot written by 'eslm train'")
+    return _loaded(path, state, meta, device)
+
+
+def _loaded(path: Path, state: dict, meta: dict, device: str | torch.device) -> tuple[GPT, dict]:
+    """The model of a checkpoint or snapshot (finite weights, checked against its config before it is built)
+    and its ``load_model`` info, from the file's metadata ``meta``."""
     bad = non_finite(state)
     if bad is not None:
         raise _refuse(path, f"holds non-finite weights ({bad})")
-    cfg = config_from_dict(dict(meta["model_config"]), source=str(path))
-    model = build_checked(cfg, state, source=str(path))  # checked before it is built
-    run_dir = run_dir_of(path)
+    model = build_checked(config_from_dict(dict(meta["model_config"]), source=str(path)), state, source=str(path))
+    return model.to(device).eval(), _info(model, meta, path, run_dir_of(path))
+
+
+def _info(model: GPT, meta: dict, path: Path, run_dir: Path | None) -> dict:
     info = {"tokenizer": meta.get("tokenizer"), "step": meta.get("step"), "source": str(path),
-            "run_dir": str(run_dir) if run_dir else None, "model_config": cfg.to_dict()}
-    for key in (M.FLOPS_PAPER, M.FLOPS_EXECUTED, M.TOKENS_SEEN):
-        if key in meta:
-            info[key] = meta[key]
-    return model.to(device).eval(), info
+            "run_dir": str(run_dir) if run_dir else None, "model_config": model.config.to_dict()}
+    return info | {k: meta[k] for k in (M.FLOPS_PAPER, M.FLOPS_EXECUTED, M.TOKENS_SEEN) if k in meta}
 
 
 def _load_hf_dir(path: Path, device: str | torch.device) -> tuple[GPT, dict]:
@@ -272,17 +257,7 @@ def _load_hf_dir(path: Path, device: str | torch.device) -> tuple[GPT, dict]:
     # A directory without our export metadata is a foreign GPT-2 (e.g. OpenAI's): GPT-2 BPE when the
     # vocabulary is GPT-2's, otherwise unknown.
     tok = meta.get("tokenizer") or ("gpt2" if model.config.vocab_size in (50257, 50304) else None)
-    info = {
-        "tokenizer": tok,
-        "step": meta.get("step"),
-        "source": str(path),
-        "run_dir": None,
-        "model_config": model.config.to_dict(),
-    }
-    for key in (M.FLOPS_PAPER, M.FLOPS_EXECUTED):
-        if key in meta:
-            info[key] = meta[key]
-    return model.to(device).eval(), info
+    return model.to(device).eval(), _info(model, {**meta, "tokenizer": tok}, path, None)
 
 
 def check_device(device: str, option: str) -> str:
@@ -292,10 +267,12 @@ def check_device(device: str, option: str) -> str:
     except (RuntimeError, ValueError):
         raise ConfigError(f"{option}: expected cpu, cuda, cuda:N or mps, found {device!r}") from None
     if d.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"{option}: expected a device this machine has, found {device!r} but CUDA is not "
-                          "available (a CPU-only torch, or no GPU visible); fix: --device cpu")
+        why = "this torch is a CPU-only build" if torch.version.cuda is None else "torch sees no CUDA device"
+        raise ConfigError(f"{option}: expected a CUDA device; found none ({why}: CUDA is not available); "
+                          "fix: use cpu")
     if d.type == "cuda" and d.index is not None and d.index >= torch.cuda.device_count():
-        raise ConfigError(f"{option}: expected cuda:0 .. cuda:{torch.cuda.device_count() - 1}, found {device!r}")
+        raise ConfigError(f"{option}: expected cuda:0 .. cuda:{torch.cuda.device_count() - 1}, found {device!r}; "
+                          "fix: a smaller index, or fewer processes per node")
     if d.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(f"{option}: expected a device this machine has, found {device!r} (MPS not available)")
     if d.type not in ("cpu", "cuda", "mps"):

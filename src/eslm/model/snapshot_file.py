@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sys
 from pathlib import Path
 
 import torch
@@ -65,8 +66,6 @@ def write_safetensors(f, state: dict[str, torch.Tensor], metadata: dict[str, str
     8-byte little-endian header length, the JSON header padded to 8 bytes, the tensors' bytes in header order),
     streaming, into the file eslm opened: safetensors' own ``save_file`` writes a ``.tmpXXXXXX`` file of its own
     beside the target, which a kill leaves behind under a name eslm cannot prove it made."""
-    import sys
-
     if sys.byteorder != "little":
         raise CheckpointError("snapshots are written on little-endian machines only")
     header: dict = {"__metadata__": dict(metadata)}

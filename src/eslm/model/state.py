@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 from eslm.errors import CheckpointError
 from eslm.model.gpt import GPT
 
@@ -77,21 +79,16 @@ def build_checked(cfg, state: dict, source: str) -> GPT:
     return model
 
 
-_WRAPPER_PREFIXES = ("_orig_mod.", "module.")
-
-
 def clean_state_dict(state: dict) -> dict:
     """Strip ``_orig_mod.`` / ``module.`` prefixes (torch.compile, DDP) from parameter names."""
-    out = {}
-    for k, v in state.items():
-        changed = True
-        while changed:
-            changed = False
-            for pre in _WRAPPER_PREFIXES:
-                if k.startswith(pre):
-                    k, changed = k[len(pre):], True
-        out[k] = v
-    return out
+    return {re.sub(r"^(?:_orig_mod\.|module\.)+", "", k): v for k, v in state.items()}
+
+
+def load_error_line(e: Exception, holder: str) -> str:
+    """The first line of a loading error, never torch's advice to retry unsafely (``weights_only``)."""
+    if "weights_only" in str(e) or "Weights only" in str(e):
+        return f"{holder} holds objects other than tensors and plain values, which eslm never loads"
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def non_finite(tree, prefix: str = "") -> str | None:

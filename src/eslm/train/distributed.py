@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from eslm.model.gpt import GPT
-from eslm.errors import CheckpointError, ConfigError
+from eslm.model.loading import check_device
+from eslm.errors import CheckpointError
 
 
 @dataclass
@@ -56,21 +57,11 @@ def init_distributed(device_pref: str, backend_pref: str) -> tuple[DistInfo, tor
 
 
 def resolve_device(pref: str, local_rank: int = 0) -> torch.device:
-    """The torch device of ``train.device`` (auto, cpu, cuda, cuda:N) for local rank ``local_rank``; a CUDA
-    device that this machine does not have is a ConfigError saying so, not torch's error from deep inside."""
+    """The torch device of ``train.device`` (auto, cpu, cuda, cuda:N) for local rank ``local_rank``; one this
+    machine does not have is a ConfigError (``eslm.model.loading.check_device``), not torch's error from deep inside."""
     if pref == "auto":
         return torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
-    device = torch.device(f"cuda:{local_rank}" if pref == "cuda" else pref)
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            why = "this torch is a CPU-only build" if torch.version.cuda is None else "torch sees no CUDA device"
-            raise ConfigError(f"train.device={pref}: expected a CUDA device; found none ({why}); "
-                              f"fix: train.device=cpu, or auto (CUDA when there is one)")
-        if device.index is not None and device.index >= count:
-            raise ConfigError(f"train.device={pref}: expected a CUDA device index below {count} (local rank "
-                              f"{local_rank}); found {device.index}; fix: a smaller index, or fewer processes per node")
-    return device
+    return torch.device(check_device(f"cuda:{local_rank}" if pref == "cuda" else pref, f"train.device={pref}"))
 
 
 def shutdown(info: DistInfo) -> None:

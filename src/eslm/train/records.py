@@ -1,4 +1,5 @@
-"""The metric records written to ``metrics.jsonl``: one per logged training step, one per evaluation.
+"""The metric records written to ``metrics.jsonl``: one per logged training step, one per evaluation; and the
+progress line printed from a step's record (``progress_line``).
 
 A record holds metrics only (names in ``eslm.metrics``); the step's tensors travel beside it in ``Update``.
 """
@@ -86,3 +87,22 @@ def eval_record(step: int, *, tokens_seen_total: int, elapsed_s: float, cpu_s: f
     """The record of an evaluation: ``val`` holds val_loss and val_loss/<domain>."""
     return {M.KIND: M.KIND_EVAL, M.STEP: step, M.TOKENS_SEEN: tokens_seen_total, M.ELAPSED_S: elapsed_s,
             M.CPU_S: cpu_s, **flops_totals, **val}
+
+
+def progress_line(rec: dict, step: int, total: str, done: float, elapsed_s: float) -> str:
+    """``rec``: the step's metric record; ``total``: the step total to show; ``done``: the fraction of the run
+    done (the ETA extrapolates elapsed_s linearly)."""
+    remaining = elapsed_s * (1.0 - done) / max(done, 1e-12)
+    parts = [f"step {step}/{total}", f"loss {rec[M.TRAIN_LOSS]:.4f}", f"lr {rec[M.LR]:.2e}"]
+    if M.ALPHA in rec:
+        parts.append(f"kept {rec[M.KEPT_FRAC]:.3f} (alpha {rec[M.ALPHA]:.3f})")
+    parts.append(f"{rec[M.TOKENS_PER_S] / 1e3:.1f}k tok/s")
+    if M.MFU in rec:
+        parts.append(f"MFU {100 * rec[M.MFU]:.1f}%")
+    parts.append(f"ETA {fmt_time(remaining)}")
+    return " | ".join(parts)
+
+
+def fmt_time(s: float) -> str:
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"

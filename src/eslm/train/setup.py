@@ -140,8 +140,7 @@ def data_streams(cfg: Config, dataset, dist, device: torch.device):
     split's held-out tail (``eslm.data.loader.held_out_start``), which ``val_loader_factory`` draws from."""
 
     d, t, e = cfg.data, cfg.train, cfg.eval
-    counts = {dom: dataset.num_tokens("train", dom) for dom in dataset.domains}
-    weights = resolve_weights(d.weights, dataset.domains, token_counts=counts)
+    weights = resolve_weights(d.weights, dataset.domains, token_counts=dataset.token_counts("train"))
     loader = TrainLoader(dataset, seq_len=d.seq_len, micro_batch_size_seqs=t.micro_batch_size_seqs,
                          weights=weights, seed=cfg.run.seed, rank=dist.rank, world_size=dist.world_size,
                          part="fit" if holds_out(cfg.method.name) else "all")

@@ -5,7 +5,7 @@ Orchestration only. Each concern has its module:
 
 - the maths of a step: ``train/step.py``; of selection: ``eslm.selection``; the FLOPs: ``eslm.flops``;
 - building the model, data and streams: ``train/setup.py``;
-- the metric records: ``train/records.py``; the progress line: ``train/progress.py``;
+- the metric records and the progress line: ``train/records.py``;
 - when to stop (steps, FLOPs budget, SIGTERM, divergence): ``train/stopping.py``;
 - the run directory and resume: ``train/resume.py``, ``train/run_dir.py``; checkpoint files: ``train/checkpoint.py``;
 - time, load and MFU: ``train/timing.py``.
@@ -33,8 +33,7 @@ from eslm.train import setup, snapshots
 from eslm.train.branch import read_branch_point
 from eslm.train.distributed import full_state_dicts, init_distributed, load_full_state_dicts, shutdown
 from eslm.train.optim import build_optimizer, plan_schedule, skips_on_device, step_if_finite
-from eslm.train.progress import progress_line
-from eslm.train.records import Update, eval_record, readout, selection_metrics, train_record
+from eslm.train.records import Update, eval_record, progress_line, readout, selection_metrics, train_record
 from eslm.train.resume import check_checkpoint_of_run, open_run_dir, record_resumed_at
 from eslm.train.run_dir import MetricsWriter, last_records
 from eslm.train.step import StepOptions, forward_backward

@@ -35,8 +35,11 @@ from torchtitan.distributed.fsdp import disable_fsdp_gradient_division
 from torchtitan.trainer import Trainer
 
 sys.path.insert(0, sys.argv[2])
-from test_torchtitan_trainer import ALPHA, micro_batches, tiny_model
-from eslm.integrations.torchtitan import loss_config
+from test_torchtitan_trainer import ALPHA, _NoDeviceMemory, _Recorder, micro_batches, tiny_model
+from eslm.integrations.torchtitan import loss_config, metrics_config
+from torchtitan.components import metrics as titan_metrics
+from torchtitan.distributed import parallel_dims as titan_parallel_dims
+from torchtitan.distributed.parallel_dims import ParallelDims
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -49,8 +52,12 @@ for m in model.modules():  # gloo has no PREMUL_SUM (what a divide factor of 1 a
     if hasattr(m, "set_force_sum_reduction_for_comms"):
         m.set_force_sum_reduction_for_comms(True)
 
-config = Trainer.Config(loss=loss_config(alpha=ALPHA, score="loss"))
+config = Trainer.Config(loss=loss_config(alpha=ALPHA, score="loss"), metrics=metrics_config(log_freq=1))
 loss_fn = config.loss.build(compile_config=config.compile)  # as Trainer.__init__ builds it
+titan_metrics.build_device_memory_monitor, titan_parallel_dims.device_type = _NoDeviceMemory, "cpu"
+processor = config.metrics.build(parallel_dims=ParallelDims(  # its loss mesh: both ranks
+    dp_replicate=1, dp_shard=2, cp=1, tp=1, pp=1, ep=1, world_size=2, spmd_backend="partial_dtensor"))
+processor.logger, processor.num_flops_per_token = _Recorder(), 1
 trainer = types.SimpleNamespace(model_parts=[model], loss_fn=loss_fn, train_context=contextlib.nullcontext)
 out = {}
 for case in ("packed", "padded"):
@@ -60,6 +67,9 @@ for case in ("packed", "padded"):
     losses = [Trainer._forward_backward_body(trainer, x, y, valid, {}).detach() for x, y in micro]
     out[case] = {"loss": float(sum(losses)), "valid": int(valid),
                  "grads": [p.grad.full_tensor().clone() for p in model.parameters()]}
+    processor.data_loading_times = [0.0]  # what the batch generator records, cleared by each log
+    processor.log(1, 0.0, 0.0, 0.0)  # what train_step's log reaches: the eslm/* metrics of both ranks
+    out[case]["metrics"] = {k: v for k, v in processor.logger.logged[1].items() if k.startswith("eslm/")}
     model.zero_grad()
 out["metrics"] = sorted(loss_fn(model(micro[0][0]), micro[0][1], valid)[1])
 torch.save(out, f"{sys.argv[1]}/rank{rank}.pt")
@@ -141,6 +151,9 @@ def test_torchtitan_trainer_step_with_the_eslm_loss_hook(tmp_path):
         assert r[0][case]["loss"] + r[1][case]["loss"] == pytest.approx(loss, rel=1e-5), case
         for got, want in zip(r[0][case]["grads"], grads):
             assert torch.allclose(got, want, atol=1e-6), case
+        selection = _selection_by_hand(micro)  # metrics_config's log: summed over both ranks' micro-batches
+        assert r[0][case]["metrics"] == r[1][case]["metrics"]
+        assert r[0][case]["metrics"] == pytest.approx(selection, rel=1e-5), case
 
 
 def test_loss_config_is_torchtitans_loss_hook():

@@ -357,3 +357,42 @@ def test_loss_config_inside_torchtitans_own_chunked_wrapper_is_refused():
     with pytest.raises(ConfigError, match="chunked_loss_config") as e:
         wrapper(model(x), y, torch.tensor(int((y != -100).sum())))
     assert "\n" not in str(e.value)
+
+
+def test_chunked_loss_config_refuses_dtensor_hidden_states():
+    """Tensor / sequence parallel hidden states (a DTensor) are refused in one line, not chunked wrongly."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    from eslm.errors import ConfigError
+    from eslm.integrations.torchtitan import chunked_loss_config
+
+    model = tiny_model()
+    wrapper = chunked_loss_config(alpha=ALPHA, num_chunks=3).build()
+    wrapper.set_lm_head(model.lm_head)
+    model._skip_lm_head = True
+    x, y = micro_batches(0, padded=False)[0]
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        h = distribute_tensor(model(x).detach(), init_device_mesh("cpu", (1,)), [Replicate()])
+        with pytest.raises(ConfigError, match="DTensor") as e:
+            wrapper(h, y, torch.tensor(int((y != -100).sum())))
+    finally:
+        dist.destroy_process_group()
+    assert "\n" not in str(e.value)
+
+
+def test_the_docs_torchtitan_snippet_builds():
+    """docs/dropin.md's torchtitan snippet, run as written: the configs are torchtitan's, and build."""
+    from torchtitan.components.loss import ChunkedLossWrapper
+    from torchtitan.components.metrics import MetricsProcessor
+
+    text = (HERE.parents[1] / "docs" / "dropin.md").read_text()
+    section = text[text.index("\n## torchtitan\n"):]
+    code = section[section.index("```python\n") + 10:section.index("```\n", section.index("```python\n") + 10)]
+    scope: dict = {}
+    exec(code, scope)
+    config = scope["config"]
+    assert isinstance(config.metrics, MetricsProcessor.Config) and type(config.metrics) is not MetricsProcessor.Config
+    assert isinstance(config.loss.build(), ChunkedLossWrapper) and config.loss.num_chunks == 8

@@ -12,6 +12,11 @@ relative, K_i of the smallest micro-batch. Called without a divisor (torchtitan'
 ``loss_fn`` so, then divides the summed losses by the valid tokens, as for its ``CrossEntropyLoss``, a sum), the
 loss is the plain cross-entropy SUM over the valid tokens: validation reports the plain CE, not a kept mean.
 
+``metrics_config()`` (torchtitan's ``Trainer.Config.metrics``) adds the loss's selection (eslm/kept_frac,
+eslm/var, eslm/cvar) to torchtitan's training logs. ``chunked_loss_config(num_chunks=...)`` is torchtitan's
+``ChunkedLossWrapper`` (the LM head applied per sequence chunk) with the selection over the whole micro-batch (a
+first pass scores every chunk); ``loss_config`` inside torchtitan's own ``ChunkedLossWrapper`` is refused.
+
 ``SelectiveCrossEntropy`` mirrors the same contract for a training loop you write yourself:
 ``pred`` are the logits (..., V) of the model (or its final hidden states (..., C) when the loss is built with
 ``lm_head=``, so no logits are formed), ``labels`` are already aligned with them (the dataloader shifts),
@@ -34,6 +39,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 from eslm.api import AdaAlpha, kept_tokens, selective_loss
 from eslm.errors import ConfigError
@@ -217,6 +223,10 @@ def _titan_classes():
             if global_valid_tokens is None or not isinstance(inner, ESLMLoss):
                 return ChunkedLossWrapper.__call__(self, pred, labels, global_valid_tokens, **loss_inputs)
             assert self.lm_head is not None, "Set lm_head before calling ChunkedLossWrapper"
+            if isinstance(pred, DTensor):
+                raise ConfigError("expected chunked_loss_config's hidden states as a plain tensor, found a DTensor "
+                                  "(tensor / sequence parallel: not supported); fix: config.loss = loss_config(...) "
+                                  "without the chunked LM head, or no tensor parallelism")
             c = inner.config
             with torch.no_grad():  # the first pass: every token's score, chunk by chunk, as torchtitan chunks
                 chunks = zip(pred.split(pred.shape[1] // self.num_chunks, dim=1),

@@ -36,7 +36,7 @@ from torchtitan.trainer import Trainer
 
 sys.path.insert(0, sys.argv[2])
 from test_torchtitan_trainer import ALPHA, _NoDeviceMemory, _Recorder, micro_batches, tiny_model
-from eslm.integrations.torchtitan import loss_config, metrics_config
+from eslm.integrations.torchtitan import chunked_loss_config, loss_config, metrics_config
 from torchtitan.components import metrics as titan_metrics
 from torchtitan.distributed import parallel_dims as titan_parallel_dims
 from torchtitan.distributed.parallel_dims import ParallelDims
@@ -45,6 +45,7 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 model = tiny_model()
 mesh = init_device_mesh("cpu", (2,))
+fully_shard(model.head, mesh=mesh)  # torchtitan shards its lm_head on its own (ChunkedLossWrapper relies on it)
 fully_shard(model.body, mesh=mesh)
 fully_shard(model, mesh=mesh)
 disable_fsdp_gradient_division(model)  # torchtitan's own setting: gradients summed over ranks
@@ -58,10 +59,13 @@ titan_metrics.build_device_memory_monitor, titan_parallel_dims.device_type = _No
 processor = config.metrics.build(parallel_dims=ParallelDims(  # its loss mesh: both ranks
     dp_replicate=1, dp_shard=2, cp=1, tp=1, pp=1, ep=1, world_size=2, spmd_backend="partial_dtensor"))
 processor.logger, processor.num_flops_per_token = _Recorder(), 1
+chunked = chunked_loss_config(alpha=ALPHA, score="loss", num_chunks=3).build(compile_config=config.compile)
+chunked.set_lm_head(model.head)  # as Trainer.__init__ does for a ChunkedLossWrapper
 trainer = types.SimpleNamespace(model_parts=[model], loss_fn=loss_fn, train_context=contextlib.nullcontext)
 out = {}
-for case in ("packed", "padded"):
-    micro = micro_batches(rank, padded=case == "padded")
+for case in ("packed", "padded", "chunked"):
+    micro = micro_batches(rank, padded=case != "packed")
+    trainer.loss_fn, model._skip_lm_head = (chunked, True) if case == "chunked" else (loss_fn, False)
     valid = sum((labels != IGNORE_INDEX).sum() for _, labels in micro)  # Trainer.train_step's count
     dist.all_reduce(valid)
     losses = [Trainer._forward_backward_body(trainer, x, y, valid, {}).detach() for x, y in micro]
@@ -71,6 +75,7 @@ for case in ("packed", "padded"):
     processor.log(1, 0.0, 0.0, 0.0)  # what train_step's log reaches: the eslm/* metrics of both ranks
     out[case]["metrics"] = {k: v for k, v in processor.logger.logged[1].items() if k.startswith("eslm/")}
     model.zero_grad()
+model._skip_lm_head = False
 out["metrics"] = sorted(loss_fn(model(micro[0][0]), micro[0][1], valid)[1])
 torch.save(out, f"{sys.argv[1]}/rank{rank}.pt")
 dist.destroy_process_group()
@@ -142,10 +147,10 @@ def test_torchtitan_trainer_step_with_the_eslm_loss_hook(tmp_path):
     torchrun([str(script), str(tmp_path), str(HERE)])
     r = [torch.load(tmp_path / f"rank{i}.pt") for i in range(2)]
     assert r[0]["metrics"] == ["eslm/cvar", "eslm/kept_frac", "eslm/var"]
-    for case, weighted in (("packed", False), ("padded", True)):
+    for case, weighted in (("packed", False), ("padded", True), ("chunked", True)):
         for a, b in zip(r[0][case]["grads"], r[1][case]["grads"]):
             assert torch.equal(a, b)
-        micro = micro_batches(0, padded=case == "padded") + micro_batches(1, padded=case == "padded")
+        micro = micro_batches(0, padded=weighted) + micro_batches(1, padded=weighted)
         assert r[0][case]["valid"] == sum(int((y != -100).sum()) for _, y in micro)
         loss, grads = _by_hand(micro, weighted=weighted)
         assert r[0][case]["loss"] + r[1][case]["loss"] == pytest.approx(loss, rel=1e-5), case

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from eslm.api import AdaAlpha, kept_tokens, selective_loss
@@ -228,6 +229,8 @@ def _titan_classes():
                                   "(tensor / sequence parallel: not supported); fix: config.loss = loss_config(...) "
                                   "without the chunked LM head, or no tensor parallelism")
             c = inner.config
+            if isinstance(self.lm_head, FSDPModule):  # one all-gather for both passes: the wrapper resets it
+                self.lm_head.set_reshard_after_forward(False)
             with torch.no_grad():  # the first pass: every token's score, chunk by chunk, as torchtitan chunks
                 chunks = zip(pred.split(pred.shape[1] // self.num_chunks, dim=1),
                              labels.split(labels.shape[1] // self.num_chunks, dim=1))

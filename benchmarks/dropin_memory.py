@@ -46,9 +46,8 @@ def run_case(case: str) -> float:
     import torch.nn.functional as F
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from harness import MemoryProbe
-
     from eslm.api import selective_loss, shift_for_causal_lm
+    from harness import MemoryProbe
 
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(1)

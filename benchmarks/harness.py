@@ -54,7 +54,7 @@ def cpu_peaks_in_child(argv: list[str], rounds: int = 1) -> dict[str, float]:
     return peaks
 
 
-def run_and_measure(bench: "Bench", variants: list, args, argv) -> bool:
+def run_and_measure(bench: Bench, variants: list, args, argv) -> bool:
     """Time the variants round-robin; on CPU then measure their peak memory in a child process. In that child
     (``args.memory_only`` set) write the peaks and return False: the caller stops there."""
     bench.run(variants, warmup=args.warmup, steps=args.steps, log=lambda m: print(m, flush=True))
@@ -171,7 +171,8 @@ class Bench:
     def __init__(self, *, preset: str, seq_len: int, micro_batch: int, accum: int = 1, device: str = "cpu",
                  dtype: str = "fp32", compile: bool = False, seed: int = 0, context=None):
         from eslm.flops import FlopsModel
-        from eslm.model.gpt import GPT, preset as model_preset
+        from eslm.model.gpt import GPT
+        from eslm.model.gpt import preset as model_preset
         from eslm.train.optim import build_optimizer
 
         torch.manual_seed(seed)

@@ -33,10 +33,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 from eslm.ops.head_route import ROUTES  # noqa: E402  (the head routes, named once)
-from harness import (Bench, Variant, environment, fmt_mb, fmt_ratio, median, peak_flops,  # noqa: E402
-                     run_and_measure, sync, write_results)
-
-
+from harness import (  # noqa: E402
+    Bench,
+    Variant,
+    environment,
+    fmt_mb,
+    fmt_ratio,
+    median,
+    peak_flops,
+    run_and_measure,
+    sync,
+    write_results,
+)
 
 
 def variants(alphas: list[float], chunk: int, routes=ROUTES, gpu_backend: bool = False) -> list[Variant]:
@@ -82,7 +90,7 @@ def selection_overhead(bench: Bench, alphas: list[float], chunk: int, reps: int)
     H = lse - h . (P W), where P W is the hidden-state gradient's matmul, formed either way, so its cost is the
     (N, C) row dot; otherwise the pass keeps the logits beside the softmax for a batched dot per row over
     (N, V). The pass and the gradients themselves are not counted: CLM runs them too."""
-    from eslm.ops.fused_head import compute_dtype, _rowdot, _scratch_rows, head_pass
+    from eslm.ops.fused_head import _rowdot, _scratch_rows, compute_dtype, head_pass
     from eslm.selection.risk import num_kept
 
     batch = bench.batches[0]

@@ -21,8 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from harness import (Bench, Variant, environment, fmt_mb, fmt_ratio, median, run_and_measure,  # noqa: E402
-                     write_results)
+from harness import Bench, Variant, environment, fmt_mb, fmt_ratio, median, run_and_measure, write_results  # noqa: E402
 
 
 class RandomLoader:

@@ -91,11 +91,11 @@ def run_one(a, arm: str, data_dir: str, work: Path, i: int) -> dict:
 
 def planned_step(a, arm: str) -> tuple[float, object]:
     """(executed FLOPs of one optimizer step of the arm as the trainer plans it, its built method)."""
+    import torch
+
     from eslm.config import build_config, method_context, model_config_for, training_flops_model
     from eslm.methods import build_method
     from eslm.train.optim import planned_micro_batch_flops
-
-    import torch
 
     name, alpha = parse_arm(arm)
     cfg = build_config(overrides=[f"method.name={name}", f"method.alpha={alpha}", f"model.preset={a.preset}",
@@ -165,11 +165,10 @@ def profile_steps(a, reps: int = 3) -> dict:
     matmuls (an operand with the vocabulary's width), the head's other work (softmax, loss, the optimizer's
     update of the (V, C) embedding), the compaction of the kept rows, and the rest (trunk, optimizer).
     Self CPU time of the main thread, ms."""
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
     from harness import Bench, Variant
-
-    import torch
 
     if a.threads:  # as the runs (train.num_threads)
         torch.set_num_threads(a.threads)

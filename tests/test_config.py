@@ -107,8 +107,8 @@ def test_config_choices_are_the_constants_of_the_code_that_reads_them():
     # a choice list copied into config.py drifts from the code that acts on the value
     from eslm import config, flops
     from eslm.data.tokenizers import TOKENIZER_NAMES
-    from eslm.selection.scores import STANDARDIZE_MODES
     from eslm.ops.head_route import ROUTE_CHOICES
+    from eslm.selection.scores import STANDARDIZE_MODES
     from eslm.selection.selectors import SCOPES
 
     owners = {"train.loss_route": ROUTE_CHOICES, "data.tokenizer": TOKENIZER_NAMES, "method.standardize": STANDARDIZE_MODES, "method.scope": SCOPES,

@@ -9,8 +9,17 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from eslm.errors import ConfigError
-from eslm.flops import (FlopsCounter, FlopsModel, StepFlops, count_params, executed_savings, forward_flops,
-                        micro_steps_for_budget, savings_table, step_flops)
+from eslm.flops import (
+    FlopsCounter,
+    FlopsModel,
+    StepFlops,
+    count_params,
+    executed_savings,
+    forward_flops,
+    micro_steps_for_budget,
+    savings_table,
+    step_flops,
+)
 from eslm.model.gpt import GPT, ModelConfig, preset
 
 SMALL = ModelConfig(n_layer=2, n_head=2, n_embd=64, vocab_size=256, block_size=64)

@@ -169,8 +169,8 @@ def frozen_ckpt(tmp_path_factory, tiny_data):
     """A checkpoint of another tiny model on the tiny corpus: every frozen model a method needs (the Rho-1
     reference, the KD teacher), at the config key its registry line names."""
     from eslm.data.loader import open_dataset
-    from eslm.train.checkpoint import save_checkpoint
     from eslm.model.gpt import pad_vocab
+    from eslm.train.checkpoint import save_checkpoint
 
     torch.manual_seed(123)
     mc = preset("tiny", vocab_size=pad_vocab(open_dataset(tiny_data).vocab_size))

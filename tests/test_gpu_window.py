@@ -14,13 +14,11 @@ import tarfile
 import time
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import confirm_corpus  # noqa: E402
 import confirm_window  # noqa: E402
-
 from eslm.data import manifest as mf  # noqa: E402
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import tiny_overrides
 
+from conftest import tiny_overrides
 from eslm.config import MethodSection, all_keys, build_config, from_dict, method_sections, to_yaml
 from eslm.errors import ConfigError
 

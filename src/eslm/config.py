@@ -23,9 +23,10 @@ import math
 import os
 import typing
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from eslm import metrics as M
 from eslm.data.mixture import PRESETS as MIXTURES
@@ -42,6 +43,7 @@ from eslm.selection.scores import STANDARDIZE_MODES
 from eslm.selection.selectors import SCOPES
 from eslm.settings import Section, key_of, section
 from eslm.settings import setting as _f
+
 
 @dataclass(frozen=True)
 class RunConfig:

@@ -40,8 +40,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eslm import metrics as M
-from eslm.errors import ConfigError
 from eslm.contracts import EXECUTED, FORWARD, PAPER, ExtraWork
+from eslm.errors import ConfigError
 from eslm.model.gpt import ModelConfig, preset
 
 COUNT_PER = ("global", "micro")
@@ -78,7 +78,7 @@ class FlopsModel:
     vocab_size: int
 
     @classmethod
-    def from_config(cls, cfg: ModelConfig, seq_len: int) -> "FlopsModel":
+    def from_config(cls, cfg: ModelConfig, seq_len: int) -> FlopsModel:
         """The FlopsModel of ``GPT(cfg)`` trained on sequences of ``seq_len`` tokens (N computed analytically)."""
         if not 1 <= int(seq_len) <= cfg.block_size:
             raise ConfigError(f"seq_len must be in [1, block_size={cfg.block_size}]; found {seq_len}; "

@@ -50,7 +50,7 @@ class DirLock:
         self.warn = warn or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.fd: int | None = None
 
-    def acquire(self, wait: bool = False) -> "DirLock":
+    def acquire(self, wait: bool = False) -> DirLock:
         """``wait=True`` blocks until the holder releases instead of raising LockHeld."""
         import fcntl
 
@@ -111,7 +111,7 @@ class DirLock:
         os.close(self.fd)  # closing drops the flock
         self.fd = None
 
-    def __enter__(self) -> "DirLock":
+    def __enter__(self) -> DirLock:
         return self if self.fd is not None else self.acquire()
 
     def __exit__(self, *exc) -> None:

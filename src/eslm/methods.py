@@ -14,14 +14,17 @@ Adding a method is its module (components and config section) and one ``MethodSp
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 import torch
 
 from eslm import contracts, seeds
 from eslm.baselines.greats import GreatsRows, GreatsSection
 from eslm.baselines.rho1 import Rho1Section, Rho1Selector
+from eslm.data.loader import TrainLoader
+from eslm.model.gpt import ModelConfig
 from eslm.objectives.base import CrossEntropy
 from eslm.objectives.frozen import ReferenceModel
 from eslm.objectives.kd_objective import Distill, KDSection, Salt, SaltSection
@@ -31,8 +34,6 @@ from eslm.selection.instances import InstanceRows, InstanceSection
 from eslm.selection.rows import AllRows
 from eslm.selection.scores import STANDARDIZE_MODES
 from eslm.selection.selectors import AllTokens, RandomSelector, VaRSelector
-from eslm.data.loader import TrainLoader
-from eslm.model.gpt import ModelConfig
 from eslm.settings import Section, setting
 
 S = TypeVar("S", bound=Section)

@@ -137,8 +137,9 @@ def test_ada_through_patch_causal_lm_under_compile():
     steps of a moving alpha, the loss equal to the eager patched model's, one graph (the handle passes Ada's
     alpha as its tensor while compiling; reading the float made a recompile per value)."""
     transformers = pytest.importorskip("transformers")  # noqa: F841
-    from eslm.integrations.hf import patch_causal_lm
     from tests.integrations.tiny import batch, tiny
+
+    from eslm.integrations.hf import patch_causal_lm
 
     _reset()
     model = tiny("llama")

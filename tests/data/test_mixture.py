@@ -3,7 +3,8 @@
 import random
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from eslm.data.mixture import DOREMI_SLIMPAJAMA, resolve_weights
 from eslm.errors import ConfigError

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from eslm.cli import main
-from eslm.model.gpt import GPT, KVCache, preset
 from eslm.eval.generate import generate
+from eslm.model.gpt import GPT, KVCache, preset
 from eslm.train.snapshots import save_snapshot
 
 

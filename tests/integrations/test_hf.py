@@ -16,6 +16,7 @@ from eslm.integrations.hf import patch_causal_lm, use_eslm  # noqa: E402
 
 from .tiny import V, batch, grads, tiny  # noqa: E402
 
+
 def hand_step_grads(model, micro, alpha, score="entropy"):
     """The exact step loss by hand: each micro-batch keeps its own top K of its valid next-token targets
     (full logits, fp32), and the step's loss is the mean CE over all kept tokens of all micro-batches."""

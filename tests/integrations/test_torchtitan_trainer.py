@@ -189,8 +189,8 @@ def test_torchtitans_validator_reports_the_plain_cross_entropy(monkeypatch):
     import contextlib
     import types
 
-    from torchtitan.components.loss import CrossEntropyLoss
     from torchtitan.components import validate as titan_validate
+    from torchtitan.components.loss import CrossEntropyLoss
     from torchtitan.components.validate import Validator
 
     from eslm.integrations.torchtitan import loss_config

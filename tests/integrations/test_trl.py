@@ -13,6 +13,7 @@ datasets = pytest.importorskip("datasets")
 transformers = pytest.importorskip("transformers")
 
 from eslm.integrations.hf import use_eslm  # noqa: E402
+
 from .tiny import V, grads, tiny  # noqa: E402
 
 

@@ -75,9 +75,8 @@ def test_small_byte_is_smalls_body_with_a_byte_vocabulary():
                                   {"model.preset": "small"}])
 def test_one_answer_to_which_model_a_config_trains(tiny_data, over):
     # the trainer (checked against the data) and a FLOPs budget sized before the run ask the same function
-    from eslm.config import build_config
+    from eslm.config import build_config, model_config_for, training_flops_model
     from eslm.data.loader import open_dataset
-    from eslm.config import model_config_for, training_flops_model
     from eslm.flops import FlopsModel
     from eslm.train.setup import checked_model_config
 

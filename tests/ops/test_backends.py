@@ -7,8 +7,8 @@ import torch
 
 from eslm.errors import ConfigError
 from eslm.ops import head_backend as hb
-from eslm.ops.token_stats import HeadOptions
 from eslm.ops.naive_head import naive_selected_ce, naive_token_stats
+from eslm.ops.token_stats import HeadOptions
 
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=3e-2, atol=3e-2)}
 SHAPES = [(45, 24, 131), (7, 8, 1031), (33, 5, 50), (1, 4, 7)]  # rows, width, vocabulary

@@ -28,9 +28,7 @@ def test_the_estimate_follows_the_timed_rates(tmp_path, monkeypatch):
 
 
 def test_the_estimate_scales_with_the_run_and_skips_the_gpu(tmp_path, monkeypatch):
-    from eslm.study.estimate import estimate
-
-    from eslm.study.estimate import PREP_STDLIB_S, REPORT_S, RUN_OVERHEAD_S, STUDY_OVERHEAD_S
+    from eslm.study.estimate import PREP_STDLIB_S, REPORT_S, RUN_OVERHEAD_S, STUDY_OVERHEAD_S, estimate
 
     configs = _demo(tmp_path)
     short, long = estimate(configs, jobs=2), estimate(_demo(tmp_path, "train.max_steps=90"), jobs=2)

@@ -18,9 +18,8 @@ import pytest
 
 from eslm.errors import ConfigError, ESLMError
 from eslm.files import atomic_write, new_marker
-from eslm.study import STUDY_FORMAT, STUDY_MARKER, run_study
+from eslm.study import STUDY_FORMAT, STUDY_MARKER, run_study, slurm
 from eslm.study.launch import launcher_problems
-from eslm.study import slurm
 from eslm.study.slurm import RunJob, SchedulerUnreachable, scheduler_states, time_minutes
 
 THREE = "[clm, eslm-entropy, eslm-loss]"

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from eslm import study
-from eslm.study import launch, report
 from eslm.errors import ConfigError, ESLMError
+from eslm.study import launch, report
 
 STUDY = """methods: [clm, eslm-entropy]
 seeds: [1]

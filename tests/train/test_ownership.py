@@ -10,7 +10,6 @@ import json
 import shutil
 from pathlib import Path
 
-
 from conftest import tiny_overrides
 from eslm.cli import main as cli_main
 from eslm.config import build_config

@@ -2,8 +2,8 @@
 
 import json
 
-from eslm.analysis.rundir import read_metrics as report_read
 from conftest import read_metrics
+from eslm.analysis.rundir import read_metrics as report_read
 from eslm.train.run_dir import last_records
 
 

@@ -131,7 +131,7 @@ def mde(sd: float | None, n: int, power: float = POWER, level: float = LEVEL) ->
     return _detectable_ncp(n - 1, power, level) * sd / math.sqrt(n)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _detectable_ncp(df: int, power: float, level: float) -> float:
     """The noncentrality at which the two-sided t test with ``df`` degrees of freedom has ``power``."""
     crit = float(st.t.ppf(0.5 + level / 2.0, df))

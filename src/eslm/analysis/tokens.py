@@ -29,13 +29,13 @@ from typing import Any
 import torch
 
 from eslm import metrics as M
-from eslm.errors import DataError, ESLMError
-from eslm.files import check_output_dir, replace_dir
-from eslm.objectives.cross_entropy import token_stats
-from eslm.selection.risk import at_or_above, check_alpha, var_threshold
 from eslm.data.loader import open_dataset
 from eslm.data.tokenizers import get_tokenizer
+from eslm.errors import DataError, ESLMError
+from eslm.files import check_output_dir, replace_dir
 from eslm.model.loading import load_model
+from eslm.objectives.cross_entropy import token_stats
+from eslm.selection.risk import at_or_above, check_alpha, var_threshold
 
 # (score key, title, RGB of the highlight) — the paper's colours: electric blue for entropy, salmon for loss.
 VARIANTS = (("entropy", "ESLM-VaR-entropy", (44, 117, 255)), ("loss", "ESLM-CVaR-loss", (250, 128, 114)))

@@ -5,8 +5,16 @@ docs/dropin.md is the guide; ``eslm.integrations`` wires them into Hugging Face,
 torchtitan-style loops."""
 
 from eslm.api.ada import AdaAlpha
-from eslm.api.loss import (SelectionStats, TokenOutputs, TokenScores, kept_tokens, select_tokens, selective_loss,
-                           shift_for_causal_lm, token_losses)
+from eslm.api.loss import (
+                           SelectionStats,
+                           TokenOutputs,
+                           TokenScores,
+                           kept_tokens,
+                           select_tokens,
+                           selective_loss,
+                           shift_for_causal_lm,
+                           token_losses,
+)
 from eslm.api.patch import PatchedModel, patch_model
 
 __all__ = ["AdaAlpha", "PatchedModel", "SelectionStats", "TokenOutputs", "TokenScores", "kept_tokens",

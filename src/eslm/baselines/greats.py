@@ -44,8 +44,8 @@ is then dropped: peak memory is the activations of one forward on B + Bv rows pl
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 import torch.nn as nn
@@ -56,11 +56,10 @@ from eslm.contracts import BACKWARD, ExtraWork, Pass
 from eslm.data.batch import Batch
 from eslm.data.loader import TrainLoader
 from eslm.errors import CheckpointError, ConfigError
+from eslm.objectives.cross_entropy import selected_ce
 from eslm.selection.risk import FLOOR_EPS
 from eslm.selection.rows import AllRows
 from eslm.settings import Section, setting
-from eslm.objectives.cross_entropy import selected_ce
-
 
 # ---------------------------------------------------------------------------------------------------------
 # capturing layer inputs and output gradients

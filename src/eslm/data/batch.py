@@ -20,17 +20,17 @@ class Batch:
     y: torch.Tensor
     domain: torch.Tensor
 
-    def to(self, device: torch.device | str) -> "Batch":
+    def to(self, device: torch.device | str) -> Batch:
         """On the device; to CUDA without waiting for the host copy where the batch is in pinned memory."""
         nb = device != "cpu" and str(device).startswith("cuda")
         return Batch(self.x.to(device, non_blocking=nb), self.y.to(device, non_blocking=nb),
                      self.domain.to(device, non_blocking=nb))
 
-    def pin_memory(self) -> "Batch":
+    def pin_memory(self) -> Batch:
         """In page-locked host memory (needs an accelerator): its copy to the GPU can then run asynchronously."""
         return Batch(self.x.pin_memory(), self.y.pin_memory(), self.domain.pin_memory())
 
-    def rows(self, index: torch.Tensor) -> "Batch":
+    def rows(self, index: torch.Tensor) -> Batch:
         """The sub-batch of the given row indices (used by row selectors such as GREATS)."""
         return Batch(self.x[index], self.y[index], self.domain[index])
 

@@ -32,8 +32,8 @@ from __future__ import annotations
 import os
 import warnings
 import zlib
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Iterator, Mapping
 
 import numpy as np
 import torch

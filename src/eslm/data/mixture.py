@@ -20,7 +20,7 @@ sampler's probabilities sum to 1; the change is below 1e-4 per domain.
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 from eslm.errors import ConfigError
 

@@ -19,8 +19,8 @@ import re
 import shutil
 import time
 import uuid
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -29,7 +29,8 @@ from eslm.data import manifest as mf
 from eslm.data.sources import Document, document_text, get_source
 from eslm.data.tokenizers import get_tokenizer
 from eslm.errors import ConfigError, DataError
-from eslm.files import foreign_entries, link_refused, listing, named, output_lock as lock_of, temp_of
+from eslm.files import foreign_entries, link_refused, listing, named, temp_of
+from eslm.files import output_lock as lock_of
 
 CHUNK_DOCS = 64  # documents per worker task: big enough to amortise IPC, small enough for a smooth bar
 CHUNK_CHARS = 4_000_000  # ... and at most this many characters of inline text per task

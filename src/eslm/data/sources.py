@@ -34,9 +34,9 @@ import re
 import sys
 import sysconfig
 import tokenize
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 from eslm.errors import ConfigError, DataError
 

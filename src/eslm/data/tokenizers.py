@@ -148,7 +148,7 @@ def tokenizer_class(name: str) -> type[GPT2Tokenizer] | type[ByteTokenizer]:
     return TOKENIZERS[name]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def get_tokenizer(name: str) -> GPT2Tokenizer | ByteTokenizer:
     """The tokenizer called ``name`` ("gpt2" or "byte"); instances are cached per process."""
     return tokenizer_class(name)()

@@ -20,6 +20,7 @@ from eslm.eval.generate import generate
 from eslm.eval.scoring import cut_at_stop, encode_pair, rolling_windows, score_continuations
 from eslm.model.loading import load_model
 
+
 @functools.cache
 def lm_class():
     """The registered lm-eval ``LM`` subclass ``eslm`` (built on first use: lm_eval is optional)."""

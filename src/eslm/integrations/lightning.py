@@ -32,7 +32,8 @@ micro-batch's kept mean.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -13,13 +13,12 @@ import uuid
 from pathlib import Path
 
 from eslm import metrics as M
+from eslm.data.prepare import move_into_place, remove_leftovers
+from eslm.data.tokenizers import gpt2_bpe_files, tokenizer_class
 from eslm.errors import ConfigError
 from eslm.files import foreign_entries, link_refused, listing, os_error_in, output_lock
 from eslm.model.hf import EXPORT_FORMAT, EXPORT_INFO_FILE, read_export_info, to_hf
 from eslm.model.loading import is_run_dir, load_model
-from eslm.data.prepare import move_into_place, remove_leftovers
-from eslm.data.tokenizers import gpt2_bpe_files, tokenizer_class
-
 
 # ----------------------------------------------------------------------------------------- tokenizer
 

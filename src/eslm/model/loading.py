@@ -28,9 +28,9 @@ from eslm import metrics as M
 from eslm.errors import CheckpointError, ConfigError
 from eslm.files import RUN_MARKER, verify_checksum
 from eslm.model.gpt import GPT, ModelConfig
+from eslm.model.hf import from_hf, read_export_info
 from eslm.model.snapshot_file import SNAPSHOT_DIR, SNAPSHOT_FORMAT, SnapshotDamaged, list_snapshots, read_snapshot
 from eslm.model.state import build_checked, clean_state_dict, load_error_line, non_finite
-from eslm.model.hf import from_hf, read_export_info
 
 CHECKPOINT_FORMAT = "eslm-checkpoint-v1"
 CHECKPOINT_FILE = re.compile(r"^step_(\d{7,})\.pt$")  # train.checkpoint.checkpoint_name's (7 digits or more)

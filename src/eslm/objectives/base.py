@@ -5,7 +5,7 @@ never divide by a token count.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

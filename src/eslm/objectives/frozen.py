@@ -29,7 +29,7 @@ class ReferenceModel:
         self.impl, self.chunk_size = impl or "auto", chunk_size
 
     @classmethod
-    def from_path(cls, path: str, device: torch.device | str = "cpu", **kw) -> "ReferenceModel":
+    def from_path(cls, path: str, device: torch.device | str = "cpu", **kw) -> ReferenceModel:
         """Load a run dir, an eslm checkpoint .pt or a local HF GPT-2 dir (via ``eslm.model.loading``)."""
         model, meta = loading.load_model(path, device)
         return cls(model, source=str(path), meta=meta, **kw)
@@ -47,7 +47,7 @@ class ReferenceModel:
         """(V, C) frozen head weight (e.g. the teacher side of ``kd_per_token``)."""
         return self.model.head_weight
 
-    def to(self, device) -> "ReferenceModel":
+    def to(self, device) -> ReferenceModel:
         self.model.to(device)
         return self
 

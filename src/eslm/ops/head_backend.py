@@ -106,7 +106,7 @@ def spec(name: str) -> BackendSpec:
     raise ConfigError(f"expected a head backend in {' | '.join(IMPL_CHOICES)}; found {name!r}; fix: use auto")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def available(name: str) -> bool:
     """Whether the backend's module imports (its extra installed)."""
     try:

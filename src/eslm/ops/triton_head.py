@@ -27,12 +27,11 @@ import os
 from typing import Any
 
 import torch
-
 import triton  # noqa: F401  (the gpu extra: a missing one is reported by eslm.ops.head_backend in one line)
 import triton.language as tl
 
 from eslm.errors import ConfigError
-from eslm.ops.fused_head import compute_dtype, no_autocast, PrecomputedGrad, autocast_consistent
+from eslm.ops.fused_head import PrecomputedGrad, autocast_consistent, compute_dtype, no_autocast
 from eslm.ops.token_stats import HeadOptions, HeadState, HeadWork, TokenStats
 
 BLOCK_V = 1024  # logits per program step along the vocabulary (a power of two)
@@ -93,7 +92,7 @@ def _check_device(t: torch.Tensor) -> None:
                           f"for tests); found {t.device.type}; fix: train.loss_impl=auto or fused")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _mm_out_dtype_ok(device_type: str) -> bool:
     """Whether torch.mm takes out_dtype=float32 for bf16 operands here (CUDA in recent torch: fp32 output of the
     fp32 accumulator, no bf16 rounding of G_W)."""

@@ -33,7 +33,6 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, replace
 from fractions import Fraction
-
 from typing import cast
 
 import torch

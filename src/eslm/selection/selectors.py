@@ -30,7 +30,6 @@ from eslm.selection import risk
 from eslm.selection.scores import standardize
 from eslm.selection.stats import SCORE_FIELDS, SelectionStats, selection_stats
 
-
 __all__ = ["Selection", "AllTokens", "VaRSelector", "RandomSelector", "SCOPES"]
 
 SCOPES = ("micro", "step")  # method.scope (the drop-in loss's batch | sequence: api.loss.LOSS_SCOPES)

@@ -43,17 +43,27 @@ import sys
 import time
 from pathlib import Path
 
+from eslm.analysis.report.output import check_report_dir
 from eslm.errors import ConfigError, OwnershipError
 from eslm.files import atomic_write, ensure_dir, foreign_entries, link_refused, listing, new_marker, read_marker
+from eslm.lock import DirLock
 from eslm.study import shared
+from eslm.study.estimate import describe, describe_steps, estimate, steps_by_run
 from eslm.study.grid import Stage, check_branch_record, plan, stages
-from eslm.study.launch import (LAUNCHERS, PARENT_FD_ENV, QUEUED, Launched, Launcher, LocalLauncher, Outcome,
-                               launcher_class, launcher_problems, watch_parent)
+from eslm.study.launch import (
+    LAUNCHERS,
+    PARENT_FD_ENV,
+    QUEUED,
+    Launched,
+    Launcher,
+    LocalLauncher,
+    Outcome,
+    launcher_class,
+    launcher_problems,
+    watch_parent,
+)
 from eslm.study.report import mark_earlier_report_stale, run_report
 from eslm.study.schema import STUDIES_DIR, is_int, load_study, study_dirs, study_problems
-from eslm.analysis.report.output import check_report_dir
-from eslm.lock import DirLock
-from eslm.study.estimate import describe, describe_steps, estimate, steps_by_run
 from eslm.train.run_dir import run_marker, written_by_earlier_eslm
 
 __all__ = ["PARENT_FD_ENV", "STUDIES_DIR", "Launched", "Launcher", "LocalLauncher", "Outcome", "Stage",

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eslm import metrics as M
-from eslm.errors import ConfigError
-from eslm.study.schema import MAX_RUNS, flatten, method_entry, refuse, seeds_problems, slug
 from eslm.analysis.rundir import comparable_sets_problem, experiment_key, find_group, planned_groups
 from eslm.config import build_config, equal_flops_budget
+from eslm.errors import ConfigError
 from eslm.files import atomic_write
 from eslm.methods import baseline
 from eslm.study import shared
+from eslm.study.schema import MAX_RUNS, flatten, method_entry, refuse, seeds_problems, slug
 from eslm.train.branch import SHARED_KEYS
 from eslm.train.resume import flat
 

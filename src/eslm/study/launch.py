@@ -22,13 +22,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import ClassVar, Protocol, Sequence
+from typing import ClassVar, Protocol
 
+from eslm.config import to_yaml
 from eslm.errors import ConfigError
 from eslm.files import atomic_write, ensure_dir, open_nofollow
-from eslm.config import to_yaml
 from eslm.train import trainer
 
 FINISHED, PREEMPTED, STOPPED, FAILED, NOT_STARTED = "finished", "preempted", "stopped", "failed", "not started"

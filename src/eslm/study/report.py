@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from eslm.errors import ESLMError
 from eslm.analysis import report as analysis_report
 from eslm.analysis.report import mark_stale
+from eslm.errors import ESLMError
 
 
 def mark_earlier_report_stale(study: dict, study_dir: Path, unfinished: int) -> None:

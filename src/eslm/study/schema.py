@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from eslm.config import MAX_SEED, build_config, is_int
 from eslm.errors import ConfigError
 from eslm.files import name_problem, read_yaml
-from eslm.config import MAX_SEED, build_config, is_int
 from eslm.methods import METHODS
 from eslm.study.launch import launcher_problems
 

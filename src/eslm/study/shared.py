@@ -33,12 +33,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from eslm.errors import ConfigError, ESLMError, OwnershipError
-from eslm.study.schema import MODEL_KEYS, flatten
 from eslm.config import build_config
+from eslm.errors import ConfigError, ESLMError, OwnershipError
 from eslm.files import atomic_write, sha256_file
 from eslm.methods import METHODS, baseline
 from eslm.model.loading import resolve_checkpoint
+from eslm.study.schema import MODEL_KEYS, flatten
 from eslm.train.resume import INVOCATION_KEYS, RESUME_MAY_CHANGE, effective_config, flat
 
 MODELS_DIR = "models"

@@ -33,17 +33,17 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
 import zlib
+from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import ClassVar, Sequence
+from typing import ClassVar
 
-from eslm.errors import ConfigError, ESLMError
-from eslm.study.launch import (FAILED, FINISHED, NOT_STARTED, PREEMPTED, QUEUED, STOPPED, Launched, Outcome,
-                               print_status)
 from eslm.config import is_int, to_yaml
+from eslm.errors import ConfigError, ESLMError
 from eslm.files import atomic_write, ensure_dir, open_nofollow
+from eslm.study.launch import FAILED, FINISHED, NOT_STARTED, PREEMPTED, QUEUED, STOPPED, Launched, Outcome, print_status
 
 # sbatch options the launcher sets itself (or takes from a key of the section): refused under launcher.sbatch
 _OWN_OPTIONS = {"array": "parallel", "job-name": None, "output": None, "error": None, "signal": None,

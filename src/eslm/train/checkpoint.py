@@ -18,11 +18,19 @@ import numpy as np
 import torch
 
 from eslm.errors import CheckpointError
-from eslm.files import (CHECKSUM_SUFFIX, atomic_write, checksum_path, ensure_dir, read_checksums, sha256_file,
-                        stale_temporaries, verify_checksum, write_checksums)
+from eslm.files import (
+    CHECKSUM_SUFFIX,
+    atomic_write,
+    checksum_path,
+    ensure_dir,
+    read_checksums,
+    sha256_file,
+    stale_temporaries,
+    verify_checksum,
+    write_checksums,
+)
 from eslm.model.loading import CHECKPOINT_FILE, CHECKPOINT_FORMAT
 from eslm.model.state import non_finite
-
 
 
 def checkpoint_name(step: int) -> str:

@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
+from eslm.errors import CheckpointError
 from eslm.model.gpt import GPT
 from eslm.model.loading import check_device
-from eslm.errors import CheckpointError
 
 
 @dataclass
@@ -128,8 +128,7 @@ def full_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -
     """The full (unsharded) model state dict and optimizer state dict, on CPU, on rank 0 (empty on the others),
     in the formats of ``model.state_dict()`` and ``optimizer.state_dict()`` without FSDP. A collective: every
     rank must call it."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_sd = get_model_state_dict(model, options=opts)
@@ -147,8 +146,7 @@ def load_full_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimiz
                           optim_sd: dict) -> None:
     """Load full (unsharded, plain-format) state dicts, as written by ``full_state_dicts`` or by a run without
     FSDP, into the sharded model and its optimizer. Every rank passes the full dicts (each keeps its shard)."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                         set_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
     fqns = _optimizer_fqns(model, optimizer)
     n_saved = sum(len(g["params"]) for g in optim_sd["param_groups"])

@@ -22,15 +22,35 @@ from typing import Any
 
 from eslm.config import Config, all_keys, from_dict, stored_config_problem, to_yaml, unknown_key_message
 from eslm.errors import ConfigError, OwnershipError
-from eslm.files import (atomic_write, foreign_entries, link_refused, listing, named, open_nofollow, read_yaml,
-                        stale_temporaries)
+from eslm.files import (
+    atomic_write,
+    foreign_entries,
+    link_refused,
+    listing,
+    named,
+    open_nofollow,
+    read_yaml,
+    stale_temporaries,
+)
 from eslm.lock import DirLock
 from eslm.model.snapshot_file import SNAPSHOT_DIR, SNAPSHOT_FILE
 from eslm.tracking import open_trackers
 from eslm.train import checkpoint as ckpt
 from eslm.train.checkpoint import kept_steps, remove_stale_temporaries
-from eslm.train.run_dir import (LINK_FREE, MetricsWriter, RUN_MARKER, WHOLE_FILES, code_version, cut_torn_tail,
-                                env_info, last_records, new_run_marker, read_env, run_marker, written_by_earlier_eslm)
+from eslm.train.run_dir import (
+    LINK_FREE,
+    RUN_MARKER,
+    WHOLE_FILES,
+    MetricsWriter,
+    code_version,
+    cut_torn_tail,
+    env_info,
+    last_records,
+    new_run_marker,
+    read_env,
+    run_marker,
+    written_by_earlier_eslm,
+)
 from eslm.train.timing import load_avg
 
 RESUMES_FILE = "resumes.jsonl"

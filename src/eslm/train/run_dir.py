@@ -22,10 +22,10 @@ import torch
 import eslm
 from eslm import metrics as M
 from eslm.errors import ESLMError
-from eslm.files import (RUN_FORMAT, RUN_MARKER, ensure_dir, named, new_marker, open_nofollow,
-                        read_marker, read_yaml)
+from eslm.files import RUN_FORMAT, RUN_MARKER, ensure_dir, named, new_marker, open_nofollow, read_marker, read_yaml
 from eslm.tracking import warn_missing
 from eslm.versions import dependency_versions
+
 # The files eslm writes whole (temporary file + rename) at the top of a run directory.
 WHOLE_FILES = ("config.yaml", "env.json", "result.json", RUN_MARKER, "wandb_run_id")
 # What eslm appends to, or keeps as subdirectories: never written through a symbolic link.

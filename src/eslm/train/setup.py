@@ -12,15 +12,16 @@ import torch
 
 from eslm import seeds
 from eslm.config import Config, model_config_for
-from eslm.errors import ConfigError
-from eslm.model.gpt import GPT
-from eslm.train import checkpoint as ckpt
-from eslm.train.distributed import FSDPModel, shard_fsdp
 from eslm.data.loader import TrainLoader, open_dataset, val_batches
 from eslm.data.mixture import resolve_weights
 from eslm.data.prepare import ensure_prepared
+from eslm.errors import ConfigError
 from eslm.methods import holds_out
+from eslm.model.gpt import GPT
 from eslm.model.loading import load_model
+from eslm.train import checkpoint as ckpt
+from eslm.train.distributed import FSDPModel, shard_fsdp
+
 
 def setup_torch(cfg: Config, rank: int, device: torch.device) -> None:
     if cfg.train.num_threads > 0:

@@ -19,8 +19,14 @@ import torch
 from eslm import metrics as M
 from eslm.errors import CheckpointError
 from eslm.files import atomic_write, ensure_dir, os_error_in
-from eslm.model.snapshot_file import (SNAPSHOT_DIR, SNAPSHOT_FORMAT, list_snapshots, snapshot_digest, snapshot_name,
-                                      write_safetensors)
+from eslm.model.snapshot_file import (
+    SNAPSHOT_DIR,
+    SNAPSHOT_FORMAT,
+    list_snapshots,
+    snapshot_digest,
+    snapshot_name,
+    write_safetensors,
+)
 from eslm.model.state import clean_state_dict, non_finite
 from eslm.train.checkpoint import os_fix
 from eslm.train.stopping import TrainingDiverged, last_good_hint

@@ -6,9 +6,10 @@ from __future__ import annotations
 import math
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -51,7 +52,7 @@ class Preemption:
         self.requested = False
         self._old: Callable[[int, FrameType | None], Any] | int | None = None
 
-    def __enter__(self) -> "Preemption":
+    def __enter__(self) -> Preemption:
         if threading.current_thread() is threading.main_thread():
             self._old = signal.signal(signal.SIGTERM, self._on_sigterm)
         return self

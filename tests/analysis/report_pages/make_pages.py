@@ -22,10 +22,10 @@ sys.path.insert(0, str(HERE.parent))  # tests/analysis: the synthetic runs of te
 def cases(root: Path) -> dict:
     """{case: (summary, written figures)}: five seeds (intervals, paired verdicts, controls, spread, primary,
     downstream, an unfinished and a skipped run, warnings), one seed (the note said once), no baseline."""
+    import test_report as T
+
     from eslm.analysis import figures, report
     from eslm.analysis.report.figure_table import FIGURES
-
-    import test_report as T
 
     figures.available = lambda: False  # the page, not the drawings: figure files are named below
     noise = {1: 0.1, 2: -0.1, 3: 0.05, 4: -0.05, 5: 0.0}
@@ -53,9 +53,9 @@ def cases(root: Path) -> dict:
 def demo(root: Path) -> Path:
     """A report like the demo study's (clm, eslm-entropy, random at alpha 0.1; three seeds), figures drawn, from
     the synthetic runs of test_report; returns its index.html."""
-    from eslm.analysis import report
-
     import test_report as T
+
+    from eslm.analysis import report
 
     noise = {1: 0.04, 2: -0.03, 3: -0.01}
     shifts = {"clm": lambda s: noise[s] + 0.1, "eslm-entropy": lambda s: noise[s] + 0.04,

@@ -40,8 +40,15 @@ from eslm.analysis.report.figure_table import FIGURES, make_figures
 from eslm.analysis.report.html import render_html
 from eslm.analysis.report.markdown import render_markdown
 from eslm.analysis.report.output import check_report_dir, mark_stale, write_report_dir
-from eslm.analysis.report.summary import (FLOPS_KEYS, ONE_SEED_NOTE, ReportError, find_baseline, load_runs, one_seed,
-                                          summarize)
+from eslm.analysis.report.summary import (
+    FLOPS_KEYS,
+    ONE_SEED_NOTE,
+    ReportError,
+    find_baseline,
+    load_runs,
+    one_seed,
+    summarize,
+)
 from eslm.analysis.rundir import comparable_sets_problem, config_get, group_runs, is_number, one_run_per_seed
 
 __all__ = ["FIGURES", "FLOPS_KEYS", "ReportError", "build_report", "crossing", "load_runs", "make_figures",

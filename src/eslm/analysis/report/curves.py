@@ -11,6 +11,7 @@ from eslm import metrics as M
 from eslm.analysis import stats as S
 from eslm.analysis.rundir import Group, Run, is_number
 
+
 def series(records: list[dict], x_key: str, y_key: str) -> tuple[list, list, list]:
     """(steps, xs, ys) of the records that have numeric x and y."""
     pts = [(r[M.STEP], r[x_key], r[y_key]) for r in records if is_number(r.get(x_key)) and is_number(r.get(y_key))]

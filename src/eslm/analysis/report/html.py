@@ -14,8 +14,8 @@ import statistics
 
 from eslm import metrics as M
 from eslm.analysis import stats as S
-from eslm.analysis.report.downstream import is_percent
 from eslm.analysis.report import figure_table
+from eslm.analysis.report.downstream import is_percent
 from eslm.analysis.report.markdown import header_rows, since_branch_lines, spread_lines
 from eslm.analysis.report.summary import COSTS, ONE_SEED_NOTE, one_seed
 from eslm.analysis.report.verdicts import verdict_table

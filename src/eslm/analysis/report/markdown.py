@@ -6,10 +6,10 @@ import html
 
 from eslm import metrics as M
 from eslm.analysis import stats as S
-from eslm.analysis.rundir import MAX_MESSAGE, shorten
 from eslm.analysis.report import figure_table
 from eslm.analysis.report.summary import ONE_SEED_NOTE, one_seed
 from eslm.analysis.report.verdicts import verdict_table
+from eslm.analysis.rundir import MAX_MESSAGE, shorten
 
 
 def md_text(text) -> str:

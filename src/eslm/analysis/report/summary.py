@@ -9,11 +9,18 @@ from pathlib import Path
 from eslm import metrics as M
 from eslm.analysis import stats as S
 from eslm.analysis.report import comparisons as C
-from eslm.analysis.report.curves import (aggregate, domains_of, group_final, last_value, series,
-                                         to_target)
+from eslm.analysis.report.curves import aggregate, domains_of, group_final, last_value, series, to_target
 from eslm.analysis.report.downstream import group_downstream
-from eslm.analysis.rundir import (Group, IGNORED_FOR_GROUPING, Run, config_get, distinct_names, find_group, is_number,
-                                  load_run)
+from eslm.analysis.rundir import (
+    IGNORED_FOR_GROUPING,
+    Group,
+    Run,
+    config_get,
+    distinct_names,
+    find_group,
+    is_number,
+    load_run,
+)
 from eslm.errors import ESLMError
 from eslm.methods import baseline, control_of, role_of
 

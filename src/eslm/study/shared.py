@@ -111,18 +111,25 @@ def _neutral(key: str) -> bool:
     return key in INVOCATION_KEYS or key in _NEUTRAL_KEYS or key.startswith(_NEUTRAL_PREFIXES)
 
 
+def _trained(configs: list):
+    """(config, its run directory, the flat config it trained with, or the ConfigError reading that raised) of
+    each of ``configs`` that has trained (config.yaml in its directory)."""
+    for c in configs:
+        d = Path(c.run.out_dir) / c.run.name
+        if (d / "config.yaml").is_file():
+            try:
+                yield c, d, flat(effective_config(d))
+            except ConfigError as e:
+                yield c, d, e
+
+
 def changed_problems(configs: list) -> list[str]:
     """Shared models already (partly) trained whose config differs from the planned one: refused, one line each,
     naming the differing keys (old -> new)."""
     out = []
-    for c in configs:
-        d = Path(c.run.out_dir) / c.run.name
-        if not (d / "config.yaml").is_file():
-            continue
-        try:
-            old = flat(effective_config(d))
-        except ConfigError as e:
-            out.append(f"shared model {d}: its config cannot be read ({e}); delete the directory to train it again")
+    for c, d, old in _trained(configs):
+        if isinstance(old, ConfigError):
+            out.append(f"shared model {d}: its config cannot be read ({old}); delete the directory to train it again")
             continue
         new = flat(c)
         diff = [f"{k}: {old.get(k)!r} -> {new[k]!r}" for k in new if not _neutral(k) and old.get(k) != new[k]]
@@ -145,14 +152,9 @@ def changed_run_problems(configs: list) -> list[str]:
     skipped and reported as if it had the study file's settings; an unfinished one is compared on the keys a
     resume may not change (``RESUME_MAY_CHANGE``: the study's resume applies those)."""
     changed = []
-    for c in configs:
-        d = Path(c.run.out_dir) / c.run.name
-        if not (d / "config.yaml").is_file():
-            continue
-        try:
-            old = flat(effective_config(d))
-        except ConfigError as e:
-            changed.append(f"{c.run.name} (its config cannot be read: {e})")
+    for c, d, old in _trained(configs):
+        if isinstance(old, ConfigError):
+            changed.append(f"{c.run.name} (its config cannot be read: {old})")
             continue
         skip = RUN_NEUTRAL_KEYS if (d / "result.json").is_file() else RESUME_MAY_CHANGE
         new = flat(c)

@@ -614,3 +614,29 @@ def test_two_baseline_groups_without_a_report_baseline_are_refused_by_the_dry_ru
     assert code == 2 and "report.baseline (not set: the default): 'clm' is the method of 2 groups" in err, err
     assert "add report.baseline naming one of them" in err
     assert _cli_study(tmp_path, two + "report: {baseline: clm-b}\n", "--dry-run")[0] == 0
+
+
+@pytest.mark.parametrize("entry", ["clm-s1", "models", "models/teacher", "report", "plan", "logs", "slurm"])
+def test_a_link_inside_a_marked_study_directory_is_refused_before_anything_trains(tmp_path, monkeypatch, entry):
+    # issue 47: a run directory (or models/, plan/, logs/, ...) of a marked study that is a link into a user's
+    # directory was trained through; every entry eslm writes into is refused in one line before any training
+    import eslm.train.trainer as trainer
+    from eslm.files import atomic_write, new_marker
+
+    f = tmp_path / "grid.yaml"
+    f.write_text(STUDY.replace("config:\n", "models:\n  teacher: {method: clm}\nconfig:\n"))
+    d = tmp_path / "out" / "grid"
+    d.mkdir(parents=True)
+    atomic_write(d / study.STUDY_MARKER, (json.dumps(new_marker(study.STUDY_FORMAT)) + "\n").encode())
+    users = tmp_path / "users-dir"
+    users.mkdir()
+    (users / "notes.txt").write_text("mine")
+    (d / entry).parent.mkdir(parents=True, exist_ok=True)
+    (d / entry).symlink_to(users, target_is_directory=True)
+    started = []
+    monkeypatch.setattr(trainer, "train", lambda cfg: started.append(cfg.run.name))
+    with pytest.raises(ESLMError, match="is a symbolic link") as e:
+        study.run_study(str(f), tmp_path / "out")
+    assert "\n" not in str(e.value) and repr(str(d / entry)) in str(e.value)
+    assert started == [] and [p.name for p in users.iterdir()] == ["notes.txt"]
+    assert (users / "notes.txt").read_text() == "mine"

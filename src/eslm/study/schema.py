@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 from eslm.errors import ConfigError
-from eslm.files import name_problem, read_yaml
+from eslm.files import MAX_YAML_BYTES, name_problem, read_yaml, yaml_list_lengths
 from eslm.config import MAX_SEED, build_config, is_int
 from eslm.methods import METHODS
 from eslm.study.launch import launcher_problems
@@ -30,8 +30,20 @@ def study_dirs() -> list[Path]:
     return out
 
 
+_SMALL_STUDY_BYTES = 64 << 10  # a study at the limits (MAX_SEEDS seeds, MAX_RUNS runs) is far smaller
+
+
 def _read_study_yaml(path: Path) -> dict:
     try:
+        if path.stat().st_size > _SMALL_STUDY_BYTES:  # counted before any value is built (libyaml's events)
+            with open(path, "rb") as f:
+                raw = f.read(MAX_YAML_BYTES + 1)
+            try:
+                n = yaml_list_lengths(raw.decode("utf-8-sig")).get("seeds", 0) if len(raw) <= MAX_YAML_BYTES else 0
+            except UnicodeDecodeError:
+                n = 0  # read_yaml says what is wrong
+            # the count is all seeds_problems checks first: a list of that length stands for the seeds
+            refuse(f"study {str(path)!r}", seeds_problems([0] * n, "seeds") if n > MAX_SEEDS else [])
         return read_yaml(path, "study", fix="fix the file (a mapping with methods, seeds and config)")
     except OSError as e:
         raise ConfigError(f"study {str(path)!r} could not be read ({e.strerror}); check the path") from None

@@ -655,3 +655,22 @@ def test_a_study_file_of_a_million_seeds_is_refused_with_the_count_fast(tmp_path
     took = time.monotonic() - t0
     assert "expected at most 1000 seeds, found 1000000" in str(e.value) and "alias" not in str(e.value)
     assert took < 20, took  # about 2.4 s on a loaded 2-core machine (the count is libyaml's parse); 73 s before
+
+
+def test_the_dry_run_says_when_a_group_has_no_control_at_its_alpha(tmp_path):
+    """issue 47: the report compares a selection method with its registry control (random at the same alpha);
+    a study without it reported silently without that comparison. The dry run says so in one warning line, not
+    when the control is planned at that alpha, nor when report.controls: false says the report goes without."""
+    one = STUDY_OK.replace("methods: [clm, eslm-entropy, ", "methods: [clm, eslm-entropy, random, ")
+    one = one.replace("methods: [eslm-entropy]}", "methods: [eslm-entropy, random]}").replace(
+        "method.standardize: domain}", "method.standardize: domain, method.alpha: 0.2}")
+    code, err = _cli_study(tmp_path, one, "--dry-run")
+    lines = [x for x in err.splitlines() if "no control" in x]
+    assert code == 0 and len(lines) == 1, err
+    assert "warning: report: 1 group(s) have no control" in lines[0] and "loss-dom (no random at method.alpha=0.2)" \
+        in lines[0] and "eslm-entropy" not in lines[0] and "report.controls: false" in lines[0], lines
+    code, err = _cli_study(tmp_path, STUDY_OK, "--dry-run")  # no random at all: three groups lack it
+    assert code == 0 and "report: 3 group(s) have no control" in err and "(no random at method.alpha=0.3)" in err
+    assert "no control" not in _cli_study(tmp_path, STUDY_OK + "report: {controls: false}\n", "--dry-run")[1]
+    code, err = _cli_study(tmp_path, STUDY_OK + "report: {controls: no-thanks}\n", "--dry-run")
+    assert code == 2 and "report.controls: expected true or false" in err, err

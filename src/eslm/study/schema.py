@@ -87,7 +87,7 @@ STUDY_KEYS = ("description", "methods", "seeds", "sweep", "config", "budget", "r
               "launcher", "branch")
 AXIS_KEYS = ("values", "methods")
 BUDGET_KEYS = ("steps_of", "counter")
-REPORT_KEYS = ("baseline", "target", "primary", "equivalence_margin")
+REPORT_KEYS = ("baseline", "target", "primary", "equivalence_margin", "controls")
 MODEL_KEYS = ("method", "seed", "per_seed")  # of a ``models`` entry, besides its config keys
 BRANCH_KEYS = ("from", "at_tokens")
 
@@ -245,6 +245,9 @@ def _report_problems(report) -> list[str]:
     extra = [k for k in report if k not in REPORT_KEYS]
     if extra:
         problems.append(f"report: unknown key(s) {_name_list(extra)}; expected {_name_list(REPORT_KEYS)}")
+    if "controls" in report and not isinstance(report["controls"], bool):
+        problems.append(f"report.controls: expected true or false (false: the report goes without the controls the "
+                        f"registry names, random at the same alpha), found {report['controls']!r}")
     if "baseline" in report and (not isinstance(report["baseline"], str) or not report["baseline"]):
         problems.append(f"report.baseline: expected a group or method name, found {report['baseline']!r}")
     target = report.get("target")

@@ -303,6 +303,7 @@ def test_a_study_file_name_that_is_no_path_safe_name_is_refused(tmp_path):
 
 LONG = """methods: [clm, eslm-entropy]
 seeds: [1]
+report: {{controls: false}}
 config:
   model: {{preset: tiny}}
   data: {{dir: {data}, tokenizer: byte, seq_len: 32}}
@@ -548,6 +549,7 @@ def test_branch_section_mistakes_are_refused(tmp_path, tiny_data):
 
 CHANGED = """methods: [clm, eslm-entropy]
 seeds: [1, 2]
+report: {controls: false}
 config: {model: {preset: tiny}, data: {seq_len: 64}, train: {max_steps: 10, warmup_steps: 2, lr: 0.001},
          method: {alpha: 0.2}}
 """

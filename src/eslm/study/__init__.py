@@ -41,13 +41,14 @@ from __future__ import annotations
 import json
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 from eslm.errors import ConfigError, OwnershipError
 from eslm.files import atomic_write, ensure_dir, foreign_entries, link_refused, listing, new_marker, read_marker
 from eslm.study import shared
-from eslm.study.grid import Stage, check_branch_record, plan, stages
+from eslm.study.grid import Stage, check_branch_record, missing_controls, plan, stages
 from eslm.study.launch import (LAUNCHERS, PARENT_FD_ENV, QUEUED, Launched, Launcher, LocalLauncher, Outcome,
                                launcher_class, launcher_problems, watch_parent)
 from eslm.study.report import mark_earlier_report_stale, run_report
@@ -83,6 +84,8 @@ def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int]
                                                                                         out / study["name"]):
         raise ConfigError(f"study {study['name']}: " + (problems[0] if len(problems) == 1 else
                           f"{len(problems)} problem(s), nothing was run:" + "".join(f"\n  - {p}" for p in problems)))
+    if missing := missing_controls(study.get("report") or {}, configs):  # a warning: the report goes without
+        warnings.warn(missing, stacklevel=1)
     launcher = make_launcher(study, launcher, jobs, detach=detach)
     jobs = jobs or study.get("jobs") or 1
     if status:

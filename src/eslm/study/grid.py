@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -215,8 +214,6 @@ def plan(study: dict, out: Path, seeds=None, overrides=()) -> list:
         if budget.get("steps_of"):
             configs = [_with_budget(c, budget) for c in configs]
         problems += _same_run_problems(configs) + _report_group_problems(study.get("report") or {}, configs)
-        if not problems and (missing := missing_controls(study.get("report") or {}, configs)):
-            warnings.warn(missing, stacklevel=1)
         if study.get("models"):
             _, found = shared.plan_models(study, out / study["name"], base, list(dict.fromkeys(p[3] for p in points)))
             problems += found + shared.missing_problems(configs, study, out / study["name"])

@@ -12,7 +12,8 @@ A study file (configs/studies/NAME.yaml, or any path) holds:
 * ``budget``: ``steps_of: METHOD`` sets the FLOPs budget to what that method's dense training spends in
   ``config.train.max_steps`` steps, measured on ``counter`` (default flops_paper, the paper's convention), and
   every run stops at that budget (so a method whose steps count fewer FLOPs runs more steps);
-* ``report`` (optional): ``{baseline: clm, target: 4.3 | baseline, primary: [GROUP, GROUP]}`` for the report;
+* ``report`` (optional): ``{baseline: clm, target: 4.3 | baseline, primary: [GROUP, GROUP]}`` for the report
+  (``controls: false``: no warning for groups planned without their registry control at their alpha);
 * ``jobs`` (optional): how many runs train at once (``--jobs`` overrides it);
 * ``models`` (optional): frozen models the runs use (a Rho-1 reference, a KD teacher), trained once per study
   before the runs and named by the runs where a method needs one (``method.kd.teacher: teacher``); see

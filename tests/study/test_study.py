@@ -303,6 +303,7 @@ def test_a_study_file_name_that_is_no_path_safe_name_is_refused(tmp_path):
 
 LONG = """methods: [clm, eslm-entropy]
 seeds: [1]
+report: {{controls: false}}
 config:
   model: {{preset: tiny}}
   data: {{dir: {data}, tokenizer: byte, seq_len: 32}}
@@ -548,6 +549,7 @@ def test_branch_section_mistakes_are_refused(tmp_path, tiny_data):
 
 CHANGED = """methods: [clm, eslm-entropy]
 seeds: [1, 2]
+report: {controls: false}
 config: {model: {preset: tiny}, data: {seq_len: 64}, train: {max_steps: 10, warmup_steps: 2, lr: 0.001},
          method: {alpha: 0.2}}
 """
@@ -614,3 +616,63 @@ def test_two_baseline_groups_without_a_report_baseline_are_refused_by_the_dry_ru
     assert code == 2 and "report.baseline (not set: the default): 'clm' is the method of 2 groups" in err, err
     assert "add report.baseline naming one of them" in err
     assert _cli_study(tmp_path, two + "report: {baseline: clm-b}\n", "--dry-run")[0] == 0
+
+
+@pytest.mark.parametrize("entry", ["clm-s1", "models", "models/teacher", "report", "plan", "logs", "slurm"])
+def test_a_link_inside_a_marked_study_directory_is_refused_before_anything_trains(tmp_path, monkeypatch, entry):
+    # issue 47: a run directory (or models/, plan/, logs/, ...) of a marked study that is a link into a user's
+    # directory was trained through; every entry eslm writes into is refused in one line before any training
+    import eslm.train.trainer as trainer
+    from eslm.files import atomic_write, new_marker
+
+    f = tmp_path / "grid.yaml"
+    f.write_text(STUDY.replace("config:\n", "models:\n  teacher: {method: clm}\nconfig:\n"))
+    d = tmp_path / "out" / "grid"
+    d.mkdir(parents=True)
+    atomic_write(d / study.STUDY_MARKER, (json.dumps(new_marker(study.STUDY_FORMAT)) + "\n").encode())
+    users = tmp_path / "users-dir"
+    users.mkdir()
+    (users / "notes.txt").write_text("mine")
+    (d / entry).parent.mkdir(parents=True, exist_ok=True)
+    (d / entry).symlink_to(users, target_is_directory=True)
+    started = []
+    monkeypatch.setattr(trainer, "train", lambda cfg: started.append(cfg.run.name))
+    with pytest.raises(ESLMError, match="is a symbolic link") as e:
+        study.run_study(str(f), tmp_path / "out")
+    assert "\n" not in str(e.value) and repr(str(d / entry)) in str(e.value)
+    assert started == [] and [p.name for p in users.iterdir()] == ["notes.txt"]
+    assert (users / "notes.txt").read_text() == "mine"
+
+
+def test_a_study_file_of_a_million_seeds_is_refused_with_the_count_fast(tmp_path):
+    # issue 47: 10^6 seeds in the file were refused after 73 s and 1 GB, with a message about aliases the file
+    # does not have; the seeds are counted from libyaml's events before any value is built
+    import time
+
+    f = tmp_path / "grid.yaml"
+    f.write_text(STUDY.replace("seeds: [1]", "seeds: [" + ", ".join(str(i) for i in range(1, 10**6 + 1)) + "]"))
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError) as e:
+        study.load_study(str(f))
+    took = time.monotonic() - t0
+    assert "expected at most 1000 seeds, found 1000000" in str(e.value) and "alias" not in str(e.value)
+    assert took < 20, took  # about 2.4 s on a loaded 2-core machine (the count is libyaml's parse); 73 s before
+
+
+def test_the_dry_run_says_when_a_group_has_no_control_at_its_alpha(tmp_path):
+    """issue 47: the report compares a selection method with its registry control (random at the same alpha);
+    a study without it reported silently without that comparison. The dry run says so in one warning line, not
+    when the control is planned at that alpha, nor when report.controls: false says the report goes without."""
+    one = STUDY_OK.replace("methods: [clm, eslm-entropy, ", "methods: [clm, eslm-entropy, random, ")
+    one = one.replace("methods: [eslm-entropy]}", "methods: [eslm-entropy, random]}").replace(
+        "method.standardize: domain}", "method.standardize: domain, method.alpha: 0.2}")
+    code, err = _cli_study(tmp_path, one, "--dry-run")
+    lines = [x for x in err.splitlines() if "no control" in x]
+    assert code == 0 and len(lines) == 1, err
+    assert "warning: report: 1 group(s) have no control" in lines[0] and "loss-dom (no random at method.alpha=0.2)" \
+        in lines[0] and "eslm-entropy" not in lines[0] and "report.controls: false" in lines[0], lines
+    code, err = _cli_study(tmp_path, STUDY_OK, "--dry-run")  # no random at all: three groups lack it
+    assert code == 0 and "report: 3 group(s) have no control" in err and "(no random at method.alpha=0.3)" in err
+    assert "no control" not in _cli_study(tmp_path, STUDY_OK + "report: {controls: false}\n", "--dry-run")[1]
+    code, err = _cli_study(tmp_path, STUDY_OK + "report: {controls: no-thanks}\n", "--dry-run")
+    assert code == 2 and "report.controls: expected true or false" in err, err

@@ -12,7 +12,8 @@ A study file (configs/studies/NAME.yaml, or any path) holds:
 * ``budget``: ``steps_of: METHOD`` sets the FLOPs budget to what that method's dense training spends in
   ``config.train.max_steps`` steps, measured on ``counter`` (default flops_paper, the paper's convention), and
   every run stops at that budget (so a method whose steps count fewer FLOPs runs more steps);
-* ``report`` (optional): ``{baseline: clm, target: 4.3 | baseline, primary: [GROUP, GROUP]}`` for the report;
+* ``report`` (optional): ``{baseline: clm, target: 4.3 | baseline, primary: [GROUP, GROUP]}`` for the report
+  (``controls: false``: no warning for groups planned without their registry control at their alpha);
 * ``jobs`` (optional): how many runs train at once (``--jobs`` overrides it);
 * ``models`` (optional): frozen models the runs use (a Rho-1 reference, a KD teacher), trained once per study
   before the runs and named by the runs where a method needs one (``method.kd.teacher: teacher``); see
@@ -41,6 +42,8 @@ from __future__ import annotations
 import json
 import sys
 import time
+import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 from eslm.analysis.report.output import check_report_dir
@@ -49,7 +52,7 @@ from eslm.files import atomic_write, ensure_dir, foreign_entries, link_refused, 
 from eslm.lock import DirLock
 from eslm.study import shared
 from eslm.study.estimate import describe, describe_steps, estimate, steps_by_run
-from eslm.study.grid import Stage, check_branch_record, plan, stages
+from eslm.study.grid import Stage, check_branch_record, missing_controls, plan, stages
 from eslm.study.launch import (
     LAUNCHERS,
     PARENT_FD_ENV,
@@ -92,6 +95,8 @@ def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int]
                                                                                         out / study["name"]):
         raise ConfigError(f"study {study['name']}: " + (problems[0] if len(problems) == 1 else
                           f"{len(problems)} problem(s), nothing was run:" + "".join(f"\n  - {p}" for p in problems)))
+    if missing := missing_controls(study.get("report") or {}, configs):  # a warning: the report goes without
+        warnings.warn(missing, stacklevel=1)
     launcher = make_launcher(study, launcher, jobs, detach=detach)
     jobs = jobs or study.get("jobs") or 1
     if status:
@@ -117,11 +122,12 @@ def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int]
         return 0
 
     study_dir = out / study["name"]
-    check_study_dir(study_dir)  # before anything is written: another program's directory is refused
+    run_dirs = [Path(c.run.out_dir) / c.run.name for s in planned for c in s.runs]
+    check_study_dir(study_dir, run_dirs)  # before anything is written: another program's directory is refused
     check_report_dir(study_dir / "report")  # refused now, not after all the training
     ensure_dir(study_dir)
     with DirLock(study_dir, what="study directory"):  # a second eslm study on this directory is refused
-        check_study_dir(study_dir)
+        check_study_dir(study_dir, run_dirs)
         shared.check_record_owner(study_dir)  # before any training: models.json is written after the models
         if read_marker(study_dir / STUDY_MARKER, STUDY_FORMAT) is None:
             atomic_write(study_dir / STUDY_MARKER, (json.dumps(new_marker(STUDY_FORMAT)) + "\n").encode())
@@ -151,22 +157,25 @@ def make_launcher(study: dict, launcher: Launcher | str | None = None, jobs: int
 
 
 STUDY_MARKER, STUDY_FORMAT = "eslm-study.json", "eslm-study-v1"
-_STUDY_ENTRIES = ("plan", "logs", "report", "slurm", "models", "branch.json", "eslm.lock", STUDY_MARKER)
+_STUDY_DIRS = ("plan", "logs", "report", "slurm", "models")
+_STUDY_ENTRIES = (*_STUDY_DIRS, "branch.json", "eslm.lock", STUDY_MARKER)
 
 
-def check_study_dir(study_dir: Path) -> None:
+def check_study_dir(study_dir: Path, run_dirs: Sequence[Path] = ()) -> None:
     """A study directory eslm may write: new, empty, marked by eslm (``eslm-study.json``), or one an earlier eslm
-    wrote (only plan/, logs/, report/, slurm/, models/, branch.json and run directories eslm made); anything else is refused in one line,
-    and so is a link where the study keeps its plan, logs or report."""
+    wrote (only plan/, logs/, report/, slurm/, models/, branch.json and run directories eslm made); anything else is
+    refused in one line, and so is a link (marked or not) at any directory eslm writes into: plan/, logs/, report/,
+    slurm/, models/, and ``run_dirs`` (the planned runs, shared models and trunks) and the folders between them and
+    the study directory."""
     if study_dir.is_symlink():
         raise link_refused(study_dir)
     if not study_dir.exists():
         return
     if not study_dir.is_dir():
         raise OwnershipError(f"study directory {str(study_dir)!r} is a file; choose another --out")
-    for name in ("plan", "logs", "report"):
-        if (study_dir / name).is_symlink():
-            raise link_refused(study_dir / name)
+    for path in [study_dir / name for name in _STUDY_DIRS] + [p for d in run_dirs for p in _between(study_dir, d)]:
+        if path.is_symlink():
+            raise link_refused(path)
     if read_marker(study_dir / STUDY_MARKER, STUDY_FORMAT) is not None:
         return
 
@@ -180,6 +189,14 @@ def check_study_dir(study_dir: Path) -> None:
         raise OwnershipError(f"study directory {str(study_dir)!r} holds files eslm did not write ({listing(foreign)}) "
                              f"and no {STUDY_MARKER}; eslm writes a study only into a new, empty or earlier study "
                              "directory: choose another --out")
+
+
+def _between(study_dir: Path, d: Path) -> list[Path]:
+    """``d`` and its parents below ``study_dir`` (``d`` itself when it lies elsewhere)."""
+    d = Path(d)
+    if not d.is_relative_to(study_dir):
+        return [d]
+    return [d, *[p for p in d.parents if p != study_dir and p.is_relative_to(study_dir)]]
 
 
 def _train_and_report(study: dict, configs: list, launcher: Launcher, study_dir: Path) -> int:

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eslm import metrics as M
-from eslm.analysis.rundir import comparable_sets_problem, experiment_key, find_group, planned_groups
+from eslm.analysis.rundir import comparable_sets_problem, config_get, experiment_key, find_group, planned_groups
 from eslm.config import build_config, equal_flops_budget
 from eslm.errors import ConfigError
 from eslm.files import atomic_write
-from eslm.methods import baseline
+from eslm.methods import baseline, control_of
 from eslm.study import shared
 from eslm.study.schema import MAX_RUNS, flatten, method_entry, refuse, seeds_problems, slug
 from eslm.train.branch import SHARED_KEYS
@@ -262,6 +262,28 @@ def _report_group_problems(report: dict, configs: list) -> list[str]:
         if why:
             out.append(why + "; add report.baseline")
     return out
+
+
+def missing_controls(report: dict, configs: list) -> str | None:
+    """One line naming the planned groups whose method has a control in the registry (``control_of``: random at
+    the same alpha for a selection method) with no group of that control at their alpha among ``configs``: the
+    report would show them without the comparison their role asks for. None when every one has it, or when the
+    study file's ``report.controls: false`` says the report goes without them."""
+    if report.get("controls") is False:
+        return None
+    groups = planned_groups([c.to_dict() for c in configs])
+
+    def alpha(g):
+        return config_get(g.runs[0].config, "method.alpha")
+
+    lacking = [(g, control) for g in groups if (control := control_of(g.method)) is not None
+               and not any(c.method == control and alpha(c) == alpha(g) for c in groups)]
+    if not lacking:
+        return None
+    which = "; ".join(f"{g.point or g.label} (no {control} at method.alpha={alpha(g)})" for g, control in lacking)
+    return (f"report: {len(lacking)} group(s) have no control among the planned runs, so the report will not compare "
+            f"them with it: {which}; add the control to methods (or its alpha to the sweep), or set "
+            "report.controls: false to report without it")
 
 
 def _with_budget(cfg, budget: dict):

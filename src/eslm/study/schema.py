@@ -9,7 +9,7 @@ from pathlib import Path
 
 from eslm.config import MAX_SEED, build_config, is_int
 from eslm.errors import ConfigError
-from eslm.files import name_problem, read_yaml
+from eslm.files import MAX_YAML_BYTES, name_problem, read_yaml, yaml_list_lengths
 from eslm.methods import METHODS
 from eslm.study.launch import launcher_problems
 
@@ -30,8 +30,20 @@ def study_dirs() -> list[Path]:
     return out
 
 
+_SMALL_STUDY_BYTES = 64 << 10  # a study at the limits (MAX_SEEDS seeds, MAX_RUNS runs) is far smaller
+
+
 def _read_study_yaml(path: Path) -> dict:
     try:
+        if path.stat().st_size > _SMALL_STUDY_BYTES:  # counted before any value is built (libyaml's events)
+            with open(path, "rb") as f:
+                raw = f.read(MAX_YAML_BYTES + 1)
+            try:
+                n = yaml_list_lengths(raw.decode("utf-8-sig")).get("seeds", 0) if len(raw) <= MAX_YAML_BYTES else 0
+            except UnicodeDecodeError:
+                n = 0  # read_yaml says what is wrong
+            # the count is all seeds_problems checks first: a list of that length stands for the seeds
+            refuse(f"study {str(path)!r}", seeds_problems([0] * n, "seeds") if n > MAX_SEEDS else [])
         return read_yaml(path, "study", fix="fix the file (a mapping with methods, seeds and config)")
     except OSError as e:
         raise ConfigError(f"study {str(path)!r} could not be read ({e.strerror}); check the path") from None
@@ -75,7 +87,7 @@ STUDY_KEYS = ("description", "methods", "seeds", "sweep", "config", "budget", "r
               "launcher", "branch")
 AXIS_KEYS = ("values", "methods")
 BUDGET_KEYS = ("steps_of", "counter")
-REPORT_KEYS = ("baseline", "target", "primary", "equivalence_margin")
+REPORT_KEYS = ("baseline", "target", "primary", "equivalence_margin", "controls")
 MODEL_KEYS = ("method", "seed", "per_seed")  # of a ``models`` entry, besides its config keys
 BRANCH_KEYS = ("from", "at_tokens")
 
@@ -233,6 +245,9 @@ def _report_problems(report) -> list[str]:
     extra = [k for k in report if k not in REPORT_KEYS]
     if extra:
         problems.append(f"report: unknown key(s) {_name_list(extra)}; expected {_name_list(REPORT_KEYS)}")
+    if "controls" in report and not isinstance(report["controls"], bool):
+        problems.append(f"report.controls: expected true or false (false: the report goes without the controls the "
+                        f"registry names, random at the same alpha), found {report['controls']!r}")
     if "baseline" in report and (not isinstance(report["baseline"], str) or not report["baseline"]):
         problems.append(f"report.baseline: expected a group or method name, found {report['baseline']!r}")
     target = report.get("target")

@@ -125,8 +125,8 @@ def test_report_files_and_flops_to_target(runs, tmp_path):
     out = tmp_path / "rep"
     s = report.build_report([str(p) for p in runs], out)
     for f in ("index.html", "summary.json", "loss_vs_flops.png", "loss_vs_tokens.png", "loss_vs_time.png",
-              "flops_to_target.png", "time_to_target.png", "domain_final.png", "domain_curves.png", "train_loss.png",
-              "tokens_per_s.png"):
+              "flops_to_target.png", "time_to_target.png", "domain_final.png", "domain_curves.png", "training_curve.png",
+              "throughput.png"):
         assert (out / f).is_file() and (out / f).stat().st_size > 0, f
     # the kept fraction and alpha of a fixed alpha are constant over training: said in the header, not drawn
     assert not (out / "selection.png").exists() and "selection" not in s["figures"]

@@ -119,7 +119,7 @@ def test_only_drawn_figures_appear_with_their_sections():
 
 def test_summary_md_mirrors_the_page_order():
     s, _ = _recorded("five-seeds")
-    s = {**s, "figures": {"loss_vs_flops": "loss_vs_flops.png", "train_loss": "train_loss.png"}}
+    s = {**s, "figures": {"loss_vs_flops": "loss_vs_flops.png", "training_curve": "training_curve.png"}}
     md = render_markdown(s).splitlines()
     at = {k: md.index(k) for k in ("## Verdicts", "## Figures", "## Summary", "## Verdicts in words")}
     assert md[0] == "# eslm report" and md.index("- **model**: tiny (12,345 non-embedding parameters)") < at["## Verdicts"]
@@ -127,7 +127,7 @@ def test_summary_md_mirrors_the_page_order():
     assert md[at["## Verdicts"] + 2].startswith("| group | vs | Δ final val loss (nats) | 95% interval | verdict |")
     images = [x for x in md if x.startswith("![")]
     assert images == ["![validation loss vs FLOPs (log-log)](loss_vs_flops.png)",
-                      "![training loss vs tokens](train_loss.png)"]
+                      "![training loss vs tokens](training_curve.png)"]
     assert all(at["## Figures"] < md.index(x) < at["## Summary"] for x in images)
 
 
@@ -155,7 +155,7 @@ def test_the_built_page_draws_training_loss_and_throughput_and_names_the_token_v
     s = report.build_report([str(p) for p in runs], tmp_path / "study" / "report")
     page = parse((tmp_path / "study" / "report" / "index.html").read_text())
     srcs = [x["attrs"]["src"] for x in page.items if x["tag"] == "img"]
-    assert "train_loss.png" in srcs and "tokens_per_s.png" in srcs and "selection.png" not in srcs
+    assert "training_curve.png" in srcs and "throughput.png" in srcs and "selection.png" not in srcs
     assert page.first("h2", "Verdicts") < page.first("img")
     view = next(page.items[i + 1]["text"] for i, x in enumerate(page.items) if x["text"] == "token view")
     assert f"eslm tokens RUN_DIR/checkpoints/step_NNNNNNN.pt --data DATA_DIR --out {tmp_path / 'study' / 'tokens'}" in view

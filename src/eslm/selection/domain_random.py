@@ -24,7 +24,13 @@ from eslm.selection.scores import standardize
 from eslm.selection.selectors import VaRSelector
 from eslm.selection.stats import selection_stats
 
-__all__ = ["DomainRandomSelector", "domain_matched_draw"]
+__all__ = ["DomainRandomSelector", "domain_counts", "domain_matched_draw"]
+
+
+def domain_counts(ids: torch.Tensor, n: int) -> torch.Tensor:
+    """How many of ``ids`` (int64, each in [0, n)) equal each of 0..n-1: a (n,) int64 count with a static shape
+    (``torch.bincount`` sizes its output by the largest id: a host read)."""
+    return torch.zeros(n, dtype=torch.long, device=ids.device).scatter_add_(0, ids, torch.ones_like(ids))
 
 
 def domain_matched_draw(token_domain: torch.Tensor, kept_per_domain: torch.Tensor, k: int,
@@ -37,7 +43,7 @@ def domain_matched_draw(token_domain: torch.Tensor, kept_per_domain: torch.Tenso
     order = torch.argsort(token_domain.double() + key.double())
     dom_sorted = token_domain[order]
     n_domains = kept_per_domain.numel()
-    per_domain = torch.bincount(token_domain, minlength=n_domains)
+    per_domain = domain_counts(token_domain, n_domains)
     start = torch.cumsum(per_domain, 0) - per_domain  # first sorted position of each domain
     place = torch.arange(n, device=token_domain.device) - start[dom_sorted]
     keep_sorted = place < kept_per_domain.to(place.dtype)[dom_sorted]
@@ -63,7 +69,7 @@ class DomainRandomSelector(VaRSelector):
         B, T = batch.x.shape
         token_domain = batch.domain.long().repeat_interleave(T)
         n_dom = max(self.n_domains, 1)
-        eslm_per_domain = torch.bincount(token_domain[eslm_index], minlength=n_dom)
+        eslm_per_domain = domain_counts(token_domain[eslm_index], n_dom)
         index = domain_matched_draw(token_domain, eslm_per_domain, k, self.generator)
         kept = torch.zeros(raw.numel(), dtype=torch.bool, device=raw.device).index_fill_(0, index, True)
         out = selection_stats(raw, kept, ranked=ranked, domain=batch.domain, n_domains=self.n_domains)

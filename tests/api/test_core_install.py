@@ -15,7 +15,7 @@ try:
 except ImportError:  # Python 3.10
     from pip._vendor import tomli as tomllib
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRAIN_MODULES = ("yaml", "tiktoken", "tiktoken_ext", "tqdm", "safetensors", "jinja2", "scipy")
 
 # a finder that makes the train extra's modules (and every other optional one) missing, as in a core install

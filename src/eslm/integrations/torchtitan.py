@@ -44,6 +44,7 @@ from torch.distributed.tensor import DTensor
 
 from eslm.api import AdaAlpha, kept_tokens, selective_loss
 from eslm.errors import ConfigError
+from eslm.selection import risk
 
 IGNORE_INDEX = -100
 
@@ -240,7 +241,7 @@ def _titan_classes():
             n, k = valid.sum(), kept_tokens(labels, alpha=c.alpha)
             flat = scores.flatten().masked_fill(~valid.flatten(), float("-inf"))
             kept = torch.zeros_like(flat, dtype=torch.bool)
-            kept[torch.topk(flat, int(k)).indices] = True
+            kept[risk.topk_index(flat, int(k))] = True  # the VaR rule's one top-k (eslm.selection.risk)
             kept = kept.view_as(labels)
             kept_scores = scores[kept]
             threshold = kept_scores.min() if kept_scores.numel() else scores.new_zeros(())

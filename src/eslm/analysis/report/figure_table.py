@@ -124,27 +124,22 @@ def _selection(path: Path, sc: Scene) -> bool:
     return True
 
 
-def _train(path: Path, sc: Scene) -> bool:
-    """The training loss over every token of a step (comparable across methods; the loss a selective method
-    optimises covers its kept tokens only) against tokens seen."""
-    tr = lambda r: r.train  # noqa: E731
-    s = _curve_set(sc.groups, tr, M.TOKENS_SEEN, M.TRAIN_LOSS_ALL)
-    if not s:
-        return False
-    figures.curves(path, s, sc.colors, xlabel="tokens seen", ylabel="training loss (all tokens of the step)",
-                   title="Training loss vs tokens", logx=True, logy=True)
-    return True
+def _training_curve(x: str, y: str, xlabel: str, ylabel: str, title: str, log: bool):
+    """A figure of a training record's ``y`` against ``x``, one line per group (mean over seeds)."""
+    def draw(path: Path, sc: Scene) -> bool:
+        s = _curve_set(sc.groups, lambda r: r.train, x, y)
+        if not s:
+            return False
+        figures.curves(path, s, sc.colors, xlabel=xlabel, ylabel=ylabel, title=title, logx=log, logy=log)
+        return True
+    return draw
 
 
-def _throughput(path: Path, sc: Scene) -> bool:
-    """Training throughput (tokens per second of step time) over training."""
-    tr = lambda r: r.train  # noqa: E731
-    s = _curve_set(sc.groups, tr, M.STEP, M.TOKENS_PER_S)
-    if not s:
-        return False
-    figures.curves(path, s, sc.colors, xlabel="optimizer step", ylabel="tokens / s",
-                   title="Training throughput", logx=False, logy=False)
-    return True
+# the training loss over every token of a step (comparable across methods; the loss a selective method optimises
+# covers its kept tokens only) against tokens seen; the throughput (tokens per second of step time) over training
+_train = _training_curve(M.TOKENS_SEEN, M.TRAIN_LOSS_ALL, "tokens seen", "training loss (all tokens of the step)",
+                         "Training loss vs tokens", True)
+_throughput = _training_curve(M.STEP, M.TOKENS_PER_S, "optimizer step", "tokens / s", "Training throughput", False)
 
 
 def _alpha_per_run(path: Path, sc: Scene) -> bool:

@@ -19,8 +19,8 @@ from conftest import HostReads
 from eslm.config import build_config, method_context
 from eslm.methods import METHODS, build_method
 from eslm.model.gpt import GPT, preset
-from eslm.objectives.cross_entropy import naive_selected_ce, naive_token_stats
-from eslm.ops.fused_head import fused_ce_sum, head_pass
+from eslm.ops.fused_head import fused_ce_sum, route_pass
+from eslm.ops.naive_head import naive_selected_ce, naive_token_stats
 from eslm.selection.scores import STANDARDIZE_MODES
 from eslm.train.optim import build_optimizer
 from eslm.train.step import StepOptions, forward_backward
@@ -98,9 +98,9 @@ def test_fused_head_matches_the_oracle(device, precision, route, shape):
     ref_stats, ref_gh, ref_gw = _oracle(h0, w0, y, index)
     h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
     with _autocast(device, precision):
-        pre = None if route == "no_pass" else head_pass(
-            h.detach(), w.detach(), y, need_entropy=True, chunk_size=chunk,
-            with_grads=route == "grads_in_pass", keep_probs=route == "cached_probs")
+        pre = None if route == "no_pass" else route_pass(
+            {"cached_probs": "kept_cached", "scores_only": "kept_recompute"}.get(route, route), h.detach(),
+            w.detach(), y, scored=True, need_entropy=True, chunk_size=chunk)
         if pre is not None:
             for name in ("loss", "entropy", "lse"):
                 _close(getattr(pre, name), getattr(ref_stats, name), REL[precision], name)

@@ -15,10 +15,7 @@ from __future__ import annotations
 import torch
 
 from eslm.ops.head_backend import backend
-from eslm.ops.naive_head import naive_selected_ce, naive_token_stats
 from eslm.ops.token_stats import HeadOptions, TokenStats
-
-__all__ = ["TokenStats", "naive_token_stats", "naive_selected_ce", "token_stats", "selected_ce"]
 
 
 def token_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,

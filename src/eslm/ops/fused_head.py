@@ -271,12 +271,6 @@ def head_pass(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                     probs=probs)
 
 
-def fused_token_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
-                      need_entropy: bool = True, chunk_size: int = 1024) -> TokenStats:
-    """Detached fp32 per-token loss, entropy (if asked) and log-sum-exp, chunked over tokens."""
-    return head_pass(hidden, weight, targets, need_entropy=need_entropy, chunk_size=chunk_size).stats()
-
-
 # --------------------------------------------------------------------------- the summed loss (training)
 
 
@@ -436,12 +430,11 @@ def route_pass(route: str, hidden: torch.Tensor, weight: torch.Tensor, targets: 
 def fused_ce_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, index: torch.Tensor | None,
                  *, pre: HeadPass | None = None, chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
     """sum_{i in kept} CE_i as a 0-dim fp32 tensor with autograd to hidden and weight, and the kept rows'
-    per-token CE (K,) detached, by the route ``pre`` was made for (``route_pass``; a pass made by ``head_pass``
-    directly: ``grads_in_pass`` if it holds gradients, ``kept_cached`` if it holds the softmax, else
-    ``kept_recompute``). ``pre``: the pass's result for all N rows, if one ran (its large buffers are consumed
-    and released); ``index`` None keeps every row."""
+    per-token CE (K,) detached, by the route ``pre`` was made for (``route_pass``; ``kept_recompute`` for a pass
+    made by ``head_pass`` directly). ``pre``: the pass's result for all N rows, if one ran (its large buffers are
+    consumed and released); ``index`` None keeps every row."""
     h_in, w_in = hidden.detach(), weight.detach()
-    route = _route_of(pre)
+    route = "kept_recompute" if pre is None or pre.route is None else pre.route
     if route == "grads_in_pass":
         assert pre is not None
         gh, gw = _kept_grads(h_in, w_in, targets, index, pre, chunk_size)
@@ -463,18 +456,6 @@ def fused_ce_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tens
         pre.grad_hidden = pre.grad_weight = pre.probs = pre.softmax_w = None  # large buffers: free them once used
     value = per_token.sum()
     return PrecomputedGrad.apply(hidden, weight, value, gh, gw.to(weight.dtype)), per_token
-
-
-def _route_of(pre: HeadPass | None) -> str:
-    if pre is None:
-        return "kept_recompute"
-    route = pre.route or ("grads_in_pass" if pre.grad_weight is not None else
-                          "kept_cached" if pre.probs is not None else "kept_recompute")
-    needs = {"grads_in_pass": pre.grad_weight, "all_rows": pre.probs, "kept_cached": pre.probs}
-    if route in needs and needs[route] is None:
-        raise ValueError(f"the {route} route needs the pass's {'gradients' if route == 'grads_in_pass' else 'softmax'}"
-                         "; the pass given holds none (was it used already?)")
-    return route
 
 
 # --------------------------------------------------------------------------- per-token loss (any upstream grads)
@@ -592,8 +573,8 @@ class FusedHead:
 
     def token_stats(self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
                     need_entropy: bool) -> TokenStats:
-        return fused_token_stats(hidden, weight, targets, need_entropy=need_entropy,
-                                 chunk_size=self.options.chunk_size)
+        return head_pass(hidden, weight, targets, need_entropy=need_entropy,
+                         chunk_size=self.options.chunk_size).stats()
 
     def per_token_ce(self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                      index: torch.Tensor | None, *, lse: torch.Tensor | None = None) -> torch.Tensor:

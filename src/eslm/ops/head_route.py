@@ -41,7 +41,6 @@ from eslm.ops.token_stats import HeadWork
 
 ROUTES = ("all_rows", "kept_cached", "grads_in_pass", "kept_recompute")
 CACHED_ROUTES = ("all_rows", "kept_cached")
-PER_TOKEN_ROUTES = ("kept_recompute", "grads_in_pass")
 ROUTE_CHOICES = ("auto",) + ROUTES
 
 
@@ -63,26 +62,17 @@ def route_work(route: str, n: int, k: int, *, scored: bool) -> HeadWork:
     raise ValueError(f"expected a head route in {ROUTES}; found {route!r}")
 
 
-def allowed_routes(n: int, k: int, *, scored: bool, cache: bool, per_token: bool = False,
-                   weight_grad: bool = True) -> tuple[str, ...]:
-    """The routes that can run this micro-batch."""
-    if per_token:
-        return ("kept_recompute",) if weight_grad or scored else ("grads_in_pass", "kept_recompute")
-    if not scored:  # no scores: no pass to cache; every row kept is plain training's one pass
-        return ("grads_in_pass",) if k == n else ("kept_recompute", "grads_in_pass")
-    return (CACHED_ROUTES if cache else ()) + ("grads_in_pass", "kept_recompute")
-
-
 def choose_route(n: int, k: int, *, scored: bool, cache: bool = True, per_token: bool = False,
                  weight_grad: bool = True, forced: str = "auto") -> str:
     """The route for a micro-batch of ``n`` rows with ``k`` kept: ``forced`` when it is not "auto" and can run
-    here (a cached route needs scores and ``cache``), else the rule's (the module's docstring)."""
+    here (a cached route needs scores and ``cache``; every row kept without scores is the one pass), else the
+    rule's (the module's docstring). Per-token losses take the rule's route."""
     if not 1 <= k <= n:
         raise ValueError(f"expected 1 <= kept <= rows; found kept={k}, rows={n}")
-    if forced != "auto":
-        if forced not in ROUTE_CHOICES:
+    if forced != "auto" and not per_token:
+        if forced not in ROUTES:
             raise ValueError(f"expected a head route in {ROUTE_CHOICES}; found {forced!r}")
-        if forced in allowed_routes(n, k, scored=scored, cache=cache, per_token=per_token, weight_grad=weight_grad):
+        if (scored and cache) if forced in CACHED_ROUTES else (scored or k < n or forced == "grads_in_pass"):
             return forced
     if per_token:
         return "grads_in_pass" if not (weight_grad or scored) else "kept_recompute"

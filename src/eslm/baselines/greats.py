@@ -66,16 +66,6 @@ from eslm.settings import Section, setting
 # ---------------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class LayerIO:
-    """One scored Linear layer on N rows: a (N, T, in) inputs, d (N, T, out) output gradients (fp32, detached)."""
-
-    name: str
-    a: torch.Tensor
-    d: torch.Tensor
-    has_bias: bool
-
-
 def scored_linears(model: nn.Module, exclude_head: bool = True) -> list[tuple[str, nn.Linear]]:
     """The Linear modules whose weights enter the inner products (``lm_head`` last, only if included)."""
     out = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and n != "lm_head"]
@@ -171,16 +161,6 @@ def layer_memory_bytes(n_in: int, n_out: int, has_bias: bool, n_rows: int) -> fl
     return 4.0 * n_rows * n_out * (n_in + int(has_bias))
 
 
-def check_route(route: str, memory_cap_mb: float) -> None:
-    """One ConfigError line for an unknown route or a non-positive cap."""
-    if route not in LAYER_ROUTES:
-        raise ConfigError(f"GREATS route: expected one of {' | '.join(LAYER_ROUTES)}, found {route!r}; "
-                          f"fix: set method.greats.route=flops")
-    if not memory_cap_mb > 0:
-        raise ConfigError(f"GREATS memory cap: expected > 0 MiB, found {memory_cap_mb}; "
-                          f"fix: set method.greats.memory_cap_mb={DEFAULT_MEMORY_CAP_MB:g}")
-
-
 def layer_route(T: int, n_in: int, n_out: int, has_bias: bool = False, route: str = "flops", n_x: int = 1,
                 n_rows: int = 1, memory_cap_mb: float = DEFAULT_MEMORY_CAP_MB) -> str:
     """'ghost' or 'materialised' for one layer scoring n_x rows against n_rows rows.
@@ -189,7 +169,8 @@ def layer_route(T: int, n_in: int, n_out: int, has_bias: bool = False, route: st
     "ghost": ghost; "materialised": materialised. Every route but "ghost" falls back to the ghost form when
     the per-sample gradients (``layer_memory_bytes``) would exceed ``memory_cap_mb`` MiB.
     """
-    check_route(route, memory_cap_mb)
+    if route not in LAYER_ROUTES:
+        raise ValueError(f"expected a GREATS route in {LAYER_ROUTES}; found {route!r}")
     if route == "ghost" or layer_memory_bytes(n_in, n_out, has_bias, n_rows) > memory_cap_mb * _MB:
         return GHOST
     if route == "memory":
@@ -221,15 +202,14 @@ def per_sample_grads(a: torch.Tensor, d: torch.Tensor, has_bias: bool = False) -
     return torch.cat([G, d.sum(1)], 1) if has_bias else G
 
 
-def layer_inner_products(io: LayerIO, n_x: int, route: str = "flops",
+def layer_inner_products(a: torch.Tensor, d: torch.Tensor, has_bias: bool, n_x: int, route: str = "flops",
                          memory_cap_mb: float = DEFAULT_MEMORY_CAP_MB) -> tuple[torch.Tensor, str]:
-    """(n_x, N) inner products between the first n_x rows of ``io`` and all its N rows; and the route taken
-    (``layer_route``)."""
-    T, n_in, n_out = io.a.shape[1], io.a.shape[2], io.d.shape[2]
-    m = layer_route(T, n_in, n_out, io.has_bias, route, n_x, io.a.shape[0], memory_cap_mb)
+    """(n_x, N) inner products between the first n_x rows of one layer's inputs a (N, T, in) and output gradients
+    d (N, T, out) and all its N rows; and the route taken (``layer_route``)."""
+    m = layer_route(a.shape[1], a.shape[2], d.shape[2], has_bias, route, n_x, a.shape[0], memory_cap_mb)
     if m == GHOST:
-        return ghost_inner_products(io.a[:n_x], io.d[:n_x], io.a, io.d, io.has_bias), m
-    G = per_sample_grads(io.a, io.d, io.has_bias)  # form every row's gradient once
+        return ghost_inner_products(a[:n_x], d[:n_x], a, d, has_bias), m
+    G = per_sample_grads(a, d, has_bias)  # form every row's gradient once
     return G[:n_x] @ G.t(), m
 
 
@@ -295,7 +275,7 @@ def greats_gram(model: nn.Module, train_x, train_y, val_x, val_y, *, exclude_hea
         if a is None:
             modes[name] = "unused"
             return
-        ip, modes[name] = layer_inner_products(LayerIO(name, a.float(), d.float(), bias), B, route, memory_cap_mb)
+        ip, modes[name] = layer_inner_products(a.float(), d.float(), bias, B, route, memory_cap_mb)
         total.add_(ip)
 
     loss = stream_linear_io(model, x, y, accumulate, exclude_head=exclude_head, impl=impl)
@@ -331,11 +311,6 @@ def greats_select(model: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor
 # ---------------------------------------------------------------------------------------------------------
 # budget and FLOPs
 # ---------------------------------------------------------------------------------------------------------
-
-
-def greats_budget(alpha: float) -> float:
-    """GREATS' selection budget: the fraction 1 - alpha of each micro-batch's rows it keeps."""
-    return 1.0 - alpha
 
 
 def greats_pool_size(B: int, budget: float, mode: str = "floor") -> tuple[int, int]:
@@ -443,7 +418,7 @@ def greats_cost_ratio(cfg, fm, model_config) -> dict:
     keys; fm: ``eslm.config.training_flops_model(cfg)``, model_config: ``eslm.config.model_config_for(cfg)``."""
     g, B = cfg.method.greats, cfg.train.micro_batch_size_seqs
     return greats_micro_batch_cost(fm, scored_layer_shapes(model_config, g.exclude_head), B,
-                                   greats_val_rows(B, g.val_fraction), budget=greats_budget(cfg.method.alpha), pool=g.pool,
+                                   greats_val_rows(B, g.val_fraction), budget=1.0 - cfg.method.alpha, pool=g.pool,
                                    route=g.route, memory_cap_mb=g.memory_cap_mb)
 
 
@@ -505,8 +480,7 @@ class GreatsRows(AllRows):
         self.route, self.memory_cap_mb = route, memory_cap_mb
         self._last_shape = (0, 0, 0)  # (candidate rows, validation rows, T) of the last selection
         self._last_routes: list[str] = []  # the form each scored layer took in the last selection
-        greats_pool_size(1, self.budget, pool)  # a bad budget, pool mode, route or cap fails at construction
-        check_route(route, memory_cap_mb)
+        greats_pool_size(1, self.budget, pool)  # a bad budget or pool mode fails at construction
 
     @classmethod
     def from_settings(cls, g: GreatsSection, *, alpha: float, micro_batch_size_seqs: int, seed: int,
@@ -514,7 +488,7 @@ class GreatsRows(AllRows):
         """GREATS as a run configures it: its validation stream of ``greats_val_rows`` rows per micro-batch from
         ``val_loader_factory`` (rows -> ``TrainLoader`` of validation windows) and, in pool mode, its stream of
         extra training candidates (``candidate_loader``)."""
-        B, budget = micro_batch_size_seqs, greats_budget(alpha)
+        B, budget = micro_batch_size_seqs, 1.0 - alpha  # GREATS keeps 1 - alpha of the rows
         val = val_loader_factory(greats_val_rows(B, g.val_fraction))
         extra = greats_pool_size(B, budget, g.pool)[0] - B
         return cls(val, budget=budget, exclude_head=g.exclude_head, model_config=model_config, device=device,

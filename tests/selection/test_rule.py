@@ -35,13 +35,13 @@ def test_select_valid_keeps_the_top_of_the_valid_tokens_only():
     g = torch.Generator().manual_seed(1)
     s = torch.randn(50, generator=g)
     valid = torch.rand(50, generator=g) > 0.3
-    index, vals, keep, k, n_valid = risk.select_valid(s, valid, 0.25)
+    index, keep, k, n_valid = risk.select_valid(s, valid, 0.25, 0.25)
     assert int(n_valid) == int(valid.sum()) and int(k) == risk.num_kept(int(valid.sum()), 0.25)
     kept = index[keep]
     assert bool(valid[kept].all()) and kept.numel() == int(k)
     assert set(kept.tolist()) == set(torch.topk(s.masked_fill(~valid, -1e9), int(k)).indices.tolist())
-    none = risk.select_valid(s, torch.zeros(50, dtype=torch.bool), 0.25)
-    assert int(none[3]) == 0 and not bool(none[2].any())
+    none = risk.select_valid(s, torch.zeros(50, dtype=torch.bool), 0.25, 0.25)
+    assert int(none[3]) == 0 and not bool(none[1].any())
 
 
 def test_no_other_module_turns_scores_into_kept_tokens():

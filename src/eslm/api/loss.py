@@ -208,20 +208,13 @@ def _check_options(score: str, scores: object, scope: str, reduction: str,
                           f"scope={scope!r}; fix: drop position_ids= or set scope='sequence'")
 
 
-def _scores_from_logits(logits: torch.Tensor, targets: torch.Tensor, need_entropy: bool,
-                        chunk_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Detached fp32 per-token loss and entropy (None unless asked) from logits (N, V), chunked so only a
-    (chunk, V) fp32 copy is alive. loss = -log p(target); entropy H = -sum_v p_v log p_v."""
-    return chunked_scores(lambda s, e: logits[s:e].float(), targets, need_entropy=need_entropy,
-                          chunk_size=chunk_size)
-
-
 def _token_scores(t: torch.Tensor, logits2d: torch.Tensor | None, hidden2d: torch.Tensor | None,
                   weight: torch.Tensor | None, head: Head, impl: str, need_entropy: bool,
                   chunk_size: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(loss (N,), entropy (N,) | None, lse (N,) | None) of every row, detached fp32."""
-    if logits2d is not None:
-        return (*_scores_from_logits(logits2d, t, need_entropy, chunk_size), None)
+    if logits2d is not None:  # only a (chunk, V) fp32 copy of the logits alive at a time
+        return (*chunked_scores(lambda s, e: logits2d[s:e].float(), t, need_entropy=need_entropy,
+                                chunk_size=chunk_size), None)
     hidden2d, weight = cast(torch.Tensor, hidden2d), cast(torch.Tensor, weight)  # hidden= came with lm_weight=
     if impl == "transformed":
         return (*head_token_stats(head, hidden2d, weight, t, need_entropy=need_entropy, chunk_size=chunk_size),
@@ -270,16 +263,13 @@ def _chunk_scores(chunks: list[torch.Tensor], t_shaped: torch.Tensor, need_entro
                   chunk_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(loss (N,), entropy (N,) | None) of a list of logit chunks, in the targets' order."""
     loss, ent = [], []
-    for c, tc in zip(chunks, _split_targets(chunks, t_shaped)):
-        lo, en = _scores_from_logits(c.reshape(-1, c.shape[-1]), tc.reshape(-1), need_entropy, chunk_size)
+    for c, tc in zip(chunks, t_shaped.split([c.shape[-2] for c in chunks], dim=-1)):
+        lo, en, _ = _token_scores(tc.reshape(-1), c.reshape(-1, c.shape[-1]), None, None, Head(), "naive",
+                                  need_entropy, chunk_size)
         loss.append(lo.view(tc.shape))
         if need_entropy:
             ent.append(cast(torch.Tensor, en).view(tc.shape))
     return torch.cat(loss, -1).reshape(-1), (torch.cat(ent, -1).reshape(-1) if need_entropy else None)
-
-
-def _split_targets(chunks: list[torch.Tensor], t_shaped: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    return t_shaped.split([c.shape[-2] for c in chunks], dim=-1)
 
 
 def _kept_ce(t: torch.Tensor, logits2d: torch.Tensor | None, hidden2d: torch.Tensor | None,
@@ -402,7 +392,7 @@ def selective_loss(targets: torch.Tensor, *, logits: torch.Tensor | Sequence[tor
     kept = _select(risk_scores, valid, targets, alpha, scope, position_ids, group, bound)
     if chunks is not None:  # every row's loss, chunk by chunk, then the kept rows (no full-logits copy)
         every = [row_loss(c.reshape(-1, c.shape[-1]).float(), tc.reshape(-1), label_smoothing, z_loss).view(tc.shape)
-                 for c, tc in zip(chunks, _split_targets(chunks, safe_t.view(targets.shape)))]
+                 for c, tc in zip(chunks, safe_t.view(targets.shape).split([c.shape[-2] for c in chunks], dim=-1))]
         ce = torch.cat(every, -1).reshape(-1)[kept.index]
     else:
         ce = _kept_ce(safe_t, logits2d, hidden2d, weight, head, impl, kept.index, lse, chunk_size,

@@ -70,20 +70,10 @@ def check_alpha(alpha: float | torch.Tensor, alpha_min: float = 0.0) -> tuple[fl
     return t, bound
 
 
-def over_batch(scores: torch.Tensor, valid: torch.Tensor, alpha: float | torch.Tensor,
-               bound: float | None = None) -> Kept:
+def over_batch(scores: torch.Tensor, valid: torch.Tensor, alpha: float | torch.Tensor, bound: float) -> Kept:
     """Keep the top K = N - floor(alpha N) of the call's N scored tokens (alpha a float, or a tensor with the
     float ``bound`` <= alpha fixing the static number of rows: see ``check_alpha``)."""
-    if not isinstance(alpha, torch.Tensor):
-        index, _, keep, k, n = risk.select_valid(scores, valid, alpha)
-        return Kept(index, keep, k, n, scores, valid, index, keep)
-    assert bound is not None, "a tensor alpha needs its bound (check_alpha)"
-    ranked = scores.masked_fill(~valid, float("-inf"))
-    k_max = risk.num_kept(ranked.numel(), bound)
-    index = risk.ranked_topk_index(ranked, k_max)
-    n = valid.sum()
-    k = risk.num_kept_tensor(n, alpha)
-    keep = torch.arange(k_max, device=scores.device) < k
+    index, keep, k, n = risk.select_valid(scores, valid, alpha, bound)
     return Kept(index, keep, k, n, scores, valid, index, keep)
 
 
@@ -130,7 +120,7 @@ def by_sequence(scores: torch.Tensor, valid: torch.Tensor, alpha: float | torch.
 
 
 def across_ranks(scores: torch.Tensor, valid: torch.Tensor, alpha: float | torch.Tensor, group: ProcessGroup,
-                 bound: float | None = None) -> Kept:
+                 bound: float) -> Kept:
     """One VaR threshold over the tokens of every rank of ``group``: the scores and masks of all ranks are
     gathered (one all_gather each), every rank ranks the same W*N scores the same way, and keeps its share of
     the global top K = num_kept(N_group, alpha). Every rank must pass the same number of rows."""

@@ -96,21 +96,20 @@ def select(ranked: torch.Tensor, alpha: float, threshold: torch.Tensor | None = 
     return index, int(index.numel())
 
 
-def select_valid(scores: torch.Tensor, valid: torch.Tensor,
-                 alpha: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def select_valid(scores: torch.Tensor, valid: torch.Tensor, alpha: float | torch.Tensor,
+                 bound: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The VaR rule over the valid entries of scores (N,) (ignored tokens are neither kept nor counted), on
-    the device with no sync: (index (K_max,), sorted values (K_max,), keep (K_max,) bool, K (), N_valid ()).
+    the device with no sync: (index (K_max,), keep (K_max,) bool, K (), N_valid ()).
 
-    Invalid rows get score -inf so they sort last. K_max = num_kept(rows, alpha) >= K because num_kept is
-    non-decreasing in N; the first K of the descending top-K_max are the kept tokens (``keep``).
+    Invalid rows get score -inf so they sort last. K_max = num_kept(rows, bound) >= K for every alpha >= bound
+    (num_kept is non-decreasing in N and in 1 - alpha); the first K of the descending top-K_max are the kept
+    tokens (``keep``). ``alpha`` may be a 0-dim tensor (only tensor arithmetic: no recompile per value).
     """
     ranked = scores.masked_fill(~valid, float("-inf"))
-    k_max = num_kept(ranked.numel(), alpha)
-    vals, index = torch.topk(ranked, k_max, sorted=True)
+    index = ranked_topk_index(ranked, num_kept(ranked.numel(), bound))
     n_valid = valid.sum()
     k = num_kept_tensor(n_valid, alpha)
-    keep = torch.arange(k_max, device=scores.device) < k
-    return index, vals, keep, k, n_valid
+    return index, torch.arange(index.numel(), device=scores.device) < k, k, n_valid
 
 
 def var_threshold(scores: torch.Tensor, alpha: float) -> torch.Tensor:

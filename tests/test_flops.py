@@ -15,7 +15,6 @@ from eslm.flops import (
     StepFlops,
     count_params,
     executed_savings,
-    forward_flops,
     micro_steps_for_budget,
     savings_table,
     step_flops,
@@ -78,7 +77,7 @@ def test_forward_and_train_flops_match_flop_counter():
     measured_train = _count(lambda: fwd().backward())
     ln_fwd, ln_train = 2 * _ln_params(SMALL) * n, 6 * _ln_params(SMALL) * n
     # exact after removing the layernorm gains from N (integers, so up to float rounding)
-    assert measured_fwd == pytest.approx(forward_flops(fm, n) - ln_fwd, rel=1e-9)
+    assert measured_fwd == pytest.approx(fm.forward_per_token * n - ln_fwd, rel=1e-9)
     assert measured_train == pytest.approx(fm.train_per_token * n - ln_train, rel=1e-9)
     # and the raw PaLM estimate is within 0.5% even for this tiny model (LN gains are 0.28% of its N)
     assert measured_train == pytest.approx(fm.train_per_token * n, rel=5e-3)
@@ -153,7 +152,7 @@ def test_extras_enter_each_convention_separately():
     ref = FlopsModel.from_config(ModelConfig(n_layer=1, n_head=1, n_embd=32, vocab_size=256, block_size=64), T)
     base = step_flops(fm, tokens_seen=100, tokens_kept=60, head_backward_tokens=60)
     s = step_flops(fm, tokens_seen=100, tokens_kept=60, head_backward_tokens=60, extra_forward_tokens=100,
-                   extra_flops_paper=forward_flops(ref, 100), extra_flops_executed=7.0)
+                   extra_flops_paper=ref.forward_per_token * 100, extra_flops_executed=7.0)
     assert s.paper == pytest.approx(base.paper + ref.forward_per_token * 100)
     assert s.executed == pytest.approx(base.executed + fm.forward_per_token * 100 + 7.0)
     assert s.dense == base.dense

@@ -88,10 +88,6 @@ class Pass:
             raise ValueError("a frozen model's pass is a forward with its seq_len > 0; found "
                              f"{self.direction!r} at seq_len {self.seq_len}")
 
-    @property
-    def trained(self) -> bool:
-        return self.model is None
-
 
 class PricedWork(Protocol):
     """Work a component prices by its own formula, from the trained model's per-token FLOPs (an

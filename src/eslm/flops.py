@@ -1,38 +1,15 @@
-"""FLOPs accounting: the PaLM estimate, the paper's convention, and what was actually executed.
+"""FLOPs accounting: the PaLM estimate, the paper's convention, and what was actually executed (docs/flops.md
+derives every formula here and checks them against ``torch.utils.flop_counter``).
 
-Pure arithmetic on Python numbers (no torch, no model instantiation). Every quantity is in FLOPs, where one
-multiply-add counts as 2 FLOPs (the convention of PaLM, Kaplan et al. and torch.utils.flop_counter).
+Pure arithmetic on Python numbers (no torch, no model instantiation); one multiply-add counts as 2 FLOPs.
+Per token of a training step (PaLM, appendix B): train_per_token = 6 N + 12 L H Q T, forward 1/3, backward 2/3;
+N counts the tied embedding / LM head once and excludes the position embedding (as nanoGPT counts). The LM
+head is one of the matmuls in 6N: forward 2 C V, backward 4 C V per token. A fused selective loss skips only the
+head backward of dropped tokens: a dropped token's hidden state still carries gradient from later kept tokens
+through the attention of every layer, so the trunk backward runs for all of them.
 
-Per-token cost of one training step (PaLM, Chowdhery et al. 2022, appendix B):
-
-    train_per_token = 6 N + 12 L H Q T
-
-* N: parameters without the position embedding, with the tied token embedding / LM head counted once
-  (``GPT.num_params(non_embedding=True)``, as nanoGPT counts). Every weight matrix W (in x out) costs
-  2*in*out FLOPs per token in the forward (one multiply-add per weight) and twice that in the backward
-  (grad wrt its input: 2*in*out; grad wrt W: 2*in*out), hence 2N + 4N = 6N. The token embedding is a lookup,
-  not a matmul, but its tied weight IS the LM head (a V x C matmul), so counting it once in N is right.
-  Layernorm gains and biases are in N although they are not matmul weights: 6N overcounts them slightly
-  (about 0.01% at 124M). Layernorm, softmax, GELU, the residual adds and the cross-entropy are not counted.
-* 12 L H Q T: attention scores Q K^T and the weighted sum A V. Per layer, per token, each is a (H*Q)-long
-  dot product with each of T positions: 2 * 2 * H*Q*T FLOPs forward, twice that backward, so 12*H*Q*T for
-  the step. It counts all T positions (no causal discount), as PaLM does.
-  L = n_layer, H = n_head, Q = head_dim, T = seq_len (the training sequence length, not block_size).
-
-Forward is 1/3 and backward 2/3 of the total (the backward of every matmul is two matmuls of the same size).
-
-The LM head is one of the matmuls in 6N: its forward is 2 C V per token (C = n_embd, V = vocab_size), its
-backward 4 C V (grad wrt the hidden state + grad wrt the weight). A fused selective loss skips the head
-backward of dropped tokens; nothing else of the backward shrinks, because attention mixes positions: a dropped
-token's hidden state still carries gradient from later kept tokens through the attention of every layer.
-
-Three counters (see ``step_flops`` and docs/flops.md):
-
-* ``dense``    = train_per_token * tokens_seen: what plain CLM spends on the same tokens.
-* ``paper``    = forward on all tokens + backward scaled by the kept fraction + declared extra forwards
-                 (reference model, teacher): the paper's accounting.
-* ``executed`` = what really ran: forward on all tokens (+ any scoring pre-pass), the trunk backward for ALL
-                 tokens, the head backward for the rows that got one, recomputed head forwards, extras.
+Three counters (``step_flops``): ``dense`` (plain CLM on the same tokens), ``paper`` (forward on all tokens,
+backward scaled by the kept fraction, declared extra forwards) and ``executed`` (what really ran).
 """
 
 from __future__ import annotations
@@ -49,13 +26,8 @@ COUNTER_KEYS = (M.FLOPS_PAPER, M.FLOPS_EXECUTED, M.FLOPS_DENSE)
 
 
 def count_params(cfg: ModelConfig) -> int:
-    """N of ``GPT(cfg).num_params(non_embedding=True)``, computed from the config alone.
-
-    Token embedding V*C (tied to the head, counted once); per layer: c_attn 3C^2, attn c_proj C^2, c_fc 4C^2,
-    mlp c_proj 4C^2 (= 12 C^2 of matmul weights) plus two layernorm gains 2C; ln_f gain C. With ``bias`` the
-    linears add 3C + C + 4C + C biases per layer and every layernorm a bias of C. The position embedding is
-    excluded.
-    """
+    """N of ``GPT(cfg).num_params(non_embedding=True)``, computed from the config alone (the position embedding
+    excluded, the tied embedding counted once)."""
     C, L = cfg.n_embd, cfg.n_layer
     per_layer = 12 * C * C + 2 * C  # matmul weights + ln_1, ln_2 gains
     final = C  # ln_f gain
@@ -118,11 +90,6 @@ class FlopsModel:
         return 4.0 * self.n_embd * self.vocab_size
 
 
-def forward_flops(fm: FlopsModel, tokens: int) -> float:
-    """FLOPs of a forward pass of ``fm`` over ``tokens`` tokens (e.g. a reference or teacher model)."""
-    return fm.forward_per_token * tokens
-
-
 @dataclass
 class StepFlops:
     """FLOPs of one micro-batch on one rank under the three conventions."""
@@ -144,7 +111,7 @@ def step_flops(fm: FlopsModel, *, tokens_seen: float, tokens_kept: float, head_b
                            for rows whose head forward never ran (the random control's dropped rows)
     extra_forward_tokens:  further forward tokens of the trained model (the selection scope "step"'s scoring forward)
     extra_flops_paper / extra_flops_executed: FLOPs outside the trained model (reference / teacher forwards,
-                           e.g. ``forward_flops(ref_fm, tokens_seen)``), as counted by each convention
+                           e.g. ``frozen_forward_flops``), as counted by each convention
     """
     if not 0 <= tokens_kept <= tokens_seen or not 0 <= head_backward_tokens <= tokens_seen:
         raise ValueError(f"expected 0 <= tokens_kept, head_backward_tokens <= tokens_seen={tokens_seen}; "
@@ -167,7 +134,7 @@ def step_flops(fm: FlopsModel, *, tokens_seen: float, tokens_kept: float, head_b
 def frozen_forward_flops(config: ModelConfig, seq_len: int, tokens: int) -> float:
     """FLOPs of a forward pass of a frozen model (``ModelConfig`` ``config``) over ``tokens`` tokens of
     sequences of ``seq_len`` tokens: Rho-1's reference, a KD teacher."""
-    return forward_flops(FlopsModel.from_config(config, seq_len), tokens)
+    return FlopsModel.from_config(config, seq_len).forward_per_token * tokens
 
 
 def extra_flops(work, fm: FlopsModel | None = None) -> tuple[float, float, int]:
@@ -189,7 +156,7 @@ def extra_flops(work, fm: FlopsModel | None = None) -> tuple[float, float, int]:
             f = f + priced.flops(need_fm())
         only_paper = only_executed = 0.0
         for p in w.passes:
-            if p.trained and p.counted_by == (EXECUTED,) and p.direction == FORWARD:
+            if p.model is None and p.counted_by == (EXECUTED,) and p.direction == FORWARD:
                 tokens += p.tokens  # step_flops prices them beside the trained model's own forward
                 continue
             cost = (frozen_forward_flops(p.model, p.seq_len, p.tokens) if p.model is not None else

@@ -57,12 +57,15 @@ def test_sample_on_non_finite_weights_is_one_line_naming_the_newest_good_file(tm
 def test_non_finite_snapshot_is_refused(tmp_path):
     from safetensors.torch import save_file
 
+    from eslm.model.snapshot_file import snapshot_digest
+
     m = GPT(preset("tiny", vocab_size=300))
     state = {k: v.clone() for k, v in m.state_dict().items() if k != "lm_head.weight"}
     state["transformer.wte.weight"][0, 0] = float("inf")
     snap = tmp_path / "snapshots" / "step_0000005.safetensors"
     snap.parent.mkdir()
-    save_file(state, str(snap), metadata={"format": "eslm-snapshot-v1", "model_config": json.dumps(m.config.to_dict()),
-                                          "tokenizer": "byte", "step": "5"})
+    meta = {"format": "eslm-snapshot-v1", "model_config": json.dumps(m.config.to_dict()), "tokenizer": "byte",
+            "step": "5"}
+    save_file(state, str(snap), metadata={**meta, "sha256": snapshot_digest(state, meta)})
     with pytest.raises(CheckpointError, match="holds non-finite weights .* no other weights file"):
         load_model(snap)

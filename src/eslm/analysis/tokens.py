@@ -2,7 +2,7 @@
 appendix "token selection analysis").
 
 For each passage the model scores every next-token prediction (position i predicts token i+1), in fp32 from
-full logits (``token_stats(..., impl="naive")``): its entropy and its loss. Two variants select tokens with
+full logits (``eslm.ops.naive_head.naive_token_stats``): its entropy and its loss. Two variants select tokens with
 the VaR rule of ``eslm.selection.risk`` at confidence level alpha (keep score >= VaR_alpha, the top 1-alpha):
 
 * ESLM-VaR-entropy: score = predictive entropy,
@@ -34,7 +34,7 @@ from eslm.data.tokenizers import get_tokenizer
 from eslm.errors import DataError, ESLMError
 from eslm.files import check_output_dir, replace_dir
 from eslm.model.loading import load_model
-from eslm.objectives.cross_entropy import token_stats
+from eslm.ops.naive_head import naive_token_stats
 from eslm.selection.risk import at_or_above, check_alpha, var_threshold
 
 # (score key, title, RGB of the highlight) — the paper's colours: electric blue for entropy, salmon for loss.
@@ -120,7 +120,7 @@ def score_passage(model, ids: list[int], device: str = "cpu") -> dict[str, torch
     x = torch.tensor(ids[:-1], dtype=torch.long, device=device)
     y = torch.tensor(ids[1:], dtype=torch.long, device=device)
     hidden = model(x[None])[0].float()
-    stats = token_stats(hidden, model.head_weight.float(), y, need_entropy=True, impl="naive")
+    stats = naive_token_stats(hidden, model.head_weight.float(), y, need_entropy=True)
     assert stats.entropy is not None  # need_entropy=True
     return {"entropy": stats.entropy.cpu(), "loss": stats.loss.cpu()}
 

@@ -73,13 +73,6 @@ def chunked_scores(logits_of: Callable[[int, int], torch.Tensor], targets: torch
     return torch.cat(loss), (torch.cat(ent) if need_entropy else None)
 
 
-def token_stats(head: Head, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
-                need_entropy: bool, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Detached fp32 per-token loss and entropy (None unless asked) of hidden (N, C), chunk by chunk."""
-    return chunked_scores(lambda s, e: head.logits(hidden[s:e], weight), targets, need_entropy=need_entropy,
-                          chunk_size=chunk_size)
-
-
 def row_loss(z: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0,
              z_loss: float = 0.0) -> torch.Tensor:
     """Per-row training loss of fp32 logits z (n, V): cross-entropy, with label smoothing as

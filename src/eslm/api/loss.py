@@ -19,6 +19,7 @@ into one ``torch.compile`` graph.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,10 +31,9 @@ import torch.nn.functional as F
 from eslm.api import select
 from eslm.api.head import Head, chunked_scores, row_loss
 from eslm.api.head import selected_ce as head_selected_ce
-from eslm.api.head import token_stats as head_token_stats
 from eslm.errors import ConfigError
-from eslm.objectives.cross_entropy import selected_ce, token_stats
-from eslm.ops.head_backend import IMPL_CHOICES
+from eslm.ops.head_backend import IMPL_CHOICES, backend
+from eslm.ops.token_stats import HeadOptions
 from eslm.selection import risk
 from eslm.selection.stats import SelectionStats, selection_stats
 
@@ -44,10 +44,6 @@ SCORES = ("entropy", "loss")
 LOSS_SCOPES = ("batch", "sequence")  # the drop-in loss's scope (the trainer's method.scope: selectors.SCOPES)
 REDUCTIONS = ("mean", "sum")
 IMPLS = IMPL_CHOICES  # the head backends of eslm.ops.head_backend
-# every keyword selective_loss takes, for the one-line refusal of one it does not
-KEYWORDS = ("logits", "hidden", "lm_weight", "bias", "logit_scale", "softcap", "score", "scores", "alpha", "scope",
-            "position_ids", "group", "reduction", "num_items_in_batch", "alpha_min", "return_tokens", "ignore_index",
-            "label_smoothing", "z_loss", "impl", "chunk_size")
 
 
 @dataclass
@@ -217,9 +213,10 @@ def _token_scores(t: torch.Tensor, logits2d: torch.Tensor | None, hidden2d: torc
                                 chunk_size=chunk_size), None)
     hidden2d, weight = cast(torch.Tensor, hidden2d), cast(torch.Tensor, weight)  # hidden= came with lm_weight=
     if impl == "transformed":
-        return (*head_token_stats(head, hidden2d, weight, t, need_entropy=need_entropy, chunk_size=chunk_size),
-                None)
-    ts = token_stats(hidden2d, weight, t, need_entropy=need_entropy, impl=impl, chunk_size=chunk_size)
+        return (*chunked_scores(lambda s, e: head.logits(hidden2d[s:e], weight), t, need_entropy=need_entropy,
+                                chunk_size=chunk_size), None)
+    ts = backend(impl, hidden2d.device.type, HeadOptions(chunk_size)).token_stats(hidden2d, weight, t,
+                                                                                 need_entropy=need_entropy)
     return ts.loss, ts.entropy, ts.lse
 
 
@@ -281,7 +278,8 @@ def _kept_ce(t: torch.Tensor, logits2d: torch.Tensor | None, hidden2d: torch.Ten
     if impl == "transformed":
         return head_selected_ce(head, hidden2d, weight, t, index, chunk_size=chunk_size,
                                 label_smoothing=label_smoothing, z_loss=z_loss)
-    return selected_ce(hidden2d, weight, t, index, impl=impl, chunk_size=chunk_size, lse=lse)
+    return backend(impl, hidden2d.device.type, HeadOptions(chunk_size)).per_token_ce(hidden2d, weight, t, index,
+                                                                                    lse=lse)
 
 
 @overload
@@ -355,8 +353,9 @@ def selective_loss(targets: torch.Tensor, *, logits: torch.Tensor | Sequence[tor
     Dropped and ignored tokens get exactly zero gradient.
     """
     if unsupported:
+        keywords = list(inspect.signature(selective_loss).parameters)[1:-1]  # targets and **unsupported aside
         raise ConfigError(f"selective_loss got unsupported keyword(s) {', '.join(sorted(unsupported))}; expected "
-                          f"targets and any of {', '.join(KEYWORDS)}; fix: drop them (class weights and "
+                          f"targets and any of {', '.join(keywords)}; fix: drop them (class weights and "
                           "reduction='none' are not supported; return_tokens=True gives per-token losses; the "
                           "LM-head weight is lm_weight=)")
     if logits is not None and lm_weight is not None:

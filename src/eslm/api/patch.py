@@ -4,27 +4,12 @@
     model = DDP(model)                                    # or torch.compile(model), FSDP, nothing
     loss, stats = model(X, eslm_targets=Y)                # the model's own forward, its head's input captured
 
-Calling a method that stops before the head (``model.hidden(X)``) bypasses the wrappers: under
-``DDP(model)`` the wrapper has no such method, ``model.module.hidden(X)`` runs outside DDP's forward so the
-gradients are not all-reduced, and ``torch.compile(model).hidden(X)`` runs eagerly. ``patch_model`` instead
-changes two forwards of the unwrapped model, so the wrapper's own ``__call__`` runs as usual:
-
-* the model's forward takes ``eslm_targets=`` (the next tokens, aligned with the positions) or ``eslm_labels=``
-  (Hugging Face's unshifted labels: eslm shifts them, targets[:, t] = labels[:, t + 1], the last position
-  unscored), and ``eslm_num_items=``, the divisor of an accumulated step; without them it is the model's original
-  forward (evaluation, generation). ``eslm_targets`` equal to the input ids (unshifted labels, which would train
-  the model to copy its input) are refused on the first call;
-* with them, the head's forward receives the final hidden states, computes ``selective_loss`` from them and the
-  head's own weight and bias (inside the head's forward, where FSDP has gathered them), and stops the rest of
-  the model's forward (no logits, no loss of the model's own); the model's forward returns (loss, stats).
-
-A Hugging Face model (one with ``config`` and ``get_output_embeddings``) gets the head checks of
-``patch_causal_lm``: its logit transform (final softcap, logit scale, multipliers) is read from its config
-(``eslm.api.head.head_transform``) and its own logits are compared with eslm's on a few tokens when patching;
-an MoE model returning router logits is refused (its load-balancing loss comes after the head, where the patched
-forward stops: use ``patch_causal_lm``, which adds it). The head must be applied to every position whose target is given (a forward that slices before its head
-without targets, like nanoGPT's inference branch, needs its own targets argument too: ``model(X, Y,
-eslm_targets=Y)``); a mismatch is a one-line error. ``handle.remove()`` restores both forwards.
+It changes two forwards of the unwrapped model, so the wrapper's own ``__call__`` runs as usual: with
+``eslm_targets=`` (or HF's unshifted ``eslm_labels=``) the head's forward computes ``selective_loss`` from the
+hidden states it receives and its own weight and bias, and ends the model's forward there; without them both
+forwards are the model's own. A Hugging Face model gets ``patch_causal_lm``'s head checks (its config's logit
+transform, its own logits compared with eslm's; router logits refused). docs/dropin.md ("Any model, through DDP
+and torch.compile") gives the whole contract; ``handle.remove()`` restores both forwards.
 """
 
 from __future__ import annotations

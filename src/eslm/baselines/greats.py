@@ -56,7 +56,8 @@ from eslm.contracts import BACKWARD, ExtraWork, Pass
 from eslm.data.batch import Batch
 from eslm.data.loader import TrainLoader
 from eslm.errors import CheckpointError, ConfigError
-from eslm.objectives.cross_entropy import selected_ce
+from eslm.ops.head_backend import backend
+from eslm.ops.token_stats import HeadOptions
 from eslm.selection.risk import FLOOR_EPS
 from eslm.selection.rows import AllRows
 from eslm.settings import Section, setting
@@ -89,7 +90,8 @@ def _per_sample_loss(model, hidden: torch.Tensor, y: torch.Tensor, exclude_head:
     N, T, C = hidden.shape
     if exclude_head:
         # The head weight is detached: only activation gradients are wanted, never the head's weight gradient.
-        ce = selected_ce(hidden.reshape(N * T, C), model.head_weight.detach(), y.reshape(-1), None, impl=impl)
+        ce = backend(impl, hidden.device.type, HeadOptions()).per_token_ce(
+            hidden.reshape(N * T, C), model.head_weight.detach(), y.reshape(-1), None)
     else:
         ce = F.cross_entropy(model.lm_head(hidden).float().reshape(N * T, -1), y.reshape(-1), reduction="none")
     return ce.view(N, T).mean(1)

@@ -7,7 +7,8 @@ import contextlib
 import torch
 
 from eslm import metrics as M
-from eslm.objectives.cross_entropy import token_stats
+from eslm.ops.head_backend import backend
+from eslm.ops.token_stats import HeadOptions
 
 
 @torch.no_grad()
@@ -26,8 +27,8 @@ def evaluate(model, val: dict, weights: dict, *, impl: str, chunk_size: int = 10
         for b in batches:
             with autocast or contextlib.nullcontext():
                 hidden = model(b.x).flatten(0, 1)
-                stats = token_stats(hidden, model.head_weight, b.y.reshape(-1), need_entropy=False,
-                                    impl=impl, chunk_size=chunk_size)
+                stats = backend(impl, hidden.device.type, HeadOptions(chunk_size)).token_stats(
+                    hidden, model.head_weight, b.y.reshape(-1), need_entropy=False)
             total += stats.loss.double().sum().cpu()
             count += stats.loss.numel()
         out[M.val_loss_key(domain)] = float(total / max(count, 1))

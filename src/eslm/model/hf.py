@@ -1,26 +1,10 @@
 """Conversion to and from transformers' ``GPT2LMHeadModel`` (the ``eslm export-hf`` command is
 ``eslm.model.export_hf``; loading any checkpoint or HF directory is ``eslm.model.loading``, which uses this).
 
-Our parameter names are nanoGPT's, which are transformers' names. Two differences remain:
-
-* **Conv1D.** HF GPT-2 stores ``c_attn``, ``c_proj`` and ``c_fc`` as Conv1D, whose weight is (in, out),
-  the transpose of ``nn.Linear``'s (out, in). Those four weights are transposed in both directions.
-* **Biases.** Our models have no biases by default (``bias=False``); HF GPT-2 always has them. Export
-  writes zero biases (the function is unchanged: y = xW + 0, LayerNorm(x)*w + 0). Import keeps
-  ``bias=True`` unless every bias in the file is exactly zero, so a round trip gives back the same config.
-
-Vocabulary. We train with the vocabulary padded to 50304 (a multiple of 64, faster matmuls); GPT-2's
-tokenizer has 50257 ids. The padded rows are never targets, yet they sit in the softmax.
-
-* **Export** trims the embedding/head to the tokenizer's vocabulary by default (``vocab_size=50257``
-  for the GPT-2 tokenizer), because transformers tools (tokenizer, ``generate``, the harness's HF model)
-  assume ``config.vocab_size`` ids that all decode. The logits of the ids that exist are identical;
-  only the softmax normaliser loses the padded rows' (tiny) mass. ``--keep-padded-vocab`` keeps every
-  row for bit-for-bit identical log-probabilities.
-* **Import** keeps the file's vocabulary (OpenAI's GPT-2: 50257). Padding the rows instead is not
-  correct with a tied head: a padded embedding row is also a head row, and a zero row gives logit 0,
-  i.e. real probability mass on ids that do not exist. ``vocab_size`` is a config field, so every part of
-  eslm works with 50257.
+Parameter names are nanoGPT's, which are transformers'; HF's Conv1D weights are transposed both ways. Export
+writes zero biases for a bias-free model and trims the vocabulary to the tokenizer's by default; import keeps
+the file's vocabulary (a padded row of a tied head would put mass on ids that do not exist) and ``bias=True``
+unless every bias is exactly zero. docs/evaluation.md ("eslm export-hf", "Loading") gives the reasons.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
-"""Load a model from whatever a user points at: a run directory, a checkpoint file, or a HF GPT-2 directory.
+"""Load a model from whatever a user points at: a run directory, a checkpoint file, a snapshot, or a HF GPT-2
+directory (docs/evaluation.md, "Loading").
 
-Checkpoint format (written by the trainer with ``torch.save``, read here with ``weights_only=True``)::
-
-    {"format": "eslm-checkpoint-v1",
-     "model": state_dict,            # CPU tensors, nanoGPT names
-     "model_config": {...},          # ModelConfig fields
-     "tokenizer": "gpt2" | "byte",
-     "step": int,
-     "flops_paper": float, "flops_executed": float,   # optional
-     ...training state, ignored here}
-
-Run directory layout: ``runs/<name>/checkpoints/step_0000100.pt`` (7-digit step) and
-``runs/<name>/checkpoints/latest``, a text file holding the file name of the newest checkpoint.
-Model-only snapshots (``eslm.model.snapshot_file``): ``runs/<name>/snapshots/step_0000100.safetensors``, the
-weights and the same metadata in the safetensors header, read through a memory map.
+Checkpoints (``{"format": "eslm-checkpoint-v1", "model", "model_config", "tokenizer", "step", ...}``, written by
+``eslm.train.checkpoint``) are read with ``weights_only=True``; a run's are ``checkpoints/step_XXXXXXX.pt`` with
+``checkpoints/latest`` naming the newest; model-only snapshots are ``snapshots/step_XXXXXXX.safetensors``
+(``eslm.model.snapshot_file``).
 """
 
 from __future__ import annotations

@@ -88,14 +88,14 @@ def write_safetensors(f, state: dict[str, torch.Tensor], metadata: dict[str, str
 
 
 def read_snapshot(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
-    """(state dict, metadata) of a snapshot, read through safetensors' memory map (no pickle). A header
-    ``sha256`` (snapshots of earlier versions have none) is checked: ``SnapshotDamaged`` when it differs."""
+    """(state dict, metadata) of a snapshot, read through safetensors' memory map (no pickle). Its header's
+    ``sha256`` is checked: ``SnapshotDamaged`` when it differs or is missing."""
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt", device="cpu") as f:
         raw = f.metadata() or {}
         state = {k: f.get_tensor(k) for k in f.keys()}
-    if "sha256" in raw and snapshot_digest(state, raw) != raw["sha256"]:
+    if snapshot_digest(state, raw) != raw.get("sha256"):
         raise SnapshotDamaged(f"{path} does not match its checksum (sha256 in its header): it was damaged after "
                               "it was written")
     meta = {}

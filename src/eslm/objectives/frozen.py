@@ -10,14 +10,15 @@ from __future__ import annotations
 import torch
 
 from eslm.model import loading
-from eslm.objectives.cross_entropy import token_stats
+from eslm.ops.head_backend import backend
+from eslm.ops.token_stats import HeadOptions
 
 
 class ReferenceModel:
     """A frozen GPT used for scoring only (Rho-1's reference; also usable as a KD teacher).
 
     model: an ``eslm.model.gpt.GPT``; it is put in eval mode and its parameters frozen in place.
-    impl / chunk_size: how per-token losses are computed (``eslm.objectives.cross_entropy.token_stats``).
+    impl / chunk_size: how per-token losses are computed (the head backend's ``token_stats``).
     """
 
     def __init__(self, model, *, source: str = "", meta: dict | None = None, impl: str | None = None,
@@ -61,6 +62,6 @@ class ReferenceModel:
         """x, y (B, T) int64 -> per-token CE -log p_ref(y | x) (B, T) fp32 nats, no gradient, not reduced."""
         h = self.model(x)
         B, T, C = h.shape
-        stats = token_stats(h.reshape(B * T, C), self.model.head_weight, y.reshape(-1), need_entropy=False,
-                            impl=self.impl, chunk_size=self.chunk_size)
+        stats = backend(self.impl, h.device.type, HeadOptions(self.chunk_size)).token_stats(
+            h.reshape(B * T, C), self.model.head_weight, y.reshape(-1), need_entropy=False)
         return stats.loss.view(B, T)

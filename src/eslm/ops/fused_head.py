@@ -1,43 +1,15 @@
 """Chunked LM-head losses: per-token loss and entropy without full logits; head gradients only for kept rows.
 
 Shapes: hidden (N, C), weight (V, C) (the tied LM head), targets (N,) int64, index (K,) int64 kept rows.
-Cost unit below: u = one (N x C) x (C x V) head matmul. The naive path (full logits, log-softmax, masked mean)
-costs 3u plus about eight elementwise passes over an (N, V) fp32 tensor, and holds up to three of them.
-
-**One pass** (``head_pass``). Tokens are processed in chunks of ``chunk_size`` rows; for each chunk the
-(chunk, V) logits z are formed once, in fp32, and reduced to
-
-    lse_i = log sum_v exp(z_iv),   loss_i = lse_i - z_{i,y_i},   H_i = lse_i - sum_v p_iv z_iv,
-
-with p = softmax(z) (the entropy costs one multiply-add per logit). With ``with_grads`` the same chunk also
-forms the cross-entropy gradient of every row, dz_i = p_i - onehot(y_i), and spends the two gradient matmuls
-
-    G_h[i] = dz_i W   (N, C),        G_W = sum_i dz_i^T h_i   (V, C, fp32),
-
-so scores, loss and gradients together cost 3u — what plain training's head costs anyway. At most one
-(chunk, V) fp32 block is alive, never the naive path's (N, V) logits, log-probabilities and gradients.
-
-**The selected loss** (``fused_ce_sum``) returns sum_{i in kept} loss_i with its gradient, by the route the
-pass was made for (``route_pass``; which route runs is chosen by the rule of ``eslm.ops.head_route``):
-
-* ``kept_cached``: the pass kept its softmax P; after the selection the kept rows of P are compacted into its
-  first K rows, in place, and G_h[kept] = (P_K - onehot) W, G_W = (P_K - onehot)^T H_K: 1u + 2ku;
-* ``all_rows``: the same P, read only: G_h = P W - W[y] and G_W = P^T H_m - scatter_y(H_m), with the dropped rows
-  zeroed in G_h and in H_m (an (N, C) copy of the hidden states); in fp32 P W is formed by the pass over the whole
-  buffer and also gives the entropy (sum_v p_v z_v = h . (p W)): 1u + 2u;
-* ``grads_in_pass``: the pass already holds all-row gradients; the kept rows' gradient is G_h with the dropped
-  rows zeroed, and G_W minus the dropped rows' share, recomputed for the N-K dropped rows only: 3u + 2(1-k)u;
-* ``kept_recompute``: logits, dz and both gradient matmuls for the K kept rows only, after a scoring pass
-  without gradients (1u + 3ku), or with no pass at all when no scores are needed (3ku).
-
-Either way the gradients are formed in the forward (as Liger-Kernel's fused linear cross-entropy does) and the
-backward only scales them by the scalar upstream gradient, which is exact because the output is a scalar sum.
-Dropped rows get exactly zero gradient at the head.
-
-``fused_selected_ce`` keeps a per-token output (K,) for callers that weight tokens individually (the drop-in
-API, GREATS' per-sample losses): its backward recomputes the kept rows' logits (1u + 3ku after a pass), or,
-when the head weight needs no gradient and no scores were given (GREATS), the pass forms each row's
-hidden-state gradient and the backward scales it (2ku).
+``head_pass`` processes the rows in chunks of ``chunk_size``: each chunk's (chunk, V) fp32 logits z are formed
+once and reduced to lse_i = log sum_v exp(z_iv), loss_i = lse_i - z_{i,y_i}, H_i = lse_i - sum_v p_iv z_iv; with
+``with_grads`` the same chunk also forms dz_i = p_i - onehot(y_i) and the two gradient matmuls G_h = dz W,
+G_W = dz^T H. ``fused_ce_sum`` returns sum_{i in kept} loss_i with its gradient by the route its pass was made
+for (``route_pass``; the routes, their costs and the rule choosing them: docs/fused_loss.md,
+``eslm.ops.head_route``). The gradients are formed in the forward (as Liger-Kernel's fused linear cross-entropy
+does); the backward only scales them by the scalar upstream gradient, exact because the output is a scalar sum.
+Dropped rows get exactly zero gradient at the head. ``fused_selected_ce`` keeps a per-token output (K,) for
+callers that weight tokens individually (the drop-in API, GREATS' per-sample losses).
 
 K is a Python int fixed by the selection; nothing here synchronises with the device.
 """
@@ -129,11 +101,6 @@ def autocast_consistent(cls: _F) -> _F:
     for name, fn in (("forward", forward), ("backward", backward)):  # setattr: mypy forbids assigning a method
         setattr(cls, name, staticmethod(fn))
     return cls
-
-
-def _logits(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """(c, C) x (V, C) -> (c, V) fp32 logits; the matmul runs in the inputs' (shared) dtype."""
-    return (h @ w.t()).float()
 
 
 def _logits_into(h: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -485,7 +452,7 @@ class _SelectedCE(torch.autograd.Function):
         g = grad_out.float()
         with no_autocast(h):  # the forward's autocast state is restored here (autocast_consistent)
             for s, e in _chunks(h.shape[0], ctx.chunk_size):
-                dz = _logits(h[s:e], w).sub_(lse[s:e, None]).exp_()  # softmax of the kept rows
+                dz = (h[s:e] @ w.t()).float().sub_(lse[s:e, None]).exp_()  # softmax of the kept rows
                 dz.scatter_add_(1, y[s:e, None], torch.full((e - s, 1), -1.0, device=dz.device))
                 grads.add(slice(s, e), dz.mul_(g[s:e, None]), h[s:e], w)
         return (grads.hidden, None if grads.weight is None else grads.weight.to(weight.dtype), None, None, None)

@@ -1,38 +1,9 @@
 """Which route the LM-head loss takes: a fixed rule (the one chooser), ``train.loss_route`` the override.
 
 Every caller of the fused head asks here: the training step (through ``CrossEntropy``), the drop-in
-``eslm.api.selective_loss(hidden=, lm_weight=)`` and GREATS' per-sample losses (both through
-``eslm.ops.fused_head.fused_selected_ce``). The routes, for N rows of width C, vocabulary V and K kept rows
-(u = one (N x C) x (C x V) matmul, k = K/N; the scoring pass, when selection needs scores, is 1u):
-
-* ``all_rows``        the scoring pass keeps its softmax P (one (N, V) fp32 buffer); the two gradient
-                      matmuls run over all N rows with the dropped rows zeroed: 1u + 2u.
-* ``kept_cached``     the same buffer; after the selection the kept rows' softmax is compacted to the
-                      buffer's first K rows, in place, and the two gradient matmuls run over those K rows:
-                      1u + 2ku, plus moving at most min(K, N-K) rows of V floats.
-* ``grads_in_pass``   no (N, V) buffer: the pass forms every row's gradients while the logits are at hand;
-                      the dropped rows' share is recomputed and subtracted: 3u + 2(1-k)u. With every row
-                      kept (CLM) it is plain training's one pass, 3u.
-* ``kept_recompute``  no (N, V) buffer: logits, softmax and both gradient matmuls for the K kept rows only,
-                      after the scoring pass if there is one: 1u + 3ku (3ku without scores).
-
-The rule (``choose_route``), by whether selection needs scores and whether rows are dropped:
-
-* scores, rows dropped: ``kept_cached``; every row kept: ``all_rows`` (nothing to compact);
-* scores, the (N, V) buffer forbidden (``train.loss_cache_probs=false``): ``grads_in_pass`` when at least
-  three quarters of the rows are kept, else ``kept_recompute`` (where their costs cross on CPU: between keep
-  0.7 and 0.8, the softmax's share of a row's work moving it);
-* no scores, rows dropped (the random control): ``kept_recompute``; every row kept (CLM): the one pass,
-  ``grads_in_pass``;
-* per-token losses (any upstream gradient): ``kept_recompute`` (the kept rows' logits formed again in the
-  backward), or ``grads_in_pass`` when the head weight needs no gradient and no scoring pass ran (GREATS: the
-  one pass forms each row's hidden-state gradient, which the backward only scales).
-
-This is what a per-device cost model picked at every preset's shapes on CPU (docs/fused_loss.md); on CUDA the
-default backend is Triton's, which has one route. ``benchmarks/loss_path.py`` measures every route forced.
-
-Memory: ``kept_cached`` holds what ``all_rows`` holds (the buffer), and at any moment no more beside it than
-one (V, C)-sized fp32 block, which ``all_rows`` also holds (its weight-gradient accumulator).
+``eslm.api.selective_loss(hidden=, lm_weight=)`` and GREATS' per-sample losses (``fused_selected_ce``). The
+routes, their costs and memory, and the rule by (scores needed?, rows dropped?) are docs/fused_loss.md's
+tables; ``choose_route`` is the rule, ``route_work`` what each route runs.
 """
 
 from __future__ import annotations

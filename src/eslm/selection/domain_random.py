@@ -17,11 +17,10 @@ import torch
 
 from eslm.contracts import Selection
 from eslm.data.batch import Batch
-from eslm.errors import CheckpointError
 from eslm.ops.token_stats import TokenStats
 from eslm.selection import risk
 from eslm.selection.scores import standardize
-from eslm.selection.selectors import VaRSelector
+from eslm.selection.selectors import VaRSelector, generator_state, load_generator
 from eslm.selection.stats import selection_stats
 
 __all__ = ["DomainRandomSelector", "domain_counts", "domain_matched_draw"]
@@ -78,14 +77,8 @@ class DomainRandomSelector(VaRSelector):
         return Selection(index, k, ranked.numel(), out)
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "generator": self.generator.get_state(),
-                "generator_device": self.generator.device.type}
+        return {**super().state_dict(), **generator_state(self.generator)}
 
     def load_state_dict(self, sd: dict) -> None:
-        saved = sd.get("generator_device", "cpu")
-        if saved != self.generator.device.type:
-            raise CheckpointError(f"expected the domain-matched control's generator state of a "
-                                  f"{self.generator.device.type} run; found one drawn on {saved}; fix: resume on a "
-                                  f"{saved} device (its random stream cannot continue on another), or start afresh")
+        load_generator(self.generator, sd, "domain-matched control")
         super().load_state_dict(sd)
-        self.generator.set_state(sd["generator"])

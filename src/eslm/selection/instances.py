@@ -1,31 +1,13 @@
 """Instance-level selection by an early-exit pass: ESLM-H (the authors' revision of ESLM) and its random controls.
 
-Per optimizer step the step's loader reads ``C = A / (1 - beta)`` candidate micro-batches of B sequences
-(``candidate_batches``; A = ``train.grad_accum_steps``), and ``select_step`` turns them into the A micro-batches
-that train:
-
-1. the early exit, without gradient: the first ``k`` blocks of the trained model (``method.instance.exit_layers``),
-   its final norm and its tied head, i.e. exactly a GPT of ``k`` layers that shares the trained model's
-   parameters (``exit_model``). Its hidden states go through the head backend's scoring pass
-   (``HeadBackend.token_stats``: the per-token loss and entropy of one pass over the head);
-2. each candidate's risk: the mean over its T scored tokens of the same statistic the token selector ranks
-   (entropy or loss);
-3. the VaR rule of ``eslm.selection.risk`` over the step's candidates on every rank (under DDP the risks and the
-   candidates' token ids are all-gathered: a few bytes per token), keeping the top ``K = N - floor(beta N)``
-   by ``risk.topk_index``: exactly the top ``1 - beta``, a count fixed by the shapes (ties at the threshold are
-   broken by topk's order, as for tokens);
-4. the kept rows in their loader order, rank r taking the r-th ``K / W`` of them, re-packed into full
-   micro-batches of B rows: the full forward and backward, and the token selector (alpha), run on those only.
-
-Nothing reads the device on the host: K is a Python int from the shapes, the kept rows are gathered by an index
-tensor. A dropped candidate costs the exit pass alone; it gets no gradient. The random controls (``score`` None)
-keep the same count uniformly at random on each rank from a generator on the model's device and run no exit.
-
-Costs (``extra_work``): the exit is a forward of a ``k``-layer model over every candidate token, declared as a
-``Pass`` of that model (``eslm.flops`` prices it as ``2 N_k + 4 k H Q T`` per token, ``N_k`` counting the tied
-head once), ``1 / (1 - beta)`` candidate tokens per trained token; both conventions count it (the method needs
-it). The kept rows' forward and backward are the step's own tokens, and the token selector's head saving is the
-objective's ``head_work``, as for every method.
+Per optimizer step the loader reads ``A / (1 - beta)`` candidate micro-batches (``candidate_batches``) and
+``select_step`` keeps the A that train: the early exit (``exit_model``: the trained model's first ``k`` blocks,
+its final norm and tied head, no copy) scores every candidate sequence by the mean of its tokens' entropy or loss
+(the head backend's ``token_stats``), the VaR rule (``risk.topk_index``) keeps the top ``1 - beta`` over the
+step's candidates on every rank (all-gathered under DDP), and the kept rows are re-packed into full
+micro-batches in their loader order. The random controls (``score`` None) keep the same count uniformly at random
+and run no exit. Nothing reads the device on the host. The exit's cost is declared as a ``Pass`` of a ``k``-layer
+model over every candidate token (``extra_work``). docs/instances.md gives the design and its reasons.
 """
 
 from __future__ import annotations
@@ -41,12 +23,13 @@ from torch import nn
 
 from eslm.contracts import NO_EXTRA_WORK, ExtraWork, Pass
 from eslm.data.batch import Batch
-from eslm.errors import CheckpointError, ConfigError
+from eslm.errors import ConfigError
 from eslm.model.gpt import GPT, ModelConfig, Trunk
 from eslm.ops.head_backend import backend
 from eslm.ops.token_stats import HeadOptions
 from eslm.selection import risk
 from eslm.selection.rows import AllRows
+from eslm.selection.selectors import generator_state, load_generator
 from eslm.settings import Section, setting
 
 EXIT_SCORES = ("entropy", "loss")  # the statistics an exit can rank instances by
@@ -157,19 +140,11 @@ class InstanceRows(AllRows):
         return ExtraWork(passes=(Pass(exact, self.exit_config, self.seq_len),))  # type: ignore[arg-type]
 
     def state_dict(self) -> dict:
-        if self.generator is None:
-            return {}
-        return {"generator": self.generator.get_state(), "generator_device": self.generator.device.type}
+        return {} if self.generator is None else generator_state(self.generator)
 
     def load_state_dict(self, sd: dict) -> None:
-        if self.generator is None:
-            return
-        saved = sd.get("generator_device", "cpu")
-        if saved != self.generator.device.type:
-            raise CheckpointError(f"expected the random-instance generator state of a {self.generator.device.type} "
-                                  f"run; found one drawn on {saved}; fix: resume on a {saved} device, or start "
-                                  "the run afresh")
-        self.generator.set_state(sd["generator"])
+        if self.generator is not None:
+            load_generator(self.generator, sd, "random-instance control")
 
 
 def _all_gather(t: torch.Tensor, world_size: int) -> torch.Tensor:

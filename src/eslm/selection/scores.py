@@ -1,6 +1,6 @@
 """Token risk scores (no gradient, fp32) and their optional standardisation.
 
-Scores come from ``TokenStats`` (``eslm.objectives.cross_entropy``), computed in chunks from hidden states:
+Scores come from ``TokenStats`` (a head backend's scoring pass, ``eslm.ops.head_backend``):
 
 * ``loss``        l_j = -log p(x_j | x_<j)                  (CVaR-loss)
 * ``entropy``     H_j = -sum_v p_v log p_v                  (VaR-entropy)

@@ -30,10 +30,26 @@ from eslm.selection import risk
 from eslm.selection.scores import standardize
 from eslm.selection.stats import SCORE_FIELDS, SelectionStats, selection_stats
 
-__all__ = ["Selection", "AllTokens", "VaRSelector", "RandomSelector", "SCOPES"]
+__all__ = ["Selection", "AllTokens", "VaRSelector", "RandomSelector", "SCOPES", "generator_state", "load_generator"]
 
 SCOPES = ("micro", "step")  # method.scope (the drop-in loss's batch | sequence: api.loss.LOSS_SCOPES)
 STATS = tuple(f.name for f in fields(TokenStats))  # what a selector may need of the scoring pass: loss, entropy, lse
+
+
+def generator_state(generator: torch.Generator) -> dict:
+    """A random control's generator state for its checkpoint, with the device type it draws on."""
+    return {"generator": generator.get_state(), "generator_device": generator.device.type}
+
+
+def load_generator(generator: torch.Generator, sd: dict, what: str) -> None:
+    """Continue ``generator_state``'s stream ``sd`` in ``generator``; a stream drawn on another device type cannot
+    continue there: one CheckpointError line (``what``: whose generator)."""
+    saved, here = sd["generator_device"], generator.device.type
+    if saved != here:
+        raise CheckpointError(f"expected the {what}'s generator state of a {here} run; found one drawn on {saved}; "
+                              f"fix: resume on a {saved} device (its random stream cannot continue on another), "
+                              "or start the run afresh")
+    generator.set_state(sd["generator"])
 
 
 def _stats(raw: torch.Tensor, ranked: torch.Tensor, index: torch.Tensor, batch: Batch,
@@ -147,14 +163,8 @@ class RandomSelector(AllTokens):
         return Selection(index, k, n, out)
 
     def state_dict(self) -> dict:
-        return {"alpha": self.alpha, "generator": self.generator.get_state(),
-                "generator_device": self.generator.device.type}
+        return {"alpha": self.alpha, **generator_state(self.generator)}
 
     def load_state_dict(self, sd: dict) -> None:
-        saved = sd.get("generator_device", "cpu")  # checkpoints written before the key: a CPU generator
-        if saved != self.generator.device.type:
-            raise CheckpointError(f"expected the random control's generator state of a {self.generator.device.type} "
-                                  f"run; found one drawn on {saved}; fix: resume on a {saved} device (its random "
-                                  "stream cannot continue on another), or start the run afresh")
+        load_generator(self.generator, sd, "random control")
         self.alpha = float(sd["alpha"])
-        self.generator.set_state(sd["generator"])

@@ -1,20 +1,10 @@
 """The plug-in points of the shared training step, in one file: what a row selector, a token selector, an
-objective and a controller must do, and how each declares the extra work it adds.
-
-A method (``eslm.methods.Method``) is one ``RowSelector``, one ``TokenSelector``, one ``Objective`` and any number
-of ``Controller``s. The step (``eslm.train.step``) and the trainer call exactly the hooks declared here and
-nothing else: no ``hasattr`` probing. Each hook is declared once, here, with its documentation; the base classes
-that give the no-op defaults subclass their protocol and only implement (``eslm.selection.rows.AllRows``,
-``eslm.selection.selectors.AllTokens``, ``eslm.objectives.base.BaseObjective``), so a new component overrides
-only what it changes.
-
-Cost is part of the contract: every component returns an ``ExtraWork`` per micro-batch (``extra_work``), and
-``eslm.flops`` turns the declarations into the paper's and the executed FLOPs. A component declares the passes it
-runs (``Pass``: which model, how many tokens, forward or backward, which conventions count it; never negative);
-the step declares its own (``eslm.train.step.step_work``). Only work that has no such form (GREATS' per-layer
-inner products) is priced by the component's own formula, kept beside its algorithm (``PricedWork``), which
-still names the passes its price includes. tests/test_contracts.py counts the passes every registered method
-runs while it trains against these declarations.
+objective and a controller must do, and how each declares the extra work it adds (``ExtraWork``: the ``Pass``es
+it runs, or work it prices itself, ``PricedWork``), which ``eslm.flops`` turns into the paper's and the executed
+FLOPs. The step and the trainer call exactly the hooks declared here (no ``hasattr`` probing); the no-op bases
+(``AllRows``, ``AllTokens``, ``BaseObjective``) subclass their protocol, so a new component overrides only what it
+changes. docs/architecture.md describes the seams; tests/test_contracts.py counts the passes every registered
+method runs against these declarations.
 """
 
 from __future__ import annotations

@@ -410,7 +410,7 @@ def test_plan_files_are_replaced_whole_and_a_planted_link_is_not_followed(tmp_pa
     plan_file = tmp_path / "plan" / "clm-s1.yaml"
     plan_file.parent.mkdir()
     plan_file.symlink_to(outside)
-    launch._write_text_atomic(plan_file, "run: {name: clm-s1}\n")
+    launch.atomic_write(plan_file, b"run: {name: clm-s1}\n")  # as the launcher writes a plan
     assert outside.read_text() == "mine\n" and not plan_file.is_symlink()
     assert plan_file.read_text() == "run: {name: clm-s1}\n" and [p.name for p in plan_file.parent.iterdir()] == [
         "clm-s1.yaml"]  # no temporary file left

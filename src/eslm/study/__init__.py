@@ -1,40 +1,10 @@
 """``eslm study NAME|FILE``: a grid of runs (methods x sweep axes x seeds) at an equal FLOPs budget, then the report.
 
-A study file (configs/studies/NAME.yaml, or any path) holds:
-
-* ``methods``: method names, or mappings ``{name: METHOD, label: TEXT, section.key: value, ...}`` for a
-  variant of a method (e.g. ``{name: eslm-entropy, method.standardize: domain}``);
-* ``seeds``: the seeds every grid point is run with;
-* ``sweep`` (optional): axes ``section.key: [v1, v2, ...]`` expanded to the full grid; an axis that applies to
-  some methods only is ``section.key: {values: [...], methods: [m1, m2]}`` (e.g. ``method.alpha`` means
-  nothing to CLM, so CLM is not repeated for each alpha);
-* ``config``: a config delta shared by every run;
-* ``budget``: ``steps_of: METHOD`` sets the FLOPs budget to what that method's dense training spends in
-  ``config.train.max_steps`` steps, measured on ``counter`` (default flops_paper, the paper's convention), and
-  every run stops at that budget (so a method whose steps count fewer FLOPs runs more steps);
-* ``report`` (optional): ``{baseline: clm, target: 4.3 | baseline, primary: [GROUP, GROUP]}`` for the report
-  (``controls: false``: no warning for groups planned without their registry control at their alpha);
-* ``jobs`` (optional): how many runs train at once (``--jobs`` overrides it);
-* ``models`` (optional): frozen models the runs use (a Rho-1 reference, a KD teacher), trained once per study
-  before the runs and named by the runs where a method needs one (``method.kd.teacher: teacher``); see
-  ``eslm.study.shared``.
-
-Run names are readable: ``<method or label>[-<key><value> ...]-s<seed>``, e.g. ``eslm-loss-alpha0.3-s2``.
-
-Pairing: for one seed, every run sees the same data order and the same initial weights (the model is
-initialised from ``run.seed`` before any method component exists, and the training stream is seeded by
-``run.seed`` alone), so differences between methods can be paired per seed; tests/study/test_study.py checks it.
-
-Runs are resumable: a finished run (it has result.json) is skipped, an interrupted one resumes. Runs go
-seed by seed, so a study stopped half-way holds complete paired comparisons for its first seeds. With
-``--jobs N`` N runs train at once in child processes (each with cpu_count // N threads unless
-train.num_threads is set), their output in ``<study>/logs/<run>.log``.
-
-The package: ``schema`` (finding and checking the study file), ``grid`` (the grid, each run's Config, the
-equal-FLOPs budget, the stages runs train in), ``shared`` (the study's shared models), ``launch`` (the ``Launcher`` seam and the local launcher: in
-this process, or a pool of child processes with the study's lifeline and signal handling), ``report`` (the
-report of the finished runs), ``estimate`` (the CPU time the planned runs will take on this machine, from its
-measured head-route costs, printed with the plan). ``run_study`` ties them together.
+The study file's keys, run names, pairing by seed, resuming and ``--jobs``: docs/study.md. The package:
+``schema`` (finding and checking the study file), ``grid`` (the grid, each run's Config, the equal-FLOPs budget,
+the stages runs train in), ``shared`` (the study's shared models), ``launch`` (the ``Launcher`` seam and the
+local launcher), ``slurm`` (the SLURM launcher), ``report`` (the report of the finished runs), ``estimate``
+(the CPU time the planned runs will take, printed with the plan). ``run_study`` ties them together.
 """
 
 from __future__ import annotations
@@ -67,7 +37,6 @@ from eslm.study.launch import (
 )
 from eslm.study.report import mark_earlier_report_stale, run_report
 from eslm.study.schema import STUDIES_DIR, is_int, load_study, study_dirs, study_problems
-from eslm.train.run_dir import run_marker, written_by_earlier_eslm
 
 __all__ = ["PARENT_FD_ENV", "STUDIES_DIR", "Launched", "Launcher", "LocalLauncher", "Outcome", "Stage",
            "load_study", "make_launcher", "plan", "run_study", "stages", "study_dirs", "study_problems",
@@ -158,15 +127,13 @@ def make_launcher(study: dict, launcher: Launcher | str | None = None, jobs: int
 
 STUDY_MARKER, STUDY_FORMAT = "eslm-study.json", "eslm-study-v1"
 _STUDY_DIRS = ("plan", "logs", "report", "slurm", "models")
-_STUDY_ENTRIES = (*_STUDY_DIRS, "branch.json", "eslm.lock", STUDY_MARKER)
 
 
 def check_study_dir(study_dir: Path, run_dirs: Sequence[Path] = ()) -> None:
-    """A study directory eslm may write: new, empty, marked by eslm (``eslm-study.json``), or one an earlier eslm
-    wrote (only plan/, logs/, report/, slurm/, models/, branch.json and run directories eslm made); anything else is
-    refused in one line, and so is a link (marked or not) at any directory eslm writes into: plan/, logs/, report/,
-    slurm/, models/, and ``run_dirs`` (the planned runs, shared models and trunks) and the folders between them and
-    the study directory."""
+    """A study directory eslm may write: new, empty (but for the lock of a start) or marked by eslm
+    (``eslm-study.json``); anything else is refused in one line, and so is a link (marked or not) at any directory
+    eslm writes into: plan/, logs/, report/, slurm/, models/, and ``run_dirs`` (the planned runs, shared models
+    and trunks) and the folders between them and the study directory."""
     if study_dir.is_symlink():
         raise link_refused(study_dir)
     if not study_dir.exists():
@@ -178,17 +145,11 @@ def check_study_dir(study_dir: Path, run_dirs: Sequence[Path] = ()) -> None:
             raise link_refused(path)
     if read_marker(study_dir / STUDY_MARKER, STUDY_FORMAT) is not None:
         return
-
-    def ours(name: str) -> bool:
-        p = study_dir / name
-        return name in _STUDY_ENTRIES or (p.is_dir() and not p.is_symlink()
-                                          and (run_marker(p) is not None or written_by_earlier_eslm(p)))
-
-    foreign = foreign_entries(study_dir, ours)
+    foreign = foreign_entries(study_dir, lambda name: name == "eslm.lock")
     if foreign:
         raise OwnershipError(f"study directory {str(study_dir)!r} holds files eslm did not write ({listing(foreign)}) "
-                             f"and no {STUDY_MARKER}; eslm writes a study only into a new, empty or earlier study "
-                             "directory: choose another --out")
+                             f"and no {STUDY_MARKER}; eslm writes a study only into a new or empty directory: "
+                             "choose another --out")
 
 
 def _between(study_dir: Path, d: Path) -> list[Path]:

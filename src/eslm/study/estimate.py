@@ -23,6 +23,7 @@ import functools
 import math
 import os
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -197,11 +198,7 @@ def unpriced_work(configs: list) -> dict[str, int]:
     """{method: runs} of the planned runs whose method does work beside its own model's dense step that the
     estimate does not price: a frozen reference or teacher model's forwards, GREATS' held-out gradients
     (the registry's ``MethodSpec.needs``). Their runs are priced as dense steps only, so the estimate is low."""
-    out: dict[str, int] = {}
-    for c in configs:
-        if METHODS[c.method.name].needs:
-            out[c.method.name] = out.get(c.method.name, 0) + 1
-    return out
+    return dict(Counter(c.method.name for c in configs if METHODS[c.method.name].needs))
 
 
 def describe(est: dict | None) -> str | None:

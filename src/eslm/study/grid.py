@@ -1,13 +1,7 @@
-"""The plan of a study: its grid of runs (methods x sweep axes x seeds), each run's resolved and checked
-Config (``plan``), the equal-FLOPs budget (``_with_budget``), and the stages the runs train in (``stages``).
-
-A stage is a list of runs that may train in any order or at once; every run of a stage finishes before the
-next stage starts (``stages``). A plain study is one stage, its grid's runs. Runs that others start from
-form a stage of their own before the runs that need them: a branched study's trunks (``branch``: one run per
-seed, trained to the branch point; every grid run of that seed continues its checkpoint, see
-``eslm.train.branch``), or a model trained once per study. A launcher (``eslm.study.launch.Launcher``) is
-handed one stage at a time and needs no notion of dependencies. Only the last stage (the grid's runs) is
-reported."""
+"""The plan of a study: its grid of runs (methods x sweep axes x seeds), each run's resolved and checked Config
+(``plan``), the equal-FLOPs budget (``_with_budget``), and the stages the runs train in (``stages``): the shared
+models, then a branched study's trunks (one per seed, trained to the branch point; ``eslm.train.branch``), then
+the grid's runs, each stage finished before the next starts. Only the last stage is reported."""
 
 from __future__ import annotations
 
@@ -19,14 +13,13 @@ from pathlib import Path
 
 from eslm import metrics as M
 from eslm.analysis.rundir import comparable_sets_problem, config_get, experiment_key, find_group, planned_groups
-from eslm.config import build_config, equal_flops_budget
+from eslm.config import build_config, equal_flops_budget, flat
 from eslm.errors import ConfigError
-from eslm.files import atomic_write
+from eslm.files import atomic_write, listing
 from eslm.methods import baseline, control_of
 from eslm.study import shared
 from eslm.study.schema import MAX_RUNS, flatten, method_entry, refuse, seeds_problems, slug
 from eslm.train.branch import SHARED_KEYS
-from eslm.train.resume import flat
 
 
 @dataclass(frozen=True)
@@ -93,7 +86,7 @@ def _arm_problems(configs: list) -> list[str]:
         for k, v in values.items():
             if trunk.get(k) != v:
                 bad.setdefault(k, []).append(c.run.name)
-    return [f"branch: {', '.join(runs[:3])}{f' and {len(runs) - 3} more' if len(runs) > 3 else ''} set {key} "
+    return [f"branch: {listing(runs, show=str)} set {key} "
             "otherwise than their seed's first run, whose trunk every arm continues; a branched study's arms share "
             "the data, model, batch and optimizer up to the branch point: sweep that key in a study without a "
             "branch section, or give it one value" for key, runs in bad.items()]
@@ -177,12 +170,8 @@ def _by_message(failures: list[tuple[str, str]], total: int) -> list[str]:
     runs: dict[str, list[str]] = {}
     for name, text in failures:
         runs.setdefault(text, []).append(name)
-    out = []
-    for text, names in runs.items():
-        who = "every run" if len(names) == total > 1 else ", ".join(names[:3]) + (
-            f" and {len(names) - 3} more" if len(names) > 3 else "")
-        out.append(f"{who}: {text}")
-    return out
+    return [f"{'every run' if len(names) == total > 1 else listing(names, show=str)}: {text}"
+            for text, names in runs.items()]
 
 
 def plan(study: dict, out: Path, seeds=None, overrides=()) -> list:

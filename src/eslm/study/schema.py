@@ -7,10 +7,9 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from eslm.config import MAX_SEED, build_config, is_int
+from eslm.config import MAX_SEED, build_config, flat, is_int, method_problem
 from eslm.errors import ConfigError
 from eslm.files import MAX_YAML_BYTES, name_problem, read_yaml, yaml_list_lengths
-from eslm.methods import METHODS
 from eslm.study.launch import launcher_problems
 
 # Study files ship inside the package: src/eslm/configs is a link to the repository's configs/, so a
@@ -96,18 +95,6 @@ def _name_list(v) -> str:
     return ", ".join(repr(x) for x in v)
 
 
-def _method_problem(name) -> str | None:
-    import difflib
-
-    if not isinstance(name, str):
-        return f"expected a method name, found {name!r}"
-    if name not in METHODS:
-        close = difflib.get_close_matches(name, list(METHODS), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        return f"unknown method {name!r}{hint}; expected one of {', '.join(METHODS)}"
-    return None
-
-
 def _entries_problems(methods) -> tuple[list[str], list[str], list[str]]:
     """(problems, method names, labels) of the ``methods`` list."""
     if isinstance(methods, str):
@@ -122,14 +109,14 @@ def _entries_problems(methods) -> tuple[list[str], list[str], list[str]]:
             if "name" not in item:
                 problems.append(f"{where}: a mapping needs 'name' (the method), found keys {_name_list(item)}")
                 continue
-            if (why := _method_problem(item["name"])) is not None:
+            if (why := method_problem(item["name"])) is not None:
                 problems.append(f"{where}: {why}")
                 continue
             if "label" in item and (why := name_problem(item["label"], f"{where}: label")) is not None:
                 problems.append(why)
                 continue
         elif isinstance(item, str):
-            if (why := _method_problem(item)) is not None:
+            if (why := method_problem(item)) is not None:
                 problems.append(f"{where}: {why}")
                 continue
         else:
@@ -283,7 +270,7 @@ def models_problems(models) -> list[str]:
         if not isinstance(spec, dict):
             out.append(f"{where}: expected a mapping {{method: METHOD, section.key: value, ...}}, found {spec!r}")
             continue
-        if "method" in spec and (why := _method_problem(spec["method"])) is not None:
+        if "method" in spec and (why := method_problem(spec["method"])) is not None:
             out.append(f"{where}: method: {why}")
         if "seed" in spec and not is_int(spec["seed"]):
             out.append(f"{where}: seed: expected an integer, found {spec['seed']!r}")
@@ -311,7 +298,7 @@ def _branch_problems(branch) -> list[str]:
         problems.append(f"branch: unknown key(s) {_name_list(extra)}; expected {_name_list(BRANCH_KEYS)}")
     if missing:
         problems.append(f"branch: missing {_name_list(missing)}; write branch: {{from: clm, at_tokens: 40000}}")
-    if "from" in branch and (why := _method_problem(branch["from"])) is not None:
+    if "from" in branch and (why := method_problem(branch["from"])) is not None:
         problems.append(f"branch.from: {why}")
     if "at_tokens" in branch and not (is_int(branch["at_tokens"]) and branch["at_tokens"] > 0):
         problems.append(f"branch.at_tokens: expected a positive number of training tokens, found "
@@ -360,22 +347,15 @@ def study_problems(study: dict) -> list[str]:
     return problems
 
 
-def flatten(d: dict, prefix: str = "") -> list[str]:
-    out = []
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out += flatten(v, f"{prefix}{k}.")
-        else:
-            out.append(f"{prefix}{k}={list(v) if isinstance(v, (list, tuple)) else v}")
-    return out
+def flatten(d: dict) -> list[str]:
+    """A nested mapping as ``key=value`` overrides."""
+    return [f"{k}={list(v) if isinstance(v, (list, tuple)) else v}" for k, v in flat(d).items()]
 
 
 def method_entry(item) -> tuple[str, str, list[str]]:
-    """A ``methods`` entry -> (method name, label, overrides)."""
+    """A ``methods`` entry (checked by ``study_problems``) -> (method name, label, overrides)."""
     if isinstance(item, str):
         return item, item, []
-    if not isinstance(item, dict) or "name" not in item:
-        raise ConfigError(f"study methods: expected a method name or a mapping with 'name', got {item!r}")
     over = flatten({k: v for k, v in item.items() if k not in _ENTRY_KEYS})
     label = item.get("label") or "-".join([item["name"]] + [slug(o) for o in over])
     return str(item["name"]), str(label), over

@@ -34,7 +34,7 @@ from eslm.ops.head_route import ROUTE_CHOICES
 from eslm.selection.risk import check_alpha
 from eslm.selection.scores import STANDARDIZE_MODES
 from eslm.selection.selectors import SCOPES
-from eslm.settings import Section, key_of, section
+from eslm.settings import Section, key_of
 from eslm.settings import setting as _f
 
 
@@ -109,7 +109,8 @@ def method_section_class(specs) -> type[SharedMethodSettings]:
                                 f"{cls.key!r} (taken by {have.__name__ if have is not cls else 'the shared settings'})")
     doc = "``method.*``: the shared settings and every registered method's section."
     made: type[SharedMethodSettings] = dataclasses.make_dataclass(
-        "MethodSection", [(key, cls, section(cls, cls.help)) for key, cls in sections.items()],
+        "MethodSection", [(key, cls, field(default_factory=cls, metadata={"help": cls.help}))
+                          for key, cls in sections.items()],
         bases=(SharedMethodSettings,), frozen=True, namespace={"__doc__": doc, "__module__": __name__})
     return made
 

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import time
 import unicodedata
 import uuid
@@ -500,8 +501,6 @@ def replace_dir(out: Path, fill, *, what: str, is_ours, earlier: str = "an earli
     ``out`` in one rename; the previous output (checked by ``check_output_dir``) is set aside and deleted. Runs
     under ``output_lock``: a concurrent writer of the same ``out`` is refused; leftovers of killed writers
     (eslm's marker inside) are removed. A failure leaves the previous output as it was."""
-    import shutil
-
     out = Path(out)
     ensure_dir(out.parent)
     with output_lock(out, what).acquire():

@@ -8,7 +8,7 @@ import pytest
 
 from eslm import study
 from eslm.errors import ConfigError, ESLMError
-from eslm.study import launch, report
+from eslm.study import launch
 
 STUDY = """methods: [clm, eslm-entropy]
 seeds: [1]
@@ -421,7 +421,7 @@ def test_a_report_failing_after_training_says_so_and_names_the_study_files_keys(
 
     runs = [make_run(tmp_path / "r", "clm-s1", "clm", 1), make_run(tmp_path / "r", "eslm-s1", "eslm-entropy", 1)]
     with pytest.raises(ESLMError) as e:
-        report.run_report({"name": "grid", "report": {"baseline": "nope"}}, runs, tmp_path / "rep", 0.0)
+        study.run_report({"name": "grid", "report": {"baseline": "nope"}}, runs, tmp_path / "rep", 0.0)
     msg = str(e.value)
     assert msg.startswith("study grid: every run finished, but the report failed: report.baseline: no group 'nope'")
     assert "finished runs are skipped" in msg and "--" not in msg

@@ -20,10 +20,12 @@ about 20-30% where the head dominates a step (the small and 124M presets), not a
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -90,8 +92,6 @@ def _data_dir(cfg) -> Path:
 
 def _domains(cfg) -> int:
     """The corpus's number of domains (each evaluated): from its manifest when prepared, else stdlib's 3."""
-    import json
-
     try:
         return max(1, len(json.loads((_data_dir(cfg) / MANIFEST_NAME).read_text())["domains"]))
     except (OSError, ValueError, KeyError, TypeError):
@@ -148,8 +148,6 @@ def run_steps(cfg, start: tuple[int, float] | None = (0, 0.0)) -> tuple[int | No
 def steps_by_run(planned: list) -> dict:
     """{config: ``run_steps``} for every run of the study's stages (``eslm.study.stages``); a branched run starts
     from its trunk's last step and the FLOPs its trunk counted (as the branched run's counter counts them)."""
-    from dataclasses import replace
-
     trunks = {c.run.seed: c for stage in planned if stage.name == "trunks" for c in stage.runs}
     out = {}
     for stage in planned:

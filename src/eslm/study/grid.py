@@ -6,9 +6,10 @@ the grid's runs, each stage finished before the next starts. Only the last stage
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from eslm import metrics as M
@@ -94,8 +95,6 @@ def _arm_problems(configs: list) -> list[str]:
 
 def _with_branch(study: dict, configs: list) -> list:
     """Every run continues the checkpoint of its seed's trunk at the branch point (``train.branch_from``)."""
-    from dataclasses import replace
-
     step = branch_step(study, configs[0])
     out = []
     for c in configs:
@@ -279,8 +278,6 @@ def _with_budget(cfg, budget: dict):
     """Equal FLOPs: max_flops = dense FLOPs of max_steps steps; max_steps raised so the budget binds
     (``eslm.config.equal_flops_budget``); lr_decay_steps = the dense run's length, which the trainer stretches to
     each run's own step count under ``train.lr_schedule: budget`` (``eslm.train.optim.plan_schedule``)."""
-    from dataclasses import replace
-
     t = cfg.train
     flops, max_steps = equal_flops_budget(cfg)
     counter = budget.get("counter", M.FLOPS_PAPER)
@@ -295,8 +292,6 @@ def check_branch_record(study: dict, study_dir: Path, runs: list) -> None:
     """Refuse to continue a study whose branch settings (``branch.from``, the branch step) changed since its
     runs were started, or that starts branching runs trained without; else record them in
     ``<study>/branch.json``. Runs of two branch points are never mixed in one study directory."""
-    import json
-
     now = ({"from": study["branch"]["from"], "at_tokens": study["branch"]["at_tokens"],
             "step": branch_step(study, runs[0])} if study.get("branch") else None)
     path = study_dir / BRANCH_RECORD

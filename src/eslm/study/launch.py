@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -131,10 +132,8 @@ def print_status(study: str, rows: Sequence[tuple]) -> int:
     """One line per run (its last logged step and ``Outcome.words``) of rows (Config, Outcome), then the count
     of each state; a launcher's ``status``."""
     width = max((len(c.run.name) for c, _ in rows), default=0)
-    counts: dict[str, int] = {}
+    counts = Counter(o.words.split(" (")[0].split(";")[0] for _, o in rows)  # finished, running, queued, ...
     for c, o in rows:
-        label = o.words.split(" (")[0].split(";")[0]  # finished, running, queued, cancelled, failed, ...
-        counts[label] = counts.get(label, 0) + 1
         step = last_step(Path(c.run.out_dir) / c.run.name)
         print(f"  {c.run.name:<{width}}  {f'step {step}' if step else '-':<10}  {o.words}")
     print(f"study {study}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
@@ -344,9 +343,7 @@ class _Pool:
             os.close(lifeline_w)
             if old is not None:
                 signal.signal(signal.SIGTERM, old)
-        failed = [o.name for o in self.outcomes if not o.finished]
-        if failed:
+        if failed := [o.name for o in self.outcomes if not o.finished]:
             print(f"study: {len(failed)} run(s) did not finish: {', '.join(failed)}; see {self.study_dir / 'logs'}",
                   file=sys.stderr)
-            return Launched(tuple(self.outcomes), 1)
-        return Launched(tuple(self.outcomes), 0)
+        return Launched(tuple(self.outcomes), 1 if failed else 0)

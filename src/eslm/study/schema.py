@@ -95,6 +95,11 @@ def _name_list(v) -> str:
     return ", ".join(repr(x) for x in v)
 
 
+def _unknown_keys(where: str, d: dict, keys: tuple) -> list[str]:
+    extra = [k for k in d if k not in keys]
+    return [f"{where}: unknown key(s) {_name_list(extra)}; expected {_name_list(keys)}"] if extra else []
+
+
 def _entries_problems(methods) -> tuple[list[str], list[str], list[str]]:
     """(problems, method names, labels) of the ``methods`` list."""
     if isinstance(methods, str):
@@ -168,9 +173,7 @@ def _sweep_problems(sweep, labels: list[str]) -> list[str]:
     for key, spec in sweep.items():
         where = f"sweep {key!r}"
         if isinstance(spec, dict):
-            extra = [k for k in spec if k not in AXIS_KEYS]
-            if extra:
-                problems.append(f"{where}: unknown key(s) {_name_list(extra)}; expected {_name_list(AXIS_KEYS)}")
+            problems += _unknown_keys(where, spec, AXIS_KEYS)
             ms = spec.get("methods")
             if "methods" in spec:
                 if isinstance(ms, str):
@@ -201,10 +204,7 @@ def _budget_problems(budget, names: list[str], labels: list[str]) -> list[str]:
         return []
     if not isinstance(budget, dict):
         return [f"budget: expected a mapping {{steps_of: METHOD, counter: COUNTER}}, found {budget!r}"]
-    problems = []
-    extra = [k for k in budget if k not in BUDGET_KEYS]
-    if extra:
-        problems.append(f"budget: unknown key(s) {_name_list(extra)}; expected {_name_list(BUDGET_KEYS)}")
+    problems = _unknown_keys("budget", budget, BUDGET_KEYS)
     steps_of = budget.get("steps_of")
     if "steps_of" in budget and (not isinstance(steps_of, str) or steps_of not in names + labels):
         known = _name_list(dict.fromkeys(names + labels))
@@ -228,10 +228,7 @@ def _report_problems(report) -> list[str]:
     if not isinstance(report, dict):
         return [f"report: expected a mapping {{baseline: GROUP, target: LOSS|baseline, primary: [GROUP, GROUP]}}, "
                 f"found {report!r}"]
-    problems = []
-    extra = [k for k in report if k not in REPORT_KEYS]
-    if extra:
-        problems.append(f"report: unknown key(s) {_name_list(extra)}; expected {_name_list(REPORT_KEYS)}")
+    problems = _unknown_keys("report", report, REPORT_KEYS)
     if "controls" in report and not isinstance(report["controls"], bool):
         problems.append(f"report.controls: expected true or false (false: the report goes without the controls the "
                         f"registry names, random at the same alpha), found {report['controls']!r}")
@@ -291,12 +288,8 @@ def _branch_problems(branch) -> list[str]:
         return []
     if not isinstance(branch, dict):
         return [f"branch: expected a mapping {{from: METHOD, at_tokens: N}}, found {branch!r}"]
-    problems = []
-    extra = [k for k in branch if k not in BRANCH_KEYS]
-    missing = [k for k in BRANCH_KEYS if k not in branch]
-    if extra:
-        problems.append(f"branch: unknown key(s) {_name_list(extra)}; expected {_name_list(BRANCH_KEYS)}")
-    if missing:
+    problems = _unknown_keys("branch", branch, BRANCH_KEYS)
+    if missing := [k for k in BRANCH_KEYS if k not in branch]:
         problems.append(f"branch: missing {_name_list(missing)}; write branch: {{from: clm, at_tokens: 40000}}")
     if "from" in branch and (why := method_problem(branch["from"])) is not None:
         problems.append(f"branch.from: {why}")

@@ -507,12 +507,10 @@ class SlurmLauncher:
                   "--status shows them; the same command waits again and writes the report)", file=sys.stderr)
             return Launched(tuple(o for *_, o in rows), 130)
         outcomes = tuple(o for *_, o in rows)
-        bad = [o for o in outcomes if not o.finished]
-        if bad:
+        if bad := [o for o in outcomes if not o.finished]:
             print(f"study {self.study}: {len(bad)} run(s) did not finish: " + "; ".join(f"{o.name}: {o.words}"
                                                                                      for o in bad), file=sys.stderr)
-            return Launched(outcomes, 1)
-        return Launched(outcomes, 0)
+        return Launched(outcomes, 1 if bad else 0)
 
 
 def _import_submitit():

@@ -9,6 +9,7 @@ with ``torch.load(weights_only=True)``, so a file can never run code; every valu
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 from pathlib import Path
@@ -61,8 +62,6 @@ def save_checkpoint(ckpt_dir: Path, state: dict, *, keep_last: int, milestones: 
 
 
 def os_fix(e: OSError) -> str:
-    import errno
-
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         return "free disk space (or set run.out_dir to a larger disk)"
     if e.errno == errno.EFBIG:

@@ -225,15 +225,13 @@ def _coerce(value: Any, typ, key: str, problems: list[str]) -> Any:
             if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
                 return value.lower() in ("true", "1", "yes", "on")
             raise ValueError
+        if typ in (int, float) and isinstance(value, bool):
+            raise ValueError
         if typ is int:
-            if isinstance(value, bool):
-                raise ValueError
             if isinstance(value, float) and not value.is_integer():
                 raise ValueError
             return int(float(value)) if isinstance(value, str) and "e" in value.lower() else int(value)
         if typ is float:
-            if isinstance(value, bool):
-                raise ValueError
             return float(value)
         if typ is str:
             return "" if value is None else str(value)

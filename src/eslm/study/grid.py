@@ -133,35 +133,28 @@ def _axes(study: dict) -> list[tuple[str, list, set | None]]:
 
 def grid(study: dict, seeds=None) -> list[tuple[str, str, list[str], int]]:
     """Every run of the study as (method, run name, overrides, seed): seeds outermost, then methods in file
-    order, then the sweep axes' product. Two grid points with one name are refused."""
-    points: list[tuple[str, str, list[str]]] = []
-    axes = _axes(study)
-    _check_size(study, axes, seeds or study["seeds"])
+    order, then the sweep axes' product. Refused in one line: more than ``MAX_RUNS`` runs (counted before
+    anything is expanded), two grid points with one name."""
+    seeds, axes = seeds or study["seeds"], _axes(study)
+    entries = []
     for item in study["methods"]:
         method, label, over = method_entry(item)
         # a restricted axis names methods by label: a labelled variant is its own entry, not its method's
-        applicable = [(k, vals) for k, vals, ms in axes if ms is None or label in ms]
-        for combo in itertools.product(*[vals for _, vals in applicable]):
-            sweep = [f"{k}={v}" for (k, _), v in zip(applicable, combo)]
-            name = "-".join([label] + [slug(o) for o in sweep])
-            points.append((method, name, over + sweep))
-    dup = sorted(n for n, k in Counter(p[1] for p in points).items() if k > 1)
-    if dup:
-        raise ConfigError(f"study: the grid names {dup[0]!r} twice; give one of the method entries a 'label'")
-    return [(m, f"{name}-s{seed}", over, seed) for seed in (seeds or study["seeds"]) for m, name, over in points]
-
-
-def _check_size(study: dict, axes: list, seeds: list) -> None:
-    """The grid's size (methods x the product of their sweep axes x seeds), counted before anything is expanded:
-    above ``MAX_RUNS`` refused in one line with the numbers."""
-    per_seed = 0
-    for item in study["methods"]:
-        label = method_entry(item)[1]
-        per_seed += math.prod(len(vals) for _, vals, ms in axes if ms is None or label in ms)
+        entries.append((method, label, over, [(k, vals) for k, vals, ms in axes if ms is None or label in ms]))
+    per_seed = sum(math.prod(len(vals) for _, vals in applicable) for *_, applicable in entries)
     if per_seed * len(seeds) > MAX_RUNS:
         raise ConfigError(f"study {study['name']}: expected at most {MAX_RUNS} runs, found {per_seed} grid points x "
                           f"{len(seeds)} seed(s) = {per_seed * len(seeds)}; shorten the sweep axes or the seeds "
                           "(or split the study)")
+    points: list[tuple[str, str, list[str]]] = []
+    for method, label, over, applicable in entries:
+        for combo in itertools.product(*[vals for _, vals in applicable]):
+            sweep = [f"{k}={v}" for (k, _), v in zip(applicable, combo)]
+            points.append((method, "-".join([label] + [slug(o) for o in sweep]), over + sweep))
+    dup = sorted(n for n, k in Counter(p[1] for p in points).items() if k > 1)
+    if dup:
+        raise ConfigError(f"study: the grid names {dup[0]!r} twice; give one of the method entries a 'label'")
+    return [(m, f"{name}-s{seed}", over, seed) for seed in seeds for m, name, over in points]
 
 
 def _by_message(failures: list[tuple[str, str]], total: int) -> list[str]:

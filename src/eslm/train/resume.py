@@ -151,9 +151,6 @@ def resume_base(run_dir: str) -> tuple[Config, list[str]]:
     return cfg, [f"run.out_dir={p.parent}", f"run.name={p.name}"]
 
 
-
-
-
 def check_owner(run_dir: Path, resume: bool) -> str:
     """Whose directory ``run_dir`` is, before anything is written: "new" (absent or empty) or "ours" (eslm's
     marker). Anything else is refused in one line, and so is a symbolic link where eslm appends or keeps its
@@ -248,10 +245,9 @@ def check_provenance(run_dir: Path, cfg: Config) -> None:
     last = last_segment(run_dir)
     changed = version_change(run_dir, last)
     if changed and not cfg.run.allow_version_change:
-        diff = ", ".join(f"{k} {_short(old)!r} -> {_short(new)!r}" for k, (old, new) in changed.items())
         raise ConfigError(f"resume of {str(run_dir)!r} refused: eslm changed since the run's last segment "
-                          f"(step {last.get('step', 0)}): {diff}; resume with the eslm (and code) the run used, or pass "
-                          f"run.allow_version_change=true to continue with this one (recorded in {RESUMES_FILE})")
+                          f"(step {last.get('step', 0)}): {_changes(changed)}; resume with the eslm (and code) the "
+                          f"run used, or pass run.allow_version_change=true to continue with this one (recorded in {RESUMES_FILE})")
 
 
 def check_resume_point(run_dir: Path, cfg: Config) -> None:
@@ -315,8 +311,12 @@ def check_checkpoint_of_run(state: dict, cfg: Config, run_dir: Path, path) -> No
                           "another run (copied in?): remove it from checkpoints/, or resume the run it belongs to")
 
 
-def _short(v):
-    return v[:12] if isinstance(v, str) and len(v) == 40 else v
+def _changes(changed: dict) -> str:
+    """{key: [old, new]} of ``version_change`` in words (commits shortened)."""
+    def short(v):
+        return v[:12] if isinstance(v, str) and len(v) == 40 else v
+
+    return ", ".join(f"{k} {short(old)!r} -> {short(new)!r}" for k, (old, new) in changed.items())
 
 
 def last_segment(run_dir: Path) -> dict:
@@ -383,9 +383,8 @@ def record_resumed_at(run_dir: Path, cfg: Config, changes: dict | None, step: in
             "recorded in resumes.jsonl)")
     if changed_code:
         extra["version_change"] = changed_code
-        log("resumed with another eslm: " + ", ".join(f"{k} {_short(a)!r} -> {_short(b)!r}"
-                                                      for k, (a, b) in changed_code.items())
-            + " (run.allow_version_change; recorded in resumes.jsonl)")
+        log(f"resumed with another eslm: {_changes(changed_code)} (run.allow_version_change; recorded in "
+            "resumes.jsonl)")
     for key, (old, new) in (changes or {}).items():
         log(f"resume changes {key}: {old!r} -> {new!r} (recorded in resumes.jsonl)")
     segment = {"time": _now(), "step": step, **code_version()}

@@ -1,17 +1,10 @@
-"""The typed, frozen config tree.
+"""The typed, frozen config tree (docs/training.md, ``eslm train --help`` for every key).
 
-It sits above the method registry (``eslm.methods``), the FLOPs ledger and the model presets, which validation
-checks names against; nothing below imports it, not even for an annotation (tests/test_layers.py): the registry's
-builders receive plain values (``method_context``), and what a config trains is answered here
-(``model_config_for``, ``training_flops_model``, ``equal_flops_budget``). The ``method`` section is assembled
-from the registry: the shared settings (``eslm.methods.SharedMethodSettings``) plus the config section each
-registered method names (``MethodSpec.settings``).
-
-Defaults live here in code. YAML files hold only deltas (nested mappings); later files and then dotted
-command-line overrides (``method.alpha=0.2``) win. Unknown keys are errors that suggest the nearest valid key,
-and the whole config is validated before anything runs, reporting every problem at once.
-
-``eslm train --help`` prints every key with its default and meaning (the ``help`` metadata below).
+Defaults live here in code; YAML files hold only deltas (nested mappings), then dotted command-line overrides
+(``method.alpha=0.2``) win. Unknown keys are errors that suggest the nearest key, and the whole config is
+validated before anything runs, every problem at once. The ``method`` section is assembled from the registry
+(``eslm.methods``): the shared settings plus the section each registered method names. Nothing below this
+module imports it, not even for an annotation: the registry's builders receive plain values (``method_context``).
 """
 
 from __future__ import annotations
@@ -41,7 +34,7 @@ from eslm.ops.head_route import ROUTE_CHOICES
 from eslm.selection.risk import check_alpha
 from eslm.selection.scores import STANDARDIZE_MODES
 from eslm.selection.selectors import SCOPES
-from eslm.settings import Section, key_of, section
+from eslm.settings import Section, key_of
 from eslm.settings import setting as _f
 
 
@@ -116,7 +109,8 @@ def method_section_class(specs) -> type[SharedMethodSettings]:
                                 f"{cls.key!r} (taken by {have.__name__ if have is not cls else 'the shared settings'})")
     doc = "``method.*``: the shared settings and every registered method's section."
     made: type[SharedMethodSettings] = dataclasses.make_dataclass(
-        "MethodSection", [(key, cls, section(cls, cls.help)) for key, cls in sections.items()],
+        "MethodSection", [(key, cls, field(default_factory=cls, metadata={"help": cls.help}))
+                          for key, cls in sections.items()],
         bases=(SharedMethodSettings,), frozen=True, namespace={"__doc__": doc, "__module__": __name__})
     return made
 
@@ -231,15 +225,13 @@ def _coerce(value: Any, typ, key: str, problems: list[str]) -> Any:
             if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
                 return value.lower() in ("true", "1", "yes", "on")
             raise ValueError
+        if typ in (int, float) and isinstance(value, bool):
+            raise ValueError
         if typ is int:
-            if isinstance(value, bool):
-                raise ValueError
             if isinstance(value, float) and not value.is_integer():
                 raise ValueError
             return int(float(value)) if isinstance(value, str) and "e" in value.lower() else int(value)
         if typ is float:
-            if isinstance(value, bool):
-                raise ValueError
             return float(value)
         if typ is str:
             return "" if value is None else str(value)
@@ -385,7 +377,7 @@ def stored_config_problem(d: dict, *, complete: bool = False) -> str | None:
     problems: list[str] = []
     _apply(Config(), d, "", problems)
     if not problems and complete:
-        have = _leaf_keys(d)
+        have = flat(d)
         missing = [k for k in all_keys() if k not in have]
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -393,11 +385,11 @@ def stored_config_problem(d: dict, *, complete: bool = False) -> str | None:
     return problems[0] if problems else None
 
 
-def _leaf_keys(d: dict, prefix: str = "") -> set[str]:
-    """The dotted keys of a nested mapping's leaves."""
-    out: set[str] = set()
-    for k, v in d.items():
-        out |= _leaf_keys(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}"}
+def flat(d: Config | dict, prefix: str = "") -> dict:
+    """{dotted key: value} of every leaf of a nested mapping or a Config (tuples as lists, as in config.yaml)."""
+    out: dict = {}
+    for k, v in (d.to_dict() if isinstance(d, Config) else d).items():
+        out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
     return out
 
 
@@ -459,7 +451,6 @@ def method_context(cfg: Config, *, device, n_domains: int, rank: int = 0, model_
 
 _CHOICES = {  # the constants of the code that reads each key, where it has one
     "data.tokenizer": TOKENIZER_NAMES,
-    "train.device": None,  # checked separately
     "train.dtype": ("auto", "fp32", "bf16"),
     "train.loss_impl": IMPL_CHOICES,
     "train.loss_route": ROUTE_CHOICES,
@@ -480,18 +471,19 @@ _NON_NEGATIVE = ["train.lr", "train.min_lr", "train.warmup_steps", "train.lr_dec
                  "train.num_threads", "run.resume_from"]
 
 
-def get(cfg: Config, dotted: str):
-    """The value at a dotted config key (``method.kd.lambda``)."""
-    obj = cfg
-    for p in dotted.split("."):
-        obj = getattr(obj, {key_of(f): f.name for f in fields(obj)}[p])
-    return obj
-
-
 def method_sections(method: SharedMethodSettings) -> dict[str, Section]:
     """{key: section} of the per-method sections of ``method`` (``ada``, ``rho1``, ``kd``, ...)."""
     return {key_of(f): getattr(method, f.name) for f in fields(method)
             if isinstance(getattr(method, f.name), Section)}
+
+
+def method_problem(name) -> str | None:
+    """Why ``name`` is not a registered method (with the nearest one), or None."""
+    if not isinstance(name, str):
+        return f"expected a method name, found {name!r}"
+    close = difflib.get_close_matches(name, list(METHODS), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return None if name in METHODS else f"unknown method {name!r}{hint}; expected one of {', '.join(METHODS)}"
 
 
 def is_int(v) -> bool:
@@ -558,16 +550,16 @@ def memory_problems(cfg: Config, memory: int | None = None) -> list[str]:
 
 def validate(cfg: Config) -> list[str]:
     """Every problem of a built config (empty list when valid)."""
-    problems = []
+    problems, values = [], flat(cfg)
     for key, choices in _CHOICES.items():
-        if choices and get(cfg, key) not in choices:
-            problems.append(f"{key}: expected one of {', '.join(choices)}, got {get(cfg, key)!r}")
+        if values[key] not in choices:
+            problems.append(f"{key}: expected one of {', '.join(choices)}, got {values[key]!r}")
     for key in _POSITIVE:
-        if get(cfg, key) <= 0:
-            problems.append(f"{key}: expected a positive number, got {get(cfg, key)!r}")
+        if values[key] <= 0:
+            problems.append(f"{key}: expected a positive number, got {values[key]!r}")
     for key in _NON_NEGATIVE:
-        if get(cfg, key) < 0:
-            problems.append(f"{key}: expected >= 0, got {get(cfg, key)!r}")
+        if values[key] < 0:
+            problems.append(f"{key}: expected >= 0, got {values[key]!r}")
     if cfg.checkpoint.snapshot_interval < -1:
         problems.append(f"checkpoint.snapshot_interval: expected -1 (none), 0 (at every evaluation) or a step "
                         f"count, got {cfg.checkpoint.snapshot_interval!r}")
@@ -580,10 +572,10 @@ def validate(cfg: Config) -> list[str]:
     for name, sec in method_sections(cfg.method).items():  # each section's own checks (eslm.settings.Section)
         problems += [f"method.{name}.{p}" for p in sec.problems()]
     for key, (default, _) in all_keys().items():  # nan passes every comparison below; inf is no setting
-        if isinstance(default, float) and not math.isfinite(get(cfg, key)):
-            problems.append(f"{key}: expected a finite number, got {get(cfg, key)!r}")
-        elif is_int(default) and abs(get(cfg, key)) >= MAX_INT:
-            problems.append(f"{key}: expected an integer below 2**53, got {get(cfg, key)!r}")
+        if isinstance(default, float) and not math.isfinite(values[key]):
+            problems.append(f"{key}: expected a finite number, got {values[key]!r}")
+        elif is_int(default) and abs(values[key]) >= MAX_INT:
+            problems.append(f"{key}: expected an integer below 2**53, got {values[key]!r}")
     problems += value_problems(cfg)
     if cfg.run.name and (problem := name_problem(cfg.run.name, "run.name")):  # <out_dir>/<name>: one component
         problems.append(problem)
@@ -597,10 +589,8 @@ def validate(cfg: Config) -> list[str]:
     dev = cfg.train.device
     if not (dev in ("auto", "cpu", "cuda") or dev.startswith("cuda:")):
         problems.append(f"train.device: expected auto, cpu, cuda or cuda:N, got {dev!r}")
-    if cfg.method.name not in METHODS:
-        close = difflib.get_close_matches(cfg.method.name, list(METHODS), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        problems.append(f"method.name: unknown method {cfg.method.name!r}{hint}; expected one of {', '.join(METHODS)}")
+    if why := method_problem(cfg.method.name):
+        problems.append(f"method.name: {why}")
     else:
         problems += METHODS[cfg.method.name].problems(cfg.method)
     if not problems:  # sizes are estimated from a config that is otherwise valid

@@ -1,18 +1,8 @@
-"""The files eslm writes: names that stay inside their directory, writes that never follow a link, atomic
-replaces, checksums and ownership markers.
-
-``name_problem``: a run name, a study name or a study label becomes one path component
-(``<out_dir>/<name>``), so it is accepted only as a single, portable component: not empty, not ``.`` or ``..``,
-no path separator, no control character, no leading dot (eslm's own temporary files start with one) or dash
-(it would read as an option), no surrounding white space, at most ``MAX_NAME`` characters.
-
-Inside its directories eslm never writes through a symbolic link: appends open with ``O_NOFOLLOW``
-(``open_nofollow``), whole files are written to a temporary file and renamed over the name (``atomic_write``:
-the rename replaces a link, it does not follow it), and its subdirectories must not be links (``ensure_dir``).
-A file eslm may need to trust later carries a SHA-256 (``<file>.sha256``, in ``sha256sum`` format), and a
-directory it creates carries a marker (a JSON object with a ``format`` and a random ``id``): eslm deletes,
-prunes or overwrites only what its marker or its names prove it made.
-"""
+"""The files eslm writes: names that stay inside their directory (``name_problem``), writes that never follow a
+link (``open_nofollow``, ``atomic_write``: a rename replaces a link, ``ensure_dir``), checksums
+(``<file>.sha256`` in ``sha256sum`` format), ownership markers (a JSON object with a ``format`` and a random
+``id``: eslm deletes, prunes or overwrites only what its marker or its names prove it made) and the one YAML
+reader (``read_yaml``)."""
 
 from __future__ import annotations
 
@@ -21,9 +11,11 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import time
 import unicodedata
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import eslm
@@ -168,7 +160,11 @@ def atomic_write(path: Path, write, before_rename=None) -> str:
         if isinstance(e, OSError):
             raise _with_name(e, path) from None
         raise
-    fsync_dir(path.parent)
+    fd = os.open(path.parent, os.O_RDONLY)  # the rename itself made durable
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     return hw.sha.hexdigest()
 
 
@@ -182,32 +178,18 @@ def stale_temporaries(directory: Path, own) -> list[Path]:
                   and not p.is_dir())
 
 
-class named:
+@contextmanager
+def named(path):
     """``with named(path):`` an OSError raised in the block without a file name (a write or flush of an open
     file: a full disk) is raised again naming ``path``."""
-
-    def __init__(self, path):
-        self.path = path
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, typ, e, tb):
-        if isinstance(e, OSError) and e.filename is None:
-            raise _with_name(e, Path(self.path)) from None
-        return False
+    try:
+        yield
+    except OSError as e:
+        raise _with_name(e, Path(path)) from None
 
 
 def _with_name(e: OSError, path: Path) -> OSError:
     return e if e.filename is not None else OSError(e.errno, e.strerror or str(e), str(path))
-
-
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def os_error_in(e: BaseException, path: Path) -> OSError | None:
@@ -227,11 +209,11 @@ def os_error_in(e: BaseException, path: Path) -> OSError | None:
 CHECKSUM_SUFFIX = ".sha256"
 
 
-def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> str:
-    """The SHA-256 of a file's bytes, read in blocks (checkpoints, snapshots, data shards)."""
+def sha256_file(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes, read in 4 MiB blocks (checkpoints, snapshots, data shards)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        while block := f.read(chunk_bytes):
+        while block := f.read(1 << 22):
             h.update(block)
     return h.hexdigest()
 
@@ -291,10 +273,9 @@ def foreign_entries(directory: Path, ours) -> list[str]:
     return sorted(p.name for p in Path(directory).iterdir() if not ours(p.name))
 
 
-def listing(names: list[str], n: int = 3) -> str:
+def listing(names: list, n: int = 3, show=repr, sep: str = ", ") -> str:
     """'a, b, c and 4 more'"""
-    more = f" and {len(names) - n} more" if len(names) > n else ""
-    return ", ".join(repr(x) for x in names[:n]) + more
+    return sep.join(show(x) for x in names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
 # ------------------------------------------------------------------ the one YAML reader
@@ -459,12 +440,11 @@ def parse_yaml(text: str):
         loader.dispose()
 
 
-def read_yaml(path: str | os.PathLike, what: str = "YAML file", error=ConfigError,
-              fix: str = "fix the file", mapping: bool = True):
-    """The YAML file at ``path`` read as UTF-8 through ``parse_yaml`` (the one YAML reader of eslm: configs,
-    studies, run directories). Every problem is one ``error`` line naming ``what`` and the file and ending with
-    ``fix``: not UTF-8, not valid YAML, duplicate keys, too deep, an alias bomb, too large, or (``mapping``) not
-    a mapping. An empty file is an empty mapping. OSErrors pass through (the command line names their file)."""
+def read_yaml(path: str | os.PathLike, what: str = "YAML file", error=ConfigError, fix: str = "fix the file") -> dict:
+    """The YAML mapping in the file at ``path`` read as UTF-8 through ``parse_yaml`` (the one YAML reader of eslm:
+    configs, studies, run directories). Every problem is one ``error`` line naming ``what`` and the file and ending
+    with ``fix``: not UTF-8, not valid YAML, duplicate keys, too deep, an alias bomb, too large, or not a mapping.
+    An empty file is an empty mapping. OSErrors pass through (the command line names their file)."""
     path = Path(path)
     with open(path, "rb") as f:
         raw = f.read(MAX_YAML_BYTES + 1)
@@ -481,9 +461,9 @@ def read_yaml(path: str | os.PathLike, what: str = "YAML file", error=ConfigErro
         data = parse_yaml(text)
     except YAMLProblem as e:
         raise error(f"{where} is not valid YAML for eslm: {e}; {fix}") from None
-    if data is None and mapping:
+    if data is None:
         return {}
-    if mapping and not isinstance(data, dict):
+    if not isinstance(data, dict):
         raise error(f"{where}: expected a mapping (key: value lines), found {type(data).__name__}; {fix}")
     return data
 
@@ -521,8 +501,6 @@ def replace_dir(out: Path, fill, *, what: str, is_ours, earlier: str = "an earli
     ``out`` in one rename; the previous output (checked by ``check_output_dir``) is set aside and deleted. Runs
     under ``output_lock``: a concurrent writer of the same ``out`` is refused; leftovers of killed writers
     (eslm's marker inside) are removed. A failure leaves the previous output as it was."""
-    import shutil
-
     out = Path(out)
     ensure_dir(out.parent)
     with output_lock(out, what).acquire():

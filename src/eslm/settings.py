@@ -26,11 +26,6 @@ def setting(default, help: str, *, key: str | None = None, **kw):
     return field(default=default, metadata=meta)
 
 
-def section(cls, help: str):
-    """A field holding a whole section (a frozen dataclass built with its defaults)."""
-    return field(default_factory=cls, metadata={"help": help})
-
-
 def key_of(f) -> str:
     """The config key of a dataclass field (its ``key`` metadata, else its name)."""
     return f.metadata.get("key", f.name)

@@ -9,6 +9,7 @@ Offline (``WANDB_MODE=offline``) the W&B files land in ``<run>/wandb/offline-run
 
 from __future__ import annotations
 
+import secrets
 import sys
 from pathlib import Path
 
@@ -48,8 +49,6 @@ def open_trackers(cfg, run_dir: Path, env: dict) -> list:
     except ImportError:
         warn_missing("log.wandb", "wandb", "wandb")
         return []
-    import secrets
-
     id_file = Path(run_dir) / "wandb_run_id"
     run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(8)
 

@@ -8,7 +8,7 @@ import pytest
 
 from eslm import study
 from eslm.errors import ConfigError, ESLMError
-from eslm.study import launch, report
+from eslm.study import launch
 
 STUDY = """methods: [clm, eslm-entropy]
 seeds: [1]
@@ -410,7 +410,7 @@ def test_plan_files_are_replaced_whole_and_a_planted_link_is_not_followed(tmp_pa
     plan_file = tmp_path / "plan" / "clm-s1.yaml"
     plan_file.parent.mkdir()
     plan_file.symlink_to(outside)
-    launch._write_text_atomic(plan_file, "run: {name: clm-s1}\n")
+    launch.atomic_write(plan_file, b"run: {name: clm-s1}\n")  # as the launcher writes a plan
     assert outside.read_text() == "mine\n" and not plan_file.is_symlink()
     assert plan_file.read_text() == "run: {name: clm-s1}\n" and [p.name for p in plan_file.parent.iterdir()] == [
         "clm-s1.yaml"]  # no temporary file left
@@ -421,7 +421,7 @@ def test_a_report_failing_after_training_says_so_and_names_the_study_files_keys(
 
     runs = [make_run(tmp_path / "r", "clm-s1", "clm", 1), make_run(tmp_path / "r", "eslm-s1", "eslm-entropy", 1)]
     with pytest.raises(ESLMError) as e:
-        report.run_report({"name": "grid", "report": {"baseline": "nope"}}, runs, tmp_path / "rep", 0.0)
+        study.run_report({"name": "grid", "report": {"baseline": "nope"}}, runs, tmp_path / "rep", 0.0)
     msg = str(e.value)
     assert msg.startswith("study grid: every run finished, but the report failed: report.baseline: no group 'nope'")
     assert "finished runs are skipped" in msg and "--" not in msg

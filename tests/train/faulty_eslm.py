@@ -81,13 +81,13 @@ def install(point: str, n: int) -> None:
     if point == "step":
         patch(Trainer, "_train_one_step", lambda real, self: _kill())
     elif point == "save":
-        patch(ckpt, "_atomic_write", half_file)
+        patch(ckpt, "atomic_write", half_file)
     elif point == "snap":
-        patch(snaps, "_atomic_write", half_file)
+        patch(snaps, "atomic_write", half_file)
     elif point == "fullsave":
-        patch(ckpt, "_atomic_write", fill_then)
+        patch(ckpt, "atomic_write", fill_then)
     elif point == "fullsnap":
-        patch(snaps, "_atomic_write", fill_then)
+        patch(snaps, "atomic_write", fill_then)
     elif point == "metrics":
         patch(MetricsWriter, "write", lambda real, self, record: _write_half_and_kill(
             self.file, json.dumps(record, default=str) + "\n"))

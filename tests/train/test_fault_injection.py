@@ -225,20 +225,20 @@ def test_a_full_disk_at_the_first_snapshot_then_resume_starts_again(tiny_data, t
     from eslm.cli import main as cli_main
 
     args = tiny_overrides(tiny_data, tmp_path / "b", **FIRST)
-    real = snaps._atomic_write
+    real = snaps.atomic_write
 
     def full(path, write):
         with open(path.with_name(f".{path.name}.tmp.{os.getpid()}"), "wb") as f:
             f.write(b"partial")  # what a real write leaves before ENOSPC; eslm's own temporary name
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(snaps, "_atomic_write", full)
+    monkeypatch.setattr(snaps, "atomic_write", full)
     assert cli_main(["train", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert "could not write snapshot" in err and "free disk space" in err and "--resume" in err, err
     run = tmp_path / "b" / "t"
     assert not list((run / "checkpoints").glob("step_*")) and read_metrics(run)
-    monkeypatch.setattr(snaps, "_atomic_write", real)
+    monkeypatch.setattr(snaps, "atomic_write", real)
     assert cli_main(["train", *args, "--resume"]) == 0, capsys.readouterr().err
     assert max(r[M.STEP] for r in read_metrics(run, "train")) == 4 and (run / "result.json").is_file()
     assert not [p for d in ("checkpoints", "snapshots") for p in (run / d).iterdir() if ".tmp." in p.name]

@@ -1,8 +1,7 @@
 """Run directories: eslm writes, prunes or deletes only what it made (issue 24 items 1, 4, 6, 12).
 
 A run directory carries a marker (eslm-run.json: format, id); a directory without one that holds files is not
-eslm's and is refused; one written by an earlier eslm (config.yaml + env.json / metrics.jsonl, no marker) is
-recognised and gets its marker; nothing is written through a symbolic link; a resume records the eslm version
+eslm's and is refused (one an earlier eslm wrote, before markers, too); nothing is written through a symbolic link; a resume records the eslm version
 and commit of every segment and refuses a changed one without consent; temporary files of killed writes are
 removed on the next start, only those eslm's names prove it made."""
 
@@ -68,12 +67,11 @@ def test_a_new_run_may_start_in_an_empty_directory(tiny_data, tmp_path):
     assert (tmp_path / "t" / RUN_MARKER).is_file()
 
 
-def test_a_run_of_an_earlier_eslm_without_marker_resumes_and_gets_one(tiny_data, run_copy, capsys):
-    (run_copy / RUN_MARKER).unlink()  # as written before markers existed
-    assert cli_main(["train", "--resume", str(run_copy), "train.max_steps=3"]) == 0
-    assert "written by an earlier eslm" in capsys.readouterr().out
-    marker = json.loads((run_copy / RUN_MARKER).read_text())
-    assert marker["format"] == RUN_FORMAT and marker["adopted"] is True
+def test_a_run_directory_without_marker_is_refused_even_if_eslm_wrote_it(tiny_data, run_copy, capsys):
+    (run_copy / RUN_MARKER).unlink()  # as an eslm from before markers wrote it: no longer adopted
+    before = _tree(run_copy)
+    code = cli_main(["train", "--resume", str(run_copy), "train.max_steps=3"])
+    assert "holds files eslm did not write" in _one_line(capsys, code) and _tree(run_copy) == before
 
 
 def test_unsafe_run_names_are_refused_before_anything_is_written(tiny_data, tmp_path, capsys):

@@ -1,40 +1,10 @@
 """``eslm study NAME|FILE``: a grid of runs (methods x sweep axes x seeds) at an equal FLOPs budget, then the report.
 
-A study file (configs/studies/NAME.yaml, or any path) holds:
-
-* ``methods``: method names, or mappings ``{name: METHOD, label: TEXT, section.key: value, ...}`` for a
-  variant of a method (e.g. ``{name: eslm-entropy, method.standardize: domain}``);
-* ``seeds``: the seeds every grid point is run with;
-* ``sweep`` (optional): axes ``section.key: [v1, v2, ...]`` expanded to the full grid; an axis that applies to
-  some methods only is ``section.key: {values: [...], methods: [m1, m2]}`` (e.g. ``method.alpha`` means
-  nothing to CLM, so CLM is not repeated for each alpha);
-* ``config``: a config delta shared by every run;
-* ``budget``: ``steps_of: METHOD`` sets the FLOPs budget to what that method's dense training spends in
-  ``config.train.max_steps`` steps, measured on ``counter`` (default flops_paper, the paper's convention), and
-  every run stops at that budget (so a method whose steps count fewer FLOPs runs more steps);
-* ``report`` (optional): ``{baseline: clm, target: 4.3 | baseline, primary: [GROUP, GROUP]}`` for the report
-  (``controls: false``: no warning for groups planned without their registry control at their alpha);
-* ``jobs`` (optional): how many runs train at once (``--jobs`` overrides it);
-* ``models`` (optional): frozen models the runs use (a Rho-1 reference, a KD teacher), trained once per study
-  before the runs and named by the runs where a method needs one (``method.kd.teacher: teacher``); see
-  ``eslm.study.shared``.
-
-Run names are readable: ``<method or label>[-<key><value> ...]-s<seed>``, e.g. ``eslm-loss-alpha0.3-s2``.
-
-Pairing: for one seed, every run sees the same data order and the same initial weights (the model is
-initialised from ``run.seed`` before any method component exists, and the training stream is seeded by
-``run.seed`` alone), so differences between methods can be paired per seed; tests/study/test_study.py checks it.
-
-Runs are resumable: a finished run (it has result.json) is skipped, an interrupted one resumes. Runs go
-seed by seed, so a study stopped half-way holds complete paired comparisons for its first seeds. With
-``--jobs N`` N runs train at once in child processes (each with cpu_count // N threads unless
-train.num_threads is set), their output in ``<study>/logs/<run>.log``.
-
-The package: ``schema`` (finding and checking the study file), ``grid`` (the grid, each run's Config, the
-equal-FLOPs budget, the stages runs train in), ``shared`` (the study's shared models), ``launch`` (the ``Launcher`` seam and the local launcher: in
-this process, or a pool of child processes with the study's lifeline and signal handling), ``report`` (the
-report of the finished runs), ``estimate`` (the CPU time the planned runs will take on this machine, from its
-measured head-route costs, printed with the plan). ``run_study`` ties them together.
+The study file's keys, run names, pairing by seed, resuming and ``--jobs``: docs/study.md. The package:
+``schema`` (finding and checking the study file), ``grid`` (the grid, each run's Config, the equal-FLOPs budget,
+the stages runs train in), ``shared`` (the study's shared models), ``launch`` (the ``Launcher`` seam and the
+local launcher), ``slurm`` (the SLURM launcher), ``estimate`` (the CPU time the planned runs will take,
+printed with the plan). ``run_study`` ties them together, then writes the report.
 """
 
 from __future__ import annotations
@@ -46,8 +16,9 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
+from eslm.analysis import report as analysis_report
 from eslm.analysis.report.output import check_report_dir
-from eslm.errors import ConfigError, OwnershipError
+from eslm.errors import ConfigError, ESLMError, OwnershipError
 from eslm.files import atomic_write, ensure_dir, foreign_entries, link_refused, listing, new_marker, read_marker
 from eslm.lock import DirLock
 from eslm.study import shared
@@ -65,9 +36,7 @@ from eslm.study.launch import (
     launcher_problems,
     watch_parent,
 )
-from eslm.study.report import mark_earlier_report_stale, run_report
 from eslm.study.schema import STUDIES_DIR, is_int, load_study, study_dirs, study_problems
-from eslm.train.run_dir import run_marker, written_by_earlier_eslm
 
 __all__ = ["PARENT_FD_ENV", "STUDIES_DIR", "Launched", "Launcher", "LocalLauncher", "Outcome", "Stage",
            "load_study", "make_launcher", "plan", "run_study", "stages", "study_dirs", "study_problems",
@@ -88,24 +57,23 @@ def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int]
     if jobs is not None and not (is_int(jobs) and jobs >= 1):
         raise ConfigError(f"--jobs: expected an integer >= 1, found {jobs!r}")
     study = load_study(preset)
-    out = Path(out)
-    configs = plan(study, out, seeds, overrides)
+    study_dir = Path(out) / study["name"]
+    configs = plan(study, Path(out), seeds, overrides)
     # before the dry run returns: it knows these too
-    if problems := shared.changed_run_problems(configs) + shared.unknown_model_problems(configs, study,
-                                                                                        out / study["name"]):
+    if problems := shared.changed_run_problems(configs) + shared.unknown_model_problems(configs, study, study_dir):
         raise ConfigError(f"study {study['name']}: " + (problems[0] if len(problems) == 1 else
                           f"{len(problems)} problem(s), nothing was run:" + "".join(f"\n  - {p}" for p in problems)))
     if missing := missing_controls(study.get("report") or {}, configs):  # a warning: the report goes without
         warnings.warn(missing, stacklevel=1)
     launcher = make_launcher(study, launcher, jobs, detach=detach)
     jobs = jobs or study.get("jobs") or 1
-    if status:
-        print(f"study {study['name']}: {len(configs)} runs in {out / study['name']}")
-        return launcher.status([c for s in stages(study, configs) for c in s.runs], out / study["name"])
-    how = getattr(launcher, "describe", None)
-    print(f"study {study['name']}: {len(configs)} runs -> {out / study['name']}"
-          + (f" ({how()})" if how else f" ({jobs} at a time)" if jobs > 1 else ""))
     planned = stages(study, configs)
+    if status:
+        print(f"study {study['name']}: {len(configs)} runs in {study_dir}")
+        return launcher.status([c for s in planned for c in s.runs], study_dir)
+    how = getattr(launcher, "describe", None)
+    print(f"study {study['name']}: {len(configs)} runs -> {study_dir}"
+          + (f" ({how()})" if how else f" ({jobs} at a time)" if jobs > 1 else ""))
     steps = steps_by_run(planned)
     for stage in planned[:-1]:
         for c in stage.runs:
@@ -121,7 +89,6 @@ def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int]
     if dry_run:
         return 0
 
-    study_dir = out / study["name"]
     run_dirs = [Path(c.run.out_dir) / c.run.name for s in planned for c in s.runs]
     check_study_dir(study_dir, run_dirs)  # before anything is written: another program's directory is refused
     check_report_dir(study_dir / "report")  # refused now, not after all the training
@@ -132,7 +99,7 @@ def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int]
         if read_marker(study_dir / STUDY_MARKER, STUDY_FORMAT) is None:
             atomic_write(study_dir / STUDY_MARKER, (json.dumps(new_marker(STUDY_FORMAT)) + "\n").encode())
         check_branch_record(study, study_dir, configs)
-        return _train_and_report(study, configs, launcher, study_dir)
+        return _train_and_report(study, configs, planned, launcher, study_dir)
 
 
 def make_launcher(study: dict, launcher: Launcher | str | None = None, jobs: int | None = None, *,
@@ -158,15 +125,13 @@ def make_launcher(study: dict, launcher: Launcher | str | None = None, jobs: int
 
 STUDY_MARKER, STUDY_FORMAT = "eslm-study.json", "eslm-study-v1"
 _STUDY_DIRS = ("plan", "logs", "report", "slurm", "models")
-_STUDY_ENTRIES = (*_STUDY_DIRS, "branch.json", "eslm.lock", STUDY_MARKER)
 
 
 def check_study_dir(study_dir: Path, run_dirs: Sequence[Path] = ()) -> None:
-    """A study directory eslm may write: new, empty, marked by eslm (``eslm-study.json``), or one an earlier eslm
-    wrote (only plan/, logs/, report/, slurm/, models/, branch.json and run directories eslm made); anything else is
-    refused in one line, and so is a link (marked or not) at any directory eslm writes into: plan/, logs/, report/,
-    slurm/, models/, and ``run_dirs`` (the planned runs, shared models and trunks) and the folders between them and
-    the study directory."""
+    """A study directory eslm may write: new, empty (but for the lock of a start) or marked by eslm
+    (``eslm-study.json``); anything else is refused in one line, and so is a link (marked or not) at any directory
+    eslm writes into: plan/, logs/, report/, slurm/, models/, and ``run_dirs`` (the planned runs, shared models
+    and trunks) and the folders between them and the study directory."""
     if study_dir.is_symlink():
         raise link_refused(study_dir)
     if not study_dir.exists():
@@ -178,17 +143,11 @@ def check_study_dir(study_dir: Path, run_dirs: Sequence[Path] = ()) -> None:
             raise link_refused(path)
     if read_marker(study_dir / STUDY_MARKER, STUDY_FORMAT) is not None:
         return
-
-    def ours(name: str) -> bool:
-        p = study_dir / name
-        return name in _STUDY_ENTRIES or (p.is_dir() and not p.is_symlink()
-                                          and (run_marker(p) is not None or written_by_earlier_eslm(p)))
-
-    foreign = foreign_entries(study_dir, ours)
+    foreign = foreign_entries(study_dir, lambda name: name == "eslm.lock")
     if foreign:
         raise OwnershipError(f"study directory {str(study_dir)!r} holds files eslm did not write ({listing(foreign)}) "
-                             f"and no {STUDY_MARKER}; eslm writes a study only into a new, empty or earlier study "
-                             "directory: choose another --out")
+                             f"and no {STUDY_MARKER}; eslm writes a study only into a new or empty directory: "
+                             "choose another --out")
 
 
 def _between(study_dir: Path, d: Path) -> list[Path]:
@@ -199,12 +158,11 @@ def _between(study_dir: Path, d: Path) -> list[Path]:
     return [d, *[p for p in d.parents if p != study_dir and p.is_relative_to(study_dir)]]
 
 
-def _train_and_report(study: dict, configs: list, launcher: Launcher, study_dir: Path) -> int:
+def _train_and_report(study: dict, configs: list, plan_stages: list[Stage], launcher: Launcher,
+                      study_dir: Path) -> int:
     """Train the unfinished runs of every stage, one stage after another, with ``launcher``, then the report
     of ``configs`` (the grid's runs). Returns the exit code."""
     t0 = time.perf_counter()
-    run_dirs = [Path(c.run.out_dir) / c.run.name for c in configs]
-    plan_stages = stages(study, configs)
 
     def finished(c) -> bool:
         return (Path(c.run.out_dir) / c.run.name / "result.json").is_file()
@@ -232,4 +190,29 @@ def _train_and_report(study: dict, configs: list, launcher: Launcher, study_dir:
                 return code
         if stage.name == shared.STAGE:  # the models the runs will use, before they start
             shared.write_record(study, study_dir, list(stage.runs), configs)
-    return run_report(study, run_dirs, study_dir / "report", t0)
+    return run_report(study, [Path(c.run.out_dir) / c.run.name for c in configs], study_dir / "report", t0)
+
+
+def mark_earlier_report_stale(study: dict, study_dir: Path, unfinished: int) -> None:
+    """An earlier report no longer describes the study: say so on it until the new one replaces it."""
+    if analysis_report.mark_stale(study_dir / "report", f"written before eslm study {study['name']} continued on "
+                  f"{time.strftime('%Y-%m-%d %H:%M')} with {unfinished} unfinished run(s); it is replaced "
+                  "when the study finishes"):
+        print(f"study {study['name']}: the earlier report in {study_dir / 'report'} is marked stale")
+
+
+def run_report(study: dict, run_dirs: list[Path], report_dir: Path, t0: float) -> int:
+    opts = study.get("report") or {}
+    try:
+        summary = analysis_report.build_report([str(p) for p in run_dirs], str(report_dir),
+                                               target_loss=opts.get("target"), baseline=opts.get("baseline"),
+                                               where="report.", primary=opts.get("primary"),
+                                               equivalence_margin=opts.get("equivalence_margin"),
+                                               study=study["name"])
+    except ESLMError as e:
+        raise ESLMError(f"study {study['name']}: every run finished, but the report failed: {e}; fix the study "
+                        "file's report section and run the same command again (finished runs are skipped: "
+                        "only the report is written)") from None
+    analysis_report.print_summary(summary, report_dir)
+    print(f"study {study['name']} done in {time.perf_counter() - t0:.0f}s; report: {report_dir / 'index.html'}")
+    return 0

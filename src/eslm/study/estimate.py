@@ -20,9 +20,12 @@ about 20-30% where the head dominates a step (the small and 124M presets), not a
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
 import time
+from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -89,8 +92,6 @@ def _data_dir(cfg) -> Path:
 
 def _domains(cfg) -> int:
     """The corpus's number of domains (each evaluated): from its manifest when prepared, else stdlib's 3."""
-    import json
-
     try:
         return max(1, len(json.loads((_data_dir(cfg) / MANIFEST_NAME).read_text())["domains"]))
     except (OSError, ValueError, KeyError, TypeError):
@@ -147,8 +148,6 @@ def run_steps(cfg, start: tuple[int, float] | None = (0, 0.0)) -> tuple[int | No
 def steps_by_run(planned: list) -> dict:
     """{config: ``run_steps``} for every run of the study's stages (``eslm.study.stages``); a branched run starts
     from its trunk's last step and the FLOPs its trunk counted (as the branched run's counter counts them)."""
-    from dataclasses import replace
-
     trunks = {c.run.seed: c for stage in planned if stage.name == "trunks" for c in stage.runs}
     out = {}
     for stage in planned:
@@ -197,11 +196,7 @@ def unpriced_work(configs: list) -> dict[str, int]:
     """{method: runs} of the planned runs whose method does work beside its own model's dense step that the
     estimate does not price: a frozen reference or teacher model's forwards, GREATS' held-out gradients
     (the registry's ``MethodSpec.needs``). Their runs are priced as dense steps only, so the estimate is low."""
-    out: dict[str, int] = {}
-    for c in configs:
-        if METHODS[c.method.name].needs:
-            out[c.method.name] = out.get(c.method.name, 0) + 1
-    return out
+    return dict(Counter(c.method.name for c in configs if METHODS[c.method.name].needs))
 
 
 def describe(est: dict | None) -> str | None:

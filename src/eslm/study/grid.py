@@ -1,32 +1,26 @@
-"""The plan of a study: its grid of runs (methods x sweep axes x seeds), each run's resolved and checked
-Config (``plan``), the equal-FLOPs budget (``_with_budget``), and the stages the runs train in (``stages``).
-
-A stage is a list of runs that may train in any order or at once; every run of a stage finishes before the
-next stage starts (``stages``). A plain study is one stage, its grid's runs. Runs that others start from
-form a stage of their own before the runs that need them: a branched study's trunks (``branch``: one run per
-seed, trained to the branch point; every grid run of that seed continues its checkpoint, see
-``eslm.train.branch``), or a model trained once per study. A launcher (``eslm.study.launch.Launcher``) is
-handed one stage at a time and needs no notion of dependencies. Only the last stage (the grid's runs) is
-reported."""
+"""The plan of a study: its grid of runs (methods x sweep axes x seeds), each run's resolved and checked Config
+(``plan``), the equal-FLOPs budget (``_with_budget``), and the stages the runs train in (``stages``): the shared
+models, then a branched study's trunks (one per seed, trained to the branch point; ``eslm.train.branch``), then
+the grid's runs, each stage finished before the next starts. Only the last stage is reported."""
 
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from eslm import metrics as M
 from eslm.analysis.rundir import comparable_sets_problem, config_get, experiment_key, find_group, planned_groups
-from eslm.config import build_config, equal_flops_budget
+from eslm.config import build_config, equal_flops_budget, flat
 from eslm.errors import ConfigError
-from eslm.files import atomic_write
+from eslm.files import atomic_write, listing
 from eslm.methods import baseline, control_of
 from eslm.study import shared
 from eslm.study.schema import MAX_RUNS, flatten, method_entry, refuse, seeds_problems, slug
 from eslm.train.branch import SHARED_KEYS
-from eslm.train.resume import flat
 
 
 @dataclass(frozen=True)
@@ -93,7 +87,7 @@ def _arm_problems(configs: list) -> list[str]:
         for k, v in values.items():
             if trunk.get(k) != v:
                 bad.setdefault(k, []).append(c.run.name)
-    return [f"branch: {', '.join(runs[:3])}{f' and {len(runs) - 3} more' if len(runs) > 3 else ''} set {key} "
+    return [f"branch: {listing(runs, show=str)} set {key} "
             "otherwise than their seed's first run, whose trunk every arm continues; a branched study's arms share "
             "the data, model, batch and optimizer up to the branch point: sweep that key in a study without a "
             "branch section, or give it one value" for key, runs in bad.items()]
@@ -101,8 +95,6 @@ def _arm_problems(configs: list) -> list[str]:
 
 def _with_branch(study: dict, configs: list) -> list:
     """Every run continues the checkpoint of its seed's trunk at the branch point (``train.branch_from``)."""
-    from dataclasses import replace
-
     step = branch_step(study, configs[0])
     out = []
     for c in configs:
@@ -141,35 +133,28 @@ def _axes(study: dict) -> list[tuple[str, list, set | None]]:
 
 def grid(study: dict, seeds=None) -> list[tuple[str, str, list[str], int]]:
     """Every run of the study as (method, run name, overrides, seed): seeds outermost, then methods in file
-    order, then the sweep axes' product. Two grid points with one name are refused."""
-    points: list[tuple[str, str, list[str]]] = []
-    axes = _axes(study)
-    _check_size(study, axes, seeds or study["seeds"])
+    order, then the sweep axes' product. Refused in one line: more than ``MAX_RUNS`` runs (counted before
+    anything is expanded), two grid points with one name."""
+    seeds, axes = seeds or study["seeds"], _axes(study)
+    entries = []
     for item in study["methods"]:
         method, label, over = method_entry(item)
         # a restricted axis names methods by label: a labelled variant is its own entry, not its method's
-        applicable = [(k, vals) for k, vals, ms in axes if ms is None or label in ms]
-        for combo in itertools.product(*[vals for _, vals in applicable]):
-            sweep = [f"{k}={v}" for (k, _), v in zip(applicable, combo)]
-            name = "-".join([label] + [slug(o) for o in sweep])
-            points.append((method, name, over + sweep))
-    dup = sorted(n for n, k in Counter(p[1] for p in points).items() if k > 1)
-    if dup:
-        raise ConfigError(f"study: the grid names {dup[0]!r} twice; give one of the method entries a 'label'")
-    return [(m, f"{name}-s{seed}", over, seed) for seed in (seeds or study["seeds"]) for m, name, over in points]
-
-
-def _check_size(study: dict, axes: list, seeds: list) -> None:
-    """The grid's size (methods x the product of their sweep axes x seeds), counted before anything is expanded:
-    above ``MAX_RUNS`` refused in one line with the numbers."""
-    per_seed = 0
-    for item in study["methods"]:
-        label = method_entry(item)[1]
-        per_seed += math.prod(len(vals) for _, vals, ms in axes if ms is None or label in ms)
+        entries.append((method, label, over, [(k, vals) for k, vals, ms in axes if ms is None or label in ms]))
+    per_seed = sum(math.prod(len(vals) for _, vals in applicable) for *_, applicable in entries)
     if per_seed * len(seeds) > MAX_RUNS:
         raise ConfigError(f"study {study['name']}: expected at most {MAX_RUNS} runs, found {per_seed} grid points x "
                           f"{len(seeds)} seed(s) = {per_seed * len(seeds)}; shorten the sweep axes or the seeds "
                           "(or split the study)")
+    points: list[tuple[str, str, list[str]]] = []
+    for method, label, over, applicable in entries:
+        for combo in itertools.product(*[vals for _, vals in applicable]):
+            sweep = [f"{k}={v}" for (k, _), v in zip(applicable, combo)]
+            points.append((method, "-".join([label] + [slug(o) for o in sweep]), over + sweep))
+    dup = sorted(n for n, k in Counter(p[1] for p in points).items() if k > 1)
+    if dup:
+        raise ConfigError(f"study: the grid names {dup[0]!r} twice; give one of the method entries a 'label'")
+    return [(m, f"{name}-s{seed}", over, seed) for seed in seeds for m, name, over in points]
 
 
 def _by_message(failures: list[tuple[str, str]], total: int) -> list[str]:
@@ -177,12 +162,8 @@ def _by_message(failures: list[tuple[str, str]], total: int) -> list[str]:
     runs: dict[str, list[str]] = {}
     for name, text in failures:
         runs.setdefault(text, []).append(name)
-    out = []
-    for text, names in runs.items():
-        who = "every run" if len(names) == total > 1 else ", ".join(names[:3]) + (
-            f" and {len(names) - 3} more" if len(names) > 3 else "")
-        out.append(f"{who}: {text}")
-    return out
+    return [f"{'every run' if len(names) == total > 1 else listing(names, show=str)}: {text}"
+            for text, names in runs.items()]
 
 
 def plan(study: dict, out: Path, seeds=None, overrides=()) -> list:
@@ -290,8 +271,6 @@ def _with_budget(cfg, budget: dict):
     """Equal FLOPs: max_flops = dense FLOPs of max_steps steps; max_steps raised so the budget binds
     (``eslm.config.equal_flops_budget``); lr_decay_steps = the dense run's length, which the trainer stretches to
     each run's own step count under ``train.lr_schedule: budget`` (``eslm.train.optim.plan_schedule``)."""
-    from dataclasses import replace
-
     t = cfg.train
     flops, max_steps = equal_flops_budget(cfg)
     counter = budget.get("counter", M.FLOPS_PAPER)
@@ -306,8 +285,6 @@ def check_branch_record(study: dict, study_dir: Path, runs: list) -> None:
     """Refuse to continue a study whose branch settings (``branch.from``, the branch step) changed since its
     runs were started, or that starts branching runs trained without; else record them in
     ``<study>/branch.json``. Runs of two branch points are never mixed in one study directory."""
-    import json
-
     now = ({"from": study["branch"]["from"], "at_tokens": study["branch"]["at_tokens"],
             "step": branch_step(study, runs[0])} if study.get("branch") else None)
     path = study_dir / BRANCH_RECORD

@@ -1,17 +1,13 @@
 """Launching a study's runs: the ``Launcher`` seam and the local launcher.
 
-A launcher is handed the resolved Configs of one stage of a study (``eslm.study.grid.stages``) and the study
-directory; it trains the unfinished ones (each Config says whether it resumes: ``run.resume``), and answers
-what became of each (``Launched``: one ``Outcome`` per run, and the study's exit code); ``status`` tells each
-run's state without training. It never plans, skips finished runs or writes the report: ``eslm.study.run_study``
-does. A launcher owns its section of the study file (``launcher: {name: NAME, ...}``): its ``KEYS`` and their
-check (``section_problems``), and builds itself from it (``from_study``). Another executor (a cluster
-scheduler) is one more class with the ``Launcher`` protocol, in its own module beside this one, and its line in
-``LAUNCHERS``.
+A launcher is handed the resolved Configs of one stage of a study (``eslm.study.grid.stages``) and trains the
+unfinished ones (``run.resume`` says which resume), answering each run's ``Outcome``; it never plans, skips
+finished runs or writes the report (``eslm.study.run_study`` does). It owns its section of the study file
+(``KEYS``, ``section_problems``, ``from_study``). A new launcher is a class with the ``Launcher`` protocol in its
+own module and its line in ``LAUNCHERS``.
 
-``LocalLauncher`` trains on this machine: one run after another in this process (``jobs`` 1), or up to
-``jobs`` child processes at once (``_Pool``), each ``python -m eslm.cli train PLAN.yaml``, its output in
-``<study>/logs/<run>.log``."""
+``LocalLauncher`` trains on this machine: in this process (``jobs`` 1), or up to ``jobs`` child processes
+(``_Pool``), each ``python -m eslm.cli train PLAN.yaml`` logging to ``<study>/logs/<run>.log``."""
 
 from __future__ import annotations
 
@@ -21,7 +17,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -134,10 +132,8 @@ def print_status(study: str, rows: Sequence[tuple]) -> int:
     """One line per run (its last logged step and ``Outcome.words``) of rows (Config, Outcome), then the count
     of each state; a launcher's ``status``."""
     width = max((len(c.run.name) for c, _ in rows), default=0)
-    counts: dict[str, int] = {}
+    counts = Counter(o.words.split(" (")[0].split(";")[0] for _, o in rows)  # finished, running, queued, ...
     for c, o in rows:
-        label = o.words.split(" (")[0].split(";")[0]  # finished, running, queued, cancelled, failed, ...
-        counts[label] = counts.get(label, 0) + 1
         step = last_step(Path(c.run.out_dir) / c.run.name)
         print(f"  {c.run.name:<{width}}  {f'step {step}' if step else '-':<10}  {o.words}")
     print(f"study {study}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
@@ -244,8 +240,6 @@ PARENT_FD_ENV = "ESLM_STUDY_PARENT_FD"
 def watch_parent() -> None:
     """In a study's child (``eslm train`` started by ``eslm study``): SIGTERM this process when the study's
     process is gone. Does nothing in a process the study did not start."""
-    import threading
-
     fd = os.environ.pop(PARENT_FD_ENV, None)  # popped: the run's own subprocesses are not study children
     if fd is None or not fd.isdigit():
         return
@@ -297,7 +291,7 @@ class _Pool:
         if c.train.num_threads == 0:
             c = replace(c, train=replace(c.train, num_threads=self.threads))
         plan_file = self.study_dir / "plan" / f"{c.run.name}.yaml"
-        _write_text_atomic(plan_file, to_yaml(c))
+        atomic_write(plan_file, to_yaml(c).encode())  # whole: a child never reads half a plan; a link is replaced
         log = open_nofollow(self.study_dir / "logs" / f"{c.run.name}.log", "a")  # a planted link is refused
         cmd = [sys.executable, "-m", "eslm.cli", "train", str(plan_file)]
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, pass_fds=(lifeline_r,),
@@ -324,7 +318,8 @@ class _Pool:
     def run(self) -> Launched:
         ensure_dir(self.study_dir / "plan")  # never through a link
         ensure_dir(self.study_dir / "logs")
-        old = signal.signal(signal.SIGTERM, self._on_sigterm) if _main_thread() else None
+        main = threading.current_thread() is threading.main_thread()
+        old = signal.signal(signal.SIGTERM, self._on_sigterm) if main else None
         lifeline_r, lifeline_w = os.pipe()  # not inheritable: a child gets the read end only, through pass_fds
         env = {**os.environ, PARENT_FD_ENV: str(lifeline_r)}
         try:
@@ -348,21 +343,7 @@ class _Pool:
             os.close(lifeline_w)
             if old is not None:
                 signal.signal(signal.SIGTERM, old)
-        failed = [o.name for o in self.outcomes if not o.finished]
-        if failed:
+        if failed := [o.name for o in self.outcomes if not o.finished]:
             print(f"study: {len(failed)} run(s) did not finish: {', '.join(failed)}; see {self.study_dir / 'logs'}",
                   file=sys.stderr)
-            return Launched(tuple(self.outcomes), 1)
-        return Launched(tuple(self.outcomes), 0)
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    """Write through a temporary file beside ``path`` and a rename: a reader (a child starting, a second look
-    at the plan) never sees half a file, and a link at ``path`` is replaced, not followed."""
-    atomic_write(path, text.encode())
-
-
-def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
+        return Launched(tuple(self.outcomes), 1 if failed else 0)

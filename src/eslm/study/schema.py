@@ -7,10 +7,9 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from eslm.config import MAX_SEED, build_config, is_int
+from eslm.config import MAX_SEED, build_config, flat, is_int, method_problem
 from eslm.errors import ConfigError
 from eslm.files import MAX_YAML_BYTES, name_problem, read_yaml, yaml_list_lengths
-from eslm.methods import METHODS
 from eslm.study.launch import launcher_problems
 
 # Study files ship inside the package: src/eslm/configs is a link to the repository's configs/, so a
@@ -96,16 +95,9 @@ def _name_list(v) -> str:
     return ", ".join(repr(x) for x in v)
 
 
-def _method_problem(name) -> str | None:
-    import difflib
-
-    if not isinstance(name, str):
-        return f"expected a method name, found {name!r}"
-    if name not in METHODS:
-        close = difflib.get_close_matches(name, list(METHODS), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        return f"unknown method {name!r}{hint}; expected one of {', '.join(METHODS)}"
-    return None
+def _unknown_keys(where: str, d: dict, keys: tuple) -> list[str]:
+    extra = [k for k in d if k not in keys]
+    return [f"{where}: unknown key(s) {_name_list(extra)}; expected {_name_list(keys)}"] if extra else []
 
 
 def _entries_problems(methods) -> tuple[list[str], list[str], list[str]]:
@@ -122,14 +114,14 @@ def _entries_problems(methods) -> tuple[list[str], list[str], list[str]]:
             if "name" not in item:
                 problems.append(f"{where}: a mapping needs 'name' (the method), found keys {_name_list(item)}")
                 continue
-            if (why := _method_problem(item["name"])) is not None:
+            if (why := method_problem(item["name"])) is not None:
                 problems.append(f"{where}: {why}")
                 continue
             if "label" in item and (why := name_problem(item["label"], f"{where}: label")) is not None:
                 problems.append(why)
                 continue
         elif isinstance(item, str):
-            if (why := _method_problem(item)) is not None:
+            if (why := method_problem(item)) is not None:
                 problems.append(f"{where}: {why}")
                 continue
         else:
@@ -181,9 +173,7 @@ def _sweep_problems(sweep, labels: list[str]) -> list[str]:
     for key, spec in sweep.items():
         where = f"sweep {key!r}"
         if isinstance(spec, dict):
-            extra = [k for k in spec if k not in AXIS_KEYS]
-            if extra:
-                problems.append(f"{where}: unknown key(s) {_name_list(extra)}; expected {_name_list(AXIS_KEYS)}")
+            problems += _unknown_keys(where, spec, AXIS_KEYS)
             ms = spec.get("methods")
             if "methods" in spec:
                 if isinstance(ms, str):
@@ -214,10 +204,7 @@ def _budget_problems(budget, names: list[str], labels: list[str]) -> list[str]:
         return []
     if not isinstance(budget, dict):
         return [f"budget: expected a mapping {{steps_of: METHOD, counter: COUNTER}}, found {budget!r}"]
-    problems = []
-    extra = [k for k in budget if k not in BUDGET_KEYS]
-    if extra:
-        problems.append(f"budget: unknown key(s) {_name_list(extra)}; expected {_name_list(BUDGET_KEYS)}")
+    problems = _unknown_keys("budget", budget, BUDGET_KEYS)
     steps_of = budget.get("steps_of")
     if "steps_of" in budget and (not isinstance(steps_of, str) or steps_of not in names + labels):
         known = _name_list(dict.fromkeys(names + labels))
@@ -241,10 +228,7 @@ def _report_problems(report) -> list[str]:
     if not isinstance(report, dict):
         return [f"report: expected a mapping {{baseline: GROUP, target: LOSS|baseline, primary: [GROUP, GROUP]}}, "
                 f"found {report!r}"]
-    problems = []
-    extra = [k for k in report if k not in REPORT_KEYS]
-    if extra:
-        problems.append(f"report: unknown key(s) {_name_list(extra)}; expected {_name_list(REPORT_KEYS)}")
+    problems = _unknown_keys("report", report, REPORT_KEYS)
     if "controls" in report and not isinstance(report["controls"], bool):
         problems.append(f"report.controls: expected true or false (false: the report goes without the controls the "
                         f"registry names, random at the same alpha), found {report['controls']!r}")
@@ -283,7 +267,7 @@ def models_problems(models) -> list[str]:
         if not isinstance(spec, dict):
             out.append(f"{where}: expected a mapping {{method: METHOD, section.key: value, ...}}, found {spec!r}")
             continue
-        if "method" in spec and (why := _method_problem(spec["method"])) is not None:
+        if "method" in spec and (why := method_problem(spec["method"])) is not None:
             out.append(f"{where}: method: {why}")
         if "seed" in spec and not is_int(spec["seed"]):
             out.append(f"{where}: seed: expected an integer, found {spec['seed']!r}")
@@ -304,14 +288,10 @@ def _branch_problems(branch) -> list[str]:
         return []
     if not isinstance(branch, dict):
         return [f"branch: expected a mapping {{from: METHOD, at_tokens: N}}, found {branch!r}"]
-    problems = []
-    extra = [k for k in branch if k not in BRANCH_KEYS]
-    missing = [k for k in BRANCH_KEYS if k not in branch]
-    if extra:
-        problems.append(f"branch: unknown key(s) {_name_list(extra)}; expected {_name_list(BRANCH_KEYS)}")
-    if missing:
+    problems = _unknown_keys("branch", branch, BRANCH_KEYS)
+    if missing := [k for k in BRANCH_KEYS if k not in branch]:
         problems.append(f"branch: missing {_name_list(missing)}; write branch: {{from: clm, at_tokens: 40000}}")
-    if "from" in branch and (why := _method_problem(branch["from"])) is not None:
+    if "from" in branch and (why := method_problem(branch["from"])) is not None:
         problems.append(f"branch.from: {why}")
     if "at_tokens" in branch and not (is_int(branch["at_tokens"]) and branch["at_tokens"] > 0):
         problems.append(f"branch.at_tokens: expected a positive number of training tokens, found "
@@ -360,22 +340,15 @@ def study_problems(study: dict) -> list[str]:
     return problems
 
 
-def flatten(d: dict, prefix: str = "") -> list[str]:
-    out = []
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out += flatten(v, f"{prefix}{k}.")
-        else:
-            out.append(f"{prefix}{k}={list(v) if isinstance(v, (list, tuple)) else v}")
-    return out
+def flatten(d: dict) -> list[str]:
+    """A nested mapping as ``key=value`` overrides."""
+    return [f"{k}={list(v) if isinstance(v, (list, tuple)) else v}" for k, v in flat(d).items()]
 
 
 def method_entry(item) -> tuple[str, str, list[str]]:
-    """A ``methods`` entry -> (method name, label, overrides)."""
+    """A ``methods`` entry (checked by ``study_problems``) -> (method name, label, overrides)."""
     if isinstance(item, str):
         return item, item, []
-    if not isinstance(item, dict) or "name" not in item:
-        raise ConfigError(f"study methods: expected a method name or a mapping with 'name', got {item!r}")
     over = flatten({k: v for k, v in item.items() if k not in _ENTRY_KEYS})
     label = item.get("label") or "-".join([item["name"]] + [slug(o) for o in over])
     return str(item["name"]), str(label), over

@@ -1,31 +1,11 @@
 """Study-level shared models: frozen models (a Rho-1 reference, a KD teacher) that a study trains once and every
-run that needs one uses.
+run that needs one uses (the ``models`` section; docs/study.md, "Shared models").
 
-A study file declares them under ``models``, each a config delta over the study's ``config`` (so the model has
-the study's data and tokenizer unless it says otherwise), with its method and optional seed::
-
-    models:
-      teacher: {method: clm, model.preset: small, train.max_steps: 800}
-      reference: {method: clm, data.weights: "code=1,docs=3,reference=3", seed: 7}
-
-and a run names one by its key where a method needs a frozen model (the registry's ``Need.key``:
-``method.kd.teacher``, ``method.rho1.reference``), e.g. ``config: {method: {kd: {teacher: teacher}}}``. The
-plan replaces the name by the model's directory, so each run's config.yaml records the model it used.
-
-* Trained once per study, in ``<study>/models/<name>`` (``seed``: default 0), before the runs (a stage of its
-  own); with ``per_seed: true`` once per seed of the study, in ``<study>/models/<name>-s<seed>`` with that
-  seed, and each run uses the model of its own seed.
-* Cached by its config: a model whose directory holds result.json is used as it is, by every run and seed,
-  on every later ``eslm study`` (never retrained); an interrupted one resumes from its checkpoint.
-* Refused if its config changed: a model directory whose config differs from the one the study file now
-  declares (any key that changes the weights; logging, evaluation, checkpointing and thread count aside) stops
-  the plan with the differing keys, before anything runs; so does a model that is gone while runs that used it
-  are still there. Delete the model's directory and the runs that used it to train it again, or give the
-  changed model a new name.
-* Recorded: every run that uses a model has its directory in its config.yaml (the key the method reads), and
-  ``<study>/models/models.json`` lists each model's config, checkpoint, its step, sha256 and the runs that use
-  it. Pinned: once those runs started, a model that resolves to another checkpoint is refused
-  (``pinned_problems``), so a later seed never trains against another model.
+A run names a model by its key where its method needs a frozen model (the registry's ``Need.key``); the plan
+replaces the name by the model's directory (``resolve``), so each run's config.yaml records the model it used.
+A model is trained once per study (``per_seed``: once per seed) before the runs, never retrained once it holds
+result.json, refused when its config changed (``changed_problems``) or when it is gone or resolves to another
+checkpoint than ``models/models.json`` pins while runs that used it are there (``missing_problems``).
 """
 
 from __future__ import annotations
@@ -33,13 +13,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from eslm.config import build_config
+from eslm.config import build_config, flat
 from eslm.errors import ConfigError, ESLMError, OwnershipError
-from eslm.files import atomic_write, sha256_file
+from eslm.files import atomic_write, listing, sha256_file
 from eslm.methods import METHODS, baseline
 from eslm.model.loading import resolve_checkpoint
 from eslm.study.schema import MODEL_KEYS, flatten
-from eslm.train.resume import INVOCATION_KEYS, RESUME_MAY_CHANGE, effective_config, flat
+from eslm.train.resume import INVOCATION_KEYS, RESUME_MAY_CHANGE, effective_config
 
 MODELS_DIR = "models"
 STAGE = "shared models"  # the name of their stage (``eslm.study.grid.stages``): trained before the runs
@@ -107,33 +87,30 @@ def plan_models(study: dict, study_dir: Path, base: list[str], seeds: list[int])
     return configs, problems + changed_problems(configs)
 
 
-def _neutral(key: str) -> bool:
-    return key in INVOCATION_KEYS or key in _NEUTRAL_KEYS or key.startswith(_NEUTRAL_PREFIXES)
-
-
-def _trained(configs: list):
-    """(config, its run directory, the flat config it trained with, or the ConfigError reading that raised) of
-    each of ``configs`` that has trained (config.yaml in its directory)."""
+def _trained(configs: list, may_differ):
+    """(config, its run directory, its differences from the config it trained with: ["key: old -> new"], or the
+    ConfigError reading that raised) of each of ``configs`` that has trained (config.yaml in its directory);
+    keys for which ``may_differ(key, run directory)`` holds are not compared."""
     for c in configs:
         d = Path(c.run.out_dir) / c.run.name
         if (d / "config.yaml").is_file():
             try:
-                yield c, d, flat(effective_config(d))
+                old = flat(effective_config(d))
             except ConfigError as e:
                 yield c, d, e
+                continue
+            yield c, d, [f"{k}: {old.get(k)!r} -> {v!r}" for k, v in flat(c).items()
+                         if k not in INVOCATION_KEYS and not may_differ(k, d) and old.get(k) != v]
 
 
 def changed_problems(configs: list) -> list[str]:
     """Shared models already (partly) trained whose config differs from the planned one: refused, one line each,
     naming the differing keys (old -> new)."""
     out = []
-    for c, d, old in _trained(configs):
-        if isinstance(old, ConfigError):
-            out.append(f"shared model {d}: its config cannot be read ({old}); delete the directory to train it again")
-            continue
-        new = flat(c)
-        diff = [f"{k}: {old.get(k)!r} -> {new[k]!r}" for k in new if not _neutral(k) and old.get(k) != new[k]]
-        if diff:
+    for _, d, diff in _trained(configs, lambda k, _: k in _NEUTRAL_KEYS or k.startswith(_NEUTRAL_PREFIXES)):
+        if isinstance(diff, ConfigError):
+            out.append(f"shared model {d}: its config cannot be read ({diff}); delete the directory to train it again")
+        elif diff:
             out.append(f"shared model {d} was trained with another config ({'; '.join(diff)}); the runs that use "
                        "it would mix two models: restore the study file's models entry, or delete that directory "
                        "and the runs that used it to train it again, or give the changed model a new name")
@@ -152,22 +129,18 @@ def changed_run_problems(configs: list) -> list[str]:
     skipped and reported as if it had the study file's settings; an unfinished one is compared on the keys a
     resume may not change (``RESUME_MAY_CHANGE``: the study's resume applies those)."""
     changed = []
-    for c, d, old in _trained(configs):
-        if isinstance(old, ConfigError):
-            changed.append(f"{c.run.name} (its config cannot be read: {old})")
-            continue
-        skip = RUN_NEUTRAL_KEYS if (d / "result.json").is_file() else RESUME_MAY_CHANGE
-        new = flat(c)
-        diff = [f"{k}: {old.get(k)!r} -> {new[k]!r}" for k in new
-                if k not in INVOCATION_KEYS and k not in skip and old.get(k) != new[k]]
-        if diff:
-            changed.append(f"{c.run.name} ({'; '.join(diff[:4])}{f'; and {len(diff) - 4} more' if len(diff) > 4 else ''})")
+    for c, _, diff in _trained(configs, lambda k, d: k in (RUN_NEUTRAL_KEYS if (d / "result.json").is_file()
+                                                           else RESUME_MAY_CHANGE)):
+        if isinstance(diff, ConfigError):
+            changed.append(f"{c.run.name} (its config cannot be read: {diff})")
+        elif diff:
+            changed.append(f"{c.run.name} ({listing(diff, 4, str, '; ')})")
     if not changed:
         return []
-    return [f"{len(changed)} run(s) already trained with settings other than the plan's: {', '.join(changed[:5])}"
-            f"{f' and {len(changed) - 5} more' if len(changed) > 5 else ''}; their results would be reported as "
-            "the study file's: restore the study file's settings (and the command's overrides), or give the "
-            "changed study another name or --out (a new directory trains every run with the new settings)"]
+    return [f"{len(changed)} run(s) already trained with settings other than the plan's: {listing(changed, 5, str)};"
+            " their results would be reported as the study file's: restore the study file's settings (and the "
+            "command's overrides), or give the changed study another name or --out (a new directory trains every "
+            "run with the new settings)"]
 
 
 def unknown_model_problems(configs: list, study: dict, study_dir: Path) -> list[str]:
@@ -185,7 +158,7 @@ def unknown_model_problems(configs: list, study: dict, study_dir: Path) -> list[
             if value and Path(str(value)) not in planned and not Path(str(value)).exists():
                 bad.setdefault((need.key, str(value)), []).append(c.run.name)
     names = ", ".join(repr(n) for n in models) or "none"
-    return [f"{', '.join(runs[:3])}{f' and {len(runs) - 3} more' if len(runs) > 3 else ''}: {key}={value!r} names "
+    return [f"{listing(runs, show=str)}: {key}={value!r} names "
             f"neither a model of the study's models section ({names}) nor an existing path; fix: name one of "
             "them, or give the path of a trained run" for (key, value), runs in bad.items()]
 
@@ -212,9 +185,8 @@ def missing_problems(run_configs: list, study: dict, study_dir: Path) -> list[st
         for d in used_models(c, study, study_dir).values():
             if not (d / "result.json").is_file():
                 gone.setdefault(d, []).append(c.run.name)
-    return [f"shared model {d} is gone (or unfinished) but {', '.join(runs[:3])}"
-            f"{f' and {len(runs) - 3} more' if len(runs) > 3 else ''} already trained with it; restore it, or delete "
-            "those runs to train the model and them again" for d, runs in gone.items()] \
+    return [f"shared model {d} is gone (or unfinished) but {listing(runs, show=str)} already trained with it; "
+            "restore it, or delete those runs to train the model and them again" for d, runs in gone.items()] \
         + pinned_problems(study_dir, run_configs)
 
 
@@ -244,10 +216,9 @@ def pinned_problems(study_dir: Path, run_configs: list) -> list[str]:
             continue
         out.append(f"shared model {d} is pinned to {Path(entry['checkpoint']).name} (step {entry.get('step')}, "
                    f"sha256 {str(entry['sha256'])[:12]}; models.json) but now resolves to "
-                   f"{now.name if now is not None else 'no checkpoint'}: {', '.join(users[:3])}"
-                   f"{f' and {len(users) - 3} more' if len(users) > 3 else ''} trained with the pinned one and a "
-                   "further run would use another; restore that checkpoint, or delete those runs (and the model) "
-                   "to train them again")
+                   f"{now.name if now is not None else 'no checkpoint'}: {listing(users, show=str)} trained with "
+                   "the pinned one and a further run would use another; restore that checkpoint, or delete those "
+                   "runs (and the model) to train them again")
     return out
 
 
@@ -261,9 +232,8 @@ MODELS_FORMAT = "eslm-models-v1"  # models.json's marker (``format``)
 
 
 def check_record_owner(study_dir: Path) -> None:
-    """``<study>/models/models.json`` is absent or eslm's: its ``format`` is ``MODELS_FORMAT``, or (written
-    before the marker) every entry is a model record (a mapping with ``config`` and ``used_by``); a file of
-    another program is refused in one line, never overwritten (nor a link, which would be followed)."""
+    """``<study>/models/models.json`` is absent or eslm's (its ``format`` is ``MODELS_FORMAT``); a file of another
+    program is refused in one line, never overwritten (nor a link, which would be followed)."""
     path = Path(study_dir) / MODELS_DIR / "models.json"
     if path.is_symlink():
         raise OwnershipError(f"{str(path)!r} is a symbolic link; eslm writes models.json itself: remove the link")
@@ -273,9 +243,7 @@ def check_record_owner(study_dir: Path) -> None:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
         record = None
-    ours = isinstance(record, dict) and (record.get("format") == MODELS_FORMAT or (bool(record) and all(
-        isinstance(e, dict) and "config" in e and "used_by" in e for e in record.values())))
-    if not ours:
+    if not (isinstance(record, dict) and record.get("format") == MODELS_FORMAT):
         raise OwnershipError(f"{str(path)!r} was not written by eslm (no format {MODELS_FORMAT!r}); eslm study "
                              "records its shared models there: move the file away, or choose another --out")
 

@@ -1,25 +1,14 @@
-"""The SLURM launcher: a study's runs as one array job, submitted through submitit (the optional extra ``slurm``).
+"""The SLURM launcher: a study's runs as one array job, submitted through submitit (the optional extra ``slurm``;
+docs/study.md, "On a cluster").
 
-``eslm study NAME --launcher slurm`` (or ``launcher: {name: slurm}`` in the study file) writes each unfinished
-run's plan (``<study>/plan/<run>.yaml``, as the local launcher does) and submits the runs as one array job with
-a concurrency cap (``launcher.parallel``, else ``--jobs``); each array task is renamed after its run, so
-``squeue`` and ``sacct`` show run names. A task runs ``python -m eslm.cli train PLAN`` (``torchrun`` for a run
-of several GPUs, under the task's ``srun``), its output appended to ``<study>/logs/<run>.log``; submitit's own
-files go to ``<study>/slurm/``, the run -> job table to ``<study>/slurm/jobs.json``.
-
-The study process then waits and prints each run's changes of state, or returns at once with ``--detach``.
-Running the same command again (or ``eslm study NAME --status``, which submits nothing) reads each run's
-state from its run directory (``result.json``: finished) and from the scheduler (``squeue``, then ``sacct``
-for jobs that ended), and resubmits only the runs that are unfinished and not queued or running (cancelled,
-failed, never submitted); the report is built once every run has finished.
-
-Pre-emption and time limits: the job asks for ``USR2`` ``signal_delay_s`` before its time limit; submitit
-catches it and calls ``RunJob.checkpoint``, which stops the run after its current step (SIGTERM: the trainer
-saves a checkpoint and exits) and has submitit requeue the task. A pre-emption (``PreemptMode=REQUEUE``,
-``scontrol requeue``) sends SIGTERM to the task's processes: the run checkpoints the same way and the
-scheduler requeues it. Either way the task starts again, finds the run's metrics and resumes it from its
-checkpoint, bit-exact (tests/study/test_slurm.py). ``scancel`` stops a run the same way; it stays stopped until
-the study's command runs again.
+Each unfinished run's plan is written as the local launcher writes it, and the runs are submitted as one array
+job capped at ``launcher.parallel`` (else ``--jobs``); each task, renamed after its run, runs
+``python -m eslm.cli train PLAN`` (``torchrun`` for several GPUs or nodes) with its output appended to
+``<study>/logs/<run>.log``. The run -> job table is ``<study>/slurm/jobs.json``. A run's state comes from its
+run directory (``result.json``) and the scheduler (``squeue``, then ``sacct``); only runs that are unfinished
+and not queued are resubmitted. Near the time limit (USR2, ``SIGNAL_DELAY_S`` before it) ``RunJob.checkpoint``
+stops the run after its step with a checkpoint and has submitit requeue the task; a pre-emption's SIGTERM does
+the same through the trainer. The requeued task resumes the run from its checkpoint, bit-exact.
 """
 
 from __future__ import annotations
@@ -352,30 +341,26 @@ class SlurmLauncher:
 
     # ---- the runs' states
 
-    def _jobs_file(self, study_dir: Path) -> Path:
-        return study_dir / "slurm" / JOBS_FILE
+    def _jobs_record(self, study_dir: Path) -> dict:
+        """``slurm/jobs.json``: {"format": JOBS_FORMAT, "runs": {run name: {"job", "submitted"}}} (empty when
+        absent or not eslm's)."""
+        try:
+            data = json.loads((study_dir / "slurm" / JOBS_FILE).read_text())
+        except (OSError, ValueError):
+            data = None
+        ok = isinstance(data, dict) and data.get("format") == JOBS_FORMAT and isinstance(data.get("runs"), dict)
+        return data if ok else {"format": JOBS_FORMAT, "runs": {}}
 
     def _jobs(self, study_dir: Path) -> dict[str, str]:
         """{run name: job id} of this study's submissions (the latest per run)."""
-        try:
-            data = json.loads(self._jobs_file(study_dir).read_text())
-        except (OSError, ValueError):
-            return {}
-        if not isinstance(data, dict) or data.get("format") != JOBS_FORMAT:
-            return {}
-        return {k: v["job"] for k, v in (data.get("runs") or {}).items() if isinstance(v, dict) and "job" in v}
+        runs = self._jobs_record(study_dir)["runs"]
+        return {k: v["job"] for k, v in runs.items() if isinstance(v, dict) and "job" in v}
 
     def _record(self, study_dir: Path, submitted: dict[str, str]) -> None:
-        path = self._jobs_file(study_dir)
-        ensure_dir(path.parent)
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            data = {}
-        if not isinstance(data, dict) or data.get("format") != JOBS_FORMAT:
-            data = {"format": JOBS_FORMAT, "runs": {}}
+        data = self._jobs_record(study_dir)
         now = time.strftime("%Y-%m-%dT%H:%M:%S")
-        data.setdefault("runs", {}).update({k: {"job": v, "submitted": now} for k, v in submitted.items()})
+        data["runs"].update({k: {"job": v, "submitted": now} for k, v in submitted.items()})
+        path = ensure_dir(study_dir / "slurm") / JOBS_FILE
         atomic_write(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
 
     def states(self, configs: Sequence, study_dir: Path) -> list[tuple[str, str | None, str | None, Outcome]]:
@@ -522,12 +507,10 @@ class SlurmLauncher:
                   "--status shows them; the same command waits again and writes the report)", file=sys.stderr)
             return Launched(tuple(o for *_, o in rows), 130)
         outcomes = tuple(o for *_, o in rows)
-        bad = [o for o in outcomes if not o.finished]
-        if bad:
+        if bad := [o for o in outcomes if not o.finished]:
             print(f"study {self.study}: {len(bad)} run(s) did not finish: " + "; ".join(f"{o.name}: {o.words}"
                                                                                      for o in bad), file=sys.stderr)
-            return Launched(outcomes, 1)
-        return Launched(outcomes, 0)
+        return Launched(outcomes, 1 if bad else 0)
 
 
 def _import_submitit():

@@ -1,14 +1,9 @@
 """Branching: a run that continues another run's checkpoint (``train.branch_from``), as every arm of a branched
-study continues its seed's trunk (``eslm.study``, docs/study.md).
+study continues its seed's trunk (docs/study.md, "Branched studies").
 
-From the checkpoint the run takes the weights, the optimizer state, the data position (loader state), the
-global random state, the step, and the FLOPs, token and time totals, so its budget (``train.max_flops``) and
-its costs count the trunk's part too: the run spends what is left of the budget. It does not take the
-method's state: its own method starts fresh from its own seeded streams (the random control's generator, Ada's
-controller). Its learning rate follows the trunk's warmup and cosine up to the branch point, then continues
-the cosine from there to this run's own last step (``eslm.train.optim.plan_schedule``): a method whose steps cost fewer
-FLOPs takes more steps and decays over them. A run of the trunk's own method continues exactly as if it had
-never been stopped (tests/train/test_branch.py)."""
+It takes the weights, optimizer state, data position, random state, step and the FLOPs / token / time totals
+(so its budget counts the trunk's part), but not the method's state: its own method starts fresh. Its learning
+rate continues the cosine from the branch point to its own last step (``eslm.train.optim.plan_schedule``)."""
 
 from __future__ import annotations
 
@@ -69,6 +64,5 @@ def read_branch_point(cfg, tokens_per_step: int) -> BranchPoint:
                           "or after the end of the warmup")
     totals = {k: float(state[k]) for k in TOTAL_KEYS if k in state}
     totals[M.TOKENS_SEEN] = step * tokens_per_step
-    totals[M.ELAPSED_S] = float(state.get(M.ELAPSED_S, 0.0))
-    totals[M.CPU_S] = float(state.get(M.CPU_S, 0.0))
+    totals[M.ELAPSED_S], totals[M.CPU_S] = float(state[M.ELAPSED_S]), float(state[M.CPU_S])
     return BranchPoint(path, step, totals)

@@ -9,6 +9,7 @@ with ``torch.load(weights_only=True)``, so a file can never run code; every valu
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 from pathlib import Path
@@ -24,7 +25,6 @@ from eslm.files import (
     checksum_path,
     ensure_dir,
     read_checksums,
-    sha256_file,
     stale_temporaries,
     verify_checksum,
     write_checksums,
@@ -37,11 +37,6 @@ def checkpoint_name(step: int) -> str:
     return f"step_{step:07d}.pt"
 
 
-def _atomic_write(path: Path, write, before_rename=None) -> str:
-    """``eslm.files.atomic_write`` (temporary file, fsync, rename); the fault-injection tests patch this name."""
-    return atomic_write(path, write, before_rename)
-
-
 def save_checkpoint(ckpt_dir: Path, state: dict, *, keep_last: int, milestones: tuple = ()) -> Path:
     """Write ``step_XXXXXXX.pt`` and its SHA-256 (``step_XXXXXXX.pt.sha256``), point ``latest`` at it, prune.
 
@@ -51,14 +46,12 @@ def save_checkpoint(ckpt_dir: Path, state: dict, *, keep_last: int, milestones: 
     path = ckpt_dir / checkpoint_name(state["step"])
     try:
         ensure_dir(ckpt_dir)
-        old = read_checksums(path) if path.is_file() else []
-        if old is None:  # a file of an earlier eslm, without a checksum
-            old = [sha256_file(path)]
-        digest = _atomic_write(path, lambda f: torch.save(state, f),
+        old = (read_checksums(path) or []) if path.is_file() else []
+        digest = atomic_write(path, lambda f: torch.save(state, f),
                                lambda new: write_checksums(path, [new, *old]))
         if old:
             write_checksums(path, [digest])
-        _atomic_write(ckpt_dir / "latest", path.name.encode())
+        atomic_write(ckpt_dir / "latest", path.name.encode())
     except OSError as e:
         prev = latest_checkpoint(ckpt_dir.parent)
         intact = f"the previous checkpoint {prev.name} and `latest` are intact" if prev else "no earlier checkpoint"
@@ -69,8 +62,6 @@ def save_checkpoint(ckpt_dir: Path, state: dict, *, keep_last: int, milestones: 
 
 
 def os_fix(e: OSError) -> str:
-    import errno
-
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         return "free disk space (or set run.out_dir to a larger disk)"
     if e.errno == errno.EFBIG:
@@ -116,9 +107,10 @@ def kept_steps(ckpt_dir: Path) -> list[int]:
     return sorted(int(m.group(1)) for p in ckpt_dir.iterdir() if (m := CHECKPOINT_FILE.match(p.name)))
 
 
-def supersede_after(run_dir: Path, step: int) -> list[str]:
+def supersede_after(run_dir: Path, step: int) -> tuple[list[str], Path]:
     """Move the checkpoints after ``step`` to checkpoints/superseded/ (a resume from an earlier step makes
-    them another branch of the run; kept, not deleted) and point ``latest`` at ``step``."""
+    them another branch of the run; kept, not deleted) and point ``latest`` at ``step``. Returns (the names
+    moved, where to)."""
     ckpt_dir = Path(run_dir) / "checkpoints"
     later = [s for s in kept_steps(ckpt_dir) if s > step]
     dest = superseded_dir(ckpt_dir, [checkpoint_name(s) for s in later])
@@ -129,8 +121,8 @@ def supersede_after(run_dir: Path, step: int) -> list[str]:
         if checksum_path(ckpt_dir / name).exists():  # the checksum first: a kill between leaves no orphan file
             os.replace(checksum_path(ckpt_dir / name), checksum_path(dest / name))
         os.replace(ckpt_dir / name, dest / name)
-    _atomic_write(ckpt_dir / "latest", checkpoint_name(step).encode())
-    return [checkpoint_name(s) for s in later]
+    atomic_write(ckpt_dir / "latest", checkpoint_name(step).encode())
+    return [checkpoint_name(s) for s in later], dest
 
 
 def superseded_dir(ckpt_dir: Path, names: list[str]) -> Path:
@@ -145,8 +137,7 @@ def superseded_dir(ckpt_dir: Path, names: list[str]) -> Path:
 
 
 def _prune(ckpt_dir: Path, keep_last: int, milestones: set) -> None:
-    steps = sorted(int(m.group(1)) for p in ckpt_dir.iterdir() if (m := CHECKPOINT_FILE.match(p.name)))
-    regular = [s for s in steps if s not in milestones]
+    regular = [s for s in kept_steps(ckpt_dir) if s not in milestones]
     for s in regular[:-keep_last] if keep_last > 0 else regular[:-1]:
         (ckpt_dir / checkpoint_name(s)).unlink(missing_ok=True)
         checksum_path(ckpt_dir / checkpoint_name(s)).unlink(missing_ok=True)
@@ -159,7 +150,7 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
         p = ckpt_dir / pointer.read_text().strip()
         if p.is_file():
             return p
-    steps = sorted(int(m.group(1)) for p in ckpt_dir.glob("step_*.pt") if (m := CHECKPOINT_FILE.match(p.name)))
+    steps = kept_steps(ckpt_dir)
     return ckpt_dir / checkpoint_name(steps[-1]) if steps else None
 
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import inspect
 import math
 from dataclasses import dataclass
 
@@ -22,8 +21,7 @@ def build_optimizer(model: torch.nn.Module, *, lr: float, weight_decay: float, b
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, **({"fused": True} if fused else {}))
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, **({"fused": True} if device_type == "cuda" else {}))
 
 
 def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
@@ -114,25 +112,15 @@ def budget_steps(cfg, spent: float, start_step: int = 0, start_flops: float = 0.
 
 
 def plan_schedule(cfg, method, fm, branch=None) -> Schedule:
-    """The schedule of a run of ``cfg`` training ``method`` (an ``eslm.methods.Method`` as built, before any step
-    or resume: Ada-ESLM at its starting alpha) on a model priced by ``fm`` (``eslm.flops.FlopsModel``).
+    """The schedule of a run of ``cfg`` training ``method`` (as built, before any step or resume: Ada-ESLM at its
+    starting alpha) on a model priced by ``fm`` (docs/study.md, "The learning-rate schedule under the budget").
 
-    ``train.lr_schedule: steps``, or no FLOPs budget: ``train.warmup_steps`` and ``train.lr_decay_steps`` (else
-    ``max_steps``) as given. ``budget`` under ``train.max_flops > 0``: both are multiplied by
-
-        ratio = (a dense micro-batch's FLOPs) / (this method's planned micro-batch FLOPs on flops.budget_counter)
-
-    i.e. by how many more steps this method takes to spend the budget than a dense run. A study sets the decay
-    length to the dense run's step count (``eslm.study``), so every run's warmup and cosine end at its own last
-    step: ESLM at alpha 0.2 spends (1 + 2 x 0.8) / 3 of a dense step in paper FLOPs and decays over 104 steps
-    where CLM decays over 90. The planned micro-batch keeps ``tokens.num_kept`` of ``rows.num_rows`` rows and
-    counts the work every component declares before its first step (GREATS declares its scoring only after a
-    selection, so its plan counts the update pass alone and its schedule ends early).
-
-    ``branch`` (an ``eslm.train.branch.BranchPoint``): the run continues that checkpoint. Under ``budget`` its
-    schedule is the trunk's (``warmup_steps`` and the decay length, unstretched) up to the branch point, then
-    the cosine continued from there to its own last step: the branch step plus the steps it takes to spend
-    the rest of the FLOPs budget at its planned step FLOPs (``Schedule.end_step``); otherwise the trunk's."""
+    ``train.lr_schedule: steps`` or no FLOPs budget: the configured warmup and decay. ``budget`` under
+    ``train.max_flops > 0``: both times (a dense micro-batch's FLOPs / this method's planned micro-batch FLOPs on
+    ``flops.budget_counter``), so each run's warmup and cosine end at its own last step (GREATS declares its
+    scoring only after a selection: its plan counts the update pass alone and its schedule ends early).
+    ``branch`` (``eslm.train.branch.BranchPoint``): the trunk's schedule up to the branch point, then (under
+    ``budget``) the cosine continued to the step at which the rest of the budget is spent (``Schedule.end_step``)."""
     t = cfg.train
     warmup, decay = t.warmup_steps, t.lr_decay_steps or t.max_steps
     if t.lr_schedule != "budget" or t.max_flops <= 0:

@@ -1,16 +1,9 @@
-"""Opening a run directory: a new run, or a resume that is the same run (or it is refused).
+"""Opening a run directory: a new run, or a resume that is the same run (or it is refused; docs/training.md).
 
-A run directory's ``config.yaml`` is written once, when the run is created. ``--resume`` compares the requested
-config with the run's (``config.yaml`` plus the changes recorded in ``resumes.jsonl``):
-
-- keys in ``RESUME_MAY_CHANGE`` (how long to train, how often to log / evaluate / save, where and with how
-  many threads to run) are applied and recorded;
-- any other difference is refused with the list of differences, before anything is written, unless the user
-  names the key in ``run.allow_change`` (e.g. a lower ``train.lr`` after a divergence): then it is applied and
-  recorded too, so the run directory never claims a setting the run did not have.
-
-``resumes.jsonl`` holds one JSON object per resume: ``time`` (UTC, ISO 8601), ``step`` (the checkpoint's
-step, filled in by the trainer), ``changed`` ({key: [old, new]}). ``effective_config`` replays it.
+``--resume`` compares the requested config with the run's (``config.yaml`` plus the changes recorded in
+``resumes.jsonl``, one JSON object per resume: ``time``, ``step``, ``changed`` {key: [old, new]}, and the
+segment's eslm version and commit): keys in ``RESUME_MAY_CHANGE`` and those named in ``run.allow_change`` are
+applied and recorded, any other difference is refused before anything is written.
 """
 
 from __future__ import annotations
@@ -20,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eslm.config import Config, all_keys, from_dict, stored_config_problem, to_yaml, unknown_key_message
+from eslm.config import Config, all_keys, flat, from_dict, stored_config_problem, to_yaml, unknown_key_message
 from eslm.errors import ConfigError, OwnershipError
 from eslm.files import (
     atomic_write,
@@ -49,7 +42,6 @@ from eslm.train.run_dir import (
     new_run_marker,
     read_env,
     run_marker,
-    written_by_earlier_eslm,
 )
 from eslm.train.timing import load_avg
 
@@ -66,18 +58,6 @@ RESUME_MAY_CHANGE = (
 # Per-invocation switches, and where the run directory is (it may have been moved): never compared or recorded.
 INVOCATION_KEYS = ("run.resume", "run.resume_from", "run.allow_change", "run.allow_version_change", "run.out_dir",
                    "run.name")
-
-
-def flat(cfg: Config) -> dict:
-    """{dotted key: value} over every leaf (tuples as lists, as in config.yaml)."""
-    d = cfg.to_dict()
-    out = {}
-    for key in all_keys():
-        node = d
-        for part in key.split("."):
-            node = node[part]
-        out[key] = node
-    return out
 
 
 def read_resumes(run_dir: Path) -> list[dict]:
@@ -104,11 +84,7 @@ def effective_config(run_dir: Path) -> Config:
     config = apply_resumes(stored, run_dir)  # refuses a config.yaml of an earlier eslm in one line
     if problem := stored_config_problem(config, complete=True):  # a resume rebuilds the whole config
         raise ConfigError(earlier_eslm(path, problem))
-    try:
-        return from_dict(config)
-    except ConfigError as e:
-        raise ConfigError(f"{path} (the run's own config) does not fit this version of eslm: {e}; "
-                          "resume with the eslm version that created the run, or start a new run.name") from None
+    return from_dict(config)  # cannot fail: stored_config_problem applied it
 
 
 def apply_resumes(config: dict, run_dir: Path) -> dict:
@@ -165,16 +141,6 @@ def check_resume(run_dir: Path, requested: Config) -> dict:
     return changed
 
 
-def record_resume(run_dir: Path, changed: dict, step: int | None, **extra) -> None:
-    """Append one record to resumes.jsonl (a torn previous line, from a kill mid-write, is cut first)."""
-    path = Path(run_dir) / RESUMES_FILE
-    if path.is_file():
-        cut_torn_tail(path)
-    rec = {"time": _now(), "step": step, "changed": changed, **extra}
-    with named(path), open_nofollow(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(rec) + "\n")
-
-
 def resume_base(run_dir: str) -> tuple[Config, list[str]]:
     """For ``eslm train --resume RUN_DIR``: the run's own config and the overrides that point at RUN_DIR."""
     p = Path(run_dir)
@@ -185,13 +151,10 @@ def resume_base(run_dir: str) -> tuple[Config, list[str]]:
     return cfg, [f"run.out_dir={p.parent}", f"run.name={p.name}"]
 
 
-
-
-
 def check_owner(run_dir: Path, resume: bool) -> str:
-    """Whose directory ``run_dir`` is, before anything is written: "new" (absent or empty), "ours" (eslm's
-    marker), "earlier" (written by an eslm from before markers). Anything else is refused in one line, and so
-    is a symbolic link where eslm appends or keeps its subdirectories."""
+    """Whose directory ``run_dir`` is, before anything is written: "new" (absent or empty) or "ours" (eslm's
+    marker). Anything else is refused in one line, and so is a symbolic link where eslm appends or keeps its
+    subdirectories."""
 
     if not run_dir.is_dir():
         return "new"
@@ -204,8 +167,6 @@ def check_owner(run_dir: Path, resume: bool) -> str:
                                  "run directory: move the file away, or choose another run.name")
     if run_marker(run_dir) is not None:
         return "ours"
-    if written_by_earlier_eslm(run_dir):
-        return "earlier"
     entries = foreign_entries(run_dir, lambda name: name == "eslm.lock")  # a lock left by a killed start
     if not entries:
         return "new"
@@ -284,10 +245,9 @@ def check_provenance(run_dir: Path, cfg: Config) -> None:
     last = last_segment(run_dir)
     changed = version_change(run_dir, last)
     if changed and not cfg.run.allow_version_change:
-        diff = ", ".join(f"{k} {_short(old)!r} -> {_short(new)!r}" for k, (old, new) in changed.items())
         raise ConfigError(f"resume of {str(run_dir)!r} refused: eslm changed since the run's last segment "
-                          f"(step {last.get('step', 0)}): {diff}; resume with the eslm (and code) the run used, or pass "
-                          f"run.allow_version_change=true to continue with this one (recorded in {RESUMES_FILE})")
+                          f"(step {last.get('step', 0)}): {_changes(changed)}; resume with the eslm (and code) the "
+                          f"run used, or pass run.allow_version_change=true to continue with this one (recorded in {RESUMES_FILE})")
 
 
 def check_resume_point(run_dir: Path, cfg: Config) -> None:
@@ -340,37 +300,23 @@ def first_save_step(cfg: Config) -> int | None:
 def check_checkpoint_of_run(state: dict, cfg: Config, run_dir: Path, path) -> None:
     """A checkpoint resumed into a run must be that run's: its config (method, seed, data, model, ...) equals
     the run's except for keys a resume may change, keys the resume allows (run.allow_change) and keys changed
-    by earlier resumes. A checkpoint without a config (an earlier eslm) is not compared."""
-    theirs = state.get("config")
-    if not isinstance(theirs, dict):
-        return
-    ours = flat(cfg)
+    by earlier resumes."""
+    theirs = flat(state["config"])
     changed_before = {k for rec in read_resumes(run_dir) for k in (rec.get("changed") or {})}
     skip = set(INVOCATION_KEYS) | allowed_changes(cfg) | changed_before
-    diffs = []
-    for key, value in ours.items():
-        if key in skip:
-            continue
-        node, present = theirs, True
-        for part in key.split("."):
-            if not isinstance(node, dict) or part not in node:
-                present = False
-                break
-            node = node[part]
-        if present and _plain(node) != _plain(value):
-            diffs.append(f"{key}={node!r} (run: {value!r})")
+    diffs = [f"{key}={theirs[key]!r} (run: {value!r})" for key, value in flat(cfg).items()
+             if key not in skip and key in theirs and theirs[key] != value]
     if diffs:
-        raise ConfigError(f"checkpoint {str(path)!r} is not of this run: {', '.join(diffs[:4])}"
-                          f"{f' and {len(diffs) - 4} more' if len(diffs) > 4 else ''}; it was written by another "
-                          "run (copied in?): remove it from checkpoints/, or resume the run it belongs to")
+        raise ConfigError(f"checkpoint {str(path)!r} is not of this run: {listing(diffs, 4, str)}; it was written by "
+                          "another run (copied in?): remove it from checkpoints/, or resume the run it belongs to")
 
 
-def _plain(v):
-    return [_plain(x) for x in v] if isinstance(v, (list, tuple)) else v
+def _changes(changed: dict) -> str:
+    """{key: [old, new]} of ``version_change`` in words (commits shortened)."""
+    def short(v):
+        return v[:12] if isinstance(v, str) and len(v) == 40 else v
 
-
-def _short(v):
-    return v[:12] if isinstance(v, str) and len(v) == 40 else v
+    return ", ".join(f"{k} {short(old)!r} -> {short(new)!r}" for k, (old, new) in changed.items())
 
 
 def last_segment(run_dir: Path) -> dict:
@@ -398,10 +344,6 @@ def open_run_dir(run_dir: Path, cfg: Config, *, device, world_size: int, num_par
         _refuse_existing(run_dir)
     lock = lock_run_dir(run_dir, cfg.run.resume, log)
     try:
-        if owner == "earlier":
-            atomic_write(run_dir / RUN_MARKER, new_run_marker(adopted=True))
-            log(f"{run_dir} was written by an earlier eslm (no {RUN_MARKER}): recognised by its config.yaml and "
-                f"env.json / metrics.jsonl, marker written")
         if not cfg.run.resume:
             (run_dir / RESUMES_FILE).unlink(missing_ok=True)  # of a start killed before its first step
             atomic_write(run_dir / RUN_MARKER, new_run_marker())
@@ -425,13 +367,11 @@ def _now() -> str:
 
 def record_resumed_at(run_dir: Path, cfg: Config, changes: dict | None, step: int, log) -> None:
     """Rank 0, once the checkpoint is loaded: checkpoints after a --resume-from step are moved aside
-    (superseded), the applied changes are logged, and resumes.jsonl gains its record."""
+    (superseded), the applied changes are logged, and resumes.jsonl and env.json's segments gain its record."""
     extra: dict[str, Any] = {}
     if cfg.run.resume_from:
         extra["resume_from"] = step
-        dest = ckpt.superseded_dir(run_dir / "checkpoints", [ckpt.checkpoint_name(s) for s in
-                                                             ckpt.kept_steps(run_dir / "checkpoints") if s > step])
-        extra["superseded"] = ckpt.supersede_after(run_dir, step)
+        extra["superseded"], dest = ckpt.supersede_after(run_dir, step)
         if extra["superseded"]:
             extra["superseded_to"] = str(dest.relative_to(run_dir))
             log(f"later checkpoints moved to {dest}: {', '.join(extra['superseded'])}")
@@ -443,23 +383,16 @@ def record_resumed_at(run_dir: Path, cfg: Config, changes: dict | None, step: in
             "recorded in resumes.jsonl)")
     if changed_code:
         extra["version_change"] = changed_code
-        log("resumed with another eslm: " + ", ".join(f"{k} {_short(a)!r} -> {_short(b)!r}"
-                                                      for k, (a, b) in changed_code.items())
-            + " (run.allow_version_change; recorded in resumes.jsonl)")
+        log(f"resumed with another eslm: {_changes(changed_code)} (run.allow_version_change; recorded in "
+            "resumes.jsonl)")
     for key, (old, new) in (changes or {}).items():
         log(f"resume changes {key}: {old!r} -> {new!r} (recorded in resumes.jsonl)")
-    segment = code_version()
-    record_resume(run_dir, changes or {}, step, **segment, **extra)
-    _record_segment(run_dir, {"step": step, "time": _now(), **segment})
-
-
-def _record_segment(run_dir: Path, segment: dict) -> None:
-    """env.json's ``segments`` gains this segment's provenance (the start is its first entry)."""
-
-    env = read_env(run_dir)
-    if not isinstance(env, dict) or not env:
-        return
-    if "segments" not in env:  # a run of an earlier eslm: its start as env.json recorded it
-        env["segments"] = [{"step": 0, **{k: env.get(k) for k in ("eslm_version", "git_commit", "git_dirty")}}]
-    env["segments"].append(segment)
-    atomic_write(run_dir / "env.json", (json.dumps(env, indent=2) + "\n").encode())
+    segment = {"time": _now(), "step": step, **code_version()}
+    path = Path(run_dir) / RESUMES_FILE  # one record appended, after a torn last line (a kill mid-write) is cut
+    if path.is_file():
+        cut_torn_tail(path)
+    with named(path), open_nofollow(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps({**segment, "changed": changes or {}, **extra}) + "\n")
+    if env := read_env(run_dir):  # env.json's segments: the start, then every resume
+        env["segments"].append(segment)
+        atomic_write(run_dir / "env.json", (json.dumps(env, indent=2) + "\n").encode())

@@ -1,9 +1,7 @@
 """The self-describing run directory: eslm-run.json, config.yaml, env.json, metrics.jsonl, tb/, checkpoints/.
 
 ``eslm-run.json`` marks a directory eslm created (``RUN_FORMAT``, a random ``id``, when, which eslm): eslm
-writes, prunes or deletes only inside directories it can prove it made. A directory written by an eslm from
-before the marker (``written_by_earlier_eslm``) is recognised by its config.yaml and env.json / metrics.jsonl
-and gets its marker (``"adopted": true``) when it is resumed.
+writes, prunes or deletes only inside directories it can prove it made.
 """
 
 from __future__ import annotations
@@ -15,16 +13,15 @@ import math
 import platform
 import subprocess
 import sys
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import torch
 
 import eslm
 from eslm import metrics as M
-from eslm.errors import ESLMError
-from eslm.files import RUN_FORMAT, RUN_MARKER, ensure_dir, named, new_marker, open_nofollow, read_marker, read_yaml
+from eslm.files import RUN_FORMAT, RUN_MARKER, ensure_dir, named, new_marker, open_nofollow, read_marker
 from eslm.tracking import warn_missing
-from eslm.versions import dependency_versions
 
 # The files eslm writes whole (temporary file + rename) at the top of a run directory.
 WHOLE_FILES = ("config.yaml", "env.json", "result.json", RUN_MARKER, "wandb_run_id")
@@ -64,28 +61,20 @@ def run_marker(run_dir: Path) -> dict | None:
     return read_marker(Path(run_dir) / RUN_MARKER, RUN_FORMAT)
 
 
-def new_run_marker(**extra) -> bytes:
-    return (json.dumps(new_marker(RUN_FORMAT, **extra), indent=2) + "\n").encode()
+def new_run_marker() -> bytes:
+    return (json.dumps(new_marker(RUN_FORMAT), indent=2) + "\n").encode()
 
 
-def written_by_earlier_eslm(run_dir: Path) -> bool:
-    """A run directory without marker that an earlier eslm wrote: its config.yaml has eslm's sections and its
-    env.json names an eslm version, or its metrics.jsonl starts with an eslm record."""
-    run_dir = Path(run_dir)
-    try:
-        cfg = read_yaml(run_dir / "config.yaml", "config")
-    except (OSError, ESLMError):
-        return False
-    if not (isinstance(cfg, dict) and {"run", "train", "model", "method"} <= set(cfg)):
-        return False
-    if "eslm_version" in read_env(run_dir):
-        return True
-    try:
-        with open(run_dir / "metrics.jsonl", encoding="utf-8") as f:
-            first = json.loads(f.readline())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(first, dict) and M.KIND in first and M.STEP in first
+def dependency_versions() -> dict[str, str | None]:
+    """{key in env.json's "versions": the installed version or None} of the packages that can change a number
+    of a run, read from the installed metadata (nothing imported)."""
+    out: dict[str, str | None] = {}
+    for dist in ("torch", "numpy", "tiktoken", "transformers", "lm-eval", "datasets", "safetensors"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = None
+    return out
 
 
 def env_info(device: torch.device, world_size: int, seed: int) -> dict:

@@ -68,18 +68,13 @@ def open_data(cfg: Config, dist):
     return open_dataset(ensure_prepared(d.source, d.tokenizer))
 
 
-def check_data_tokenizer(dataset, tokenizer: str) -> None:
-    """data.tokenizer must name the tokenizer the data was prepared with (it decides e.g. init_from checks)."""
-    if dataset.tokenizer_name != tokenizer:
-        raise ConfigError(f"data.tokenizer={tokenizer!r}, but {dataset.path} was prepared with the "
-                          f"{dataset.tokenizer_name!r} tokenizer; set data.tokenizer={dataset.tokenizer_name} "
-                          f"(or prepare the data with {tokenizer!r})")
-
-
 def checked_model_config(cfg: Config, dataset):
     """The model ``cfg`` trains (``eslm.config.model_config_for``), checked against the data: its tokenizer,
     a vocabulary that embeds every id, a context that holds ``data.seq_len``."""
-    check_data_tokenizer(dataset, cfg.data.tokenizer)
+    if dataset.tokenizer_name != cfg.data.tokenizer:
+        raise ConfigError(f"data.tokenizer={cfg.data.tokenizer!r}, but {dataset.path} was prepared with the "
+                          f"{dataset.tokenizer_name!r} tokenizer; set data.tokenizer={dataset.tokenizer_name} "
+                          f"(or prepare the data with {cfg.data.tokenizer!r})")
     mc = model_config_for(cfg)
     dataset.check_vocab(mc.vocab_size)
     if cfg.data.seq_len > mc.block_size:

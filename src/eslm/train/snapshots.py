@@ -1,13 +1,7 @@
-"""Model-only snapshots for evaluation: ``<run>/snapshots/step_0000100.safetensors``.
-
-A full checkpoint holds the optimizer (about 3x the weights) and is pruned to ``checkpoint.keep_last``; the
-paper's "best downstream accuracy during training" needs the weights of every evaluated step. A snapshot is
-the model's state dict in the training (parameter) dtype, no optimizer, written at every evaluation
-(``checkpoint.snapshot_interval=0``, the default) or every N steps, kept by its own retention
-(``checkpoint.snapshot_keep``, 0 = all). The tied ``lm_head.weight`` is stored once (as the embedding).
-
-The file format (names, header metadata) and its reader are ``eslm.model.snapshot_file``; this module writes.
-"""
+"""Model-only snapshots for evaluation, ``<run>/snapshots/step_0000100.safetensors``: every evaluated step's weights
+(the paper's "best downstream accuracy during training") without the optimizer a checkpoint holds, written at
+every evaluation or every ``checkpoint.snapshot_interval`` steps and kept by ``checkpoint.snapshot_keep``. The
+tied ``lm_head.weight`` is stored once. The format and its reader are ``eslm.model.snapshot_file``."""
 
 from __future__ import annotations
 
@@ -32,11 +26,6 @@ from eslm.train.checkpoint import os_fix
 from eslm.train.stopping import TrainingDiverged, last_good_hint
 
 
-def _atomic_write(path: Path, write) -> str:
-    """``eslm.files.atomic_write``; the fault-injection tests patch this name."""
-    return atomic_write(path, write)
-
-
 def save_snapshot(snap_dir: Path, state: dict[str, torch.Tensor], meta: dict, keep: int = 0) -> Path:
     """Write ``state`` (CPU tensors) with ``meta`` (JSON-able values) and its checksum atomically (temporary
     file, fsync, rename, fsync of the directory); prune to the newest ``keep``. Non-finite weights are never
@@ -51,7 +40,7 @@ def save_snapshot(snap_dir: Path, state: dict[str, torch.Tensor], meta: dict, ke
     header = {"format": SNAPSHOT_FORMAT, **{k: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()}}
     header["sha256"] = snapshot_digest(state, header)
     try:  # eslm's temporary file (.step_X.safetensors.tmp.PID, removed at the next start after a kill), fsync, rename
-        _atomic_write(path, lambda f: write_safetensors(f, state, header))
+        atomic_write(path, lambda f: write_safetensors(f, state, header))
     except Exception as e:  # a full disk, a file-size limit: one line naming the file
         err = os_error_in(e, path)
         if err is None:

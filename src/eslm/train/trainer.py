@@ -1,15 +1,7 @@
-"""The training loop. ``Trainer.train`` reads top to bottom: open the run directory, resume, then steps until
-``train.max_steps``, the FLOPs budget or SIGTERM, evaluating, snapshotting and saving on their intervals.
-
-Orchestration only. Each concern has its module:
-
-- the maths of a step: ``train/step.py``; of selection: ``eslm.selection``; the FLOPs: ``eslm.flops``;
-- building the model, data and streams: ``train/setup.py``;
-- the metric records and the progress line: ``train/records.py``;
-- when to stop (steps, FLOPs budget, SIGTERM, divergence): ``train/stopping.py``;
-- the run directory and resume: ``train/resume.py``, ``train/run_dir.py``; checkpoint files: ``train/checkpoint.py``;
-- time, load and MFU: ``train/timing.py``.
-"""
+"""The training loop (orchestration only). ``Trainer.train`` reads top to bottom: open the run directory,
+resume, then steps until ``train.max_steps``, the FLOPs budget or SIGTERM, evaluating, snapshotting and saving on
+their intervals. The step is ``train/step.py``, building ``train/setup.py``, records ``train/records.py``,
+stopping ``train/stopping.py``, the run directory ``train/resume.py`` and ``train/run_dir.py``."""
 
 from __future__ import annotations
 
@@ -279,8 +271,7 @@ class Trainer:
             self.method.load_state_dict(state["method"])
         self.flops.load_state_dict(state["flops"])
         ckpt.set_rng_state(state["rng"])
-        self.step, self.elapsed_s = state["step"], state[M.ELAPSED_S]
-        self.cpu_s = float(state.get(M.CPU_S, 0.0))  # checkpoints written before cpu_s existed: 0
+        self.step, self.elapsed_s, self.cpu_s = state["step"], state[M.ELAPSED_S], float(state[M.CPU_S])
 
     def save(self) -> Path | None:
         """Rank 0 writes the checkpoint; under FSDP every rank must call this (the full state dicts are gathered)."""
@@ -325,9 +316,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ output
     def _banner(self) -> str:
-        t = self.cfg.train
+        # N as the FLOPs model counts it (all but the position embedding), split so that the tied embedding / LM
+        # head, which dominates a small model with GPT-2's vocabulary, is not read as trunk
+        t, n, emb = self.cfg.train, self.raw_model.num_params(), self.raw_model.head_weight.numel()
         return (f"run directory: {self.run_dir}  | method {self.cfg.method.name} | model {self.cfg.model.preset} "
-                f"({self._param_summary()}) | "
+                f"({n / 1e6:.2f}M params: {(n - emb) / 1e6:.2f}M in the blocks + {emb / 1e6:.2f}M tied "
+                f"embedding/head) | "
                 f"{t.micro_batch_size_seqs}x{self.cfg.data.seq_len} tokens x {t.grad_accum_steps} micro-steps "
                 f"x {self.dist.world_size} ranks = {self.global_batch_tokens} tokens/step | lr warmup "
                 f"{self.schedule.warmup_steps} steps, cosine to step {self.schedule.decay_steps}"
@@ -335,13 +329,6 @@ class Trainer:
                    if self.schedule.ratio != 1.0 and not self.branch else "")
                 + (f"; branched at step {self.branch.step}, cosine continued to step {self.schedule.end_step}"
                    if self.branch else ""))
-
-    def _param_summary(self) -> str:
-        """N as the FLOPs model counts it (all but the position embedding), split so that the tied token
-        embedding / LM head, which dominates a small model with GPT-2's vocabulary, is not read as trunk."""
-        n = self.raw_model.num_params()
-        emb = self.raw_model.head_weight.numel()
-        return f"{n / 1e6:.2f}M params: {(n - emb) / 1e6:.2f}M in the blocks + {emb / 1e6:.2f}M tied embedding/head"
 
     def _log(self, msg: str) -> None:
         if self.dist.is_main:

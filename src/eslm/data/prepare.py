@@ -1,12 +1,8 @@
 """``eslm prepare SOURCE --out DIR``: text -> token shards + ``manifest.json`` (format: see manifest.py).
 
-Documents are read, tokenised and grouped in chunks by a pool of worker processes (``workers``), and the
-chunks are written back in source order, so the shards do not depend on the number of workers. Every
-document is followed by the end-of-text id; empty documents (e.g. a module without docstrings) are dropped.
-The output is written to a temporary sibling directory (``.NAME.tmp-PID``, marked inside) and renamed into place
-at the end, so an interrupted run never leaves a directory that looks prepared; the next prepare of the same
-``--out`` removes such leftovers. ``--force`` replaces only a directory eslm prepared (its manifest's format)
-that holds nothing but the manifest's files; a corpus of 0 training tokens is refused.
+Worker processes read and tokenise chunks of documents, written back in source order (the shards do not depend
+on the number of workers); every document is followed by the end-of-text id. The output is written to a marked
+temporary sibling and renamed into place; what ``--force`` may replace: docs/data.md ("Preparing a corpus").
 """
 
 from __future__ import annotations
@@ -103,10 +99,6 @@ def _tokenized(tasks: Iterator, workers: int) -> Iterator:
         yield from pool.imap(_tokenize_chunk, tasks)
 
 
-def default_workers() -> int:
-    return max(1, min(2, os.cpu_count() or 1))
-
-
 def prepare(source: str, out_dir: str | os.PathLike, *, tokenizer: str = "gpt2", paths: list[str] | None = None,
             domains: list[str] | None = None, val_fraction: float | None = None, workers: int | None = None,
             progress: bool = True, overwrite: bool = False, hf_cache_dir: str | None = None,
@@ -149,7 +141,7 @@ def _prepare_locked(source: str, out_dir, *, tokenizer, paths, domains, val_frac
     try:
         (tmp / TMP_MARKER).write_text("")
         writers = {(s, d): _ShardWriter(tmp / mf.shard_name(s, d), dtype) for s in mf.SPLITS for d in src.domains}
-        _write_all(src, tok.name, dtype, writers, workers or default_workers(), progress)
+        _write_all(src, tok.name, dtype, writers, workers or max(1, min(2, os.cpu_count() or 1)), progress)
         files = [dict(w.close(), split=s, domain=d) for (s, d), w in writers.items()]
         manifest = _build_manifest(src, tok, dtype, files, writers, time.perf_counter() - t0)
         _check_not_empty(src, manifest)

@@ -1,26 +1,9 @@
-"""Text sources for ``eslm prepare``: where documents come from, their domain and their split.
+"""Text sources for ``eslm prepare`` (``SOURCE_NAMES``): where documents come from, their domain and their split;
+docs/data.md ("Preparing a corpus") has the table of sources and the split rule.
 
-A source yields :class:`Document` records. Reading a document's text is deferred to
-:func:`document_text`, which runs inside the tokenisation workers, so file reading and docstring
-extraction are parallelised together with tokenisation.
-
-Sources
--------
-``stdlib``         the running Python's standard library, three domains (always available offline):
-                   ``code`` (.py files, test packages excluded), ``docs`` (docstrings, extracted with ``ast``),
-                   ``reference`` (``pydoc_data`` topics, plus Python documentation sources if installed).
-``text``           files, directories or globs; ``domain=path`` names the domain (default ``text``).
-``openwebtext``    Skylion007/openwebtext through HF ``datasets`` (parquet route), nanoGPT's split.
-``slimpajama-6b``  DKYoon/SlimPajama-6B, one domain per ``meta.redpajama_set_name``; its test split is val.
-
-Splits
-------
-For ``stdlib`` and ``text`` each document goes to ``val`` when a hash of its stable key (a path relative
-to its root, never the absolute location) falls below ``val_fraction``: deterministic, independent of
-file order and of the other documents. A module's code and its docstrings share one key, so a module is
-never in train as code and in val as docs. If a domain with >= 2 documents would get no val document,
-its document with the smallest hash moves to val, so every domain can be validated. The hub sources use
-their published splits.
+A source yields :class:`Document` records whose text is read by :func:`document_text` inside the tokenisation
+workers, so file reading and docstring extraction run in parallel with tokenisation. ``stdlib`` and ``text``
+split by a hash of each document's stable key (:func:`assign_splits`); the hub sources use their published splits.
 """
 
 from __future__ import annotations
@@ -30,6 +13,7 @@ import glob
 import hashlib
 import json
 import os
+import pydoc_data.topics
 import re
 import sys
 import sysconfig
@@ -153,7 +137,9 @@ def _unit_hash(key: str) -> float:
 
 
 def assign_splits(items: list[tuple[str, str]], val_fraction: float) -> dict[str, str]:
-    """Map each (domain, key) item's key to "train"/"val"; see the module docstring for the rule."""
+    """Map each (domain, key) item's key to "val" when its hash is below ``val_fraction``, else "train"; a domain
+    with >= 2 documents but none in val gets its lowest-hash document moved there. A module's code and docstrings
+    share one key, so a module is never in train as code and in val as docs."""
     split = {}
     by_domain: dict[str, list[str]] = {}
     for domain, key in items:
@@ -197,8 +183,6 @@ def python_docs_sources() -> list[tuple[str, str]]:
 def stdlib_source(val_fraction: float, domains: list[str] | None = None) -> Source:
     domains = _pick_domains(list(STDLIB_DOMAINS), domains, "stdlib")
     files = stdlib_python_files()
-    import pydoc_data.topics
-
     topics = sorted(pydoc_data.topics.topics.items())
     docs_src = python_docs_sources()
     # one key per module (shared by code and docs), one per reference item

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -25,7 +24,7 @@ from eslm.data import manifest as mf
 from eslm.data.sources import Document, document_text, get_source
 from eslm.data.tokenizers import get_tokenizer
 from eslm.errors import ConfigError, DataError
-from eslm.files import foreign_entries, link_refused, listing, named, temp_of
+from eslm.files import foreign_entries, link_refused, listing, named, read_marker, temp_of
 from eslm.files import output_lock as lock_of
 
 CHUNK_DOCS = 64  # documents per worker task: big enough to amortise IPC, small enough for a smooth bar
@@ -147,7 +146,7 @@ def _prepare_locked(source: str, out_dir, *, tokenizer, paths, domains, val_frac
         _check_not_empty(src, manifest)
         mf.write_manifest(tmp, manifest)
         (tmp / TMP_MARKER).unlink()
-        move_into_place(tmp, out_dir, overwrite and _eslm_manifest(out_dir) is not None)
+        move_into_place(tmp, out_dir, overwrite and read_marker(out_dir / mf.MANIFEST_NAME, mf.FORMAT) is not None)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # made by this process
     return manifest
@@ -234,7 +233,7 @@ def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
         raise ConfigError(f"expected --out to be a directory; found a file at {out_dir}; fix: choose another --out")
     if not out_dir.exists() or not any(out_dir.iterdir()):
         return
-    manifest = _eslm_manifest(out_dir)
+    manifest = read_marker(out_dir / mf.MANIFEST_NAME, mf.FORMAT)
     if manifest is None:
         entries = foreign_entries(out_dir, lambda name: False)
         raise ConfigError(f"expected --out to be a new, empty or eslm-prepared directory; found {out_dir} holds "
@@ -248,14 +247,6 @@ def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
     if foreign:
         raise ConfigError(f"expected --force to replace a prepared directory; found {out_dir} also holds files "
                           f"eslm did not write ({listing(foreign)}); fix: move them away, or choose another --out")
-
-
-def _eslm_manifest(d: Path) -> dict | None:
-    try:
-        m = json.loads((d / mf.MANIFEST_NAME).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return m if isinstance(m, dict) and m.get("format") == mf.FORMAT else None
 
 
 def move_into_place(tmp: Path, out_dir: Path, replace: bool, marker: str = TMP_MARKER, ours=None,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import weakref
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -50,7 +51,7 @@ class SelectiveCrossEntropy:
     def __call__(self, pred: torch.Tensor, labels: torch.Tensor, global_valid_tokens: torch.Tensor | None = None,
                  **kwargs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         alpha = self.ada.alpha if self.ada is not None else self.alpha
-        inputs = {"logits": pred} if self.lm_head is None else \
+        inputs: dict[str, Any] = {"logits": pred} if self.lm_head is None else \
             {"hidden": pred, "lm_weight": self.lm_head.weight, "bias": self.lm_head.bias}
         loss, stats = selective_loss(labels, **inputs, score=self.score, alpha=alpha, ignore_index=IGNORE_INDEX,
                                      num_items_in_batch=global_valid_tokens, chunk_size=self.chunk_size)

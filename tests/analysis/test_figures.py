@@ -29,7 +29,7 @@ def _y_labels(fig) -> tuple[tuple[float, float], list[str]]:
 @pytest.fixture
 def kept_figures(monkeypatch):
     """The figures the functions under test close, kept open for inspection."""
-    plt = figures._plt()
+    plt = figures.pyplot()
     close, kept = plt.close, []
     monkeypatch.setattr(plt, "close", kept.append)
     yield kept
@@ -102,7 +102,7 @@ def test_log_x_ticks_are_plain_text_not_unparsed_mathtext():
     pytest.importorskip("matplotlib")
     assert [figures.tick_text(v) for v in (1e13, 2e13, 5e-5, 0.5, 3.0, 1e4, 2000.0)] == \
         ["10¹³", "2×10¹³", "5×10⁻⁵", "0.5", "3", "10⁴", "2000"]
-    plt = figures._plt()
+    plt = figures.pyplot()
     fig, ax = plt.subplots()
     s = {"label": "g", "n": 2, "x": [1e13, 4e13, 1.6e14], "mean": [5.0, 4.0, 3.5], "lo": [4.9, 3.9, 3.4],
          "hi": [5.1, 4.1, 3.6]}

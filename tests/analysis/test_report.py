@@ -284,7 +284,7 @@ def test_log_loss_axis_below_a_decade_has_readable_ticks():
     pytest.importorskip("matplotlib")
     from eslm.analysis import figures
 
-    plt = figures._plt()
+    plt = figures.pyplot()
     fig, ax = plt.subplots()
     s = {"label": "clm", "x": [1e11, 1e12, 1e13], "mean": [5.6, 4.5, 4.05], "lo": [5.6, 4.5, 4.05],
          "hi": [5.6, 4.5, 4.05], "n": 1}

@@ -261,8 +261,6 @@ def test_check_vocab(ds):
     with pytest.raises(DataError, match="vocab_size >= 257.*found 256") as e:
         ds.check_vocab(256)
     assert "\n" not in str(e.value)
-    with pytest.raises(DataError, match="'gpt2'.*'byte'"):
-        ds.check_vocab(50304, tokenizer_name="gpt2")
 
 
 def test_unknown_domain_or_split(ds):

@@ -21,31 +21,30 @@ def available() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
-def _plt():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, with mathtext off (labels and tokens from the runs: "$x$" is text)."""
     import matplotlib
 
     matplotlib.use("Agg")
-    matplotlib.rcParams["text.parse_math"] = False  # labels come from configs: "$x$" is text, not mathtext
+    matplotlib.rcParams["text.parse_math"] = False
     import matplotlib.pyplot as plt
 
     return plt
 
 
-def _finish(plt, fig, axes, used: int, title: str, path: Path, rect: tuple | None = None) -> None:
-    """Blank the axes past the first ``used``, title the figure, lay it out, write the PNG and close it."""
-    for ax in list(axes.flat)[used:]:
-        ax.axis("off")
-    fig.suptitle(title)
+def save(plt, fig, path: Path, rect: tuple | None = None) -> None:
+    """Lay the figure out, write the PNG and close it."""
     fig.tight_layout(**({"rect": rect} if rect else {}))
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
 
 
-TAB10 = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-         "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
-TAB20 = ["#1f77b4", "#aec7e8", "#ff7f0e", "#ffbb78", "#2ca02c", "#98df8a", "#d62728", "#ff9896", "#9467bd",
-         "#c5b0d5", "#8c564b", "#c49c94", "#e377c2", "#f7b6d2", "#7f7f7f", "#c7c7c7", "#bcbd22", "#dbdb8d",
-         "#17becf", "#9edae5"]
+def _finish(plt, fig, axes, used: int, title: str, path: Path, rect: tuple | None = None) -> None:
+    """Blank the axes past the first ``used``, title the figure and ``save`` it."""
+    for ax in list(axes.flat)[used:]:
+        ax.axis("off")
+    fig.suptitle(title)
+    save(plt, fig, path, rect)
 
 
 def color_map(labels: list[str]) -> dict[str, str]:
@@ -53,11 +52,12 @@ def color_map(labels: list[str]) -> dict[str, str]:
     by the golden angle at three lightness levels (distinct hex colours)."""
     import colorsys
 
+    from matplotlib import colormaps
+    from matplotlib.colors import to_hex
+
     n = len(labels)
-    if n <= len(TAB10):
-        palette = TAB10
-    elif n <= len(TAB20):
-        palette = TAB20
+    if n <= 20:
+        palette = [to_hex(c) for c in colormaps["tab10" if n <= 10 else "tab20"].colors]
     else:
         palette, seen, i = [], set(), 0
         while len(palette) < n:
@@ -115,7 +115,7 @@ _SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 
 def tick_text(v: float) -> str:
     """A tick value as plain text, 10¹³ or 2×10¹³ for large and small values (matplotlib's own log labels are
-    mathtext, which the figures do not parse: ``_plt``)."""
+    mathtext, which the figures do not parse: ``pyplot``)."""
     if v == 0 or not math.isfinite(v):
         return f"{v:g}"
     e = math.floor(math.log10(abs(v)) + 1e-9)
@@ -164,16 +164,9 @@ def _plain_log_ticks(axis) -> None:
         axis.set_minor_locator(NullLocator())
         axis.set_minor_formatter(NullFormatter())
         return
-    few = math.log10(hi / lo) <= 2
-
-    def minor(v, _):
-        mantissa = round(v / 10 ** math.floor(math.log10(v) + 1e-9))
-        return tick_text(v) if few and mantissa in (2, 5) else ""
-
     axis.set_major_locator(LogLocator(base=10))
     axis.set_minor_locator(LogLocator(base=10, subs=tuple(range(2, 10))))
-    axis.set_major_formatter(FuncFormatter(lambda v, _: tick_text(v)))
-    axis.set_minor_formatter(FuncFormatter(minor))
+    _plain_log_x(axis)
 
 
 def _finish_log_y(ax, logy: bool, fit: bool = True) -> None:
@@ -187,7 +180,7 @@ def _finish_log_y(ax, logy: bool, fit: bool = True) -> None:
 def curves(path: Path, series: list[dict], colors: dict, *, xlabel: str, ylabel: str, title: str,
            logx: bool, logy: bool, hline: float | None = None) -> None:
     """Mean curves with min-max bands; optional dashed horizontal line (the target loss)."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     _draw_series(ax, series, colors, logx, logy)
     if hline is not None:
@@ -197,15 +190,13 @@ def curves(path: Path, series: list[dict], colors: dict, *, xlabel: str, ylabel:
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    save(plt, fig, path)
 
 
 def panels(path: Path, panel_series: dict[str, list[dict]], colors: dict, *, xlabel: str, ylabel: str,
            title: str, logx: bool, logy: bool, ylim: tuple | None = None) -> None:
     """Small multiples: one axis per key of ``panel_series`` (e.g. one per domain), shared legend."""
-    plt = _plt()
+    plt = pyplot()
     n = len(panel_series)
     cols = min(3, n)
     rows = (n + cols - 1) // cols
@@ -237,7 +228,7 @@ def target_bars(path: Path, bars: list[dict], colors: dict, *, ylabel: str, titl
     seed reaching it gets no bar and the words "not reached" (never a zero bar); a group where only some
     seeds reached it is hatched and annotated "k/n reached".
     """
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(bars) + 2), 4.5))
     top = max([b["hi"] for b in bars if b["reached"]] or [1.0])
     for i, b in enumerate(bars):
@@ -260,9 +251,7 @@ def target_bars(path: Path, bars: list[dict], colors: dict, *, ylabel: str, titl
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    save(plt, fig, path)
 
 
 def category_points(path: Path, categories: list[str], values: dict[str, list], colors: dict, *,
@@ -274,7 +263,7 @@ def category_points(path: Path, categories: list[str], values: dict[str, list], 
     value; ``spread[label][i] = (lo, hi)`` draws a min..max whisker (several seeds). ``values[label][i]``
     may be None (no point). Returns {category: (ymin, ymax)} of the panels drawn.
     """
-    plt = _plt()
+    plt = pyplot()
     labels = list(values)
     n = len(categories)
     cols = min(4, max(1, n))
@@ -317,7 +306,7 @@ def differences(path: Path, panel_series: dict[str, list[dict]], colors: dict, *
                 title: str) -> None:
     """Paired differences over training: one axis per key of ``panel_series`` (e.g. against the baseline,
     against the random control), a mean curve with its 95% band per series, and the zero line."""
-    plt = _plt()
+    plt = pyplot()
     n = len(panel_series)
     fig, axes = plt.subplots(1, n, figsize=(5.6 * n, 4.2), squeeze=False)
     for ax, (name, series) in zip(axes.flat, panel_series.items()):
@@ -335,7 +324,7 @@ def kept_dropped(path: Path, per_group: dict[str, tuple[dict, dict]], colors: di
                  title: str) -> None:
     """One axis per group: the mean score of its kept tokens (solid) and of its dropped tokens (dashed) over
     training, each a mean curve over seeds with its band; ``per_group[label] = (kept series, dropped series)``."""
-    plt = _plt()
+    plt = pyplot()
     n = len(per_group)
     cols = min(3, n)
     rows = (n + cols - 1) // cols

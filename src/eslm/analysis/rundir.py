@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,8 +39,6 @@ def grouping_view(flat: dict) -> dict:
     """A flat config as grouping compares it: ``train.branch_from`` (each seed continues its own trunk's
     checkpoint, eslm.train.branch) reduced to the branch point the seeds share: the trunk's name without its
     ``-s<seed>`` and the checkpoint's step, e.g. ``trunk-clm/step_0000100.pt``."""
-    import re
-
     b = flat.get("train.branch_from")
     if not b:
         return flat
@@ -131,10 +130,6 @@ def has_metrics(path: Path) -> bool:
     return path.is_dir() and (path / "metrics.jsonl").is_file()
 
 
-def _read_yaml(path: Path) -> dict:
-    return read_yaml(path, "run file", error=RunDirError, fix="fix or regenerate the file")
-
-
 def _read_json(path: Path, warnings: list[str]) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -187,7 +182,8 @@ def load_run(path: str | Path) -> Run:
         raise RunDirError(f"expected a run directory with metrics.jsonl at {p}, found none; "
                           "pass runs/<name> directories written by 'eslm train'")
     warnings: list[str] = []
-    config = _read_yaml(p / "config.yaml") if (p / "config.yaml").is_file() else {}
+    config = read_yaml(p / "config.yaml", "run file", error=RunDirError, fix="fix or regenerate the file") \
+        if (p / "config.yaml").is_file() else {}
     config = apply_resumes(config, p)  # config.yaml is the run's start; resumes.jsonl its recorded changes
     if not config:
         warnings.append(f"{p}: no config.yaml; the run is grouped on its own")

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from eslm import metrics as M
+from eslm.analysis import figures
 from eslm.data.loader import open_dataset
 from eslm.data.tokenizers import get_tokenizer
 from eslm.errors import DataError, ESLMError
@@ -56,11 +57,6 @@ class TokensViewError(ESLMError):
 
 
 # ---------------------------------------------------------------- inputs
-
-
-def load_checkpoint_model(path: str, device: str = "cpu"):
-    """(model in eval mode, info with "tokenizer" and "step") through ``eslm.model.loading.load_model``."""
-    return load_model(path, device)
 
 
 def text_passages(text: str, tok, num: int, max_tokens: int) -> list[Passage]:
@@ -281,26 +277,19 @@ def domain_table(domain: str, by_variant: dict[str, dict]) -> str:
 
 def frequency_chart(path: Path, items: list[tuple[str, int]], title: str, rgb) -> None:
     """Horizontal bar chart of (token, count), most frequent on top."""
-    import matplotlib
+    from matplotlib.ticker import MaxNLocator
 
-    matplotlib.use("Agg")
-    matplotlib.rcParams["text.parse_math"] = False  # a token "$" is text, not mathtext
-    import matplotlib.pyplot as plt
-
+    plt = figures.pyplot()
     fig, ax = plt.subplots(figsize=(6, 0.28 * max(5, len(items)) + 1.2))
     labels = [repr(t)[1:-1] for t, _ in items][::-1]
     ax.barh(range(len(items)), [c for _, c in items][::-1], color=[v / 255 for v in rgb])
     ax.set_yticks(range(len(items)))
     ax.set_yticklabels(labels, fontsize=8, family="monospace")
-    from matplotlib.ticker import MaxNLocator
-
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("times selected")
     ax.set_title(title, fontsize=10)
     ax.grid(True, axis="x", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    figures.save(plt, fig, path)
 
 
 # ---------------------------------------------------------------- entry point
@@ -343,7 +332,7 @@ def build_token_view(checkpoint: str, out_dir: str | Path, *, data: str | None =
     """Score, select, and write index.html, top_tokens_<variant>.png and tokens.json; returns the JSON dict
     (``by_domain``: per domain and variant, the ``top`` tokens most often kept and most often dropped)."""
     _check_options(alpha, num_passages, max_tokens, top)
-    model, info = load_checkpoint_model(checkpoint, device)
+    model, info = load_model(checkpoint, device)
     max_tokens = min(max_tokens, model.config.block_size)  # inputs are the first max_tokens ids
     passages, tok_name = _passages(data, text, tokenizer or info.get("tokenizer"), num_passages, max_tokens)
     _check_vocab(model, passages)

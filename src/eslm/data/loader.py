@@ -1,30 +1,8 @@
 """Reading prepared data: the Dataset (validated, memory-mapped once), the training sampler, validation sets.
 
-Training sampler
-----------------
-Each row of a batch draws its domain from the mixture weights, then a window of ``seq_len + 1`` tokens
-starting uniformly at random inside that domain's token stream (windows may cross document boundaries;
-the end-of-text tokens mark them, as in nanoGPT). ``x`` is the window without its last token and ``y``
-without its first.
-
-The randomness is counter-based: batch ``i`` of rank ``r`` is drawn from a fresh generator seeded with
-``(seed, r, i)``. So the only state is the batch counter, a resumed loader reproduces the original
-batches exactly, and ranks draw independent windows without coordinating.
-
-Held-out part of the training split
------------------------------------
-``part="fit"`` draws windows from a training stream without its held-out tail, ``part="held_out"`` from that
-tail only (:func:`held_out_start`: the last ``HELD_OUT_FRACTION`` of each domain's training tokens, from a
-document's start). A "fit" batch is the "all" batch with each window that reaches the tail drawn again before
-it, so runs of one seed with and without a held-out part share most of their windows. A method that steers
-training by held-out data (GREATS' validation gradient) takes it from there, never from the validation split
-the runs are evaluated on, and its training stream leaves it out.
-
-Validation
-----------
-:func:`val_batches` cuts each domain's val stream into non-overlapping windows (targets never repeat) and
-picks a fixed, seeded subset of ``tokens_per_domain // seq_len`` of them, so per-domain losses use the
-same token budget and the same tokens in every run with the same arguments.
+Batch ``i`` of rank ``r`` is drawn from a generator seeded with ``(seed, r, i)``: the batch counter is the
+loader's only state, so a resumed loader yields the original batches. docs/data.md ("Training loader",
+"Validation") describes the windows, the held-out part of the training split and the validation sets.
 """
 
 from __future__ import annotations
@@ -87,19 +65,13 @@ class Dataset:
                 self._maps[key] = np.memmap(self.path / f["path"], dtype=dtype, mode="r")
         return self._maps[key]
 
-    def check_vocab(self, model_vocab_size: int, tokenizer_name: str | None = None) -> None:
-        """DataError unless a model with ``model_vocab_size`` outputs can embed every id of this data.
-
-        A larger model vocabulary is fine (GPT-2 pads 50257 to 50304 for speed); a smaller one is not.
-        ``tokenizer_name``, when given, must equal the data's tokenizer.
-        """
-        fix = "fix: set model.vocab_size >= the data's, or prepare the data with the model's tokenizer"
-        if tokenizer_name is not None and tokenizer_name != self.tokenizer_name:
-            raise DataError(f"expected data tokenized with {tokenizer_name!r}; found {self.tokenizer_name!r} in "
-                            f"{self.path}; {fix}")
+    def check_vocab(self, model_vocab_size: int) -> None:
+        """DataError unless a model with ``model_vocab_size`` outputs can embed every id of this data (a larger
+        vocabulary is fine: GPT-2 pads 50257 to 50304 for speed)."""
         if int(model_vocab_size) < self.vocab_size:
             raise DataError(f"expected a model vocab_size >= {self.vocab_size} ({self.tokenizer_name} data in "
-                            f"{self.path}); found {model_vocab_size}; {fix}")
+                            f"{self.path}); found {model_vocab_size}; fix: set model.vocab_size >= the data's, or "
+                            "prepare the data with the model's tokenizer")
 
     def _file(self, split: str, domain: str) -> dict:
         if (split, domain) not in self._files:
@@ -184,12 +156,9 @@ class TrainLoader:
                                 f"(weight {self.weights[d]:.4g}); found {n}; fix: give it weight 0, lower "
                                 "seq_len, or prepare more data")
 
-    def _generator(self, batch_index: int) -> np.random.Generator:
-        return np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, self.rank, batch_index])))
-
     def draw(self, batch_index: int) -> Batch:
         """Batch number ``batch_index`` of this rank (pure: does not move the loader)."""
-        rng = self._generator(batch_index)
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, self.rank, batch_index])))
         b, t = self.micro_batch_size_seqs, self.seq_len
         domain = self._active[rng.choice(len(self._active), size=b, p=self._p)]
         lengths = np.array([len(self._streams[i]) for i in domain], dtype=np.int64)
@@ -265,22 +234,18 @@ def _check_positive(**values: int) -> None:
 
 # ------------------------------------------------------------------------------------------ validation
 def val_batches(dataset: Dataset, *, seq_len: int, batch_size_seqs: int, tokens_per_domain: int,
-                seed: int = 0, split: str = "val") -> dict[str, list[Batch]]:
-    """A fixed validation set per domain: {domain: [Batch, ...]}.
-
-    Each domain contributes ``max(1, tokens_per_domain // seq_len)`` windows of ``seq_len`` targets, picked
-    (seeded by ``seed`` and the domain name) from its non-overlapping windows; capped at what the domain has
-    (silently: a small held-out domain, like the default data's 'reference', is evaluated on all of it, and there
-    is nothing to fix). A domain whose val stream is shorter than seq_len+1 is skipped with a warning;
-    a DataError if no domain has a window. Batches hold up to ``batch_size_seqs`` rows.
-    """
+                seed: int = 0) -> dict[str, list[Batch]]:
+    """A fixed validation set per domain: {domain: [Batch, ...]} of ``max(1, tokens_per_domain // seq_len)``
+    windows, picked (seeded by ``seed`` and the domain name) from its non-overlapping windows, capped at what the
+    domain has (silently: a small domain such as the default data's 'reference' is evaluated whole). A domain
+    without a window is skipped with a warning; a DataError if none has one."""
     _check_positive(seq_len=seq_len, batch_size_seqs=batch_size_seqs, tokens_per_domain=tokens_per_domain)
     out = {}
     for di, domain in enumerate(dataset.domains):
-        stream = dataset.tokens(split, domain)
+        stream = dataset.tokens("val", domain)
         available = max(0, len(stream) - 1) // seq_len  # an empty stream has no window, not -1
         if available == 0:
-            warnings.warn(f"val: domain {domain!r} has {len(stream)} {split} tokens, fewer than seq_len+1 = "
+            warnings.warn(f"val: domain {domain!r} has {len(stream)} val tokens, fewer than seq_len+1 = "
                           f"{seq_len + 1}; it is left out of validation; to evaluate it, prepare the data again "
                           "with a larger --val-fraction (eslm prepare) or lower data.seq_len", stacklevel=2)
             continue
@@ -288,7 +253,7 @@ def val_batches(dataset: Dataset, *, seq_len: int, batch_size_seqs: int, tokens_
         out[domain] = _domain_val_batches(stream, di, min(wanted, available), available, seq_len,
                                           batch_size_seqs, _domain_seed(seed, domain))
     if not out:
-        raise DataError(f"expected a {split} stream of >= seq_len+1 = {seq_len + 1} tokens in some domain of "
+        raise DataError(f"expected a val stream of >= seq_len+1 = {seq_len + 1} tokens in some domain of "
                         f"{dataset.path}; found none; fix: re-prepare with a larger --val-fraction or lower seq_len")
     return out
 

@@ -1,26 +1,7 @@
-"""``manifest.json``: what a prepared data directory holds, and the checks that it is intact.
-
-A prepared directory looks like::
-
-    DIR/manifest.json
-    DIR/train-<domain>.bin     raw little-endian token ids (uint16 when vocab_size <= 65536, else uint32)
-    DIR/val-<domain>.bin       one file per (split, domain); every document is followed by eot_id
-
-Manifest fields (format "eslm-tokens", version 1)::
-
-    tokenizer      {"name", "vocab_size", "eot_id"}
-    dtype          "uint16" | "uint32"   (byte order: always little-endian)
-    domains        [names]               manifest order = the order of Dataset.domains and Batch.domain ids
-    splits         ["train", "val"]
-    files          [{"path", "split", "domain", "num_tokens", "num_bytes", "sha256"}]
-    num_tokens     {split: {domain: int}}
-    num_documents  {split: {domain: int}}
-    content_hash   sha256 over the sorted "path sha256" lines: one id for the whole token content
-    source         the source's description (name, paths or hub id, split rule, ...)
-    created, eslm_version, prepare_seconds
-
-Full SHA-256 is computed while writing and identifies the exact data a run trained on. Verifying it on open
-is O(size), so :func:`verify_shards` checks byte sizes always and content hashes only when asked or when small.
+"""``manifest.json``: what a prepared data directory holds (``DIR/{train,val}-{domain}.bin``, raw little-endian
+ids, and the manifest; its fields: docs/data.md, "Directory and manifest"), and the checks that it is intact.
+Full SHA-256 is computed while writing; verifying it on open is O(size), so :func:`verify_shards` checks byte
+sizes always and content hashes only when asked or when the data is small.
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
-"""Domain mixtures: a validated weight per domain NAME (never per position).
-
-Public code paths for SlimPajama disagree on the order of the domains (c4 and cc are swapped between
-some of them), so weights here are always a mapping from name to weight, and the loader turns names into
-indices of ``Dataset.domains`` itself.
-
-Specs accepted by :func:`resolve_weights`:
-
-``"natural"``   proportional to the train tokens of each domain (needs ``token_counts``)
-``"unif"``      equal weight for every given domain
-``"doremi"``    the paper's DoReMi weights for SlimPajama-6B (appendix table), renormalised
-mapping / ``"a=0.5,b=0.5"``  custom weights; domains left out get 0; must sum to 1 within 1e-3 unless
-                ``normalise=True``
-
-About the paper's table: its DoReMi column sums to 1.00006 and its uniform column lists 0.1428 per
-domain, which sums to 0.9996. We divide both by their sum (uniform becomes exactly 1/7) so that the
-sampler's probabilities sum to 1; the change is below 1e-4 per domain.
+"""Domain mixtures: a validated weight per domain NAME (never per position: public SlimPajama code paths disagree
+on the domains' order). Specs: "natural", "unif", "doremi" (the paper's table, renormalised), a mapping or
+"a=0.5,b=0.5"; docs/data.md ("Mixtures") says what each is.
 """
 
 from __future__ import annotations
@@ -39,20 +25,16 @@ SUM_TOLERANCE = 1e-3
 
 
 def resolve_weights(spec: str | Mapping[str, float], domains: list[str], *,
-                    token_counts: Mapping[str, int] | None = None, normalise: bool = False) -> dict[str, float]:
-    """Weights for ``domains`` (a dict in ``domains`` order, values >= 0 summing to 1).
-
-    spec: "natural" | "unif" | "doremi" | {domain: weight} | "name=w,name=w".
-    token_counts: {domain: train tokens}, required by "natural".
-    normalise: divide a custom mapping by its sum instead of requiring it to sum to 1.
-    """
+                    token_counts: Mapping[str, int] | None = None) -> dict[str, float]:
+    """Weights for ``domains`` (a dict in ``domains`` order, values >= 0 summing to 1); ``token_counts``
+    ({domain: train tokens}) is required by "natural"."""
     domains = list(domains)
     if not domains:
         raise ConfigError("expected at least one domain to weight; found none; fix: check the data directory")
     if isinstance(spec, str) and "=" in spec:
         spec = parse_weight_string(spec)
     if isinstance(spec, Mapping):
-        return _custom(spec, domains, normalise)
+        return _custom(spec, domains)
     if spec == "unif":
         return {d: 1.0 / len(domains) for d in domains}
     if spec == "natural":
@@ -75,7 +57,7 @@ def parse_weight_string(text: str) -> dict[str, float]:
     return out
 
 
-def _custom(spec: Mapping[str, float], domains: list[str], normalise: bool) -> dict[str, float]:
+def _custom(spec: Mapping[str, float], domains: list[str]) -> dict[str, float]:
     unknown = [d for d in spec if d not in domains]
     if unknown:
         raise ConfigError(f"expected weights for domains among {domains}; found unknown {unknown}; "
@@ -88,10 +70,9 @@ def _custom(spec: Mapping[str, float], domains: list[str], normalise: bool) -> d
     if total <= 0:
         raise ConfigError(f"expected at least one positive weight; found all zero {dict(spec)}; "
                           "fix: give some domain a positive weight")
-    if not normalise and abs(total - 1.0) > SUM_TOLERANCE:
+    if abs(total - 1.0) > SUM_TOLERANCE:
         raise ConfigError(f"expected weights summing to 1 (within {SUM_TOLERANCE}); found sum {total:.6g} "
-                          f"for {dict(spec)}; fix: make data.weights sum to 1 (or call resolve_weights(..., "
-                          "normalise=True) to rescale)")
+                          f"for {dict(spec)}; fix: make data.weights sum to 1")
     return {d: float(spec.get(d, 0.0)) / total for d in domains}
 
 

@@ -1,13 +1,7 @@
-"""The training loader's micro-batches on the device, one optimizer step ahead on CUDA.
-
-On CUDA the next step's micro-batches are drawn while the current step's work is still queued on the GPU, put in
-pinned (page-locked) host memory and copied with ``non_blocking=True``: the copy is queued behind the step's
-kernels instead of the host waiting for them, and drawing the windows (numpy reads of the memory-mapped tokens)
-overlaps the GPU's work. Elsewhere nothing is drawn ahead: each step draws its micro-batches when it asks, as a
-plain loop over the loader would.
-
-The loader's position saved in a checkpoint is that of the batches handed out (``state_dict``), not of the ones
-drawn ahead, so a resumed run trains on the same batches as one that never stopped.
+"""The training loader's micro-batches on the device, one optimizer step ahead on CUDA (drawn while the current
+step's kernels are queued, copied from pinned memory with ``non_blocking=True``); elsewhere each step draws its
+micro-batches when it asks. The saved position is that of the batches handed out, so a resumed run trains on the
+same batches as one that never stopped.
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """``eslm prepare SOURCE --out DIR``: text -> token shards + ``manifest.json`` (format: see manifest.py).
 
-Documents are read, tokenised and grouped in chunks by a pool of worker processes (``workers``), and the
-chunks are written back in source order, so the shards do not depend on the number of workers. Every
-document is followed by the end-of-text id; empty documents (e.g. a module without docstrings) are dropped.
-The output is written to a temporary sibling directory (``.NAME.tmp-PID``, marked inside) and renamed into place
-at the end, so an interrupted run never leaves a directory that looks prepared; the next prepare of the same
-``--out`` removes such leftovers. ``--force`` replaces only a directory eslm prepared (its manifest's format)
-that holds nothing but the manifest's files; a corpus of 0 training tokens is refused.
+Worker processes read and tokenise chunks of documents, written back in source order (the shards do not depend
+on the number of workers); every document is followed by the end-of-text id. The output is written to a marked
+temporary sibling and renamed into place; what ``--force`` may replace: docs/data.md ("Preparing a corpus").
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -29,7 +24,7 @@ from eslm.data import manifest as mf
 from eslm.data.sources import Document, document_text, get_source
 from eslm.data.tokenizers import get_tokenizer
 from eslm.errors import ConfigError, DataError
-from eslm.files import foreign_entries, link_refused, listing, named, temp_of
+from eslm.files import foreign_entries, link_refused, listing, named, read_marker, temp_of
 from eslm.files import output_lock as lock_of
 
 CHUNK_DOCS = 64  # documents per worker task: big enough to amortise IPC, small enough for a smooth bar
@@ -103,10 +98,6 @@ def _tokenized(tasks: Iterator, workers: int) -> Iterator:
         yield from pool.imap(_tokenize_chunk, tasks)
 
 
-def default_workers() -> int:
-    return max(1, min(2, os.cpu_count() or 1))
-
-
 def prepare(source: str, out_dir: str | os.PathLike, *, tokenizer: str = "gpt2", paths: list[str] | None = None,
             domains: list[str] | None = None, val_fraction: float | None = None, workers: int | None = None,
             progress: bool = True, overwrite: bool = False, hf_cache_dir: str | None = None,
@@ -149,13 +140,13 @@ def _prepare_locked(source: str, out_dir, *, tokenizer, paths, domains, val_frac
     try:
         (tmp / TMP_MARKER).write_text("")
         writers = {(s, d): _ShardWriter(tmp / mf.shard_name(s, d), dtype) for s in mf.SPLITS for d in src.domains}
-        _write_all(src, tok.name, dtype, writers, workers or default_workers(), progress)
+        _write_all(src, tok.name, dtype, writers, workers or max(1, min(2, os.cpu_count() or 1)), progress)
         files = [dict(w.close(), split=s, domain=d) for (s, d), w in writers.items()]
         manifest = _build_manifest(src, tok, dtype, files, writers, time.perf_counter() - t0)
         _check_not_empty(src, manifest)
         mf.write_manifest(tmp, manifest)
         (tmp / TMP_MARKER).unlink()
-        move_into_place(tmp, out_dir, overwrite and _eslm_manifest(out_dir) is not None)
+        move_into_place(tmp, out_dir, overwrite and read_marker(out_dir / mf.MANIFEST_NAME, mf.FORMAT) is not None)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # made by this process
     return manifest
@@ -242,7 +233,7 @@ def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
         raise ConfigError(f"expected --out to be a directory; found a file at {out_dir}; fix: choose another --out")
     if not out_dir.exists() or not any(out_dir.iterdir()):
         return
-    manifest = _eslm_manifest(out_dir)
+    manifest = read_marker(out_dir / mf.MANIFEST_NAME, mf.FORMAT)
     if manifest is None:
         entries = foreign_entries(out_dir, lambda name: False)
         raise ConfigError(f"expected --out to be a new, empty or eslm-prepared directory; found {out_dir} holds "
@@ -256,14 +247,6 @@ def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
     if foreign:
         raise ConfigError(f"expected --force to replace a prepared directory; found {out_dir} also holds files "
                           f"eslm did not write ({listing(foreign)}); fix: move them away, or choose another --out")
-
-
-def _eslm_manifest(d: Path) -> dict | None:
-    try:
-        m = json.loads((d / mf.MANIFEST_NAME).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return m if isinstance(m, dict) and m.get("format") == mf.FORMAT else None
 
 
 def move_into_place(tmp: Path, out_dir: Path, replace: bool, marker: str = TMP_MARKER, ours=None,

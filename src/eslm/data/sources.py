@@ -1,26 +1,9 @@
-"""Text sources for ``eslm prepare``: where documents come from, their domain and their split.
+"""Text sources for ``eslm prepare`` (``SOURCE_NAMES``): where documents come from, their domain and their split;
+docs/data.md ("Preparing a corpus") has the table of sources and the split rule.
 
-A source yields :class:`Document` records. Reading a document's text is deferred to
-:func:`document_text`, which runs inside the tokenisation workers, so file reading and docstring
-extraction are parallelised together with tokenisation.
-
-Sources
--------
-``stdlib``         the running Python's standard library, three domains (always available offline):
-                   ``code`` (.py files, test packages excluded), ``docs`` (docstrings, extracted with ``ast``),
-                   ``reference`` (``pydoc_data`` topics, plus Python documentation sources if installed).
-``text``           files, directories or globs; ``domain=path`` names the domain (default ``text``).
-``openwebtext``    Skylion007/openwebtext through HF ``datasets`` (parquet route), nanoGPT's split.
-``slimpajama-6b``  DKYoon/SlimPajama-6B, one domain per ``meta.redpajama_set_name``; its test split is val.
-
-Splits
-------
-For ``stdlib`` and ``text`` each document goes to ``val`` when a hash of its stable key (a path relative
-to its root, never the absolute location) falls below ``val_fraction``: deterministic, independent of
-file order and of the other documents. A module's code and its docstrings share one key, so a module is
-never in train as code and in val as docs. If a domain with >= 2 documents would get no val document,
-its document with the smallest hash moves to val, so every domain can be validated. The hub sources use
-their published splits.
+A source yields :class:`Document` records whose text is read by :func:`document_text` inside the tokenisation
+workers, so file reading and docstring extraction run in parallel with tokenisation. ``stdlib`` and ``text``
+split by a hash of each document's stable key (:func:`assign_splits`); the hub sources use their published splits.
 """
 
 from __future__ import annotations
@@ -30,6 +13,7 @@ import glob
 import hashlib
 import json
 import os
+import pydoc_data.topics
 import re
 import sys
 import sysconfig
@@ -153,7 +137,9 @@ def _unit_hash(key: str) -> float:
 
 
 def assign_splits(items: list[tuple[str, str]], val_fraction: float) -> dict[str, str]:
-    """Map each (domain, key) item's key to "train"/"val"; see the module docstring for the rule."""
+    """Map each (domain, key) item's key to "val" when its hash is below ``val_fraction``, else "train"; a domain
+    with >= 2 documents but none in val gets its lowest-hash document moved there. A module's code and docstrings
+    share one key, so a module is never in train as code and in val as docs."""
     split = {}
     by_domain: dict[str, list[str]] = {}
     for domain, key in items:
@@ -167,17 +153,21 @@ def assign_splits(items: list[tuple[str, str]], val_fraction: float) -> dict[str
 
 
 # ---------------------------------------------------------------------------------------------- stdlib
-def stdlib_python_files(root: str | None = None) -> list[tuple[str, str]]:
-    """(relative path, absolute path) of the stdlib's .py files, test packages and site-packages excluded."""
-    root = root or sysconfig.get_paths()["stdlib"]
+def _walk(root: str, skip_dir: Callable[[str], bool], keep: Callable[[str], bool]) -> list[tuple[str, str]]:
+    """(path relative to ``root`` with '/', path) of the files under ``root`` that ``keep`` names, in sorted order,
+    not descending into directories ``skip_dir`` names."""
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in _STDLIB_SKIP_DIRS)
-        for fname in sorted(filenames):
-            if fname.endswith(".py") and not fname.startswith("test_"):
-                path = os.path.join(dirpath, fname)
-                out.append((os.path.relpath(path, root).replace(os.sep, "/"), path))
+        dirnames[:] = sorted(d for d in dirnames if not skip_dir(d))
+        paths = [os.path.join(dirpath, f) for f in sorted(filenames) if keep(f)]
+        out += [(os.path.relpath(p, root).replace(os.sep, "/"), p) for p in paths]
     return out
+
+
+def stdlib_python_files(root: str | None = None) -> list[tuple[str, str]]:
+    """(relative path, absolute path) of the stdlib's .py files, test packages and site-packages excluded."""
+    return _walk(root or sysconfig.get_paths()["stdlib"], lambda d: d in _STDLIB_SKIP_DIRS,
+                 lambda f: f.endswith(".py") and not f.startswith("test_"))
 
 
 def python_docs_sources() -> list[tuple[str, str]]:
@@ -197,8 +187,6 @@ def python_docs_sources() -> list[tuple[str, str]]:
 def stdlib_source(val_fraction: float, domains: list[str] | None = None) -> Source:
     domains = _pick_domains(list(STDLIB_DOMAINS), domains, "stdlib")
     files = stdlib_python_files()
-    import pydoc_data.topics
-
     topics = sorted(pydoc_data.topics.topics.items())
     docs_src = python_docs_sources()
     # one key per module (shared by code and docs), one per reference item
@@ -244,12 +232,7 @@ def _expand_path(path: str) -> list[tuple[str, str]]:
         files = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))
         return [(os.path.relpath(p, _glob_root(path)).replace(os.sep, "/"), p) for p in files]
     if os.path.isdir(path):
-        out = []
-        for dirpath, dirnames, filenames in os.walk(path):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            out += [(os.path.relpath(os.path.join(dirpath, f), path).replace(os.sep, "/"), os.path.join(dirpath, f))
-                    for f in sorted(filenames) if not f.startswith(".")]
-        return out
+        return _walk(path, lambda d: d.startswith("."), lambda f: not f.startswith("."))
     if os.path.isfile(path):
         return [(os.path.basename(path), path)]
     return []
@@ -323,10 +306,21 @@ def _hub_data_files(paths: list[str] | None) -> dict[str, list[str]] | None:
     return data_files
 
 
-def _iter_rows(ds, columns: list[str], batch_size: int = 1000) -> Iterator[dict]:
-    for batch in ds.select_columns(columns).iter(batch_size=batch_size):
-        for i in range(len(batch[columns[0]])):
-            yield {c: batch[c][i] for c in columns}
+def _rows_source(name: str, domains: list[str], desc: dict, parts: dict, columns: list[str],
+                 domain_of: Callable[[dict], str]) -> Source:
+    """A hub source whose documents are the rows of ``parts`` ({split: dataset}), each in domain ``domain_of(row)``
+    (rows of other domains than ``domains`` left out)."""
+    def rows(ds) -> Iterator[dict]:
+        for batch in ds.select_columns(columns).iter(batch_size=1000):
+            yield from ({c: batch[c][i] for c in columns} for i in range(len(batch["text"])))
+
+    def documents() -> Iterator[Document]:
+        for split, ds in parts.items():
+            for i, row in enumerate(rows(ds)):
+                if (domain := domain_of(row)) in domains:
+                    yield Document(domain, split, f"{split}:{i}", "text", row["text"])
+
+    return Source(name, domains, desc, documents, sum(len(d) for d in parts.values()))
 
 
 def openwebtext_source(paths: list[str] | None, cache_dir: str | None = None) -> Source:
@@ -334,16 +328,10 @@ def openwebtext_source(paths: list[str] | None, cache_dir: str | None = None) ->
     if "train" not in raw:
         raise DataError(f"expected a 'train' split in openwebtext; found {sorted(raw)}; fix: name the files train=PATH")
     split_ds = raw["train"].train_test_split(test_size=OWT_TEST_SIZE, seed=OWT_SEED, shuffle=True)
-    parts = {"train": split_ds["train"], "val": split_ds["test"]}
-
-    def documents() -> Iterator[Document]:
-        for split, ds in parts.items():
-            for i, row in enumerate(_iter_rows(ds, ["text"])):
-                yield Document("openwebtext", split, f"{split}:{i}", "text", row["text"])
-
     desc = {"name": "openwebtext", "hub_id": HUB_IDS["openwebtext"], "local_files": _hub_data_files(paths),
             "split_rule": f"nanoGPT: train_test_split(test_size={OWT_TEST_SIZE}, seed={OWT_SEED}, shuffle=True)"}
-    return Source("openwebtext", ["openwebtext"], desc, documents, sum(len(d) for d in parts.values()))
+    return _rows_source("openwebtext", ["openwebtext"], desc, {"train": split_ds["train"], "val": split_ds["test"]},
+                        ["text"], lambda row: "openwebtext")
 
 
 def _set_name(meta) -> str:
@@ -365,19 +353,11 @@ def slimpajama_source(paths: list[str] | None, domains: list[str] | None = None,
     if missing:
         raise DataError(f"expected splits train and test in slimpajama-6b; found {sorted(raw)}; "
                         "fix: pass train=PATH test=PATH")
-    parts = {"train": raw["train"], "val": raw["test"]}
-
-    def documents() -> Iterator[Document]:
-        for split, ds in parts.items():
-            for i, row in enumerate(_iter_rows(ds, ["text", "meta"])):
-                domain = _set_name(row["meta"])
-                if domain in domains:
-                    yield Document(domain, split, f"{split}:{i}", "text", row["text"])
-
     desc = {"name": "slimpajama-6b", "hub_id": HUB_IDS["slimpajama-6b"], "local_files": _hub_data_files(paths),
             "split_rule": "published splits; test used as val (DoGE setup)",
             "domain_rule": "meta.redpajama_set_name -> " + ", ".join(f"{k}:{v}" for k, v in SLIMPAJAMA_SET_NAMES.items())}
-    return Source("slimpajama-6b", domains, desc, documents, sum(len(d) for d in parts.values()))
+    return _rows_source("slimpajama-6b", domains, desc, {"train": raw["train"], "val": raw["test"]}, ["text", "meta"],
+                        lambda row: _set_name(row["meta"]))
 
 
 # --------------------------------------------------------------------------------------------- factory

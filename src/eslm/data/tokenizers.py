@@ -1,18 +1,9 @@
-"""Tokenizers: the exact GPT-2 BPE (offline) and a byte-level tokenizer for the smallest tests.
+"""Tokenizers (``get_tokenizer``): the exact GPT-2 BPE (offline) and a byte-level tokenizer for the smallest tests;
+both have ``name``, ``vocab_size``, ``eot_id``, ``encode`` (never emits eot), ``encode_batch`` and ``decode``.
 
-Both expose the same small interface::
-
-    tok = get_tokenizer("gpt2")        # or "byte"
-    tok.name, tok.vocab_size, tok.eot_id
-    tok.encode(str) -> list[int]                 # never emits eot; "<|endoftext|>" in text is plain text
-    tok.encode_batch(list[str]) -> list[list[int]]
-    tok.decode(list[int]) -> str
-
-The GPT-2 tokenizer is tiktoken's r50k_base ("gpt2") built from OpenAI's GPT-2 vocabulary files, which eslm
-ships unmodified in ``eslm/data/gpt2_bpe/`` (``encoder.json``, ``vocab.bpe``; OpenAI's license is in that
-folder), so nothing is downloaded at run time and nothing is written to a cache. The files are checked
-against the SHA-256 digests of OpenAI's published copies (the ones tiktoken pins for its own download), so a
-corrupted or different vocabulary fails loudly instead of silently producing other ids.
+GPT-2 is tiktoken's r50k_base built from OpenAI's vocabulary files shipped unmodified in ``eslm/data/gpt2_bpe/``
+and checked against the SHA-256 digests tiktoken pins, so nothing is downloaded and a different vocabulary fails
+loudly (docs/data.md, "Tokenizers").
 """
 
 from __future__ import annotations

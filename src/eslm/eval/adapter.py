@@ -1,11 +1,6 @@
-"""The lm-eval ``LM`` adapter for our model, registered in lm-eval as ``eslm`` (``lm_class``).
-
-Why an adapter and not "export to transformers, then the harness's HF model": the adapter evaluates exactly the
-module we trained (no conversion step, no vocabulary trimming, the padded rows stay in the softmax just as in
-training and validation loss), uses our own tokenizers (the byte tokenizer has no transformers equivalent), and
-needs no transformers at all. Its three request types: ``loglikelihood`` and ``loglikelihood_rolling`` score
-token ids (``eslm.eval.scoring``); ``generate_until`` decodes greedily (sampling options are ignored) one
-request at a time through the KV cache of ``eslm.eval.generate.generate``. See docs/evaluation.md.
+"""The lm-eval ``LM`` adapter for our model, registered in lm-eval as ``eslm`` (``lm_class``): it evaluates exactly
+the module we trained with our own tokenizers and needs no transformers (why an adapter and not an HF export,
+and how each request type follows the harness's HF model: docs/evaluation.md).
 """
 
 from __future__ import annotations

@@ -4,8 +4,10 @@ eval directory. See docs/evaluation.md."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import torch
@@ -60,7 +62,7 @@ def evaluate_checkpoints(paths: list[str], tasks: dict[str, int], *, all_checkpo
         record = {"format": EVAL_FORMAT, "source": info["source"], "step": info.get("step"),
                   "tokenizer": tok.name, M.FLOPS_PAPER: info.get(M.FLOPS_PAPER),
                   M.FLOPS_EXECUTED: info.get(M.FLOPS_EXECUTED), "limit": limit, "seed": seed,
-                  "lm_eval_version": _lm_eval_version(), "tasks": results}
+                  "lm_eval_version": version("lm_eval"), "tasks": results}
         json_path, md_path = output_paths(info, out)
         write_results(record, json_path, md_path)
         written.append(json_path)
@@ -89,17 +91,6 @@ def check_eval_options(limit, batch_size: int, bootstrap_iters: int, seed: int) 
 
 
 def _require_lm_eval() -> None:
-    try:
-        import lm_eval  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("lm_eval") is None:
         raise ConfigError("eslm eval needs lm-evaluation-harness, which is not installed; fix: pip install "
-                          "'eslm[eval]'") from None
-
-
-def _lm_eval_version() -> str | None:
-    try:
-        from importlib.metadata import version
-
-        return version("lm_eval")
-    except Exception:
-        return None
+                          "'eslm[eval]'")

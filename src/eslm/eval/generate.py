@@ -1,12 +1,8 @@
 """The one generation loop: ``eslm sample``'s text and lm-eval's ``generate_until`` (``eslm.eval.adapter``).
 
-The prompt runs once, then one token per step through the model's KV cache (``eslm.model.gpt.KVCache``). Past
-``block_size`` tokens the context is cropped to the last ``block_size`` tokens, as nanoGPT does (absolute
-positions: the cache is rebuilt from the cropped window each step then). ``temperature=0`` is greedy decoding,
-and so is a temperature so small that logits / temperature overflows (sampling's limit as it goes to 0);
-``top_k`` keeps the k most likely tokens before sampling; ``vocab_limit`` excludes the vocabulary rows added
-by padding. ``sample_texts`` is ``eslm sample`` (nanoGPT's sample.py): only ids the tokenizer can decode are
-sampled.
+The prompt runs once, then one token per step through the model's KV cache (``eslm.model.gpt.KVCache``); past
+``block_size`` tokens the context is cropped to the last ``block_size`` (as nanoGPT; the cache is then rebuilt
+from the cropped window each step). Options: docs/evaluation.md (``eslm sample``).
 """
 
 from __future__ import annotations
@@ -26,7 +22,8 @@ from eslm.model.loading import check_device, load_model
 def generate(model, prompt: list[int], max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
              vocab_limit: int | None = None, stop_ids: frozenset | set = frozenset(), seed: int | None = None,
              use_cache: bool = True) -> list[int]:
-    """The new token ids after ``prompt`` (at most ``max_new_tokens``; stops after a ``stop_ids`` token)."""
+    """The new token ids after ``prompt`` (at most ``max_new_tokens``; stops after a ``stop_ids`` token);
+    ``temperature=0`` is greedy, ``vocab_limit`` keeps the vocabulary rows added by padding from being drawn."""
     if not prompt:
         raise ConfigError("expected a non-empty prompt (at least one token), found none")
     device = next(model.parameters()).device

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from eslm.errors import ConfigError, OwnershipError
 from eslm.eval.tables import checkpoint_table, summary_table
-from eslm.files import atomic_write, ensure_dir
+from eslm.files import atomic_write, ensure_dir, read_marker
 
 EVAL_FORMAT = "eslm-eval-v1"
 
@@ -29,11 +29,7 @@ def output_paths(info: dict, out: str | None) -> tuple[Path, Path]:
 def read_record(path: Path) -> dict | None:
     """The results ``eslm eval`` wrote at ``path`` (a JSON object of ``EVAL_FORMAT``; not a link), else None: any
     other file, unreadable, not UTF-8 or not JSON."""
-    try:
-        r = None if Path(path).is_symlink() else json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # ValueError: UnicodeDecodeError and json.JSONDecodeError
-        return None
-    return r if isinstance(r, dict) and r.get("format") == EVAL_FORMAT else None
+    return read_marker(path, EVAL_FORMAT)
 
 
 def check_output(json_path: Path, md_path: Path) -> None:

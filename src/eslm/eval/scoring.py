@@ -1,28 +1,13 @@
 """The lm-eval requests on token ids, as lm-eval's HF model computes them (the same context / continuation split,
-the same rolling windows), so numbers are comparable (docs/evaluation.md):
-
-* ``score_continuations``: ``loglikelihood(context, continuation)``: one forward over ``context + continuation``
-  (left-truncated to ``block_size + 1`` tokens), the sum of the continuation's log-probabilities and whether
-  greedy decoding would produce it. Batched with right padding: under causal attention a real position never
-  sees the padding that follows it.
-* ``rolling_windows``: ``loglikelihood_rolling(text)``: the harness's disjoint rolling windows of
-  ``block_size`` tokens, the first conditioned on end-of-text, each scored as a continuation.
-* ``encode_pair`` and ``cut_at_stop``: text to the ids of a request, and a generation back to text
-  (``generate_until`` decodes with ``eslm.eval.generate.generate``).
+the same rolling windows), so numbers are comparable (docs/evaluation.md): ``score_continuations``
+(``loglikelihood``), ``rolling_windows`` (``loglikelihood_rolling``), ``encode_pair`` and ``cut_at_stop``.
 """
 
 from __future__ import annotations
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
-
-
-def _pad_right(seqs: list[list[int]], device) -> torch.Tensor:
-    """(B, max_len) int64, zeros after each row's tokens."""
-    out = torch.zeros(len(seqs), max(len(s) for s in seqs), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-    return out.to(device)
 
 
 @torch.no_grad()
@@ -46,7 +31,7 @@ def score_continuations(model, pairs: list[tuple[list[int], list[int]]], batch_s
             full = (ctx + cont)[-(block + 1):]
             inputs.append(full[:-1])
             targets.append(cont[-(len(full) - 1):])  # a continuation longer than the window is cut too
-        hidden = model(_pad_right(inputs, device))
+        hidden = model(pad_sequence([torch.tensor(s) for s in inputs], batch_first=True).to(device))  # zeros after
         for row, i in enumerate(idxs):
             n_in, tgt = len(inputs[row]), targets[row]
             h = hidden[row, n_in - len(tgt) : n_in]  # positions predicting the continuation

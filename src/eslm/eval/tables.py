@@ -16,6 +16,11 @@ def _fmt(metric: str | None, value: float | None, se: float | None) -> str:
     return f"{value:.{digits}f} ({se:.{digits}f})" if se is not None else f"{value:.{digits}f}"
 
 
+def _row(task: str, r: dict, last) -> str:
+    """| task | shots | metric | value (stderr) | last |"""
+    return f"| {task} | {r['num_fewshot']} | {r['metric']} | {_fmt(r['metric'], r['value'], r['stderr'])} | {last} |"
+
+
 _NOTE = "Value (one standard error, from lm-eval); accuracy and exact match as fractions, as in the paper."
 
 
@@ -24,16 +29,8 @@ def checkpoint_table(record: dict) -> str:
     lines = [f"# lm-eval: {record['source']} (step {record['step']})", "",
              "| task | shots | metric | value (stderr) | n |", "|---|---:|---|---:|---:|"]
     for name, r in record["tasks"].items():
-        lines.append(f"| {name} | {r['num_fewshot']} | {r['metric']} | {_fmt(r['metric'], r['value'], r['stderr'])}"
-                     f" | {r['n_samples'] if r['n_samples'] is not None else ''} |")
+        lines.append(_row(name, r, r["n_samples"] if r["n_samples"] is not None else ""))
     return "\n".join(lines + ["", _NOTE]) + "\n"
-
-
-def _task_order(records: list[dict]) -> list[str]:
-    tasks: list[str] = []
-    for r in records:
-        tasks += [t for t in r["tasks"] if t not in tasks]
-    return tasks
 
 
 def best_per_task(records: list[dict]) -> dict[str, dict]:
@@ -55,7 +52,7 @@ def summary_table(records: list[dict]) -> str:
     """Markdown across checkpoints of a run: one row per step with its FLOPs (accuracy against FLOPs),
     then the best result per task in the paper's layout (task, shots, value (stderr), step)."""
     records = sorted(records, key=lambda r: (r["step"] is None, r["step"] or 0))
-    tasks = _task_order(records)
+    tasks = list(dict.fromkeys(t for r in records for t in r["tasks"]))
     head = ["step", M.FLOPS_PAPER, M.FLOPS_EXECUTED] + [
         f"{t} ({next(r['tasks'][t]['metric'] for r in records if t in r['tasks'])})" for t in tasks]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
@@ -66,9 +63,7 @@ def summary_table(records: list[dict]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Best during training:", "", "| task | shots | metric | value (stderr) | step |",
               "|---|---:|---|---:|---:|"]
-    for t, b in best_per_task(records).items():
-        lines.append(f"| {t} | {b['num_fewshot']} | {b['metric']} | {_fmt(b['metric'], b['value'], b['stderr'])}"
-                     f" | {b['step']} |")
+    lines += [_row(t, b, b["step"]) for t, b in best_per_task(records).items()]
     return "\n".join(lines + ["", _NOTE]) + "\n"
 
 

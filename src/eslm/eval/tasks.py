@@ -116,21 +116,11 @@ def evaluate(model, tokenizer, tasks: dict[str, int], *, limit: int | float | No
 
 
 def _run_harness(lm, tm, names: list[str], shots: int, *, limit, bootstrap_iters: int, seed: int) -> dict:
-    """lm-eval's results dict for ``names`` at ``shots``.
-
-    Where the TaskManager can load tasks itself (lm-eval >= 0.4.12) this calls ``evaluator.evaluate``
-    directly: ``simple_evaluate`` would add an environment report that runs ``pip list`` in a subprocess
-    on every call (seconds each; we record our own environment in the run directory). The seeding and
-    few-shot settings are those ``simple_evaluate`` applies, except that the shot count asked for always
-    wins (``simple_evaluate`` keeps a task's own ``num_fewshot: 0``).
-    """
+    """lm-eval's results dict for ``names`` at ``shots``, through ``evaluator.evaluate`` with the seeding and
+    few-shot settings ``simple_evaluate`` applies, except that the shot count asked for always wins
+    (``simple_evaluate`` would also run ``pip list`` in a subprocess on every call)."""
     from lm_eval import evaluator
 
-    if not hasattr(tm, "load"):
-        return evaluator.simple_evaluate(
-            model=lm, tasks=names, num_fewshot=shots, limit=limit, task_manager=tm, log_samples=False,
-            bootstrap_iters=bootstrap_iters, random_seed=seed, numpy_random_seed=seed,
-            torch_random_seed=seed, fewshot_random_seed=seed)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)

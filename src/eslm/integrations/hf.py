@@ -4,35 +4,17 @@
     eslm = use_eslm(trainer, alpha=0.1, score="entropy")           # ada=AdaAlpha(...) for Ada-ESLM
     trainer.train()
 
-``use_eslm`` makes three changes, all undone by ``eslm.remove()``:
-
-* the model's forward, in training mode with labels, runs the backbone and sends its last hidden states and the
-  LM head through ``eslm.api.selective_loss`` (hidden x lm_head, chunked: no (B, T, V) logits; the head's bias,
-  logit transform (softcap, scale, multiplier) are read from the config as TRL's fused head reads them and checked
-  against the model's own logits on the first training forward; an MoE model's load-balancing loss is added as
-  its forward adds it). Pre-shifted ``shift_labels`` (context parallelism, padding-free collators) are used as they are; ``labels`` are shifted.
-  Under TRL's ``SFTTrainer`` the forward it already patched (its own chunked per-token log-probabilities) is
-  kept and only the selection is added on top: its dropped tokens' log-probabilities become 0. In eval mode
-  the model's own forward runs, so ``eval_loss`` stays the plain cross-entropy;
-* ``num_items_in_batch`` becomes the kept tokens of the whole optimizer step (the sum over its micro-batches of
-  K = N - floor(alpha N), summed over the ranks when ``average_tokens_across_devices``), counted from the labels
-  before the forwards, so the loss is exactly the mean CE of the step's kept tokens under accumulation and DDP;
-* ``SelectiveLossCallback`` is put first among the callbacks: it adds ``eslm/kept_frac``, ``eslm/var``,
-  ``eslm/cvar`` and ``eslm/alpha`` to every training log (before the reporters see it) and steps Ada.
-
-Not covered: tensor, context or sequence parallelism (their count of items is divided differently), FSDP with
-a sharded LM head (the head weight is read outside its forward), DataParallel (n_gpu > 1), TRL's
-``use_liger_kernel`` (it pops the labels and builds its own loss), a ``compute_loss_func`` (it replaces the
-loss; ``SelectiveLossFunc`` is ESLM as one, with the model's full logits), label smoothing under TRL's fused head (per-token log-probabilities only): each is refused with a
-one-line error. The Trainer's ``label_smoothing_factor`` is applied to the kept tokens (the Trainer's own
-smoother, which pops the labels, is switched off while patched).
+``use_eslm`` patches the model's training forward (hidden states x LM head through ``eslm.api.selective_loss``;
+under TRL's fused head only the selection is added), makes ``num_items_in_batch`` the step's kept tokens and
+puts ``SelectiveLossCallback`` first; ``eslm.remove()`` undoes all three. What is covered, refused and how the
+loss is normalised: docs/dropin.md ("Hugging Face").
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 import types
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -40,6 +22,13 @@ from eslm.api import AdaAlpha, kept_tokens, select_tokens, selective_loss, shift
 from eslm.api.head import check_head_logits, head_transform
 from eslm.api.loss import TokenScores
 from eslm.errors import ConfigError
+
+try:
+    from transformers import TrainerCallback
+    from transformers.modeling_outputs import CausalLMOutputWithPast, MoeCausalLMOutputWithPast
+except ImportError as e:  # transformers is an optional extra
+    raise ImportError("eslm.integrations.hf needs transformers; found none installed; "
+                      "fix: pip install 'eslm[hf]'") from e
 
 IGNORE_INDEX = -100
 METRICS = ("eslm/kept_frac", "eslm/var", "eslm/cvar")
@@ -146,19 +135,13 @@ class SelectiveCausalLM:
             label_smoothing=self.label_smoothing)
         self._observe(stats)
         if not router:
-            from transformers.modeling_outputs import CausalLMOutputWithPast
-
             return CausalLMOutputWithPast(loss=loss)
-        from transformers.modeling_outputs import MoeCausalLMOutputWithPast
-
         aux, coef = self._aux_loss(out, kwargs.get("attention_mask"))
         return MoeCausalLMOutputWithPast(loss=loss + coef * aux.to(loss.device), aux_loss=aux)
 
     def _aux_loss(self, out, attention_mask):
         """The MoE load-balancing loss and its coefficient, as the model's own forward adds them when it returns
         router logits; a model whose loss eslm cannot find is refused (no loss is silently dropped)."""
-        import sys
-
         cfg = self.model.config.get_text_config()
         func = getattr(sys.modules.get(type(self.model).__module__), "load_balancing_loss_func", None)
         experts = next((v for v in (getattr(self.model, "num_experts", None), getattr(cfg, "num_local_experts", None),
@@ -232,11 +215,11 @@ def patch_causal_lm(model, *, alpha: float = 0.1, score: str = "entropy", scope:
         raise ConfigError(f"expected a causal LM with an LM head (get_output_embeddings()); found "
                           f"{type(model).__name__}; fix: pass an AutoModelForCausalLM model")
     head_transform(model.config)  # an LM head eslm cannot reproduce is refused now, not at the first step
-    if ada is not None and model.get_output_embeddings().weight.device.type != "meta":
-        ada.to(model.get_output_embeddings().weight.device)
+    weight = model.get_output_embeddings().weight
+    if ada is not None and weight.device.type != "meta":
+        ada.to(weight.device)
     sel = SelectiveCausalLM(model, alpha=alpha if ada is None else ada.alpha, score=score, scope=scope, ada=ada,
                             impl=impl, chunk_size=chunk_size)
-    weight = model.get_output_embeddings().weight
     if weight.device.type != "meta":
         ids = torch.arange(3, 3 + min(8, weight.shape[0] - 3), device=weight.device)[None]
         try:
@@ -358,22 +341,7 @@ def use_eslm(trainer, *, alpha: float = 0.1, score: str = "entropy", scope: str 
     return sel
 
 
-def _callback_base():
-    try:
-        from transformers import TrainerCallback
-    except ImportError as e:
-        raise ImportError("eslm.integrations.hf needs transformers; found none installed; "
-                          "fix: pip install 'eslm[hf]'") from e
-    return TrainerCallback
-
-
-if TYPE_CHECKING:  # transformers is an optional extra: imported where used, below
-    from transformers import TrainerCallback as _CallbackBase
-else:
-    _CallbackBase = _callback_base()
-
-
-class SelectiveLossCallback(_CallbackBase):
+class SelectiveLossCallback(TrainerCallback):
     """Logs the selection (means since the last log) and steps Ada after every optimizer step."""
 
     def __init__(self, sel: SelectiveCausalLM):

@@ -12,22 +12,10 @@
             hidden = self.model.hidden_states(batch["input_ids"])             # no logits
             return self.eslm_loss(batch["targets"], hidden=hidden, lm_weight=self.model.lm_head.weight)
 
-Normalisation: the update is exactly that of the mean CE over the step's kept tokens (every micro-batch,
-every rank), with any padding.
-
-* ``accumulate_grad_batches == 1``: ``eslm_loss`` returns the kept CE sum x world / K, K the kept tokens of all
-  ranks (one all-reduce of a count); DDP's averaging makes it the kept mean. Other terms added to it (a
-  regulariser, z-loss, an MoE auxiliary loss) keep their own scale.
-* ``accumulate_grad_batches > 1``: K of the later micro-batches is unknown when the first one's backward runs,
-  so ``eslm_loss`` returns a tensor whose gradient is the micro-batch's kept CE sum (its value is the kept
-  mean, what the progress bar shows), and ``on_before_optimizer_step`` (once the step's gradients are
-  accumulated, before clipping) scales the gradients by accumulate_grad_batches x world / K_step. That scale
-  would apply to any other term too, so a ``training_step`` that returns anything but ``eslm_loss``'s tensor
-  is refused in one line. A module that overrides ``on_before_optimizer_step`` or ``on_before_backward`` must
-  call ``super()``.
-
-``group=`` (one threshold over the ranks) is refused: the selection here is per rank. ``eslm/loss`` logs each
-micro-batch's kept mean.
+The update is exactly that of the mean CE over the step's kept tokens (every micro-batch, every rank); with
+``accumulate_grad_batches > 1`` the gradients are rescaled once per optimizer step, so ``training_step`` must
+return ``eslm_loss``'s tensor alone (docs/dropin.md, "PyTorch Lightning"). ``group=`` is refused: the selection is
+per rank.
 """
 
 from __future__ import annotations
@@ -97,19 +85,16 @@ class SelectiveLossMixin:
                               "then keep their scale), or drop the added term")
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        if self._eslm_kept is None:
-            if self.eslm_ada is not None:
-                self.eslm_ada.step()
-            return
-        k = self._eslm_kept.clone()
-        world = self.trainer.world_size
-        if world > 1:
-            torch.distributed.all_reduce(k)
-        scale = self.trainer.accumulate_grad_batches * world / k.clamp(min=1).float()
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    p.grad.mul_(scale.to(p.grad.dtype))
-        self._eslm_kept = None
+        if self._eslm_kept is not None:
+            k = self._eslm_kept.clone()
+            world = self.trainer.world_size
+            if world > 1:
+                torch.distributed.all_reduce(k)
+            scale = self.trainer.accumulate_grad_batches * world / k.clamp(min=1).float()
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.grad.mul_(scale.to(p.grad.dtype))
+            self._eslm_kept = None
         if self.eslm_ada is not None:
             self.eslm_ada.step()

@@ -1,33 +1,12 @@
 """ESLM in torchtitan: ``loss_config`` for torchtitan's own trainer, and a torchtitan-style loss for loops of your own.
 
-``loss_config(alpha=..., score=...)`` is what torchtitan's ``Trainer.Config.loss`` takes (a ``BaseLoss.Config``;
-torchtitan 0.3.0 from PyPI, imported when called): the unmodified trainer then trains with ESLM. Its trainer
-divides every micro-batch's summed loss by the step's valid tokens N (counted before the forward passes, over
-all micro-batches and data-parallel ranks), which a loss cannot change; so the loss of a micro-batch with N_i
-valid and K_i kept tokens is its kept CE sum x N_i / K_i / N: the mean over the step of each micro-batch's kept
-mean, weighted by its valid tokens. With packed data (every micro-batch the same number of valid tokens, as
-torchtitan's text datasets give) that is exactly the mean CE over the step's kept tokens; with padding, a kept
-token's weight differs from 1/K only through the rounding of floor(alpha N_i): by less than about 1/K_i
-relative, K_i of the smallest micro-batch. Called without a divisor (torchtitan's ``Validator`` calls its
-``loss_fn`` so, then divides the summed losses by the valid tokens, as for its ``CrossEntropyLoss``, a sum), the
-loss is the plain cross-entropy SUM over the valid tokens: validation reports the plain CE, not a kept mean.
-
-``metrics_config()`` (torchtitan's ``Trainer.Config.metrics``) adds the loss's selection (eslm/kept_frac,
-eslm/var, eslm/cvar) to torchtitan's training logs. ``chunked_loss_config(num_chunks=...)`` is torchtitan's
-``ChunkedLossWrapper`` (the LM head applied per sequence chunk) with the selection over the whole micro-batch (a
-first pass scores every chunk); ``loss_config`` inside torchtitan's own ``ChunkedLossWrapper`` is refused.
-
-``SelectiveCrossEntropy`` mirrors the same contract for a training loop you write yourself:
-``pred`` are the logits (..., V) of the model (or its final hidden states (..., C) when the loss is built with
-``lm_head=``, so no logits are formed), ``labels`` are already aligned with them (the dataloader shifts),
--100 marks ignored positions, and the returned loss is a SUM divided by ``global_valid_tokens``: the trainer
-counts that divisor over every micro-batch of the optimizer step and every data-parallel rank, and sums (not
-averages) the gradients across ranks (FSDP's gradient divide factor set to 1).
-
-For ESLM the divisor is the step's kept tokens, not its valid tokens: count it with ``global_kept_tokens``
-where the trainer counts valid tokens (before the micro-batch loop), and pass it as ``global_valid_tokens``;
-the loss is then exactly the mean cross-entropy over the kept tokens of the whole step. Passing the valid count
-instead gives that mean times K/N (about 1 - alpha). Without a divisor the loss is the call's kept mean.
+``loss_config(alpha=..., score=...)`` is what torchtitan's ``Trainer.Config.loss`` takes (torchtitan 0.3.0, imported
+when called); ``metrics_config()`` adds the selection to its logs; ``chunked_loss_config(num_chunks=...)`` is its
+``ChunkedLossWrapper`` with the selection over the whole micro-batch. torchtitan divides each micro-batch's summed
+loss by the step's valid tokens N, so a micro-batch with N_i valid and K_i kept tokens returns its kept CE sum x
+N_i / K_i / N (exact with packed data); called without a divisor (torchtitan's ``Validator``) it is the plain CE
+sum. ``SelectiveCrossEntropy`` is the same contract for a loop you write: divide by ``global_kept_tokens`` of the
+step to get exactly the mean CE over its kept tokens. Details: docs/dropin.md ("torchtitan").
 """
 
 from __future__ import annotations
@@ -35,6 +14,7 @@ from __future__ import annotations
 import functools
 import weakref
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -71,14 +51,10 @@ class SelectiveCrossEntropy:
     def __call__(self, pred: torch.Tensor, labels: torch.Tensor, global_valid_tokens: torch.Tensor | None = None,
                  **kwargs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         alpha = self.ada.alpha if self.ada is not None else self.alpha
-        if self.lm_head is None:
-            loss, stats = selective_loss(labels, logits=pred, score=self.score, alpha=alpha,
-                                         ignore_index=IGNORE_INDEX, num_items_in_batch=global_valid_tokens,
-                                         chunk_size=self.chunk_size)
-        else:
-            loss, stats = selective_loss(labels, hidden=pred, lm_weight=self.lm_head.weight, bias=self.lm_head.bias,
-                                         score=self.score, alpha=alpha, ignore_index=IGNORE_INDEX,
-                                         num_items_in_batch=global_valid_tokens, chunk_size=self.chunk_size)
+        inputs: dict[str, Any] = {"logits": pred} if self.lm_head is None else \
+            {"hidden": pred, "lm_weight": self.lm_head.weight, "bias": self.lm_head.bias}
+        loss, stats = selective_loss(labels, **inputs, score=self.score, alpha=alpha, ignore_index=IGNORE_INDEX,
+                                     num_items_in_batch=global_valid_tokens, chunk_size=self.chunk_size)
         if self.ada is not None:
             self.ada.observe(stats)
         return loss, {"eslm/kept_frac": stats.kept_frac, "eslm/var": stats.threshold, "eslm/cvar": stats.cvar}

@@ -35,8 +35,7 @@ def crossing(xs: list[float], ys: list[float], target: float) -> float | None:
 
 def default_target(runs: list[Run]) -> float:
     """The best (lowest) validation loss every run reaches: max over runs of each run's min val_loss."""
-    mins = [min(series(r.eval, M.STEP, M.VAL_LOSS)[2]) for r in runs]
-    return max(mins)
+    return max(best_val_loss(r) for r in runs)
 
 
 def aggregate(values: list) -> dict:
@@ -119,7 +118,7 @@ def group_final(group: Group, domains: list[str]) -> dict:
     runs = group.runs
     out = {
         "final_val_loss": aggregate([last_value(r.eval, M.VAL_LOSS) for r in runs]),
-        "best_val_loss": aggregate([min(series(r.eval, M.STEP, M.VAL_LOSS)[2]) for r in runs]),
+        "best_val_loss": aggregate([best_val_loss(r) for r in runs]),
         "final_val_loss_domain": {d: aggregate([last_value(r.eval, M.val_loss_key(d)) for r in runs])
                                   for d in domains},
     }

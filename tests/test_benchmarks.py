@@ -34,8 +34,9 @@ def test_loss_path_compares_fused_and_triton_rows_with_the_naive_path(monkeypatc
 
 
 def test_loss_path_benchmark_measures_every_variant(tmp_path):
+    # no warm-up round: the smoke checks what is measured and written, not the timings
     res = _run("loss_path.py", ["--preset", "tiny", "--seq-len", "16", "--micro-batch", "2", "--steps", "1",
-                                "--alphas", "0.1", "0.5", "--peak-flops", "1e12"], tmp_path)
+                                "--warmup", "0", "--alphas", "0.1", "0.5", "--peak-flops", "1e12"], tmp_path)
     rows = {r["variant"]: r for r in res["rows"]}
     for a in (0.1, 0.5):
         for v in ("eslm-entropy-naive", "eslm-entropy-fused", "eslm-loss-fused"):

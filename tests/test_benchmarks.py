@@ -33,9 +33,11 @@ def test_loss_path_compares_fused_and_triton_rows_with_the_naive_path(monkeypatc
     assert loss_path.naive_twin_label("eslm-entropy-fused[all_rows]@0.1") == "eslm-entropy-naive@0.1"
 
 
+@pytest.mark.slow  # a benchmark script end to end in subprocesses (.ci/lowest leaves it out)
 def test_loss_path_benchmark_measures_every_variant(tmp_path):
+    # no warm-up round: the smoke checks what is measured and written, not the timings
     res = _run("loss_path.py", ["--preset", "tiny", "--seq-len", "16", "--micro-batch", "2", "--steps", "1",
-                                "--alphas", "0.1", "0.5", "--peak-flops", "1e12"], tmp_path)
+                                "--warmup", "0", "--alphas", "0.1", "0.5", "--peak-flops", "1e12"], tmp_path)
     rows = {r["variant"]: r for r in res["rows"]}
     for a in (0.1, 0.5):
         for v in ("eslm-entropy-naive", "eslm-entropy-fused", "eslm-loss-fused"):
@@ -124,6 +126,7 @@ def test_restat_recomputes_the_new_statistics_from_an_old_summary(tmp_path):
     assert "not recomputable" in (tmp_path / "restat.md").read_text()
 
 
+@pytest.mark.slow  # a benchmark script end to end in subprocesses (.ci/lowest leaves it out)
 def test_head_paths_benchmark_times_every_path_interleaved(tmp_path):
     res = _run("head_paths.py", ["--preset", "tiny", "--seq-len", "16", "--micro-batch", "2", "--steps", "2",
                                  "--warmup", "0"], tmp_path)

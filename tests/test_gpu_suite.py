@@ -25,6 +25,7 @@ def _json(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
+@pytest.mark.slow  # the whole suite in child processes (.ci/lowest leaves it out)
 def test_smoke_mode_runs_every_step(tiny_data, tmp_path):
     out, bundle = tmp_path / "suite", tmp_path / "suite.tar.gz"
     gpu_tests = "tests/test_gpu.py::test_fused_head_matches_the_oracle"  # collected by -m gpu, skipped on a CPU

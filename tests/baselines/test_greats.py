@@ -129,7 +129,7 @@ def test_select_scores_match_func_reference_and_grad_untouched():
     torch.testing.assert_close(info["gram"], gram[:6, :6], rtol=1e-4, atol=1e-7)
     torch.testing.assert_close(info["val_scores"], gram[:6, 6:].mean(1), rtol=1e-4, atol=1e-7)
     assert idx.tolist() == sorted(info["pick_order"].tolist()) and len(set(idx.tolist())) == 4
-    assert info["n_ghost"] + info["n_materialised"] == len(names)
+    assert set(info["layer_modes"]) == set(names) and set(info["layer_modes"].values()) <= {G.GHOST, G.MATERIALISED}
     model.zero_grad(set_to_none=True)
     G.greats_select(model, tx, ty, vx, vy, lr=0.5, k=2, impl="naive")
     assert all(p.grad is None for p in model.parameters())

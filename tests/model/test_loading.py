@@ -69,3 +69,18 @@ def test_non_finite_snapshot_is_refused(tmp_path):
     save_file(state, str(snap), metadata={**meta, "sha256": snapshot_digest(state, meta)})
     with pytest.raises(CheckpointError, match="holds non-finite weights .* no other weights file"):
         load_model(snap)
+
+
+def test_snapshot_without_its_checksum_is_refused(tmp_path):
+    """A snapshot header must carry its sha256 (no snapshot of this version lacks one): without it the file is
+    refused in one line, as a damaged one."""
+    from safetensors.torch import save_file
+
+    m = GPT(preset("tiny", vocab_size=300))
+    state = {k: v.clone() for k, v in m.state_dict().items() if k != "lm_head.weight"}
+    snap = tmp_path / "snapshots" / "step_0000005.safetensors"
+    snap.parent.mkdir()
+    save_file(state, str(snap), metadata={"format": "eslm-snapshot-v1", "model_config": json.dumps(m.config.to_dict()),
+                                          "tokenizer": "byte", "step": "5"})
+    with pytest.raises(CheckpointError, match="does not match its checksum"):
+        load_model(snap)

@@ -294,19 +294,16 @@ def greats_select(model: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor
     layer's form (``layer_route``: the selection is the same for every route up to floating-point reassociation).
     Returns (kept row indices (k,) int64, ascending; info) with info =
       "val_scores" (B,) fp32 u_i = <g_i, gbar_val>; "gram" (B, B) fp32 K; "pick_order" (k,);
-      "gains" (k,) marginal gains at pick time; "objective" F(S); "layer_modes" {name: ghost|materialised};
-      "n_ghost", "n_materialised"; "row_loss" (B,), "val_row_loss" (Bv,) per-row mean CE.
+      "objective" F(S); "layer_modes" {name: ghost|materialised|unused}; "row_loss" (B,), "val_row_loss" (Bv,)
+      per-row mean CE.
     Parameter ``.grad`` is left exactly as it was.
     """
     B = train_x.shape[0]
     ip, info = greats_gram(model, train_x, train_y, val_x, val_y, exclude_head=exclude_head, route=route,
                            memory_cap_mb=memory_cap_mb, impl=impl)
     K, u = ip[:, :B], ip[:, B:].mean(1)  # <g_i, mean_v g_v> = mean_v <g_i, g_v>
-    order, gains = greedy_select(u, K, k, lr)
-    modes = info["layer_modes"].values()
-    info.update(val_scores=u, gram=K, pick_order=order, gains=gains,
-                objective=greats_objective(order.tolist(), u, K, lr),
-                n_ghost=sum(m == "ghost" for m in modes), n_materialised=sum(m == "materialised" for m in modes))
+    order, _ = greedy_select(u, K, k, lr)
+    info.update(val_scores=u, gram=K, pick_order=order, objective=greats_objective(order.tolist(), u, K, lr))
     return torch.sort(order).values, info
 
 

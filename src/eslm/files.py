@@ -88,11 +88,6 @@ def open_nofollow(path: Path, mode: str = "a", **kwargs):
     return os.fdopen(fd, mode, **kwargs)
 
 
-def temp_name(path: Path) -> Path:
-    """The temporary file of an atomic write of ``path``: ``.NAME.tmp.PID`` beside it (``TEMP_OF`` matches it)."""
-    return path.with_name(f".{path.name}.tmp.{os.getpid()}")
-
-
 def temp_of(name: str) -> str | None:
     """The file name whose atomic write left the temporary file ``name``, or None if ``name`` is not one."""
     m = re.match(r"^\.(.+)\.tmp\.\d+$", name)
@@ -135,7 +130,7 @@ def atomic_write(path: Path, write, before_rename=None) -> str:
     On any failure the temporary file is removed (it may be GBs) and the error raised as an ``OSError`` naming
     ``path``, also when a writer turned it into another exception (torch's zip writer makes it a RuntimeError)."""
     path = Path(path)
-    tmp = temp_name(path)
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")  # temp_of(tmp.name) is path.name
     tmp.unlink(missing_ok=True)  # left by an earlier process of the same PID (a kill): ours by its name
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
@@ -169,8 +164,8 @@ def atomic_write(path: Path, write, before_rename=None) -> str:
 
 
 def stale_temporaries(directory: Path, own) -> list[Path]:
-    """The temporary files (``temp_name``) in ``directory`` of names ``own(name)`` claims: left by a killed or
-    failed write. Remove them only while holding the directory's lock (then no live process writes them)."""
+    """The temporary files (``.NAME.tmp.PID``, ``temp_of``) in ``directory`` of names ``own(name)`` claims: left by
+    a killed or failed write. Remove them only while holding the directory's lock (no live process writes them)."""
     directory = Path(directory)
     if not directory.is_dir() or directory.is_symlink():
         return []

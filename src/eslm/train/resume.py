@@ -247,7 +247,8 @@ def check_provenance(run_dir: Path, cfg: Config) -> None:
     if changed and not cfg.run.allow_version_change:
         raise ConfigError(f"resume of {str(run_dir)!r} refused: eslm changed since the run's last segment "
                           f"(step {last.get('step', 0)}): {_changes(changed)}; resume with the eslm (and code) the "
-                          f"run used, or pass run.allow_version_change=true to continue with this one (recorded in {RESUMES_FILE})")
+                          f"run used, or pass run.allow_version_change=true to continue with this one (recorded in "
+                          f"{RESUMES_FILE})")
 
 
 def check_resume_point(run_dir: Path, cfg: Config) -> None:

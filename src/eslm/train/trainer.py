@@ -32,7 +32,7 @@ from eslm.train.step import StepOptions, forward_backward
 from eslm.train.stopping import Budget, Preemption, TrainingDiverged, check_update, last_good_hint
 from eslm.train.timing import LoadSampler, Throughput, mfu, timed
 
-__all__ = ["RunResult", "Trainer", "TrainingDiverged", "default_run_name", "train"]
+__all__ = ["RunResult", "Trainer", "TrainingDiverged", "train"]
 
 
 @dataclass
@@ -43,10 +43,6 @@ class RunResult:
     stopped_by: str  # "max_steps" | "max_flops" | "preempted"
 
 
-def default_run_name(cfg: Config) -> str:
-    return f"{cfg.method.name}-{cfg.model.preset}-s{cfg.run.seed}"
-
-
 class Trainer:
     def __init__(self, cfg: Config):
         self.cfg, t = cfg, cfg.train
@@ -54,7 +50,7 @@ class Trainer:
         setup.setup_torch(cfg, self.dist.rank, self.device)
         self.dataset = setup.open_data(cfg, self.dist)
         self.model_config = setup.checked_model_config(cfg, self.dataset)
-        self.run_dir = Path(cfg.run.out_dir) / (cfg.run.name or default_run_name(cfg))
+        self.run_dir = Path(cfg.run.out_dir) / (cfg.run.name or f"{cfg.method.name}-{cfg.model.preset}-s{cfg.run.seed}")
         # FSDP2 only with more than one process; raw_model is then the sharded module itself (DTensor parameters)
         self.fsdp = cfg.distributed.fsdp and self.dist.enabled
         if cfg.distributed.fsdp and not self.dist.enabled:

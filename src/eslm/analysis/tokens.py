@@ -1,10 +1,10 @@
 """``eslm tokens CHECKPOINT (--data DIR | --text FILE) --out DIR``: which tokens ESLM keeps (the paper's
 appendix "token selection analysis"; the page and its options: docs/report.md, "eslm tokens").
 
-Every next-token prediction is scored in fp32 from full logits (``eslm.ops.naive_head.naive_token_stats``: entropy and loss); ESLM-VaR-entropy and
-ESLM-CVaR-loss keep the tokens at or above the VaR threshold (``eslm.selection.risk``), over all passages together
-(``--scope batch``) or per passage. Writes index.html, a top-tokens PNG per variant and tokens.json (every number
-shown).
+Every next-token prediction is scored in fp32 from full logits (``eslm.ops.naive_head.naive_token_stats``:
+entropy and loss); ESLM-VaR-entropy and ESLM-CVaR-loss keep the tokens at or above the VaR threshold
+(``eslm.selection.risk``), over all passages together (``--scope batch``) or per passage. Writes index.html, a
+top-tokens PNG per variant and tokens.json (every number shown).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ The GPU machine has no internet, so the built-in corpus travels with the working
 
 (a bundle is one file to bring back). ``--data`` defaults to data/stdlib-gpt2, then
 $ESLM_DATA_DIR/stdlib-gpt2. Smoke mode, seconds on a CPU (the test suite runs it; tiny shapes, few steps, fp32,
-no compile unless --compile yes):
+no forced head routes in the loss path, no compile unless --compile yes):
 
     PYTHONPATH=src python benchmarks/gpu_suite.py --out /tmp/smoke --device cpu --preset tiny --data DIR
 
@@ -70,16 +70,18 @@ STEPS = ("env", "loss_path", "profile", "loss_path_compile", "pytest", "train_cl
 CHILD_STEPS = ("env", "profile")  # run by this script in a child process of their own
 
 # per preset: shapes, rounds, training length, each step's own time limit and the total (s; the total wins).
+# routes: the head routes the loss path forces as extra variants (None: all; the tiny smoke none: the test suite
+# runs loss_path.py's forced routes in a smoke of its own, tests/test_benchmarks.py).
 # The tiny smoke's limits only guard against a hang: a loaded 2-core CI box can be 20x slower than an idle one.
 PRESETS = {
     "gpt2-124m": dict(seq_len=1024, micro_batch=12, matmul_n=8192, bench_steps=10, bench_warmup=3, train_steps=300,
                       log_interval=25, eval_tokens=4096, budget_s=1020, alphas=("0.1", "0.2", "0.5"), memory=True,
-                      profile_steps=3,
+                      profile_steps=3, routes=None,
                       limits=dict(env=60, loss_path=150, profile=120, loss_path_compile=180,
                                   pytest=180, train=120)),
-    "tiny": dict(seq_len=16, micro_batch=2, matmul_n=256, bench_steps=1, bench_warmup=1, train_steps=8,
+    "tiny": dict(seq_len=16, micro_batch=2, matmul_n=256, bench_steps=1, bench_warmup=0, train_steps=8,
                  log_interval=2, eval_tokens=256, budget_s=3600, alphas=("0.1", "0.5"), memory=False,
-                 profile_steps=1,
+                 profile_steps=1, routes=(),
                  limits=dict(env=600, loss_path=600, profile=600, loss_path_compile=900,
                              pytest=600, train=600)),
 }
@@ -279,7 +281,8 @@ def step_loss_path(ctx, compile: bool) -> tuple[dict, list[str]]:
     c = ctx.cfg
     # compiled, only the trunk differs (the head's code is the same): CLM and ESLM at alpha 0.2 on the chooser's
     # route, no forced routes and one alpha
-    alphas, routes = (["0.2"], ["--routes"]) if compile else (list(c["alphas"]), [])
+    alphas, routes = (["0.2"], ["--routes"]) if compile else (
+        list(c["alphas"]), [] if c["routes"] is None else ["--routes", *c["routes"]])
     cmd = [sys.executable, "benchmarks/loss_path.py", "--preset", ctx.preset, "--seq-len", str(c["seq_len"]),
            "--micro-batch", str(c["micro_batch"]), "--device", ctx.device, "--dtype", ctx.dtype,
            "--steps", str(c["bench_steps"]), "--warmup", str(c["bench_warmup"] + (1 if compile else 0)),

@@ -58,6 +58,7 @@ def test_loss_path_benchmark_measures_every_variant(tmp_path):
         assert o["select_s"] > 0 and o["entropy_s"] >= 0 and o["fraction_of_clm_fused_step"] > 0
 
 
+@pytest.mark.slow  # a benchmark script end to end in subprocesses (.ci/lowest leaves it out)
 def test_whole_runs_benchmark_interleaves_real_runs(tmp_path):
     res = _run("whole_runs.py", ["--preset", "tiny", "--seq-len", "16", "--micro-batch", "2", "--steps", "2",
                                  "--rounds", "2", "--arms", "clm", "eslm-loss@0.5", "--profile-reps", "1"], tmp_path)

@@ -545,6 +545,114 @@ def test_branch_section_mistakes_are_refused(tmp_path, tiny_data):
     assert _cli_study(tmp_path, text, "--dry-run")[0] == 0
 
 
+# ---------------------------------------------------------------- issue 47: kill -9 loop over a study
+
+KD_BRANCH = """methods: [clm, dense-kd]
+seeds: [1]
+models:
+  teacher: {{method: clm, train.max_steps: 2}}
+branch: {{from: clm, at_tokens: 256}}
+report: {{controls: false}}
+config:
+  model: {{preset: tiny}}
+  data: {{dir: {data}, tokenizer: byte, seq_len: 32}}
+  train: {{micro_batch_size_seqs: 4, grad_accum_steps: 1, max_steps: 4, warmup_steps: 2, num_threads: 1}}
+  method: {{alpha: 0.5, kd: {{teacher: teacher}}}}
+  eval: {{interval: 2, tokens_per_domain: 128, batch_size_seqs: 4}}
+  checkpoint: {{interval: 2}}
+  log: {{interval: 1, tensorboard: false}}
+"""
+
+
+@pytest.mark.slow  # 7 study processes: 44 min on this 2-core machine at load 13-19 (one study took 50 s at load 4)
+def test_a_study_with_a_teacher_and_a_branch_killed_again_and_again_ends_bit_for_bit(tmp_path, tiny_data):
+    """``eslm study`` of a shared teacher, a trunk and two arms (one the teacher's student), its process group
+    SIGKILLed in five processes in a row: at the teacher's first step, inside the teacher's first checkpoint
+    write, inside the trunk's, inside the first arm's (after the branch point) and after the second arm's first
+    checkpoint took its name; each time the same command is run again. The study ends as an uninterrupted one:
+    every run's per-step metrics and final weights and optimizer state bit for bit, the teacher and the trunk
+    never trained again once finished (their directories untouched), no temporary or lock file left."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import read_metrics
+    from train.test_fault_injection import RUNNER, _comparable, _final_state, _same_tensors
+
+    f = tmp_path / "kd.yaml"
+    f.write_text(KD_BRANCH.format(data=tiny_data))
+
+    def eslm_study(out, kill):
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        env.pop("ESLM_TEST_KILL", None)
+        if kill:
+            env["ESLM_TEST_KILL"] = kill
+        proc = subprocess.Popen([sys.executable, str(RUNNER), "study", str(f), "--out", str(out)], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        text = proc.communicate(timeout=900)[0]
+        try:  # the runner killed its whole group: nothing of it may be left
+            os.killpg(proc.pid, 0)
+            left = True
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            left = False
+        return proc.returncode, text, left
+
+    code, text, _ = eslm_study(tmp_path / "ref", None)
+    assert code == 0, text[-3000:]
+    ref, study_dir = tmp_path / "ref" / "kd", tmp_path / "b" / "kd"
+    runs = ["models/teacher", "trunk-clm-s1", "clm-s1", "dense-kd-s1"]
+
+    def files(run):
+        return sorted(p.name for p in (study_dir / run / "checkpoints").iterdir())
+
+    def temporary_and(run, *others):  # one temporary file of the run's step 2 checkpoint, and the others
+        tmp = [n for n in files(run) if n.startswith(".step_0000002.pt.tmp.")]
+        return len(tmp) == 1 and sorted(files(run)) == sorted([*tmp, *others])
+
+    def finished(run):
+        return (study_dir / run / "result.json").is_file()
+
+    # (kill, what it leaves): the N-th training step or atomic checkpoint write of the process; a run writes its
+    # checkpoint file and `latest` at step 2 (4 for an arm), then both again at its end (the same step)
+    loop = [
+        ("step:1", lambda: not finished("models/teacher") and not (study_dir / "trunk-clm-s1").exists()),
+        ("savefull:1", lambda: temporary_and("models/teacher")),  # the teacher's first checkpoint (file, `latest`)
+        ("savesum:5", lambda: finished("models/teacher") and temporary_and("trunk-clm-s1", "step_0000002.pt.sha256")),
+        ("save:5", lambda: finished("trunk-clm-s1") and [n[:18] for n in files("clm-s1")] == [".step_0000004.pt.t"]),
+        ("saved:5", lambda: finished("clm-s1") and files("dense-kd-s1") == ["step_0000004.pt",
+                                                                           "step_0000004.pt.sha256"]),
+    ]
+    outputs, untouched = [], {}
+    for kill, leaves in loop:
+        code, text, left = eslm_study(tmp_path / "b", kill)
+        outputs.append(text)
+        assert code == -9 and not left, (kill, code, left, text[-3000:])
+        assert leaves(), (kill, {r: files(r) for r in runs if (study_dir / r / "checkpoints").is_dir()})
+        for run in ("models/teacher", "trunk-clm-s1"):  # finished: its files as they are from now on
+            if finished(run) and run not in untouched:
+                untouched[run] = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (study_dir / run).rglob("*")
+                                  if p.is_file()}
+    code, last, left = eslm_study(tmp_path / "b", None)
+    assert code == 0 and not left, last[-3000:]
+    for i, text in enumerate([*outputs, last]):  # each skipped from the process after the one that finished it
+        assert ("== teacher: finished earlier, skipped" in text) == (i >= 3), (i, text[-3000:])
+        assert ("== trunk-clm-s1: finished earlier, skipped" in text) == (i >= 4), (i, text[-3000:])
+    for run, before in untouched.items():  # trained once: never again, not even resumed
+        assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (study_dir / run).rglob("*")
+                if p.is_file()} == before, run
+    for run in runs:
+        assert _comparable(read_metrics(ref / run)) == _comparable(read_metrics(study_dir / run)), run
+        a, b = _final_state(ref / run), _final_state(study_dir / run)
+        assert a["step"] == b["step"] and _same_tensors(a, b), run  # the final weights and optimizer state
+    record, ref_record = (json.loads((d / "models" / "models.json").read_text())["teacher"] for d in (study_dir, ref))
+    assert (record["step"], os.path.basename(record["checkpoint"]), sorted(record["used_by"])) == (
+        ref_record["step"], os.path.basename(ref_record["checkpoint"]), sorted(ref_record["used_by"]))
+    assert not [p for p in study_dir.rglob("*") if ".tmp." in p.name or p.name == "eslm.lock"]
+    assert (study_dir / "report" / "index.html").is_file()
+
+
 # ---------------------------------------------------------------- issue 47: a study file changed after its runs
 
 CHANGED = """methods: [clm, eslm-entropy]

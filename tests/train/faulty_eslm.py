@@ -3,12 +3,16 @@
 ESLM_TEST_KILL="POINT:N" kills this process at the N-th (1-based) occurrence of POINT:
 - ``step``: at the start of a training step (before any of its work);
 - ``save``: inside an atomic checkpoint write (the .pt file or ``latest``), after half of its bytes;
+- ``saveopen`` / ``savefull`` / ``savesum`` / ``saved``: the same writes, at other points of each: its temporary
+  file created and empty; all its bytes written and fsynced, before its checksum; its checksum written, before
+  the rename; renamed (the write done, before what follows: ``latest`` after the file, the pruning after it);
 - ``metrics``: inside a metrics.jsonl write, after half of the line;
 - ``snap``: inside a snapshot write (the temporary .safetensors file), after half of its bytes;
 - ``fullsave`` / ``fullsnap``: not a kill: just before the N-th checkpoint / snapshot write, the file system of
   the run directory is filled (a file ``ESLM_TEST_FILLER`` grown until the disk is full), so the write itself
   meets a real ENOSPC. Only on a file system of at most 256 MiB (a test's tmpfs), never on a real disk.
 Nothing is patched without the variable, so the same runner also gives the uninterrupted reference.
+A process that leads its own process group (started with start_new_session, as a study is) kills the whole group.
 """
 
 import io
@@ -20,6 +24,8 @@ import sys
 
 def _kill():
     sys.stdout.flush()
+    if os.getpgid(0) == os.getpid():
+        os.killpg(0, signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -74,6 +80,18 @@ def install(point: str, n: int) -> None:
         buf.write(write) if isinstance(write, bytes) else write(buf)
         return real(path, lambda f: _write_half_and_kill(f, buf.getvalue()), *rest)
 
+    def at(point):  # the atomic write killed at one point of its own (saveopen, savefull, savesum, saved)
+        def on_hit(real, path, write, before_rename=None):
+            if point == "saveopen":
+                return real(path, lambda f: _kill(), before_rename)
+            if point == "savefull":
+                return real(path, write, lambda sha: _kill())
+            if point == "savesum":
+                return real(path, write, lambda sha: (before_rename and before_rename(sha), _kill()))
+            real(path, write, before_rename)
+            _kill()
+        return on_hit
+
     def fill_then(real, *args, **kwargs):
         _fill_disk()
         return real(*args, **kwargs)
@@ -82,6 +100,8 @@ def install(point: str, n: int) -> None:
         patch(Trainer, "_train_one_step", lambda real, self: _kill())
     elif point == "save":
         patch(ckpt, "atomic_write", half_file)
+    elif point in ("saveopen", "savefull", "savesum", "saved"):
+        patch(ckpt, "atomic_write", at(point))
     elif point == "snap":
         patch(snaps, "atomic_write", half_file)
     elif point == "fullsave":

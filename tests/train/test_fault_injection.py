@@ -197,23 +197,79 @@ def test_eval_all_checkpoints_skips_a_damaged_snapshot_and_evaluates_the_rest(ti
 FIRST = {**COMMON, "train.max_steps": 4, "checkpoint.interval": 2, "eval.interval": 2}  # a snapshot, then a save
 
 
-def test_a_kill_inside_the_first_checkpoint_write_then_resume_starts_again_bit_for_bit(tiny_data, tmp_path):
-    """SIGKILL inside the first checkpoint's write (its .step_0000002.pt.tmp.PID half written, metrics and the
-    snapshot of step 2 there): --resume starts the run again, removes the temporary file and logs what an
-    uninterrupted run logs."""
+def _leftovers(run: Path) -> list[str]:
+    return [p.name for d in ("checkpoints", "snapshots") if (run / d).is_dir() for p in (run / d).iterdir()
+            if ".tmp." in p.name]
+
+
+def _final_state(run: Path) -> dict:
+    from eslm.train.checkpoint import latest_checkpoint, load_checkpoint
+
+    state = load_checkpoint(latest_checkpoint(run))
+    return {"step": state["step"], "model": state["model"], "optimizer": state["optimizer"]["state"]}
+
+
+def _same_tensors(a, b) -> bool:
+    import torch
+
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same_tensors(a[k], b[k]) for k in a)
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    return a == b
+
+
+@pytest.mark.slow  # 8 processes: 2 min 43 s on this 2-core machine at load 4-8
+def test_kills_at_every_point_of_the_first_checkpoint_write_then_resumes_end_bit_for_bit(tiny_data, tmp_path):
+    """SIGKILL inside the first checkpoint's write, one process after another, each at another point of it (its
+    temporary file empty, half written, complete before its checksum, checksummed before the rename, renamed
+    with `latest` half written), then once after the second checkpoint's rename: each --resume starts the run
+    again while no checkpoint is complete (removing the temporary files) and continues from the newest complete
+    one after; the run ends with the per-step losses and the final weights and optimizer state of an
+    uninterrupted run, bit for bit, no temporary file left."""
     ref = _run(tiny_overrides(tiny_data, tmp_path / "ref", **FIRST), kill=None)
     assert ref.returncode == 0, ref.stdout + ref.stderr
     args = tiny_overrides(tiny_data, tmp_path / "b", **FIRST)
-    killed = _run(args, kill="save:1")
     run = tmp_path / "b" / "t"
-    assert killed.returncode == -9, killed.stdout[-2000:] + killed.stderr[-2000:]
-    assert [p.name for p in (run / "checkpoints").iterdir()][0].startswith(".step_0000002.pt.tmp.")
-    assert max(r[M.STEP] for r in read_metrics(run)) == 2  # the steps up to the first save were logged
+    ckpts = run / "checkpoints"
+
+    def names():
+        return sorted(p.name for p in ckpts.iterdir())
+
+    def tmp_of(name):
+        return [n for n in names() if n.startswith(f".{name}.tmp.")]
+
+    # (kill, what it leaves in checkpoints/, its last logged step); the first five inside step 2's checkpoint, the
+    # run's first: none leaves a complete checkpoint but the last (the file renamed, `latest` half written)
+    first = "step_0000002.pt"
+    loop = [
+        ("saveopen:1", lambda: names() == tmp_of(first) and (ckpts / tmp_of(first)[0]).stat().st_size == 0, 2),
+        ("save:1", lambda: names() == tmp_of(first), 2),
+        ("savefull:1", lambda: names() == tmp_of(first), 2),
+        ("savesum:1", lambda: set(names()) == {*tmp_of(first), f"{first}.sha256"}, 2),
+        ("save:2", lambda: set(names()) == {first, f"{first}.sha256", *tmp_of("latest")} and tmp_of("latest"), 2),
+        # resumed from step 2: step 4's file renamed, `latest` not written (the scan finds the newest file)
+        ("saved:1", lambda: names() == [first, f"{first}.sha256", "step_0000004.pt", "step_0000004.pt.sha256"], 4),
+    ]
+    outputs = []
+    for i, (kill, leaves, step) in enumerate(loop):
+        killed = _run(args + (["--resume"] if i else []), kill=kill)
+        outputs.append(killed.stdout)
+        assert killed.returncode == -9, (kill, killed.stdout[-2000:] + killed.stderr[-2000:])
+        assert leaves(), (kill, names())
+        assert max(r[M.STEP] for r in read_metrics(run)) == step, kill
+    for out in outputs[1:5]:  # no complete checkpoint: started again, the temporary files removed
+        assert "no checkpoint" in out and "starting from step 0" in out and "temporary file(s) of interrupted writes" in out, out
+    assert f"checkpoints/{first} at step 2" in outputs[5], outputs[5][-2000:]
     again = _run(args + ["--resume"], kill=None)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
-    assert "no checkpoint" in again.stdout and "starting from step 0" in again.stdout
+    assert "step_0000004.pt at step 4" in again.stdout, again.stdout[-2000:]
     assert _comparable(read_metrics(tmp_path / "ref" / "t")) == _comparable(read_metrics(run))
-    assert not [p for d in ("checkpoints", "snapshots") for p in (run / d).iterdir() if ".tmp." in p.name]
+    assert [r[M.STEP] for r in read_metrics(run, "train")] == [1, 2, 3, 4]
+    a, b = _final_state(tmp_path / "ref" / "t"), _final_state(run)
+    assert a["step"] == b["step"] == 4 and _same_tensors(a, b)  # the final weights and optimizer state: bitwise
+    assert not _leftovers(run), _leftovers(run)
+    assert len(read_resumes(run)) == len(loop)
 
 
 def test_a_full_disk_at_the_first_snapshot_then_resume_starts_again(tiny_data, tmp_path, monkeypatch, capsys):

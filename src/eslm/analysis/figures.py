@@ -8,6 +8,7 @@ curve and its spread band (min..max over seeds); ``n`` is the number of seeds (b
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from pathlib import Path
 
@@ -16,8 +17,6 @@ DPI = 110
 
 def available() -> bool:
     """Whether matplotlib can be imported (the ``plot`` extra)."""
-    import importlib.util
-
     return importlib.util.find_spec("matplotlib") is not None
 
 
@@ -272,20 +271,18 @@ def category_points(path: Path, categories: list[str], values: dict[str, list], 
                              squeeze=False)
     limits = {}
     for i, (ax, cat) in enumerate(zip(axes.flat, categories)):
-        pts = [(j, values[lab][i], lab) for j, lab in enumerate(labels) if values[lab][i] is not None]
-        for j, v, lab in pts:
+        vs = []  # every value and whisker end drawn: the panel's y range
+        for j, lab in enumerate(labels):
+            if (v := values[lab][i]) is None:
+                continue
             sp = (spread or {}).get(lab)
             sp = sp[i] if sp else None
             if sp is not None:
                 ax.errorbar(j, v, yerr=[[v - sp[0]], [sp[1] - v]], color=colors.get(lab), capsize=3, lw=1)
             ax.plot(j, v, "o", ms=7, color=colors.get(lab), label=lab)
             ax.annotate(f"{v:.3f}", (j, v), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=7)
-        if pts:
-            vs = [v for _, v, _ in pts]
-            for _, _, lab in pts:
-                sp = (spread or {}).get(lab)
-                if sp and sp[i] is not None:
-                    vs += list(sp[i])
+            vs += [v, *(sp or ())]
+        if vs:
             lo, hi = min(vs), max(vs)
             pad = 0.25 * (hi - lo) if hi > lo else 0.05 * abs(hi) + 0.01
             ax.set_ylim(lo - pad, hi + 1.6 * pad)

@@ -1,14 +1,6 @@
-"""Reading run directories for reports: config, environment, metrics, downstream results; seed groups.
-
-A run directory (``runs/<name>/``) holds ``config.yaml`` (the resolved config), ``env.json``,
-``result.json`` (written when the run finished), ``metrics.jsonl`` (one JSON object per line, key names in ``eslm.metrics``), ``eval/*.json`` (downstream
-results from ``eslm eval``) and ``checkpoints/``. This module reads only those files and is tolerant of
-missing optional pieces: a missing ``env.json`` or ``eval/`` folder is simply empty, a malformed
-metrics line (e.g. the half-written last line of a crashed run) is skipped with a warning.
-
-Seed groups: runs whose resolved configs are identical except for the keys in ``IGNORED_FOR_GROUPING``
-(the run's name, seed, output folder and resume flag; machine-only settings such as threads) are repeats of
-one experiment with different seeds and are aggregated into one ``Group``.
+"""Reading run directories for reports (config.yaml, env.json, result.json, metrics.jsonl, eval/*.json; a missing
+optional piece is empty, a malformed metrics line skipped with a warning) and grouping runs into seed groups:
+runs whose resolved configs are equal except for ``IGNORED_FOR_GROUPING`` are one experiment's seeds.
 """
 
 from __future__ import annotations
@@ -124,12 +116,6 @@ def is_number(v) -> bool:
 # ---------------------------------------------------------------- reading files
 
 
-def has_metrics(path: Path) -> bool:
-    """A run directory with logged metrics (what a report reads); ``eslm.model.loading.is_run_dir`` is the other
-    question, a directory eslm trains in (a checkpoint to load)."""
-    return path.is_dir() and (path / "metrics.jsonl").is_file()
-
-
 def _read_json(path: Path, warnings: list[str]) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -178,7 +164,7 @@ def load_run(path: str | Path) -> Run:
     p = Path(path)
     if not p.exists():
         raise RunDirError(f"expected a run directory, found nothing at {p}; check the path")
-    if not has_metrics(p):
+    if not (p / "metrics.jsonl").is_file():
         raise RunDirError(f"expected a run directory with metrics.jsonl at {p}, found none; "
                           "pass runs/<name> directories written by 'eslm train'")
     warnings: list[str] = []

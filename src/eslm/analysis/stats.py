@@ -1,27 +1,7 @@
-"""Across-seed statistics for reports: Student-t intervals, paired differences, power, Holm's adjustment,
-censored costs, spread and equivalence. The distributions are scipy's (``scipy.stats``); the words that say
-what the numbers mean are the report's (``eslm.analysis.report.verdicts``).
-
-Interval of a mean over n seeds: mean +- t_{(1+level)/2, n-1} * s / sqrt(n), s the sample standard deviation
-(n - 1 in the denominator). With n = 1 there is no interval ("n=1, no interval").
-
-Paired differences: the runs of two groups are matched by seed (same data order and same initial weights for
-a seed, see eslm.study), d_i = x_i - y_i (absolute), and the interval is the t interval of the d_i; relative
-differences (costs) are geometric: the t interval of log(x_i / y_i), shown as exp(.) - 1. Pairing removes
-the between-seed variance that both runs share; how much that is depends on how strongly the seeds' results
-are correlated across the two groups (in the confirmatory CPU study, hardly: the paired SD was what
-independent runs would give). A branched study (eslm.study) shares the early phase itself.
-
-What a comparison could not see (``mde``): the smallest true mean difference that a two-sided paired t test
-at 5% detects with 80% power, given n pairs and their standard deviation s, from the noncentral t
-distribution: 1.68 s with 5 pairs, 1.00 s with 10, tending to (z_0.975 + z_0.8) s / sqrt(n) = 2.80 s / sqrt(n).
-s is the observed one: a sensitivity analysis of the design that ran, not a claim about the true spread.
-
-Multiplicity (``holm``): Holm's step-down adjustment of the p-values of a family of comparisons; the report
-adjusts every comparison except the one the study names as primary.
-
-Costs to a target (``censor``): a run that never reaches the target is censored at its budget (its cost at its
-last evaluation, a lower bound on what it would need), not dropped.
+"""Across-seed statistics for reports: Student-t intervals, paired differences (relative ones geometric: the t
+interval of log(x / y)), the minimum detectable effect, Holm's adjustment, censored costs, spread and
+equivalence (docs/report.md, "Statistics and verdicts"). The distributions are scipy's; the words that say what
+the numbers mean are the report's (``eslm.analysis.report.verdicts``).
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """``eslm tokens CHECKPOINT (--data DIR | --text FILE) --out DIR``: which tokens ESLM keeps (the paper's
-appendix "token selection analysis").
+appendix "token selection analysis"; the page and its options: docs/report.md, "eslm tokens").
 
-For each passage the model scores every next-token prediction (position i predicts token i+1), in fp32 from
-full logits (``token_stats(..., impl="naive")``): its entropy and its loss. Two variants select tokens with
-the VaR rule of ``eslm.selection.risk`` at confidence level alpha (keep score >= VaR_alpha, the top 1-alpha):
-
-* ESLM-VaR-entropy: score = predictive entropy,
-* ESLM-CVaR-loss:   score = per-token loss (CVaR = mean loss of the kept tokens).
-
-By default (``--scope batch``) the threshold is computed over all displayed passages together, as one batch
-is during training; ``--scope passage`` uses one threshold per passage. The page shows each passage twice,
-side by side (entropy left, loss right): background intensity grows with the score, kept tokens are
-underlined and dark, dropped tokens grey. Per variant, a PNG charts the 20 most frequent kept tokens. Per
-domain (``--data``: each domain of the dataset; ``--text``: one domain, ``text``) and variant, a table lists
-the tokens most often kept and most often dropped, each with how often it was kept (dropped) and how often it
-occurred (``kept_dropped_by_domain``). ``tokens.json`` holds every number shown.
+Every next-token prediction is scored in fp32 from full logits (entropy and loss); ESLM-VaR-entropy and
+ESLM-CVaR-loss keep the tokens at or above the VaR threshold (``eslm.selection.risk``), over all passages together
+(``--scope batch``) or per passage. Writes index.html, a top-tokens PNG per variant and tokens.json (every number
+shown).
 """
 
 from __future__ import annotations
@@ -26,14 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from eslm import metrics as M
 from eslm.analysis import figures
 from eslm.data.loader import open_dataset
 from eslm.data.tokenizers import get_tokenizer
-from eslm.errors import DataError, ESLMError
-from eslm.files import check_output_dir, replace_dir
+from eslm.errors import ConfigError, DataError
+from eslm.files import check_output_dir, read_marker, replace_dir
 from eslm.model.loading import load_model
 from eslm.objectives.cross_entropy import token_stats
 from eslm.selection.risk import at_or_above, check_alpha, var_threshold
@@ -52,10 +43,6 @@ class Passage:
     domain: str = "text"
 
 
-class TokensViewError(ESLMError):
-    """Inputs the token view cannot use (empty text, too few tokens, tokenizer mismatch)."""
-
-
 # ---------------------------------------------------------------- inputs
 
 
@@ -69,7 +56,7 @@ def text_passages(text: str, tok, num: int, max_tokens: int) -> list[Passage]:
         if len(out) == num:
             break
     if not out:
-        raise TokensViewError("expected text with at least one paragraph of two or more tokens, found none; "
+        raise DataError("expected text with at least one paragraph of two or more tokens, found none; "
                               "pass a non-empty --text file")
     return out
 
@@ -77,8 +64,6 @@ def text_passages(text: str, tok, num: int, max_tokens: int) -> list[Passage]:
 def stream_passages(stream, eot_id: int, num: int, max_tokens: int, domain: str) -> list[Passage]:
     """``num`` passages evenly spread over a token stream, each starting at a document start (after an
     end-of-text token) and stopping at the next end-of-text or after ``max_tokens + 1`` ids."""
-    import numpy as np
-
     arr = np.asarray(stream)
     starts = [0] + [int(i) + 1 for i in np.flatnonzero(arr == eot_id) if i + 2 < len(arr)]
     starts = [s for s in starts if s + 1 < len(arr) and arr[s] != eot_id and arr[s + 1] != eot_id]
@@ -102,7 +87,7 @@ def dataset_passages(data_dir: str, num: int, max_tokens: int) -> tuple[list[Pas
     for domain in ds.domains:
         out += stream_passages(ds.tokens("val", domain), ds.eot_id, num, max_tokens, domain)
     if not out:
-        raise TokensViewError(f"expected validation tokens in {data_dir}, found no passage of two or more "
+        raise DataError(f"expected validation tokens in {data_dir}, found no passage of two or more "
                               "tokens; prepare the data with a validation split (eslm prepare ... --out DIR)")
     return out, ds.tokenizer_name
 
@@ -300,7 +285,7 @@ def _passages(data, text, tok_name, num, max_tokens):
     if data:
         passages, data_tok = dataset_passages(data, num, max_tokens)
         if tok_name and data_tok != tok_name:
-            raise TokensViewError(f"expected data tokenized with the model's tokenizer {tok_name!r}, found "
+            raise DataError(f"expected data tokenized with the model's tokenizer {tok_name!r}, found "
                                   f"{data_tok!r} in {data}; prepare the data with --tokenizer {tok_name}")
         return passages, data_tok
     p = Path(text)
@@ -313,7 +298,7 @@ def _passages(data, text, tok_name, num, max_tokens):
 def _check_options(alpha: float, num: int, max_tokens: int, top: int = TOP_K) -> None:
     check_alpha(alpha)
     if num < 1 or max_tokens < 1 or top < 1:
-        raise TokensViewError(f"expected --num-passages, --max-tokens and --top >= 1, found {num}, {max_tokens} "
+        raise ConfigError(f"expected --num-passages, --max-tokens and --top >= 1, found {num}, {max_tokens} "
                               f"and {top}; pass positive values")
 
 
@@ -322,7 +307,7 @@ def _check_vocab(model, passages: list[Passage]) -> None:
     vocab = model.config.vocab_size
     bad = max(max(p.ids) for p in passages)
     if bad >= vocab:
-        raise TokensViewError(f"expected token ids below the model's vocab_size {vocab}, found {bad}; "
+        raise DataError(f"expected token ids below the model's vocab_size {vocab}, found {bad}; "
                               "use the tokenizer the model was trained with (--tokenizer)")
 
 
@@ -369,7 +354,4 @@ def is_token_view(d: Path) -> bool:
     if not ("tokens.json" in names and all(n in ("index.html", "tokens.json") or
                                            (n.startswith("top_tokens_") and n.endswith(".png")) for n in names)):
         return False
-    try:
-        return json.loads((Path(d) / "tokens.json").read_text()).get("format") == VIEW_FORMAT
-    except (OSError, ValueError, AttributeError):
-        return False
+    return read_marker(Path(d) / "tokens.json", VIEW_FORMAT) is not None

@@ -1,26 +1,5 @@
-"""``eslm report RUN_DIR ... --out DIR``: a static, offline HTML page of figures and tables, plus summary.json.
-
-Reads only run directories (``eslm.analysis.rundir``). What it computes:
-
-* Seed groups: runs whose resolved configs are equal except for run.name / run.seed / run.out_dir /
-  run.resume are one group, drawn as the mean curve with a min..max band over seeds. Curves of a group
-  are aligned on the eval steps that every seed has.
-* Target loss: ``--target-loss`` if given, else the lowest validation loss that every run reaches, i.e.
-  ``max over runs of (min over that run's eval points of val_loss)``.
-* FLOPs / time / tokens to target (per run): the first eval point with ``val_loss <= target``. Between that
-  point (x1, L1) and the eval point before it (x0, L0 > target) the crossing is interpolated linearly in
-  log(x): ``log x* = log x0 + (L0 - target) / (L0 - L1) * (log x1 - log x0)`` (linearly in x when x0 <= 0).
-  If the first eval point is already at or below the target, x* is its x. A run that never reaches the
-  target has no value ("not reached"), never zero. Group values are the mean (and min..max) over the seeds
-  that reached it, with the count "k/n reached".
-* Costs, side by side: ``flops_paper`` (the paper's convention: backward counted on kept tokens only),
-  ``flops_executed`` (what ran), tokens seen, and time. Time is process CPU seconds (``cpu_s``) when every
-  run trained on a CPU, wall-clock (``elapsed_s``, device synchronised at step ends) otherwise; evaluation
-  is excluded from both.
-* Statistics (``eslm.analysis.stats``): every group value has a 95% Student-t interval over seeds ("n=1, no
-  interval" for one seed; a report whose groups all have one seed says it once, ``summary.ONE_SEED_NOTE``); every group is compared with the baseline group (CLM by default) by paired
-  differences per seed, and every selective group with the random-drop control at the same alpha, each
-  with a verdict in words.
+"""``eslm report RUN_DIR ... --out DIR``: a static, offline HTML page of figures and tables, plus summary.json;
+what it computes (seed groups, the target loss, costs to it, the statistics) is in docs/report.md.
 
 The package: ``summary`` (loading, comparisons, summary.json) built on ``curves`` (per-group numbers) and
 ``downstream``; ``figure_table`` (``FIGURES``: every figure once, drawn by ``make_figures`` and placed by the

@@ -1,20 +1,8 @@
-"""The paired comparisons of ``eslm report`` and their verdicts: what each comparison could not see (its MDE),
-to-target costs with censored seeds, the equal-token read-out, Holm's adjustment over the comparisons of a
-report, the pre-registered primary comparison, and the paired differences over training.
-
-Read-outs of one comparison of a group against another (the baseline, or the random-drop control at the
-same alpha), each paired by seed:
-
-* ``final validation loss``: the last evaluation (equal paper-FLOPs under a study's budget);
-* ``equal-token validation loss``: the evaluation at the baseline's last step, where every run has seen the
-  same tokens (and a run of the same steps per token has taken the same steps); a run without an evaluation at
-  exactly that many tokens has no value there;
-* to-target costs, relative: a seed that never reaches the target counts at its budget (``stats.censor``).
-
-Multiplicity: every distinct read-out with a verdict, of every comparison, is one member of a family whose
-p-values are Holm-adjusted, except the primary comparison's final validation loss: the one comparison a study
-names in advance (``report.primary``) is read at 5% on its own, and shown first. Read-outs that are one number
-(equal per-seed differences, ``_quantity``) count once.
+"""The paired comparisons of ``eslm report`` and their verdicts: the read-outs of a group against another (the
+final, best and equal-token validation loss; to-target costs with censored seeds), Holm's adjustment over the
+report's family of read-outs (the primary comparison's final loss left out, read at 5% on its own; read-outs
+with equal per-seed differences counted once, ``_quantity``), and the paired differences over training
+(docs/report.md, "Statistics and verdicts").
 """
 
 from __future__ import annotations

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 
 from eslm import metrics as M
 from eslm.analysis import figures
 from eslm.analysis.report.curves import domains_of, group_curve, series
-from eslm.analysis.rundir import Group, Run
+from eslm.analysis.rundir import Group
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,7 @@ def _curve_set(groups, records_of, x_key, y_key) -> list[dict]:
     return [c for g in groups if (c := group_curve(g, records_of, x_key, y_key)) is not None]
 
 
-def _eval(r: Run) -> list[dict]:
-    return r.eval
+_eval, _train = attrgetter("eval"), attrgetter("train")  # a run's records
 
 
 def _loss_curves(axis: Callable[[dict], tuple[str, str]], logx: bool) -> Callable[[Path, Scene], bool]:
@@ -110,11 +110,10 @@ def varies(curve: dict) -> bool:
 def _selection(path: Path, sc: Scene) -> bool:
     """Kept fraction (overall and per domain) and alpha over training: only the panels where some group's curve
     moves (a fixed alpha keeps a constant fraction: the header says it)."""
-    tr = lambda r: r.train  # noqa: E731
     keys = [("kept fraction", M.KEPT_FRAC), ("alpha", M.ALPHA)]
     keys += [(f"kept fraction: {d}", M.kept_frac_key(d))
-             for d in domains_of([r for g in sc.groups for r in g.runs], M.KEPT_FRAC_DOMAIN_PREFIX, tr)]
-    panel = {name: _curve_set(sc.groups, tr, M.STEP, key) for name, key in keys}
+             for d in domains_of([r for g in sc.groups for r in g.runs], M.KEPT_FRAC_DOMAIN_PREFIX, _train)]
+    panel = {name: _curve_set(sc.groups, _train, M.STEP, key) for name, key in keys}
     panel = {k: v for k, v in panel.items() if any(varies(c) for c in v)}
     if not panel:
         return False
@@ -127,7 +126,7 @@ def _selection(path: Path, sc: Scene) -> bool:
 def _training_curve(x: str, y: str, xlabel: str, ylabel: str, title: str, log: bool):
     """A figure of a training record's ``y`` against ``x``, one line per group (mean over seeds)."""
     def draw(path: Path, sc: Scene) -> bool:
-        s = _curve_set(sc.groups, lambda r: r.train, x, y)
+        s = _curve_set(sc.groups, _train, x, y)
         if not s:
             return False
         figures.curves(path, s, sc.colors, xlabel=xlabel, ylabel=ylabel, title=title, logx=log, logy=log)
@@ -137,7 +136,7 @@ def _training_curve(x: str, y: str, xlabel: str, ylabel: str, title: str, log: b
 
 # the training loss over every token of a step (comparable across methods; the loss a selective method optimises
 # covers its kept tokens only) against tokens seen; the throughput (tokens per second of step time) over training
-_train = _training_curve(M.TOKENS_SEEN, M.TRAIN_LOSS_ALL, "tokens seen", "training loss (all tokens of the step)",
+_train_loss = _training_curve(M.TOKENS_SEEN, M.TRAIN_LOSS_ALL, "tokens seen", "training loss (all tokens of the step)",
                          "Training loss vs tokens", True)
 _throughput = _training_curve(M.STEP, M.TOKENS_PER_S, "optimizer step", "tokens / s", "Training throughput", False)
 
@@ -182,13 +181,12 @@ def _differences(path: Path, sc: Scene) -> bool:
 def _kept_dropped(path: Path, sc: Scene) -> bool:
     """Mean score of the kept and the dropped tokens per selective group (groups that log alpha: a score-based
     selector; the random control has no score) over training."""
-    tr = lambda r: r.train  # noqa: E731
     per_group = {}
     for g in sc.groups:
         if not any(M.ALPHA in rec for r in g.runs for rec in r.train):
             continue
-        kept = group_curve(g, tr, M.STEP, M.CVAR)  # the CVaR is the mean score of the kept tokens
-        dropped = group_curve(g, tr, M.STEP, M.SCORE_DROPPED_MEAN)
+        kept = group_curve(g, _train, M.STEP, M.CVAR)  # the CVaR is the mean score of the kept tokens
+        dropped = group_curve(g, _train, M.STEP, M.SCORE_DROPPED_MEAN)
         if kept and dropped:
             per_group[g.label] = (kept, dropped)
     if not per_group:
@@ -205,7 +203,7 @@ FIGURES: tuple[Figure, ...] = (
     Figure("loss_vs_tokens", _LOSS, "validation loss vs tokens", _loss_curves(lambda s: (M.TOKENS_SEEN, "tokens seen"), True)),
     Figure("loss_vs_time", _LOSS, "validation loss vs wall-clock",
            _loss_curves(lambda s: (s["time_key"], s["time_words"]), False)),
-    Figure("training_curve", "Training", "training loss vs tokens", _train),
+    Figure("training_curve", "Training", "training loss vs tokens", _train_loss),
     Figure("throughput", "Training", "training throughput (tokens/s) over training", _throughput),
     Figure("difference_over_training", "Paired differences over training",
            "paired difference vs the baseline and vs random over training", _differences),
@@ -232,3 +230,16 @@ def make_figures(out: Path, groups: list[Group], summary: dict) -> dict[str, str
         if fig.draw(out / f"{fig.id}.png", scene):
             written[fig.id] = f"{fig.id}.png"
     return written
+
+
+def drawn(written: dict[str, str]) -> list[dict]:
+    """The figures of ``FIGURES`` that were drawn (``written``: {id: file}), in its order: {heading (its section,
+    where one begins), alt, src}. A figure without data is left out, and so is a section without a drawn figure."""
+    out: list[dict] = []
+    section = None
+    for fig in FIGURES:
+        if fig.id in written:
+            out.append({"heading": fig.section if fig.section != section else None, "alt": fig.alt,
+                        "src": written[fig.id]})
+            section = fig.section
+    return out

@@ -13,10 +13,9 @@ from __future__ import annotations
 import statistics
 
 from eslm import metrics as M
-from eslm.analysis import stats as S
 from eslm.analysis.report import figure_table
 from eslm.analysis.report.downstream import is_percent
-from eslm.analysis.report.markdown import header_rows, since_branch_lines, spread_lines
+from eslm.analysis.report.markdown import agg_cell, header_rows, paired_cell, since_branch_table, spread_table
 from eslm.analysis.report.summary import COSTS, ONE_SEED_NOTE, one_seed
 from eslm.analysis.report.verdicts import verdict_table
 from eslm.analysis.rundir import IGNORED_FOR_GROUPING, MAX_MESSAGE, shorten
@@ -24,30 +23,14 @@ from eslm.analysis.rundir import IGNORED_FOR_GROUPING, MAX_MESSAGE, shorten
 Table = tuple[list, list[list]]  # (header cells, rows of cells); a cell: a text or a list of parts (above)
 
 
-def _fmt(v, spec=".4g") -> str:
-    return "—" if v is None else format(v, spec)
-
-
 def _parts(cell) -> list:
     return [cell] if isinstance(cell, str) else list(cell)
-
-
-def _agg_cell(a: dict, spec=".4g", single: bool = False):
-    """'mean ± 95% half-width', or 'mean (no interval)' for one seed; just the mean when ``single`` (a one-seed
-    report says once, above its tables, that nothing has an interval). The seeds per group are said once, in the
-    header, not in each cell."""
-    if a["count"] == 0:
-        return "—"
-    s = _fmt(a["mean"], spec)
-    if a["count"] > 1 and a.get("ci_half_width") is not None:
-        return s + f" ± {_fmt(a['ci_half_width'], spec)}"
-    return s if single else [s + " ", ("small", "(no interval)")]
 
 
 def _target_cell(t: dict, spec=".3g", single: bool = False):
     if t["reached"] == 0:
         return "not reached"
-    s = _agg_cell({**t, "count": t["reached"]}, spec, single)
+    s = agg_cell({**t, "count": t["reached"]}, spec, single)
     return s if t["reached"] == t["n"] else _parts(s) + [f" ({t['reached']}/{t['n']} reached)"]
 
 
@@ -67,7 +50,7 @@ def _summary_rows(summary: dict) -> Table:
     one = one_seed(summary)
     for g in summary["groups"]:
         rows.append([_label(g), str(len(g["runs"]))]
-                    + [_agg_cell(g[key], spec, one) for key, spec in (
+                    + [agg_cell(g[key], spec, one) for key, spec in (
                         ("final_val_loss", ".4f"), ("equal_tokens_val_loss", ".4f"), ("best_val_loss", ".4f"),
                         ("final_" + M.STEP, ".4g"), ("final_" + M.FLOPS_PAPER, ".3g"),
                         ("final_" + M.FLOPS_EXECUTED, ".3g"), ("step_cost_vs_clm", ".3f"),
@@ -84,7 +67,7 @@ def _censored_cell(t: dict, spec=".3g"):
     if not t["censored"]:
         return "—"
     a = t["with_censored"]
-    return [f"≥ {_fmt(a['mean'], spec)} ", ("small", f"({len(t['censored'])}/{t['n']} censored)")]
+    return [f"≥ {format(a['mean'], spec)} ", ("small", f"({len(t['censored'])}/{t['n']} censored)")]
 
 
 def _costs_rows(summary: dict) -> Table:
@@ -105,13 +88,7 @@ def _comparison_rows(summary: dict, comparisons: list[dict]) -> Table:
     single = one_seed(summary)
 
     def cell(ci, rel):
-        if ci["n"] == 0:
-            return "—"
-        spec = "+.1%" if rel else "+.4f"
-        mark = {-1: " ▼", 1: " ▲", 0: ""}[S.significant(ci)]
-        if ci["lo"] is None:
-            return f"{ci['mean']:{spec}}" if single else [f"{ci['mean']:{spec}} ", ("small", "(no interval)")]
-        return f"{ci['mean']:{spec}} [{ci['lo']:{spec}}, {ci['hi']:{spec}}]{mark}"
+        return paired_cell(ci, rel, single, (" ▼", " ▲"))
 
     rows = [[_label_of(summary, c["group"]), _label_of(summary, c["against"]),
              cell(c["losses"]["final validation loss"], False), cell(c["losses"]["equal-token validation loss"], False)]
@@ -149,19 +126,6 @@ def _downstream_cell(d: dict | None, runs: int):
 # ---------------------------------------------------------------- the page from its template
 
 
-def _figures(written: dict) -> list[dict]:
-    """The figures of ``FIGURES`` that were drawn, in its order: {heading (its section, where one begins), alt,
-    src}. A figure without data is left out, and so is a section without a drawn figure: no placeholders."""
-    out, section = [], None
-    for fig in figure_table.FIGURES:
-        if fig.id not in written:
-            continue
-        heading = fig.section if fig.section != section else None
-        section = fig.section
-        out.append({"heading": heading, "alt": fig.alt, "src": written[fig.id]})
-    return out
-
-
 def _verdict_rows(s: dict) -> Table:
     """The verdict table (``verdicts.verdict_table``) as cells: group (primary marked), vs, and per read-out the
     difference, its interval and the verdict word."""
@@ -193,23 +157,20 @@ def _downstream(summary: dict) -> Table | None:
 
 
 def _extra_tables(s: dict) -> list[tuple[str, list, list[list], str]]:
-    """The tables given as Markdown lines (``spread_lines``, ``since_branch_lines``) that have rows:
+    """The tables shared with summary.md (``spread_table``, ``since_branch_table``) that have rows:
     (title, header, cells, note)."""
-    def cells(line):
-        return [c.strip() for c in line.strip().strip("|").split("|")]
-
     out = []
-    for title, lines, note in (
-            ("Reproducibility across seeds", spread_lines(s),
+    for title, table, note in (
+            ("Reproducibility across seeds", spread_table(s),
              "Between-seed standard deviation of each group's final validation loss with its chi-squared 95% "
              "interval; its ratio to random's (same alpha) and CLM's with the F interval; p (F): the F test of "
              "equal variances (ignores the pairing), p (paired): the Pitman-Morgan test over the seeds both groups "
              "have."),
-            ("Costs from the branch point", since_branch_lines(s),
+            ("Costs from the branch point", since_branch_table(s),
              "A branched study: every run continues its seed's trunk at the branch point; costs from there on "
              "beside the totals, which include the trunk's share.")):
-        if lines:
-            out.append((title, cells(lines[0]), [[shorten(c) for c in cells(x)] for x in lines[2:]], note))
+        if table:
+            out.append((title, table[0], [[shorten(c) for c in row] for row in table[1]], note))
     return out
 
 
@@ -230,4 +191,4 @@ def render_html(summary: dict, written: dict) -> str:
                   ("Against the random-drop control at the same alpha", s["controls"])],
         summary_table=_summary_rows(s), costs_table=_costs_rows(s),
         comparison_table=_comparison_rows(s, s["comparisons"] + s["controls"]), groups_table=_groups_rows(s),
-        extra_tables=_extra_tables(s), figures=_figures(written), downstream=_downstream(s))
+        extra_tables=_extra_tables(s), figures=figure_table.drawn(written), downstream=_downstream(s))

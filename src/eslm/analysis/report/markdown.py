@@ -19,10 +19,6 @@ def md_text(text) -> str:
     return html.escape(shorten(text, MAX_MESSAGE), quote=False).replace("|", "\\|").replace("\n", " ").replace("\r", " ")
 
 
-def _same(text) -> str:
-    return text
-
-
 def _count(n) -> str:
     return f"{n:,}" if isinstance(n, int) else str(n)
 
@@ -58,21 +54,30 @@ def header_rows(s: dict) -> list[tuple[str, str]]:
     return rows
 
 
-def _md_ci(a: dict, spec: str, single: bool = False) -> str:
+def plain(cell) -> str:
+    """A table cell (a text, or parts: texts and (kind, text) pairs, see html.py) as plain text."""
+    return cell if isinstance(cell, str) else "".join(p if isinstance(p, str) else p[1] for p in cell)
+
+
+def agg_cell(a: dict, spec: str = ".4g", single: bool = False):
+    """'mean ± 95% half-width'; one seed: 'mean (no interval)', just the mean when ``single`` (a one-seed report
+    says once, above its tables, that nothing has an interval; the seeds per group are said in the header)."""
     if a["count"] == 0:
         return "—"
-    if a.get("ci_half_width") is None:
-        return format(a["mean"], spec) + ("" if single else " (no interval)")
-    return f"{format(a['mean'], spec)} ± {format(a['ci_half_width'], spec)}"
+    if a.get("ci_half_width") is not None:
+        return f"{format(a['mean'], spec)} ± {format(a['ci_half_width'], spec)}"
+    return format(a["mean"], spec) if single else [format(a["mean"], spec) + " ", ("small", "(no interval)")]
 
 
-def _md_paired(ci: dict | None, rel: bool, single: bool = False) -> str:
+def paired_cell(ci: dict | None, rel: bool, single: bool = False, marks: tuple = (" **↓**", " **↑**")):
+    """A paired difference, 'mean [95% interval]' (relative for costs) with ``marks`` (below 0, above 0) where it
+    is shown (``stats.significant``); one pair: as ``agg_cell``."""
     if ci is None or ci["n"] == 0:
         return "—"
     spec = "+.1%" if rel else "+.4f"
     if ci["lo"] is None:
-        return f"{ci['mean']:{spec}}" + ("" if single else " (no interval)")
-    mark = {-1: " **↓**", 1: " **↑**", 0: ""}[S.significant(ci)]
+        return f"{ci['mean']:{spec}}" if single else [f"{ci['mean']:{spec}} ", ("small", "(no interval)")]
+    mark = {-1: marks[0], 1: marks[1], 0: ""}[S.significant(ci)]
     return f"{ci['mean']:{spec}} [{ci['lo']:{spec}}, {ci['hi']:{spec}}]{mark}"
 
 
@@ -82,38 +87,40 @@ def _md_label(g: dict) -> str:
     return f"{md_text(g['label'])} (**{len(g['unfinished'])}/{len(g['runs'])} unfinished**)"
 
 
-def spread_lines(summary: dict, text=_same) -> list[str]:
+def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """The lines of a Markdown table."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def spread_table(summary: dict, text=str) -> tuple[list[str], list[list[str]]] | None:
     """The reproducibility table: each group's between-seed SD of the final loss [95% interval], its ratio to
     the SD of random (same alpha) and of CLM [95% interval] with the F test's and the paired Pitman-Morgan p.
-    ``text``: how a label is written (``md_text`` in summary.md; the HTML page escapes the cells itself)."""
+    (header, rows), or None when no group has a spread. ``text``: how a label is written (``md_text`` in summary.md;
+    the HTML page escapes the cells itself)."""
     rows = summary.get("spread") or []
     if not any(r["sd"] is not None for r in rows):
-        return []
+        return None
 
     def fmt(x, spec):
         return "—" if x is None else format(x, spec)
 
-    out = ["| group | n | SD of final val loss [95%] | SD ratio vs | ratio [95%] | p (F) | p (paired) |",
-           "|" + "---|" * 7]
+    out = []
     for r in rows:
         sd = "—" if r["sd"] is None else f"{r['sd']:.4f} [{r['lo']:.4f}, {r['hi']:.4f}]"
         against = list(r["against"].items()) or [(None, None)]
         for i, (other, c) in enumerate(against):
             ratio = "—" if not c or c["ratio"] is None else f"{c['ratio']:.2f} [{c['lo']:.2f}, {c['hi']:.2f}]"
-            out.append("| " + " | ".join([text(r["label"]) if i == 0 else "", str(r["n"]) if i == 0 else "",
-                                          sd if i == 0 else "", text(other or "—"), ratio,
-                                          fmt(c and c["p_f"], ".2g"), fmt(c and c["p_paired"], ".2g")]) + " |")
-    return out
+            out.append([text(r["label"]) if i == 0 else "", str(r["n"]) if i == 0 else "", sd if i == 0 else "",
+                        text(other or "—"), ratio, fmt(c and c["p_f"], ".2g"), fmt(c and c["p_paired"], ".2g")])
+    return ["group", "n", "SD of final val loss [95%]", "SD ratio vs", "ratio [95%]", "p (F)", "p (paired)"], out
 
 
-def since_branch_lines(summary: dict, text=_same) -> list[str]:
-    """A branched study: each group's costs from the branch point on, beside its totals (``text``: as in
-    ``spread_lines``)."""
+def since_branch_table(summary: dict, text=str) -> tuple[list[str], list[list[str]]] | None:
+    """A branched study: each group's costs from the branch point on, beside its totals (as ``spread_table``)."""
     rows = [g for g in summary["groups"] if g.get("since_branch")]
     if not rows:
-        return []
-    out = ["| group | branch step | tokens since / total | paper-FLOPs since / total | executed FLOPs since / "
-           "total | CPU s since / total |", "|" + "---|" * 6]
+        return None
+    out = []
     for g in rows:
         b = g["since_branch"]
 
@@ -121,10 +128,10 @@ def since_branch_lines(summary: dict, text=_same) -> list[str]:
             since, total = b[key]["mean"], g.get("final_" + key, {}).get("mean")
             return "—" if since is None else f"{since:{spec}} / {'—' if total is None else format(total, spec)}"
 
-        out.append("| " + " | ".join([text(g["label"]), f"{b['step']['mean']:.0f}", pair(M.TOKENS_SEEN, ".4g"),
-                                      pair(M.FLOPS_PAPER, ".3g"), pair(M.FLOPS_EXECUTED, ".3g"),
-                                      pair(M.CPU_S, ".0f")]) + " |")
-    return out
+        out.append([text(g["label"]), f"{b['step']['mean']:.0f}", pair(M.TOKENS_SEEN, ".4g"),
+                    pair(M.FLOPS_PAPER, ".3g"), pair(M.FLOPS_EXECUTED, ".3g"), pair(M.CPU_S, ".0f")])
+    return ["group", "branch step", "tokens since / total", "paper-FLOPs since / total",
+            "executed FLOPs since / total", "CPU s since / total"], out
 
 
 def _verdict_lines(s: dict) -> list[str]:
@@ -132,26 +139,18 @@ def _verdict_lines(s: dict) -> list[str]:
     rows = verdict_table(s)
     if not rows:
         return ["No baseline group: no paired comparisons."]
-    out = [f"| group | vs | Δ final val loss (nats) | 95% interval | verdict | Δ {s['flops_key']} to target | "
-           "95% interval | verdict |", "|" + "---|" * 8]
-    for r in rows:
-        group = md_text(r["group"]) + (" (primary)" if r["primary"] else "")
-        out.append("| " + " | ".join([group, md_text(r["against"]), *r["loss"], *r["cost"]]) + " |")
-    return out
+    return md_table(["group", "vs", "Δ final val loss (nats)", "95% interval", "verdict",
+                     f"Δ {s['flops_key']} to target", "95% interval", "verdict"],
+                    [[md_text(r["group"]) + (" (primary)" if r["primary"] else ""), md_text(r["against"]),
+                      *r["loss"], *r["cost"]] for r in rows])
 
 
 def _figure_lines(s: dict) -> list[str]:
     """The drawn figures (summary.json's ``figures``) as images by relative file name, in the page's order and
     sections; none drawn: no lines."""
-    written = s.get("figures") or {}
-    out, section = [], None
-    for fig in figure_table.FIGURES:
-        if fig.id not in written:
-            continue
-        if fig.section != section:
-            out += [f"### {fig.section}", ""]
-            section = fig.section
-        out += [f"![{fig.alt}]({written[fig.id]})", ""]
+    out = []
+    for f in figure_table.drawn(s.get("figures") or {}):
+        out += ([f"### {f['heading']}", ""] if f["heading"] else []) + [f"![{f['alt']}]({f['src']})", ""]
     return out
 
 
@@ -185,14 +184,14 @@ def render_markdown(summary: dict) -> str:
             r = c
         tt = g["to_target"][M.FLOPS_PAPER]
         table.append("| " + " | ".join([
-            _md_label(g), str(g["final_val_loss"]["count"]), _md_ci(g["final_val_loss"], ".4f", one),
-            _md_paired(c["losses"]["final validation loss"] if c else None, False, one),
-            _md_paired(r["losses"]["final validation loss"] if r else None, False, one),
-            _md_paired(c["losses"]["equal-token validation loss"] if c else None, False, one),
-            _md_paired(c["to_target"][M.FLOPS_PAPER] if c else None, True, one),
-            _md_paired(c["to_target"][M.FLOPS_EXECUTED] if c else None, True, one),
-            _md_paired(c["to_target"]["time_s"] if c else None, True, one),
-            f"{tt['reached']}/{tt['n']}", _md_ci(g["step_cost_vs_clm"], ".3f", one)]) + " |")
+            _md_label(g), str(g["final_val_loss"]["count"]), plain(agg_cell(g["final_val_loss"], ".4f", one)),
+            plain(paired_cell(c["losses"]["final validation loss"] if c else None, False, one)),
+            plain(paired_cell(r["losses"]["final validation loss"] if r else None, False, one)),
+            plain(paired_cell(c["losses"]["equal-token validation loss"] if c else None, False, one)),
+            plain(paired_cell(c["to_target"][M.FLOPS_PAPER] if c else None, True, one)),
+            plain(paired_cell(c["to_target"][M.FLOPS_EXECUTED] if c else None, True, one)),
+            plain(paired_cell(c["to_target"]["time_s"] if c else None, True, one)),
+            f"{tt['reached']}/{tt['n']}", plain(agg_cell(g["step_cost_vs_clm"], ".3f", one))]) + " |")
     notes = [f"Target validation loss {s['target_loss']:.4f} ({md_text(s['target_source'])}). Mean ± 95% Student-t "
              f"half-width over seeds; Δ: mean paired (by seed) difference [95% interval], relative for costs, a "
              f"seed that never reached the target counted at its budget (censored); **↓**/**↑**: below / above 0 "
@@ -217,8 +216,8 @@ def render_markdown(summary: dict) -> str:
     figs = _figure_lines(s)
     gaps = [f"- {md_text(x)}." for x in s["flops_gaps"]]
     extra = []
-    for block in (spread_lines(s, md_text), since_branch_lines(s, md_text)):
-        extra += block + [""] if block else []
+    for t in (spread_table(s, md_text), since_branch_table(s, md_text)):
+        extra += md_table(*t) + [""] if t else []
     return "\n".join(top + ["## Verdicts", ""] + _verdict_lines(s) + [""]
                      + (["## Figures", ""] + figs if figs else [])
                      + ["## Summary", ""] + table + [""] + notes + [""] + extra

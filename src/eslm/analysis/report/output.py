@@ -15,45 +15,28 @@ import json
 from pathlib import Path
 
 from eslm.analysis.report.summary import REPORT_FORMAT
-from eslm.errors import ESLMError, OwnershipError
-from eslm.files import atomic_write, check_output_dir, replace_dir
-
-
-class ReportDirError(ESLMError):
-    """An output directory that eslm report will not write over."""
+from eslm.files import atomic_write, check_output_dir, read_marker, replace_dir
 
 
 def is_report_dir(path: Path) -> bool:
     """``path`` holds a report that eslm wrote (its summary.json names the report format)."""
-    try:
-        return json.loads((Path(path) / "summary.json").read_text()).get("format") == REPORT_FORMAT
-    except (OSError, ValueError, AttributeError):
-        return False
+    return read_marker(Path(path) / "summary.json", REPORT_FORMAT) is not None
 
 
 WHAT, EARLIER = "the report's output", "an earlier eslm report"
 
 
 def check_report_dir(out: Path) -> None:
-    """Refuses (one line) an output directory that is neither new, empty, nor an earlier eslm report."""
-    try:
-        check_output_dir(Path(out), WHAT, is_report_dir, EARLIER)
-    except OwnershipError as e:
-        raise ReportDirError(str(e)) from None
+    """Refuses (one line, an OwnershipError) an output directory that is neither new, empty, nor an earlier eslm
+    report."""
+    check_output_dir(Path(out), WHAT, is_report_dir, EARLIER)
 
 
 def write_report_dir(out: Path, write) -> None:
     """``write(tmp_dir)`` fills a temporary directory beside ``out``, which then replaces ``out`` (checked by
     ``check_report_dir`` first): ``eslm.files.replace_dir``, under the output's lock (a second report to the same
     ``out`` at the same time is refused). Leftovers of killed reports of the same ``out`` are removed."""
-    try:
-        replace_dir(Path(out), write, what=WHAT, is_ours=is_report_dir, earlier=EARLIER)
-    except OwnershipError as e:
-        raise ReportDirError(str(e)) from None
-
-
-def _replace_text(path: Path, text: str) -> None:
-    atomic_write(path, text.encode("utf-8"))
+    replace_dir(Path(out), write, what=WHAT, is_ours=is_report_dir, earlier=EARLIER)
 
 
 def mark_stale(out: Path, why: str) -> bool:
@@ -70,9 +53,9 @@ def mark_stale(out: Path, why: str) -> bool:
     if page.is_file():
         text = page.read_text(encoding="utf-8")
         banner = f"<p class='warn' id='stale'><b>{html.escape(notice)}</b></p>"
-        _replace_text(page, text.replace("<h1>", banner + "<h1>", 1) if "<h1>" in text else banner + text)
+        atomic_write(page, (text.replace("<h1>", banner + "<h1>", 1) if "<h1>" in text else banner + text).encode())
     md = out / "summary.md"
     if md.is_file():
-        _replace_text(md, f"**{notice}**\n\n" + md.read_text(encoding="utf-8"))
-    _replace_text(out / "summary.json", json.dumps({**summary, "stale": why}, indent=2))
+        atomic_write(md, (f"**{notice}**\n\n" + md.read_text(encoding="utf-8")).encode())
+    atomic_write(out / "summary.json", json.dumps({**summary, "stale": why}, indent=2).encode())
     return True

@@ -4,6 +4,7 @@ baseline and random-drop comparisons with their verdicts, the FLOPs-convention s
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from pathlib import Path
 
 from eslm import metrics as M
@@ -177,10 +178,7 @@ def machine_warning(runs: list[Run]) -> str | None:
     settings do not split groups (``MACHINE_KEYS``), but time is not comparable across them."""
     parts = []
     for key, words in (("num_threads", "CPU threads"), ("device", "devices")):
-        values: dict[str, int] = {}
-        for r in runs:
-            if r.env.get(key) is not None:
-                values[str(r.env[key])] = values.get(str(r.env[key]), 0) + 1
+        values = Counter(str(r.env[key]) for r in runs if r.env.get(key) is not None)
         if len(values) > 1:
             parts.append(f"{words} " + ", ".join(f"{v} ({n} run{'s' if n > 1 else ''})" for v, n in values.items()))
     if not parts:

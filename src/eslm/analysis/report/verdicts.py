@@ -7,10 +7,6 @@ from __future__ import annotations
 from eslm.analysis.stats import significant
 
 
-def _pct(v: float) -> str:
-    return f"{100.0 * v:.1f}%"
-
-
 def _verdict(ci: dict, fmt, none: str, below: str, above: str, what: str, baseline: str, unit: str,
              single: bool = False) -> str:
     """The shared skeleton of the verdicts: no pair, one pair, a difference below / above zero, or none
@@ -44,7 +40,7 @@ def cost_verdict(ci: dict, cost: str, baseline: str, group: str | None = None, s
     with the censored seeds of ``paired_censored`` said and the direction of the bias they leave (``single``:
     see ``_verdict``)."""
     def fmt(v, signed=False):
-        return f"{v:+.1%}" if signed else _pct(v)
+        return f"{v:+.1%}" if signed else f"{100.0 * v:.1f}%"
 
     words = _verdict(ci, fmt, "no seed pair where both reach the target",
                      f"reaches the target with {{m}} [{{lo}}, {{hi}}] less {cost} than {baseline}",

@@ -56,7 +56,8 @@ def color_map(labels: list[str]) -> dict[str, str]:
 
     n = len(labels)
     if n <= 20:
-        palette = [to_hex(c) for c in colormaps["tab10" if n <= 10 else "tab20"].colors]
+        cmap = colormaps["tab10" if n <= 10 else "tab20"]
+        palette = [to_hex(cmap(i)) for i in range(cmap.N)]
     else:
         palette, seen, i = [], set(), 0
         while len(palette) < n:

@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import pytest
@@ -195,6 +196,20 @@ def test_warmup_longer_than_the_run_warns_once_in_one_line():
     assert "train.warmup_steps=30 exceeds train.max_steps=10" in str(caught[0].message)
     assert "fix: set train.warmup_steps below train.max_steps" in str(caught[0].message)
 
+
+
+def test_more_threads_than_cpus_warns_once_in_one_line():
+    import warnings
+
+    cpus = len(os.sched_getaffinity(0))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        build_config(overrides=[f"train.num_threads={cpus}"])
+        assert caught == []
+        build_config(overrides=[f"train.num_threads={cpus + 998}"])
+    assert len(caught) == 1 and "\n" not in str(caught[0].message)
+    assert f"train.num_threads={cpus + 998} exceeds the {cpus} CPUs" in str(caught[0].message)
+    assert f"fix: train.num_threads={cpus}, or 0" in str(caught[0].message)
 
 def test_an_override_without_equals_shows_the_fix():
     with pytest.raises(ConfigError, match=r"got 'train.max_steps'; fix: write train.max_steps=VALUE as one argument"):

@@ -365,6 +365,10 @@ def config_warnings(cfg: Config) -> list[str]:
         out.append(f"train.warmup_steps={t.warmup_steps} exceeds train.max_steps={t.max_steps}: the learning rate "
                    f"stays in its warmup for the whole run and never reaches train.lr={t.lr:g}; fix: set "
                    f"train.warmup_steps below train.max_steps")
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if t.num_threads > cpus:
+        out.append(f"train.num_threads={t.num_threads} exceeds the {cpus} CPUs this process may use: the extra "
+                   f"threads only wait for a core; fix: train.num_threads={cpus}, or 0 (torch's default)")
     return out
 
 

@@ -23,6 +23,7 @@ import torch
 from conftest import tiny_overrides
 from eslm.cli import main as cli_main
 from eslm.errors import CheckpointError, ConfigError, DataError
+from eslm.files import new_marker
 
 
 def _one_line(capsys, code, expected_code=2):
@@ -452,7 +453,7 @@ def test_study_out_onto_a_foreign_directory_is_refused_before_any_training(tiny_
     (d / "thesis.tex").write_text("mine")
     t0 = time.monotonic()
     err = _one_line(capsys, cli_main(["study", str(study), "--out", str(tmp_path / "out")]))
-    assert "holds files eslm did not write ('thesis.tex')" in err and time.monotonic() - t0 < 60
+    assert "holds files eslm did not write ('plan', 'thesis.tex')" in err and time.monotonic() - t0 < 60
     assert (d / "plan" / "clm-s1.yaml").read_text() == "mine" and not (d / "clm-s1").exists()
 
 
@@ -463,6 +464,8 @@ def test_study_never_appends_to_a_log_planted_as_a_link(tiny_data, tmp_path, cap
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
     (d / "logs" / "clm-s1.log").symlink_to(victim)
+    # a study directory eslm marked (an unmarked one holding logs/ is refused before any link is looked at)
+    (d / "eslm-study.json").write_text(json.dumps(new_marker("eslm-study-v1")) + "\n")
     code = cli_main(["study", str(study), "--out", str(tmp_path / "out"), "--jobs", "2"])  # logs: parallel runs
     err = capsys.readouterr().err
     assert code == 2 and "is a symbolic link" in err and "Traceback" not in err, err

@@ -8,6 +8,7 @@ import pytest
 
 from eslm import study
 from eslm.errors import ConfigError, ESLMError
+from eslm.files import new_marker
 from eslm.study import launch
 
 STUDY = """methods: [clm, eslm-entropy]
@@ -438,6 +439,8 @@ def test_continuing_a_study_marks_its_earlier_report_stale(tmp_path, monkeypatch
     f.write_text(STUDY)
     old = [make_run(tmp_path / "old", "clm-s1", "clm", 1)]
     build_report([str(p) for p in old], tmp_path / "out" / "grid" / "report")
+    # the earlier study's directory, as eslm marks it (an unmarked one holding report/ is not eslm's: refused)
+    (tmp_path / "out" / "grid" / "eslm-study.json").write_text(json.dumps(new_marker("eslm-study-v1")) + "\n")
     monkeypatch.setattr(trainer, "train", lambda cfg: trainer.RunResult(tmp_path, 3, None, "preempted"))
     assert study.run_study(str(f), tmp_path / "out") == 143
     page = (tmp_path / "out" / "grid" / "report" / "index.html").read_text()

@@ -87,7 +87,9 @@ def _fake_results(*args, **kwargs):
 
 @pytest.fixture
 def fake_eval(monkeypatch):
-    """eslm eval without running lm-eval's tasks: every other step (loading, checking, writing) is real."""
+    """eslm eval without running lm-eval's tasks: every other step (loading, checking, writing) is real. Needs
+    lm-eval installed (eslm.eval reads its version and imports its task manager); .ci/lowest installs no eval extra."""
+    pytest.importorskip("lm_eval")
     from eslm.eval import command
 
     monkeypatch.setattr(command, "evaluate", _fake_results)

@@ -297,10 +297,9 @@ def _rho1(ctx: BuildContext) -> Method:
 
 
 def _greats(ctx: BuildContext) -> Method:
-    rows = GreatsRows.from_settings(ctx.section(GreatsSection), alpha=ctx.method.alpha,
-                                    micro_batch_size_seqs=ctx.micro_batch_size_seqs, seed=ctx.seed,
-                                    val_loader_factory=ctx.val_loader_factory, model_config=ctx.model_config,
-                                    device=ctx.device)
+    rows = GreatsRows(ctx.section(GreatsSection), alpha=ctx.method.alpha, micro_batch_size_seqs=ctx.micro_batch_size_seqs,
+                      seed=ctx.seed, val_loader_factory=ctx.val_loader_factory, model_config=ctx.model_config,
+                      device=ctx.device)
     return Method(name="greats", rows=rows, objective=_ce(ctx))
 
 

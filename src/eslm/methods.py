@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TypeVar
 
 import torch
@@ -196,19 +197,20 @@ def _var_selector(score: str, ctx: BuildContext) -> VaRSelector:
     return VaRSelector(score, m.alpha, m.standardize, ctx.n_domains, m.scope)
 
 
-def _var(score: str) -> Callable[[BuildContext], Method]:
-    def build(ctx: BuildContext) -> Method:
-        return Method(name=ctx.method.name, tokens=_var_selector(score, ctx), objective=_ce(ctx))
-    return build
+def _random_selector(ctx: BuildContext) -> RandomSelector:
+    return RandomSelector(ctx.method.alpha, seed=seeds.random_control(ctx.seed, ctx.rank), n_domains=ctx.n_domains,
+                          device=ctx.device)
 
 
-def _ada(score: str) -> Callable[[BuildContext], Method]:
-    def build(ctx: BuildContext) -> Method:
-        sel, a = _var_selector(score, ctx), ctx.section(AdaSection)
-        ada = AdaController(sel, gamma=a.gamma, interval=a.interval, eps=a.eps, alpha_min=a.alpha_min,
-                            alpha_max=a.alpha_max)
-        return Method(name=ctx.method.name, tokens=sel, objective=_ce(ctx), controllers=[ada])
-    return build
+def _var(score: str, ctx: BuildContext) -> Method:
+    return Method(name=ctx.method.name, tokens=_var_selector(score, ctx), objective=_ce(ctx))
+
+
+def _ada(score: str, ctx: BuildContext) -> Method:
+    sel, a = _var_selector(score, ctx), ctx.section(AdaSection)
+    ada = AdaController(sel, gamma=a.gamma, interval=a.interval, eps=a.eps, alpha_min=a.alpha_min,
+                        alpha_max=a.alpha_max)
+    return Method(name=ctx.method.name, tokens=sel, objective=_ce(ctx), controllers=[ada])
 
 
 def _clm(ctx: BuildContext) -> Method:
@@ -216,9 +218,7 @@ def _clm(ctx: BuildContext) -> Method:
 
 
 def _random(ctx: BuildContext) -> Method:
-    sel = RandomSelector(ctx.method.alpha, seed=seeds.random_control(ctx.seed, ctx.rank), n_domains=ctx.n_domains,
-                         device=ctx.device)
-    return Method(name="random", tokens=sel, objective=_ce(ctx))
+    return Method(name="random", tokens=_random_selector(ctx), objective=_ce(ctx))
 
 
 METHODS: dict[str, MethodSpec] = {}
@@ -231,9 +231,6 @@ def register(spec: MethodSpec) -> None:
         raise TypeError(f"method {spec.name!r}: role {spec.role!r} is not one of {', '.join(ROLES)}")
     if spec.role == "baseline" and any(s.role == "baseline" for s in METHODS.values()):
         raise TypeError(f"method {spec.name!r}: {baseline()!r} is already the baseline; one line has that role")
-    for need in spec.needs:
-        if not isinstance(need, Need):
-            raise TypeError(f"method {spec.name!r}: needs {need!r}, expected eslm.methods.Need values")
     METHODS[spec.name] = spec
 
 
@@ -260,18 +257,18 @@ def control_of(name: str) -> str | None:
 
 for _spec in [
     MethodSpec("clm", "causal LM: every token counts (the baseline)", _clm, role="baseline"),
-    MethodSpec("eslm-entropy", "ESLM VaR-entropy: keep the top 1-alpha tokens by predictive entropy", _var("entropy"),
+    MethodSpec("eslm-entropy", "ESLM VaR-entropy: keep the top 1-alpha tokens by predictive entropy", partial(_var, "entropy"),
                control="random"),
-    MethodSpec("eslm-loss", "ESLM CVaR-loss: keep the top 1-alpha tokens by loss (minimises CVaR_alpha)", _var("loss"),
+    MethodSpec("eslm-loss", "ESLM CVaR-loss: keep the top 1-alpha tokens by loss (minimises CVaR_alpha)", partial(_var, "loss"),
                control="random"),
     MethodSpec("random", "control: keep 1-alpha of the tokens uniformly at random", _random, role="control"),
     MethodSpec("random-domain", "control: ESLM-entropy's kept count per domain, drawn uniformly at random in each domain",
                lambda ctx: Method(name="random-domain", objective=_ce(ctx), tokens=DomainRandomSelector(
                    "entropy", ctx.method.alpha, seeds.random_control(ctx.seed, ctx.rank), ctx.method.standardize,
                    ctx.n_domains, ctx.method.scope, ctx.device)), role="control"),
-    MethodSpec("ada-eslm-entropy", "Ada-ESLM on entropy: alpha adapted by the CVaR controller", _ada("entropy"),
+    MethodSpec("ada-eslm-entropy", "Ada-ESLM on entropy: alpha adapted by the CVaR controller", partial(_ada, "entropy"),
                settings=(AdaSection,), control="random"),
-    MethodSpec("ada-eslm-loss", "Ada-ESLM on loss: alpha adapted by the CVaR controller", _ada("loss"),
+    MethodSpec("ada-eslm-loss", "Ada-ESLM on loss: alpha adapted by the CVaR controller", partial(_ada, "loss"),
                settings=(AdaSection,), control="random"),
 ]:
     register(_spec)
@@ -300,10 +297,9 @@ def _rho1(ctx: BuildContext) -> Method:
 
 
 def _greats(ctx: BuildContext) -> Method:
-    rows = GreatsRows.from_settings(ctx.section(GreatsSection), alpha=ctx.method.alpha,
-                                    micro_batch_size_seqs=ctx.micro_batch_size_seqs, seed=ctx.seed,
-                                    val_loader_factory=ctx.val_loader_factory, model_config=ctx.model_config,
-                                    device=ctx.device)
+    rows = GreatsRows(ctx.section(GreatsSection), alpha=ctx.method.alpha, micro_batch_size_seqs=ctx.micro_batch_size_seqs,
+                      seed=ctx.seed, val_loader_factory=ctx.val_loader_factory, model_config=ctx.model_config,
+                      device=ctx.device)
     return Method(name="greats", rows=rows, objective=_ce(ctx))
 
 
@@ -317,15 +313,13 @@ def _dense_kd(ctx: BuildContext) -> Method:
     return Method(name="dense-kd", objective=_distill(ctx))
 
 
-def _eslm_kd(score: str) -> Callable[[BuildContext], Method]:
-    def build(ctx: BuildContext) -> Method:
-        return Method(name=ctx.method.name, tokens=_var_selector(score, ctx), objective=_distill(ctx))
-    return build
+def _eslm_kd(score: str, ctx: BuildContext) -> Method:
+    return Method(name=ctx.method.name, tokens=_var_selector(score, ctx), objective=_distill(ctx))
 
 
 def _random_kd(ctx: BuildContext) -> Method:
     """ESLM-KD's control: KD on a uniformly random subset of ESLM-KD's size (the random control's selector)."""
-    return Method(name="random-kd", tokens=_random(ctx).tokens, objective=_distill(ctx))
+    return Method(name="random-kd", tokens=_random_selector(ctx), objective=_distill(ctx))
 
 
 def _salt(ctx: BuildContext) -> Method:
@@ -342,9 +336,9 @@ for _spec in [
     MethodSpec("dense-kd", "dense distillation: lambda*KL(teacher||student) + (1-lambda)*CE on every token",
                _dense_kd, settings=(KDSection,), control="random", needs=(TEACHER,)),
     MethodSpec("eslm-kd-entropy", "ESLM-KD: KD on the top 1-alpha tokens by the student's entropy",
-               _eslm_kd("entropy"), settings=(KDSection,), control="random-kd", needs=(TEACHER,)),
+               partial(_eslm_kd, "entropy"), settings=(KDSection,), control="random-kd", needs=(TEACHER,)),
     MethodSpec("eslm-kd-loss", "ESLM-KD: KD on the top 1-alpha tokens by the student's loss",
-               _eslm_kd("loss"), settings=(KDSection,), control="random-kd", needs=(TEACHER,)),
+               partial(_eslm_kd, "loss"), settings=(KDSection,), control="random-kd", needs=(TEACHER,)),
     MethodSpec("random-kd", "control of ESLM-KD: KD on 1-alpha of the tokens kept uniformly at random",
                _random_kd, settings=(KDSection,), role="control", needs=(TEACHER,)),
     MethodSpec("salt", "SALT: dense KD for method.salt.kd_steps steps, then plain CE",
@@ -367,11 +361,9 @@ def _instance_rows(score: str | None, ctx: BuildContext) -> InstanceRows:
                         seed=seeds.random_instances(ctx.seed, ctx.rank), device=ctx.device)
 
 
-def _eslm_h(score: str) -> Callable[[BuildContext], Method]:
-    def build(ctx: BuildContext) -> Method:
-        return Method(name=ctx.method.name, rows=_instance_rows(score, ctx), tokens=_var_selector(score, ctx),
-                      objective=_ce(ctx))
-    return build
+def _eslm_h(score: str, ctx: BuildContext) -> Method:
+    return Method(name=ctx.method.name, rows=_instance_rows(score, ctx), tokens=_var_selector(score, ctx),
+                  objective=_ce(ctx))
 
 
 def _random_instance(ctx: BuildContext) -> Method:
@@ -379,14 +371,14 @@ def _random_instance(ctx: BuildContext) -> Method:
 
 
 def _random_h(ctx: BuildContext) -> Method:
-    return Method(name=ctx.method.name, rows=_instance_rows(None, ctx), tokens=_random(ctx).tokens, objective=_ce(ctx))
+    return Method(name=ctx.method.name, rows=_instance_rows(None, ctx), tokens=_random_selector(ctx), objective=_ce(ctx))
 
 
 for _spec in [
     MethodSpec("eslm-h-entropy", "ESLM-H: keep the top 1-beta sequences by an early exit's mean entropy, then the top "
-               "1-alpha tokens by entropy", _eslm_h("entropy"), settings=(InstanceSection,), control="random-h"),
+               "1-alpha tokens by entropy", partial(_eslm_h, "entropy"), settings=(InstanceSection,), control="random-h"),
     MethodSpec("eslm-h-loss", "ESLM-H: keep the top 1-beta sequences by an early exit's mean loss, then the top "
-               "1-alpha tokens by loss", _eslm_h("loss"), settings=(InstanceSection,), control="random-h"),
+               "1-alpha tokens by loss", partial(_eslm_h, "loss"), settings=(InstanceSection,), control="random-h"),
     MethodSpec("random-instance", "control: keep 1-beta of the sequences uniformly at random (no exit), every token",
                _random_instance, settings=(InstanceSection,), role="control"),
     MethodSpec("random-h", "control of ESLM-H: 1-beta of the sequences, then 1-alpha of their tokens, uniformly at "

@@ -54,7 +54,7 @@ def _reference_gram(per_sample, name, has_bias):
     return g.double() @ g.double().t()
 
 
-def capture_linear_io(model, x, y, *, exclude_head=True, impl=None):
+def capture_linear_io(model, x, y, *, exclude_head=True, impl="auto"):
     """All scored layers' inputs and output gradients at once (fp32), in module order, and the loss (N,): the
     selection streams them layer by layer (``G.stream_linear_io``); a test wants them all."""
     got = {}
@@ -237,10 +237,11 @@ def test_pool_sizes():
     assert G.greats_pool_size(10, 0.9) == (10, 9) and G.greats_pool_size(10, 0.7) == (10, 7)
     assert G.greats_pool_size(9, 0.9, "pool") == (10, 9) and G.greats_pool_size(9, 1.0, "pool") == (9, 9)
     assert G.greats_pool_size(3, 0.1) == (3, 1)
-    with pytest.raises(ConfigError):
-        G.greats_pool_size(12, 0.0)
-    with pytest.raises(ConfigError):
-        G.greats_pool_size(12, 0.9, "ceil")
+    # the budget (1 - method.alpha) and the mode are refused with the config, in one line
+    with pytest.raises(ConfigError, match="method.greats.pool"):
+        build_config(overrides=["method.name=greats", "method.greats.pool=ceil"])
+    with pytest.raises(ConfigError, match="method.alpha"):
+        build_config(overrides=["method.name=greats", "method.alpha=1.0"])
 
 
 # 124M at T = 1024, B = 12 candidates against B + Bv = 18 rows (216 pairs), per block (in, out):
@@ -283,8 +284,6 @@ def test_routes_at_124m_by_flops_memory_and_cap():
     assert head[-1] == GHO and head[:-1] == [MAT] * 48
     # short rows: the ghost form is cheaper for every layer (T = 16: c_proj ghost 1.70e8 < materialised 5.95e8)
     assert G.layer_routes(shapes, B124, BV124, 16)[:4] == [GHO] * 4
-    with pytest.raises(ValueError, match="GREATS route"):
-        G.layer_route(16, 8, 8, route="auto")
 
 
 def test_extra_flops_formula():

@@ -89,13 +89,13 @@ def test_from_path_uses_loading_module(monkeypatch):
                         lambda path, device: calls.append((path, device)) or (model, {"kind": "fake", "step": 7}))
     ref = ReferenceModel.from_path("runs/clm/checkpoints/step_0040000.pt", "cpu", impl="naive")
     assert calls == [("runs/clm/checkpoints/step_0040000.pt", "cpu")]
-    assert ref.source.endswith("step_0040000.pt") and ref.meta["step"] == 7
+    assert ref.model is model
     assert all(not p.requires_grad for p in ref.model.parameters()) and not ref.model.training
 
 
 def test_reference_forward_is_declared_and_priced_as_a_third_of_palm():
     from eslm.baselines.rho1 import Rho1Selector
-    from eslm.flops import extra_flops
+    from eslm.flops import FlopsModel, extra_flops
 
     for name, kw in [("tiny", {}), ("small", {"bias": True})]:
         model = GPT(preset(name, vocab_size=V, **kw))
@@ -112,4 +112,5 @@ def test_reference_forward_is_declared_and_priced_as_a_third_of_palm():
             # Rho-1 declares the reference's forward over the micro-batch's tokens; eslm.flops prices it
             work = Rho1Selector(ref, 0.1, Tm).extra_work(tokens_seen=10)
             assert [(p.tokens, p.model) for p in work.passes] == [(10, cfg)]
-            assert extra_flops([work]) == pytest.approx((10 * want, 10 * want, 0), rel=1e-12)
+            fm = FlopsModel.from_config(cfg, Tm)  # the trained model's (here the reference's own)
+            assert extra_flops([work], fm) == pytest.approx((10 * want, 10 * want, 0), rel=1e-12)

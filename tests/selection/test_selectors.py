@@ -52,9 +52,9 @@ def test_batch_standardisation_never_changes_the_mask():
 def test_sequence_and_domain_standardisation():
     scores = torch.cat([torch.rand(2, 8) + 10, torch.rand(2, 8)])  # rows 0,1 uniformly harder
     dom = torch.tensor([0, 0, 1, 1])
-    seq = standardize(scores, "sequence")
+    seq = standardize(scores, "sequence", dom, 2)
     assert torch.allclose(seq.mean(1), torch.zeros(4), atol=1e-5)
-    d = standardize(scores, "domain", dom)
+    d = standardize(scores, "domain", dom, 2)
     assert abs(float(d[:2].mean())) < 1e-5 and abs(float(d[2:].mean())) < 1e-5
     b = Batch(torch.zeros(4, 8, dtype=torch.long), torch.zeros(4, 8, dtype=torch.long), dom)
     raw = VaRSelector("loss", 0.5, "none", 2).select(_ts(scores), b)

@@ -1,4 +1,5 @@
-"""Ada-ESLM for any training loop: the trainer's controller (``eslm.selection.ada``) behind a small public class.
+"""Ada-ESLM for any training loop: the trainer's controller (``eslm.selection.ada``: the update rule) behind a
+small public class.
 
     ada = AdaAlpha(alpha=0.2, interval=100)
     for step, batch in enumerate(loader, 1):
@@ -8,14 +9,8 @@
         ada.step()                         # after every optimizer step: alpha moves every ``interval`` steps
 
 Under torch.compile pass ``alpha=ada.alpha_tensor`` (a 0-dim tensor: one graph for every alpha).
-
-Every ``interval`` optimizer steps, with CVaR_k the mean of the observed CVaRs since the last update,
-
-    D = (CVaR_k - CVaR_{k-1}) / (|CVaR_{k-1}| + eps),   alpha <- clamp(alpha * exp(-gamma D), alpha_min, alpha_max)
-
-and no update happens until two intervals have been measured (see ``eslm.selection.ada`` for why).
-``state_dict`` / ``load_state_dict`` carry alpha, the history and the step count, so a resumed run continues
-bit for bit; the state is plain Python numbers (``torch.save`` or JSON both work).
+``state_dict`` / ``load_state_dict`` carry alpha, the history and the step count as plain Python numbers, so a
+resumed run continues bit for bit.
 """
 
 from __future__ import annotations
@@ -84,9 +79,8 @@ class AdaAlpha:
         self._acc = self._acc.to(device)
         return self
 
-    def observe(self, stats: SelectionStats | None) -> None:
+    def observe(self, stats: SelectionStats) -> None:
         """One call's ``SelectionStats`` (its ``cvar``, the mean score of the kept tokens)."""
-        assert stats is not None, "selective_loss always returns its SelectionStats"
         cvar = stats.cvar.detach().float().reshape(())
         if self._acc.device != cvar.device:
             self._acc = self._acc.to(cvar.device)

@@ -3,11 +3,7 @@
     loss, stats = selective_loss(targets, logits=logits, score="entropy", alpha=0.1)
 
 The rule is the paper's VaR selection (``eslm.selection.risk``): of the N scored tokens keep the
-K = N - floor(alpha * N) with the highest risk score (predictive entropy, loss, or your own ``scores``,
-detached fp32), and return the cross-entropy of those K tokens: their mean (``reduction="mean"``), their sum
-(``"sum"``), or their sum over ``num_items_in_batch`` (the kept tokens of the whole optimizer step, for an
-exact mean under gradient accumulation and data parallelism). Tokens whose target is ``ignore_index`` are
-neither scored, kept nor counted in N.
+K = N - floor(alpha * N) with the highest risk score; ``selective_loss`` documents every option.
 
 No shifting happens inside: ``targets[i]`` must be the token that ``logits[i]`` / ``hidden[i]`` predicts
 (``shift_for_causal_lm`` aligns Hugging Face style labels).
@@ -434,8 +430,16 @@ def kept_tokens(targets: torch.Tensor, *, alpha: float | torch.Tensor, ignore_in
     alpha, _ = select.check_alpha(alpha)
     _check_options("loss", None, scope, "mean", None, group, position_ids)
     valid = (targets != ignore_index).reshape(-1)
-    seg = select.segments(targets.shape, position_ids, targets.device)[0] if scope == "sequence" else None
-    return select.count_kept(valid, alpha, scope=scope, seg=seg, group=group)
+    if scope == "sequence":  # the sum of the K_s of every sequence s
+        seg = select.segments(targets.shape, position_ids, targets.device)[0]
+        n_seg = torch.zeros(valid.numel(), dtype=torch.long, device=valid.device).index_add_(0, seg, valid.long())
+        return risk.num_kept_tensor(n_seg, alpha).sum()
+    n = valid.sum()
+    if group is not None:
+        import torch.distributed as dist
+
+        dist.all_reduce(n, group=group)
+    return risk.num_kept_tensor(n, alpha)
 
 
 def select_tokens(scores: torch.Tensor, valid: torch.Tensor, *, alpha: float | torch.Tensor, scope: str = "batch",

@@ -35,15 +35,14 @@ class _HeadReached(Exception):
 class PatchedModel:
     """The handle ``patch_model`` returns: the options, the Ada controller, ``remove()``."""
 
-    _targets: torch.Tensor | None  # set for one patched forward
-    _num_items: torch.Tensor | int | None
-    _result: tuple[torch.Tensor, SelectionStats] | None
+    _targets: torch.Tensor | None = None  # set for one patched forward
+    _num_items: torch.Tensor | int | None = None
+    _result: tuple[torch.Tensor, SelectionStats] | None = None
 
     def __init__(self, model: torch.nn.Module, head: torch.nn.Module, *, alpha: float, score: str,
                  ada: AdaAlpha | None, loss_options: dict):
         self.model, self.head, self.score, self.ada, self.loss_options = model, head, score, ada, loss_options
         self._alpha = alpha
-        self._targets = self._num_items = self._result = None
         self._shift = False  # eslm_labels=: shift the targets inside the head's forward
         self._inputs_checked = False
         model_forward, head_forward = model.forward, head.forward

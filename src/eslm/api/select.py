@@ -142,19 +142,3 @@ def across_ranks(scores: torch.Tensor, valid: torch.Tensor, alpha: float | torch
         (g.index,), g.keep)[rank * n_rows:(rank + 1) * n_rows]
     index = torch.argsort((~mine).to(torch.int8), stable=True)[:min(n_rows, g.index.numel())]
     return Kept(index, mine[index], g.k, g.n, all_scores, g.all_valid, g.index, g.keep)
-
-
-def count_kept(valid: torch.Tensor, alpha: float | torch.Tensor, *, scope: str = "batch",
-               seg: torch.Tensor | None = None, group: ProcessGroup | None = None) -> torch.Tensor:
-    """K of one call as a 0-dim int64 tensor, from its scored-token mask (N,) alone: known before the forward."""
-    n = valid.sum()
-    if scope == "sequence":
-        assert seg is not None, "count_kept: scope 'sequence' needs seg (each token's segment)"
-        n_seg = torch.zeros(valid.numel(), dtype=torch.long, device=valid.device).index_add_(0, seg, valid.long())
-        return risk.num_kept_tensor(n_seg, alpha).sum()
-    if group is not None:
-        import torch.distributed as dist
-
-        n = n.clone()
-        dist.all_reduce(n, group=group)
-    return risk.num_kept_tensor(n, alpha)

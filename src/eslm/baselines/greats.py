@@ -25,20 +25,15 @@ gradient is G_i = d_i^T a_i (out, in) and
 
     <G_i, G_v> = sum_t sum_s (a_i,t . a_v,s) (d_i,t . d_v,s)          (the "ghost" inner product)
 
-(+1 inside the first factor for a bias: the bias gradient is sum_t d_i,t). Per layer we either form the two
-T x T Gram matrices per pair (ghost) or materialise G_i per sample and take dot products; both give the same
-inner products up to floating-point reassociation, so the form changes the cost, not the selection. Their FLOPs
-and memory are ``layer_flops`` and ``layer_memory_bytes`` (the one place these formulas live); ``layer_route``
-picks the form per layer by ``method.greats.route`` (flops | memory | ghost | materialised, within
-``method.greats.memory_cap_mb``), and GREATS' cost per micro-batch (``greats_extra_flops``, declared to the
-FLOPs ledger as ``GradientScoring``) sits at the end of this module. The cost model's figures, the budget's two
-readings (``method.greats.pool``: floor | pool) and why the tied LM head is left out (``exclude_head``) are in
-docs/flops.md, "GREATS' cost per step".
+(+1 inside the first factor for a bias). Per layer the inner products are computed from the two T x T Gram
+matrices per pair (ghost) or from materialised per-sample gradients: the same numbers up to floating-point
+reassociation, at different cost (``layer_flops``, ``layer_memory_bytes``; ``layer_route`` picks the form by
+``method.greats.route``). The cost model, the budget's two readings (``method.greats.pool``) and why the tied LM
+head is left out (``exclude_head``): docs/flops.md, "GREATS' cost per step".
 
-Everything here uses ``torch.autograd.grad`` with respect to a Linear output: the model's parameter
-``.grad`` is never touched, so the caller can run its update pass afterwards. Each layer's inner products
-are computed inside the backward, as soon as its output gradient arrives (a tensor hook), and that gradient
-is then dropped: peak memory is the activations of one forward on B + Bv rows plus one layer's products.
+The model's parameter ``.grad`` is never touched (``torch.autograd.grad`` to a Linear output), and each layer's
+inner products are computed inside the backward as soon as its output gradient arrives, which is then dropped:
+peak memory is the activations of one forward on B + Bv rows plus one layer's products.
 """
 
 from __future__ import annotations
@@ -98,7 +93,7 @@ def _per_sample_loss(model, hidden: torch.Tensor, y: torch.Tensor, exclude_head:
 
 
 def stream_linear_io(model: nn.Module, x: torch.Tensor, y: torch.Tensor, on_layer, *, exclude_head: bool = True,
-                     impl: str | None = None) -> torch.Tensor:
+                     impl: str = "auto") -> torch.Tensor:
     """Forward x (N, T) and backward sum_i loss_i; call ``on_layer(name, a, d, has_bias)`` for every scored
     Linear as soon as its output gradient d (N, T, out) is known (a (N, T, in) its input, both detached,
     the model's dtype). Returns the per-row loss (N,) fp32.
@@ -109,7 +104,6 @@ def stream_linear_io(model: nn.Module, x: torch.Tensor, y: torch.Tensor, on_laye
     is written and at most one layer's d is alive at a time (a is the input the Linear saves for its own
     backward anyway). The model's parameters must require grad (they do during training).
     """
-    impl = impl or "auto"
     mods = scored_linears(model, exclude_head)
     outs, fired = [], set()
 
@@ -169,10 +163,9 @@ def layer_route(T: int, n_in: int, n_out: int, has_bias: bool = False, route: st
 
     route "flops": the cheaper by ``layer_flops``; "memory": ghost iff 2 T^2 < out * (in + bias);
     "ghost": ghost; "materialised": materialised. Every route but "ghost" falls back to the ghost form when
-    the per-sample gradients (``layer_memory_bytes``) would exceed ``memory_cap_mb`` MiB.
+    the per-sample gradients (``layer_memory_bytes``) would exceed ``memory_cap_mb`` MiB (``route`` is
+    validated with the config, ``GreatsSection``).
     """
-    if route not in LAYER_ROUTES:
-        raise ValueError(f"expected a GREATS route in {LAYER_ROUTES}; found {route!r}")
     if route == "ghost" or layer_memory_bytes(n_in, n_out, has_bias, n_rows) > memory_cap_mb * _MB:
         return GHOST
     if route == "memory":
@@ -256,14 +249,19 @@ def greedy_select(u: torch.Tensor, K: torch.Tensor, k: int, eta: float) -> tuple
 # ---------------------------------------------------------------------------------------------------------
 
 
-def greats_gram(model: nn.Module, train_x, train_y, val_x, val_y, *, exclude_head: bool = True,
-                route: str = "flops", memory_cap_mb: float = DEFAULT_MEMORY_CAP_MB,
-                impl: str | None = None) -> tuple[torch.Tensor, dict]:
-    """(B, B + Bv) fp32 summed-over-layers inner products of the train rows with [train; val] rows.
+def greats_select(model: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor, val_x: torch.Tensor,
+                  val_y: torch.Tensor, *, lr: float, k: int, exclude_head: bool = True, route: str = "flops",
+                  memory_cap_mb: float = DEFAULT_MEMORY_CAP_MB, impl: str = "auto") -> tuple[torch.Tensor, dict]:
+    """Choose k of the B rows of (train_x, train_y) (B, T) int64 by GREATS' greedy (module doc).
 
-    One forward and one activation-gradient backward on the concatenated (B + Bv, T) batch.
-    Returns the matrix and {"layer_modes": {name: ghost|materialised}, "row_loss": (B,), "val_row_loss": (Bv,)};
-    route / memory_cap_mb choose each layer's form (``layer_route``).
+    val_x, val_y (Bv, T): the validation batch; lr: the current learning rate eta; route, memory_cap_mb: each
+    layer's form (``layer_route``: the selection is the same for every route up to floating-point reassociation).
+    One forward and one activation-gradient backward on the concatenated (B + Bv, T) batch give the (B, B + Bv)
+    inner products summed over layers. Returns (kept row indices (k,) int64, ascending; info) with info =
+      "val_scores" (B,) fp32 u_i = <g_i, gbar_val>; "gram" (B, B) fp32 K; "pick_order" (k,);
+      "objective" F(S); "layer_modes" {name: ghost|materialised|unused}; "row_loss" (B,), "val_row_loss" (Bv,)
+      per-row mean CE.
+    Parameter ``.grad`` is left exactly as it was.
     """
     B = train_x.shape[0]
     if val_x.shape[1] != train_x.shape[1]:
@@ -281,30 +279,12 @@ def greats_gram(model: nn.Module, train_x, train_y, val_x, val_y, *, exclude_hea
         total.add_(ip)
 
     loss = stream_linear_io(model, x, y, accumulate, exclude_head=exclude_head, impl=impl)
-    order = [n for n, _ in scored_linears(model, exclude_head)]
-    return total, {"layer_modes": {n: modes[n] for n in order}, "row_loss": loss[:B], "val_row_loss": loss[B:]}
-
-
-def greats_select(model: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor, val_x: torch.Tensor,
-                  val_y: torch.Tensor, *, lr: float, k: int, exclude_head: bool = True, route: str = "flops",
-                  memory_cap_mb: float = DEFAULT_MEMORY_CAP_MB, impl: str | None = None) -> tuple[torch.Tensor, dict]:
-    """Choose k of the B rows of (train_x, train_y) (B, T) int64 by GREATS' greedy (module doc).
-
-    val_x, val_y (Bv, T): the validation batch; lr: the current learning rate eta; route, memory_cap_mb: each
-    layer's form (``layer_route``: the selection is the same for every route up to floating-point reassociation).
-    Returns (kept row indices (k,) int64, ascending; info) with info =
-      "val_scores" (B,) fp32 u_i = <g_i, gbar_val>; "gram" (B, B) fp32 K; "pick_order" (k,);
-      "objective" F(S); "layer_modes" {name: ghost|materialised|unused}; "row_loss" (B,), "val_row_loss" (Bv,)
-      per-row mean CE.
-    Parameter ``.grad`` is left exactly as it was.
-    """
-    B = train_x.shape[0]
-    ip, info = greats_gram(model, train_x, train_y, val_x, val_y, exclude_head=exclude_head, route=route,
-                           memory_cap_mb=memory_cap_mb, impl=impl)
-    K, u = ip[:, :B], ip[:, B:].mean(1)  # <g_i, mean_v g_v> = mean_v <g_i, g_v>
+    K, u = total[:, :B], total[:, B:].mean(1)  # <g_i, mean_v g_v> = mean_v <g_i, g_v>
     order, _ = greedy_select(u, K, k, lr)
-    info.update(val_scores=u, gram=K, pick_order=order, objective=greats_objective(order.tolist(), u, K, lr))
-    return torch.sort(order).values, info
+    names = [n for n, _ in scored_linears(model, exclude_head)]
+    return torch.sort(order).values, {
+        "layer_modes": {n: modes[n] for n in names}, "row_loss": loss[:B], "val_row_loss": loss[B:], "val_scores": u,
+        "gram": K, "pick_order": order, "objective": greats_objective(order.tolist(), u, K, lr)}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -321,15 +301,12 @@ def greats_pool_size(B: int, budget: float, mode: str = "floor") -> tuple[int, i
     "pool": score ceil(B / budget), keep B: every update has CLM's row count, but ceil(B / budget) - B extra
         rows are drawn per micro-batch (by ``GreatsRows`` below, from its own candidate stream) and the
         data is consumed faster (12 / 0.9 -> 14 candidates).
+    The budget (1 - method.alpha) and the mode (method.greats.pool) are validated with the config.
     """
-    if not (0.0 < budget <= 1.0):
-        raise ConfigError(f"GREATS budget must be in (0, 1], found {budget}; set alpha in [0, 1)")
     # budget * B in floating point: 0.9 * 10 = 9.000000000000002 must floor to 9, 0.7 * 10 = 6.999999999999999 to 7
-    if mode == "floor":
-        return B, max(1, math.floor(budget * B + FLOOR_EPS))
     if mode == "pool":
         return math.ceil(B / budget - FLOOR_EPS), B
-    raise ConfigError(f"GREATS pool mode: expected floor | pool, found {mode!r}")
+    return B, max(1, math.floor(budget * B + FLOOR_EPS))
 
 
 def greats_val_rows(B: int, val_fraction: float) -> int:
@@ -339,7 +316,7 @@ def greats_val_rows(B: int, val_fraction: float) -> int:
 
 def layer_routes(layer_shapes: Sequence[tuple[int, int, bool]], B: int, Bv: int, T: int, route: str = "flops",
                  memory_cap_mb: float = DEFAULT_MEMORY_CAP_MB) -> list[str]:
-    """The form ``greats_gram`` takes per layer (``layer_route``): B candidate rows against B + Bv rows."""
+    """The form ``greats_select`` takes per layer (``layer_route``): B candidate rows against B + Bv rows."""
     return [layer_route(T, i, o, bias, route, B, B + Bv, memory_cap_mb) for i, o, bias in layer_shapes]
 
 
@@ -349,29 +326,22 @@ def layer_routes(layer_shapes: Sequence[tuple[int, int, bool]], B: int, Bv: int,
 # ---------------------------------------------------------------------------------------------------------
 
 
-def inner_product_flops(layer_shapes: Sequence[tuple[int, int, bool]], routes: Sequence[str], B: int, Bv: int,
-                        T: int) -> float:
-    """FLOPs of the inner products: B candidate rows against B + Bv rows, each layer by its route ("ghost",
-    "materialised", or "unused": a layer the loss does not reach costs nothing), by ``layer_flops``."""
-    if len(routes) != len(layer_shapes):
-        raise ValueError(f"expected one route per scored layer ({len(layer_shapes)}), found {len(routes)}")
-    total = 0.0
-    for (n_in, n_out, bias), r in zip(layer_shapes, routes):
-        ghost, mat = layer_flops(T, n_in, n_out, bias, B, B + Bv)
-        total += {GHOST: ghost, MATERIALISED: mat, "unused": 0.0}[r]
-    return total
-
-
 def greats_extra_flops(forward_per_token: float, backward_per_token: float,
                        layer_shapes: Sequence[tuple[int, int, bool]], B: int, Bv: int, T: int, *,
                        routes: Sequence[str]) -> float:
     """FLOPs GREATS spends per micro-batch beyond the update pass on the kept rows: the scoring forward of the
     B + Bv rows, their activation-gradient backward (no weight gradients: half a backward) and the inner
-    products in the form each layer took (``routes``: ``greats_select``'s info["layer_modes"], or
-    ``layer_routes``). The greedy itself (O(k B)) is negligible and not counted."""
+    products of B candidate rows against B + Bv rows by ``layer_flops``, each layer in the form it took
+    (``routes``: ``greats_select``'s info["layer_modes"], or ``layer_routes``; "unused", a layer the loss does not
+    reach, costs nothing). The greedy itself (O(k B)) is negligible and not counted."""
+    if len(routes) != len(layer_shapes):
+        raise ValueError(f"expected one route per scored layer ({len(layer_shapes)}), found {len(routes)}")
+    inner = 0.0
+    for (n_in, n_out, bias), r in zip(layer_shapes, routes):
+        ghost, mat = layer_flops(T, n_in, n_out, bias, B, B + Bv)
+        inner += {GHOST: ghost, MATERIALISED: mat, "unused": 0.0}[r]
     tokens = (B + Bv) * T
-    return (tokens * forward_per_token + tokens * backward_per_token * 0.5
-            + inner_product_flops(layer_shapes, routes, B, Bv, T))
+    return tokens * forward_per_token + tokens * backward_per_token * 0.5 + inner
 
 
 @dataclass(frozen=True)
@@ -469,30 +439,19 @@ class GreatsRows(AllRows):
 
     syncs_host = True  # the greedy loop reads each chosen row's index (greedy_select)
 
-    def __init__(self, val_loader, *, budget: float, exclude_head: bool, model_config, device,
-                 pool: str = "floor", candidate_loader=None, route: str = "flops",
-                 memory_cap_mb: float = DEFAULT_MEMORY_CAP_MB):
-        self.val_loader, self.budget, self.pool = val_loader, budget, pool
-        self.candidate_loader = candidate_loader
-        self.exclude_head, self.device = exclude_head, device
-        self.layer_shapes = scored_layer_shapes(model_config, exclude_head)
-        self.route, self.memory_cap_mb = route, memory_cap_mb
+    def __init__(self, g: GreatsSection, *, alpha: float, micro_batch_size_seqs: int, seed: int,
+                 val_loader_factory, model_config, device):
+        """GREATS as a run configures it (``g``: method.greats.*): its validation stream of ``greats_val_rows`` rows
+        per micro-batch from ``val_loader_factory`` (rows -> ``TrainLoader`` of validation windows) and, in pool
+        mode, its stream of extra training candidates (``candidate_loader``)."""
+        B, self.budget = micro_batch_size_seqs, 1.0 - alpha  # GREATS keeps 1 - alpha of the rows
+        self.pool, self.route, self.memory_cap_mb, self.exclude_head = g.pool, g.route, g.memory_cap_mb, g.exclude_head
+        self.device, self.layer_shapes = device, scored_layer_shapes(model_config, g.exclude_head)
+        self.val_loader = val_loader_factory(greats_val_rows(B, g.val_fraction))
+        extra = greats_pool_size(B, self.budget, g.pool)[0] - B
+        self.candidate_loader = candidate_loader(self.val_loader, extra, seed) if extra else None
         self._last_shape = (0, 0, 0)  # (candidate rows, validation rows, T) of the last selection
         self._last_routes: list[str] = []  # the form each scored layer took in the last selection
-        greats_pool_size(1, self.budget, pool)  # a bad budget or pool mode fails at construction
-
-    @classmethod
-    def from_settings(cls, g: GreatsSection, *, alpha: float, micro_batch_size_seqs: int, seed: int,
-                      val_loader_factory, model_config, device) -> GreatsRows:
-        """GREATS as a run configures it: its validation stream of ``greats_val_rows`` rows per micro-batch from
-        ``val_loader_factory`` (rows -> ``TrainLoader`` of validation windows) and, in pool mode, its stream of
-        extra training candidates (``candidate_loader``)."""
-        B, budget = micro_batch_size_seqs, 1.0 - alpha  # GREATS keeps 1 - alpha of the rows
-        val = val_loader_factory(greats_val_rows(B, g.val_fraction))
-        extra = greats_pool_size(B, budget, g.pool)[0] - B
-        return cls(val, budget=budget, exclude_head=g.exclude_head, model_config=model_config, device=device,
-                   pool=g.pool, route=g.route, memory_cap_mb=g.memory_cap_mb,
-                   candidate_loader=candidate_loader(val, extra, seed) if extra else None)
 
     def candidate_rows(self, batch_rows: int) -> int:
         return greats_pool_size(batch_rows, self.budget, self.pool)[0]
@@ -505,10 +464,7 @@ class GreatsRows(AllRows):
         extra = self.candidate_rows(batch.x.shape[0]) - batch.x.shape[0]
         if extra == 0:
             return batch
-        if self.candidate_loader is None or self.candidate_loader.micro_batch_size_seqs != extra:
-            have = None if self.candidate_loader is None else self.candidate_loader.micro_batch_size_seqs
-            raise ConfigError(f"GREATS pool mode: a micro-batch of {batch.x.shape[0]} rows needs a candidate "
-                              f"loader of {extra} extra rows; found {have}; build it for train.micro_batch_size_seqs")
+        assert self.candidate_loader is not None and self.candidate_loader.micro_batch_size_seqs == extra
         more = self.candidate_loader.next_batch().to(batch.x.device)
         return Batch(torch.cat([batch.x, more.x]), torch.cat([batch.y, more.y]),
                      torch.cat([batch.domain, more.domain]))

@@ -57,11 +57,10 @@ class Rho1Selector(VaRSelector):
         return excess_loss(stats.loss.view(batch.x.shape), self.reference.token_loss(batch.x, batch.y))
 
     def extra_work(self, tokens_seen: int) -> ExtraWork:
-        """What VaR declares, and the reference's forward over every token of the micro-batch each time ``scores``
-        runs: once, and in the scope "step" once more in the step's scoring forward (``eslm.train.step``), over the
-        same tokens (the executed count alone includes that one)."""
-        var = super().extra_work(tokens_seen)
+        """The reference's forward over every token of the micro-batch each time ``scores`` runs: once, and in the
+        scope "step" once more in the step's scoring forward (``eslm.train.step``), over the same tokens (the
+        executed count alone includes that one)."""
         ref = Pass(tokens_seen, self.reference.config, self.seq_len)
         again = (Pass(tokens_seen, self.reference.config, self.seq_len, counted_by=(EXECUTED,)),) \
             if self.scope == "step" else ()
-        return ExtraWork(passes=var.passes + (ref, *again), priced=var.priced)
+        return ExtraWork(passes=(ref, *again))

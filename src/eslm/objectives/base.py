@@ -72,11 +72,9 @@ class CrossEntropy(BaseObjective):
     cached-softmax routes). ``head_work`` reports what the backend ran.
     """
 
-    def __init__(self, impl: str = "auto", chunk_size: int = 1024, cache_probs: bool = True, route: str = "auto"):
-        super().__init__(impl, chunk_size, cache_probs=cache_probs, route=route)
-        self._pending: tuple[TokenStats | None, HeadState] | None = None  # the last pass, until its loss_sum
-        self.last_route: str | None = None  # the backend's route of the last micro-batch (for head_work)
-        self.last_head: HeadBackend | None = None  # the backend that ran it (on CUDA, not the CPU's)
+    _pending: tuple[TokenStats | None, HeadState] | None = None  # the last pass, until its loss_sum
+    last_route: str | None = None  # the backend's route of the last micro-batch (for head_work)
+    last_head: HeadBackend | None = None  # the backend that ran it (on CUDA, not the CPU's)
 
     def score(self, hidden, weight, targets, *, need_scores, need_entropy, num_kept, for_loss=True):
         if not for_loss:  # scores only (the step scope's pre-pass): the plain pass, nothing kept for a loss
@@ -99,9 +97,3 @@ class CrossEntropy(BaseObjective):
         if self.last_route is None or self.last_head is None:
             return self.head().work(n, k, scored=scored, state=None)
         return self.last_head.work(n, k, scored=scored, state=HeadState(self.last_route))
-
-    def per_token(self, hidden: torch.Tensor, weight: torch.Tensor, batch: Batch, index: torch.Tensor | None,
-                  stats: TokenStats | None) -> torch.Tensor:
-        """hidden (N, C) with grad, weight (V, C) -> (K,) fp32 CE of the kept tokens (any upstream gradient)."""
-        lse = stats.lse if stats is not None else None
-        return self.head(hidden).per_token_ce(hidden, weight, batch.y.reshape(-1), index, lse=lse)

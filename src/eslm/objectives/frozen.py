@@ -1,8 +1,8 @@
 """A frozen GPT for scoring only: Rho-1's reference model and the KD teacher (``eslm.baselines.rho1``,
 ``eslm.objectives.kd_objective``). Eval mode, every parameter ``requires_grad=False``, always run under
 ``torch.no_grad``; deliberately not an ``nn.Module``, so it can never become a submodule of the trained model (never
-wrapped in DDP, never in the optimizer or the trained model's ``state_dict``). A resumed run reloads it from its
-path (``.source``).
+wrapped in DDP, never in the optimizer or the trained model's ``state_dict``); a resumed run loads it again from
+its config key.
 """
 
 from __future__ import annotations
@@ -15,42 +15,29 @@ from eslm.ops.token_stats import HeadOptions
 
 
 class ReferenceModel:
-    """A frozen GPT used for scoring only (Rho-1's reference; also usable as a KD teacher).
+    """A frozen GPT used for scoring only (Rho-1's reference; the KD teacher). ``model``: an
+    ``eslm.model.gpt.GPT``, put in eval mode with its parameters frozen in place; ``impl`` / ``chunk_size``: the
+    head backend that computes its per-token losses (``token_stats``)."""
 
-    model: an ``eslm.model.gpt.GPT``; it is put in eval mode and its parameters frozen in place.
-    impl / chunk_size: how per-token losses are computed (the head backend's ``token_stats``).
-    """
-
-    def __init__(self, model, *, source: str = "", meta: dict | None = None, impl: str | None = None,
-                 chunk_size: int = 1024):
+    def __init__(self, model, *, impl: str = "auto", chunk_size: int = 1024):
         self.model = model.eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
-        self.source, self.meta = source, dict(meta or {})
-        self.impl, self.chunk_size = impl or "auto", chunk_size
+        self.impl, self.chunk_size = impl, chunk_size
 
     @classmethod
     def from_path(cls, path: str, device: torch.device | str = "cpu", **kw) -> ReferenceModel:
         """Load a run dir, an eslm checkpoint .pt or a local HF GPT-2 dir (via ``eslm.model.loading``)."""
-        model, meta = loading.load_model(path, device)
-        return cls(model, source=str(path), meta=meta, **kw)
+        return cls(loading.load_model(path, device)[0], **kw)
 
     @property
     def config(self):
         return self.model.config
 
     @property
-    def vocab_size(self) -> int:
-        return self.model.config.vocab_size
-
-    @property
     def head_weight(self) -> torch.Tensor:
         """(V, C) frozen head weight (e.g. the teacher side of ``kd_per_token``)."""
         return self.model.head_weight
-
-    def to(self, device) -> ReferenceModel:
-        self.model.to(device)
-        return self
 
     @torch.no_grad()
     def hidden(self, x: torch.Tensor) -> torch.Tensor:

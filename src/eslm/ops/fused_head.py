@@ -1,17 +1,11 @@
 """Chunked LM-head losses: per-token loss and entropy without full logits; head gradients only for kept rows.
 
 Shapes: hidden (N, C), weight (V, C) (the tied LM head), targets (N,) int64, index (K,) int64 kept rows.
-``head_pass`` processes the rows in chunks of ``chunk_size``: each chunk's (chunk, V) fp32 logits z are formed
-once and reduced to lse_i = log sum_v exp(z_iv), loss_i = lse_i - z_{i,y_i}, H_i = lse_i - sum_v p_iv z_iv; with
-``with_grads`` the same chunk also forms dz_i = p_i - onehot(y_i) and the two gradient matmuls G_h = dz W,
-G_W = dz^T H. ``fused_ce_sum`` returns sum_{i in kept} loss_i with its gradient by the route its pass was made
-for (``route_pass``; the routes, their costs and the rule choosing them: docs/fused_loss.md,
-``eslm.ops.head_route``). The gradients are formed in the forward (as Liger-Kernel's fused linear cross-entropy
-does); the backward only scales them by the scalar upstream gradient, exact because the output is a scalar sum.
-Dropped rows get exactly zero gradient at the head. ``fused_selected_ce`` keeps a per-token output (K,) for
-callers that weight tokens individually (the drop-in API, GREATS' per-sample losses).
-
-K is a Python int fixed by the selection; nothing here synchronises with the device.
+``head_pass`` forms each chunk's (chunk, V) fp32 logits once (and, ``with_grads``, the chunk's gradients);
+``fused_ce_sum`` returns sum_{i in kept} loss_i with its gradient by the route its pass was made for
+(``route_pass``); ``fused_selected_ce`` keeps a per-token output (K,) for callers that weight tokens individually.
+The routes, their costs, the entropy from h . (p W), and why the gradients are formed in the forward:
+docs/fused_loss.md. K is a Python int fixed by the selection; nothing here synchronises with the device.
 """
 
 from __future__ import annotations
@@ -175,14 +169,9 @@ def head_pass(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
     unless switched off). With ``keep_probs`` also ``probs``, the (N, V) fp32 softmax, so that the kept rows'
     gradients later need no second logits matmul; the logits are written straight into it.
 
-    Entropy. sum_v p_v z_v = h . (p W), since z_v = h . w_v. When the matmuls run in fp32 and p W is formed anyway
-    (the hidden-state gradient in the pass is (p - onehot(y)) W; with ``keep_probs`` and ``softmax_w`` it is
-    formed once over the whole buffer, for the ``all_rows`` route's gradient, and returned as ``softmax_w``),
-    the entropy costs an (N, C) row dot and the softmax is computed in place over the logits. Otherwise (bf16
-    matmuls, no gradients, or ``softmax_w`` False: ``kept_cached`` must not spend that matmul on every row) the
-    entropy is a max-shifted, pairwise-summed fp32 sum of p_v (z_v - m) per row (exact to ~1e-6 at V=50257),
-    with the shifted logits in a scratch block of at most C rows when the softmax is kept (no (chunk, V) block
-    beside the (N, V) buffer)."""
+    Entropy (docs/fused_loss.md): h . (p W) where fp32 matmuls form p W anyway (the pass's hidden-state gradient,
+    or with ``keep_probs`` and ``softmax_w`` one matmul over the buffer, returned as ``softmax_w``); else a
+    max-shifted, pairwise fp32 sum per row, through a scratch block of at most C rows when the softmax is kept."""
     n, vocab = hidden.shape[0], weight.shape[0]
     cdt = compute_dtype(hidden)
     dev = hidden.device
@@ -339,14 +328,9 @@ def _compact_kept_rows(buf: torch.Tensor, index: torch.Tensor, block: int) -> to
 @torch.no_grad()
 def _grads_kept_rows(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, index: torch.Tensor | None,
                      probs: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gradients of sum_{kept} loss from the pass's cached softmax P, over the K kept rows only (``kept_cached``):
-
-        P's kept rows compacted into P[:K] (in place: the buffer is consumed), dz = P[:K] - onehot(y_K) in place,
-        G_h[kept] = dz W (K, C),      G_W = dz^T H_K (V, C),
-
-    two matmuls over K rows (2ku) where ``all_rows`` runs them over N. A dropped row appears in neither: its
-    hidden-state gradient is exactly zero. In fp32 each is one matmul; in lower precision, chunk by chunk.
-    Beside P, at most one (V, C)-sized fp32 block is alive at a time (the compaction's scratch, then G_W)."""
+    """Gradients of sum_{kept} loss from the pass's cached softmax P over the K kept rows only (``kept_cached``:
+    P's kept rows compacted into P[:K], in place: the buffer is consumed). In fp32 each is one matmul; in lower
+    precision, chunk by chunk. Beside P, at most one (V, C)-sized fp32 block is alive at a time."""
     n, c = hidden.shape
     cdt = compute_dtype(hidden)
     k = n if index is None else index.numel()
@@ -401,15 +385,11 @@ def fused_ce_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tens
     made by ``head_pass`` directly). ``pre``: the pass's result for all N rows, if one ran (its large buffers are
     consumed and released); ``index`` None keeps every row."""
     h_in, w_in = hidden.detach(), weight.detach()
-    route = "kept_recompute" if pre is None or pre.route is None else pre.route
-    if route == "grads_in_pass":
-        assert pre is not None
+    if pre is not None and pre.route == "grads_in_pass":
         gh, gw = _kept_grads(h_in, w_in, targets, index, pre, chunk_size)
-    elif route == "all_rows":
-        assert pre is not None
+    elif pre is not None and pre.route == "all_rows":
         gh, gw = _grads_from_probs(h_in, w_in, targets, index, _given(pre.probs), chunk_size, pre.softmax_w)
-    elif route == "kept_cached":
-        assert pre is not None
+    elif pre is not None and pre.route == "kept_cached":
         gh, gw = _grads_kept_rows(h_in, w_in, targets, index, _given(pre.probs), chunk_size)
     else:
         rows = h_in if index is None else h_in[index]

@@ -1,17 +1,5 @@
-"""The LM-head backends: one protocol, one registry, one dispatch.
-
-A head backend computes, from the final hidden states (N, C) and the head weight (V, C) of one micro-batch, what
-the training step and the drop-in API need from the LM head:
-
-1. ``score``: one pass over all N rows, without gradient: the per-token statistics the selector ranks
-   (``TokenStats``: loss, entropy, lse; detached fp32) and an opaque ``HeadState`` holding whatever the backend
-   keeps for the loss (a cached softmax, cached logits, gradients formed in the pass: its own business);
-2. ``kept_loss``: the summed cross-entropy of the K kept rows, with its gradient to hidden and weight, from that
-   state (a dropped row's gradient is exactly zero);
-3. ``work``: what it ran, as rows of head matmuls (``HeadWork``), which the FLOPs accounting books.
-
-Beside them, ``token_stats`` (the scores alone: evaluation, reference models) and ``per_token_ce`` (per-token
-losses of the kept rows for any upstream gradient: the drop-in API, GREATS, KD's CE part).
+"""The LM-head backends: one protocol (``HeadBackend``: its five methods say what the training step, the drop-in
+API and the FLOPs accounting need of the head), one registry, one dispatch.
 
 ``BACKENDS`` is the one list of implementations: ``train.loss_impl`` and ``eslm.api.selective_loss(impl=)`` take
 their choices from it and ``backend`` is the only place a name becomes an implementation. Adding a backend is one
@@ -51,8 +39,8 @@ class HeadBackend(Protocol):
 
     def kept_loss(self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                   index: torch.Tensor | None, state: HeadState | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(sum of the kept rows' CE, 0-dim fp32 with gradient to hidden and weight; their CE (K,) detached),
-        from ``state`` (consumed) when ``score`` ran, else on its own."""
+        """(sum of the kept rows' CE, 0-dim fp32 with gradient to hidden and weight, exactly zero for a dropped row;
+        their CE (K,) detached), from ``state`` (consumed) when ``score`` ran, else on its own."""
 
     def work(self, n: int, k: int, *, scored: bool, state: HeadState | None = None) -> HeadWork:
         """What ``score`` + ``kept_loss`` ran for n rows with k kept (``state``: the one that ran; without it,
@@ -121,10 +109,7 @@ def resolve(name: str, device_type: str | None = None) -> str:
     if name != "auto":
         spec(name)
         return name
-    for cand in AUTO.get(device_type or "cpu", AUTO["cpu"]):
-        if available(cand):
-            return cand
-    return "naive"
+    return next(c for c in AUTO.get(device_type or "cpu", AUTO["cpu"]) if available(c))  # fused: torch alone
 
 
 def option_problems(options: HeadOptions) -> list[str]:

@@ -22,15 +22,11 @@ def route_work(route: str, n: int, k: int, *, scored: bool) -> HeadWork:
     random-drop control), which forms only the K kept rows' logits. ``grads_in_pass`` recomputes the N-K dropped
     rows' logits and forms their weight gradient again to subtract it (two matmuls each); ``kept_recompute``
     after a scoring pass forms the kept rows' logits again."""
-    if route == "all_rows":
-        return HeadWork(float(n), float(n), 0.0)
-    if route == "kept_cached":
-        return HeadWork(float(n), float(k), 0.0)
-    if route == "grads_in_pass":
-        return HeadWork(float(n), float(n), 2.0 * (n - k))
-    if route == "kept_recompute":
-        return HeadWork(float(n), float(k), float(k)) if scored else HeadWork(float(k), float(k), 0.0)
-    raise ValueError(f"expected a head route in {ROUTES}; found {route!r}")
+    rows = {"all_rows": (n, n, 0), "kept_cached": (n, k, 0), "grads_in_pass": (n, n, 2 * (n - k)),
+            "kept_recompute": (n, k, k) if scored else (k, k, 0)}  # (forward, backward, recompute) rows
+    if route not in rows:
+        raise ValueError(f"expected a head route in {ROUTES}; found {route!r}")
+    return HeadWork(*(float(r) for r in rows[route]))
 
 
 def choose_route(n: int, k: int, *, scored: bool, cache: bool = True, per_token: bool = False,

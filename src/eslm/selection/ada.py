@@ -6,14 +6,8 @@ Every ``interval`` optimizer steps (the paper's T_eval = 1000):
     alpha_{k+1} = clamp(alpha_k * exp(-gamma * D), alpha_min, alpha_max)
 
 CVaR rising (harder tokens) lowers alpha, so more tokens train; CVaR falling raises alpha, narrowing focus.
-
-Departures from the paper's algorithm box, each deliberate:
-* The box seeds the history with CVaR_0 = 0, so the first update has D = CVaR_1 / eps ~ 1e8 and sends alpha to
-  ~0, after which a multiplicative rule can never recover. We treat the first measurement as initialisation:
-  no update happens until two measurements exist.
-* alpha is clamped to [alpha_min, alpha_max] (alpha must stay below 1 for K >= 1 anyway).
-* CVaR_k is measured as the running mean of the micro-batch CVaRs (of the raw, unstandardised scores at the
-  alpha in force) over the interval, not on one batch: one batch's CVaR is too noisy to steer by.
+Its departures from the paper's algorithm box (no update before two measurements, the clamp, CVaR_k as the mean
+of the interval's micro-batch CVaRs) and why: docs/paper.md's table of departures.
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ from typing import Protocol
 
 import torch
 
-from eslm.selection.stats import SelectionStats
+from eslm.contracts import Selection
 from eslm.settings import Section, setting
 
 
@@ -58,13 +52,6 @@ class Steered(Protocol):
     alpha: float
 
 
-class Observed(Protocol):
-    """What the controller reads of a selection (an ``eslm.contracts.Selection``): its statistics."""
-
-    @property
-    def stats(self) -> SelectionStats | None: ...
-
-
 class AdaController:
     """An ``eslm.contracts.Controller``: observes each selection's CVaR, steers ``selector.alpha``."""
 
@@ -80,7 +67,7 @@ class AdaController:
         self._count = 0
         self.last_delta: float = 0.0
 
-    def observe(self, selection: Observed) -> None:
+    def observe(self, selection: Selection) -> None:
         """Accumulate one micro-batch's CVaR (a tensor: no host sync here)."""
         if selection.stats is not None:
             self.add(selection.stats.cvar.detach().float(), 1)

@@ -72,8 +72,8 @@ class DomainRandomSelector(VaRSelector):
         index = domain_matched_draw(token_domain, eslm_per_domain, k, self.generator)
         kept = torch.zeros(raw.numel(), dtype=torch.bool, device=raw.device).index_fill_(0, index, True)
         out = selection_stats(raw, kept, ranked=ranked, domain=batch.domain, n_domains=self.n_domains)
-        eslm_threshold = ranked.reshape(-1)[eslm_index].min() if k > 0 else out.threshold
-        out.threshold = eslm_threshold
+        if k > 0:
+            out.threshold = ranked.reshape(-1)[eslm_index].min()
         return Selection(index, k, ranked.numel(), out)
 
     def state_dict(self) -> dict:

@@ -1,13 +1,9 @@
 """Instance-level selection by an early-exit pass: ESLM-H (the authors' revision of ESLM) and its random controls.
 
-Per optimizer step the loader reads ``A / (1 - beta)`` candidate micro-batches (``candidate_batches``) and
-``select_step`` keeps the A that train: the early exit (``exit_model``: the trained model's first ``k`` blocks,
-its final norm and tied head, no copy) scores every candidate sequence by the mean of its tokens' entropy or loss
-(the head backend's ``token_stats``), the VaR rule (``risk.topk_index``) keeps the top ``1 - beta`` over the
-step's candidates on every rank (all-gathered under DDP), and the kept rows are re-packed into full
-micro-batches in their loader order. The random controls (``score`` None) keep the same count uniformly at random
-and run no exit. Nothing reads the device on the host. The exit's cost is declared as a ``Pass`` of a ``k``-layer
-model over every candidate token (``extra_work``). docs/instances.md gives the design and its reasons.
+Per optimizer step ``select_step`` keeps the top ``1 - beta`` of ``A / (1 - beta)`` candidate micro-batches'
+sequences by the early exit's mean entropy or loss (``exit_model``: the trained model's first ``k`` blocks, no
+copy), over every rank, with no host read; the random controls keep as many uniformly at random. The design and
+its reasons: docs/instances.md.
 """
 
 from __future__ import annotations
@@ -29,10 +25,8 @@ from eslm.ops.head_backend import backend
 from eslm.ops.token_stats import HeadOptions
 from eslm.selection import risk
 from eslm.selection.rows import AllRows
-from eslm.selection.selectors import generator_state, load_generator
+from eslm.selection.selectors import all_gather, generator_state, load_generator
 from eslm.settings import Section, setting
-
-EXIT_SCORES = ("entropy", "loss")  # the statistics an exit can rank instances by
 
 
 @dataclass(frozen=True)
@@ -83,8 +77,6 @@ class InstanceRows(AllRows):
 
     def __init__(self, *, beta: float, exit_layers: int, score: str | None, model_config: ModelConfig, seq_len: int,
                  impl: str = "auto", chunk_size: int = 1024, seed: int = 0, device: torch.device | str = "cpu"):
-        if score is not None and score not in EXIT_SCORES:
-            raise ConfigError(f"expected an exit score in {' | '.join(EXIT_SCORES)}, found {score!r}")
         self.beta, self.k, self.score = risk.check_alpha(beta), exit_layers, score
         self.exit_config, self.seq_len = replace(model_config, n_layer=exit_layers), seq_len
         self.impl, self.chunk_size = impl, chunk_size
@@ -114,8 +106,7 @@ class InstanceRows(AllRows):
             keep = keep.to(x.device).sort().values  # the loader's order
         else:
             scores = self.risk(cast(GPT, model), x, y)  # the trainer passes its GPT
-            if world_size > 1:
-                x, y, domain, scores = (_all_gather(t, world_size) for t in (x, y, domain, scores))
+            x, y, domain, scores = (all_gather(t, world_size) for t in (x, y, domain, scores))
             k = risk.num_kept(scores.numel(), self.beta)
             mine = k // world_size  # K = A B W on the trainer's path (candidate_batches)
             rank = dist.get_rank() if world_size > 1 else 0
@@ -145,10 +136,3 @@ class InstanceRows(AllRows):
     def load_state_dict(self, sd: dict) -> None:
         if self.generator is not None:
             load_generator(self.generator, sd, "random-instance control")
-
-
-def _all_gather(t: torch.Tensor, world_size: int) -> torch.Tensor:
-    """Every rank's ``t`` (same shape on each), concatenated in rank order along dim 0."""
-    out = [torch.empty_like(t) for _ in range(world_size)]
-    dist.all_gather(out, t.contiguous())
-    return torch.cat(out)

@@ -10,10 +10,8 @@ VaR. The paper defines VaR_alpha = inf{t : P(S >= t) <= 1 - alpha} on the empiri
 tokens and report the threshold as the smallest kept score, i.e. the order statistic of rank K from the
 top (rank floor(alpha*N) + 1 from the bottom). Without ties, {s >= threshold} is exactly the kept set.
 
-Ties. The fast path (`topk_index`) keeps exactly K tokens and breaks ties at the threshold arbitrarily
-(by torch.topk's order); the threshold path (`at_or_above` a shared threshold) keeps every token with
-s >= threshold, so with ties it may keep more than K. Scores are continuous (entropy, loss), so exact ties are
-rare in practice.
+Ties (docs/paper.md's departures): `topk_index` keeps exactly K, ties at the threshold broken by torch.topk's
+order; a shared threshold (`at_or_above`) keeps every tie, so possibly more than K.
 
 CVaR_alpha = mean of the scores at or above VaR (the kept tokens' mean, reported by
 ``eslm.selection.stats.selection_stats`` with the other statistics of a selection). The Rockafellar-Uryasev form
@@ -24,10 +22,9 @@ no ties at the threshold, equals the tail mean exactly (tests/selection/test_ris
 Everything here avoids host synchronisation (except where a docstring says so): K is a Python int computed from
 shapes, torch.topk has a static output shape, and nothing calls .item().
 
-This module is the ONE place where scores become kept tokens: the token selectors (a micro-batch's top K, the
-selection scope "step"'s threshold), the drop-in ``eslm.api`` and the token view (``eslm.analysis.tokens``) all
-call it. alpha is
-validated once (``check_alpha``) where a selector or a call is set up, not inside the per-batch functions.
+This module is the ONE place where scores become kept tokens: the token selectors, the drop-in ``eslm.api`` and
+the token view (``eslm.analysis.tokens``) all call it. alpha is validated once (``check_alpha``) where a selector
+or a call is set up, not inside the per-batch functions.
 """
 
 from __future__ import annotations
@@ -71,13 +68,6 @@ def topk_index(scores: torch.Tensor, k: int) -> torch.Tensor:
     return torch.topk(flat, k, sorted=False).indices
 
 
-def ranked_topk_index(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices (k,) of the k largest of a 1-D score tensor in descending order of score, so that its first j
-    entries are the top j for every j <= k (a static k with a data-dependent cut-off, as Ada's moving alpha under
-    torch.compile needs: no recompile, no sync)."""
-    return torch.topk(scores, k, sorted=True).indices
-
-
 def at_or_above(scores: torch.Tensor, threshold: torch.Tensor | float) -> torch.Tensor:
     """Boolean mask (same shape as scores): the tokens a shared threshold keeps (score >= threshold, ties kept)."""
     return scores >= threshold
@@ -102,11 +92,12 @@ def select_valid(scores: torch.Tensor, valid: torch.Tensor, alpha: float | torch
     the device with no sync: (index (K_max,), keep (K_max,) bool, K (), N_valid ()).
 
     Invalid rows get score -inf so they sort last. K_max = num_kept(rows, bound) >= K for every alpha >= bound
-    (num_kept is non-decreasing in N and in 1 - alpha); the first K of the descending top-K_max are the kept
-    tokens (``keep``). ``alpha`` may be a 0-dim tensor (only tensor arithmetic: no recompile per value).
+    (num_kept is non-decreasing in N and in 1 - alpha); the first K of the descending (sorted) top-K_max are the
+    kept tokens (``keep``): a static K_max with a data-dependent cut-off, so ``alpha`` may be a 0-dim tensor (only
+    tensor arithmetic: no recompile per value, no sync).
     """
     ranked = scores.masked_fill(~valid, float("-inf"))
-    index = ranked_topk_index(ranked, num_kept(ranked.numel(), bound))
+    index = torch.topk(ranked, num_kept(ranked.numel(), bound), sorted=True).indices
     n_valid = valid.sum()
     k = num_kept_tensor(n_valid, alpha)
     return index, torch.arange(index.numel(), device=scores.device) < k, k, n_valid

@@ -45,11 +45,9 @@ def _zscore_by_group(x: torch.Tensor, group: torch.Tensor, num_groups: int) -> t
     return (x - mean[g, None]) / (var[g, None].sqrt() + _EPS)
 
 
-def standardize(scores: torch.Tensor, mode: str, domain: torch.Tensor | None = None,
-                num_groups: int | None = None) -> torch.Tensor:
-    """Standardised copy of scores (B, T) fp32 by ``mode``; ``domain`` (B,) is needed for mode 'domain'.
-    ``num_groups``: more than the largest domain id (a selector knows it); without it, max(domain) + 1 is read
-    from the device, a host sync."""
+def standardize(scores: torch.Tensor, mode: str, domain: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """Standardised copy of scores (B, T) fp32 by ``mode``; ``domain`` (B,) the rows' domain ids, each below
+    ``num_groups`` (a selector's n_domains: no host read)."""
     if mode == "none":
         return scores
     if mode == "batch":
@@ -57,9 +55,5 @@ def standardize(scores: torch.Tensor, mode: str, domain: torch.Tensor | None = N
     if mode == "sequence":
         return _zscore(scores, dim=1)
     if mode == "domain":
-        if domain is None:
-            raise ConfigError("standardize='domain' needs the batch's domain ids; got none")
-        if num_groups is None:
-            num_groups = int(domain.max()) + 1 if domain.numel() else 1
         return _zscore_by_group(scores, domain, num_groups)
     raise ConfigError(f"method.standardize: expected one of {', '.join(STANDARDIZE_MODES)}, got {mode!r}")

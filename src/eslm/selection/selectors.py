@@ -6,10 +6,6 @@ in the selection scope "step" it also turns the ranked scores of every micro-bat
 one threshold (``step_threshold``). Everything is computed on detached fp32 scores. In the scope "micro" the
 kept count K is a Python int derived from shapes and nothing reads the device.
 
-* ``AllTokens``    keep everything (CLM, dense KD). No scores needed, so no scoring pass runs.
-* ``VaRSelector`` keep the top K = N - floor(alpha*N) by score (ESLM VaR-entropy / CVaR-loss; Rho-1 subclasses it).
-* ``RandomSelector`` keep K uniformly random tokens: the control that tells selection from mere sparsity.
-
 With ``scope="step"`` a ranking selector keeps every token at or above the step's threshold (the VaR of the
 whole optimizer step on all ranks) instead of its micro-batch's top K; the step runs the extra scoring forward
 that this needs and declares it (``eslm.train.step.step_work``).
@@ -20,19 +16,21 @@ from __future__ import annotations
 from dataclasses import fields, replace
 
 import torch
+import torch.distributed as dist
 
 from eslm import contracts
 from eslm.contracts import NO_EXTRA_WORK, ExtraWork, Selection, StepThreshold
 from eslm.data.batch import Batch
-from eslm.errors import CheckpointError, ConfigError
+from eslm.errors import CheckpointError
 from eslm.ops.token_stats import TokenStats
 from eslm.selection import risk
 from eslm.selection.scores import standardize
 from eslm.selection.stats import SCORE_FIELDS, SelectionStats, selection_stats
 
-__all__ = ["Selection", "AllTokens", "VaRSelector", "RandomSelector", "SCOPES", "generator_state", "load_generator"]
+__all__ = ["Selection", "AllTokens", "VaRSelector", "RandomSelector", "SCOPES", "all_gather", "generator_state",
+           "load_generator"]
 
-SCOPES = ("micro", "step")  # method.scope (the drop-in loss's batch | sequence: api.loss.LOSS_SCOPES)
+SCOPES = ("micro", "step")  # method.scope, validated with the config (the drop-in loss's: api.loss.LOSS_SCOPES)
 STATS = tuple(f.name for f in fields(TokenStats))  # what a selector may need of the scoring pass: loss, entropy, lse
 
 
@@ -52,6 +50,15 @@ def load_generator(generator: torch.Generator, sd: dict, what: str) -> None:
     generator.set_state(sd["generator"])
 
 
+def all_gather(t: torch.Tensor, world_size: int) -> torch.Tensor:
+    """Every rank's ``t`` (one shape on every rank), concatenated in rank order along dim 0; ``t`` on one rank."""
+    if world_size == 1:
+        return t
+    out = [torch.empty_like(t) for _ in range(world_size)]
+    dist.all_gather(out, t.contiguous())
+    return torch.cat(out)
+
+
 def _stats(raw: torch.Tensor, ranked: torch.Tensor, index: torch.Tensor, batch: Batch,
            n_domains: int) -> SelectionStats:
     """The selection's statistics on the RAW scores (threshold reported on the ranking scale)."""
@@ -60,8 +67,8 @@ def _stats(raw: torch.Tensor, ranked: torch.Tensor, index: torch.Tensor, batch: 
 
 
 class AllTokens(contracts.TokenSelector):
-    """The ``eslm.contracts.TokenSelector`` protocol's default (its hooks are documented there): keep every token,
-    rank nothing, no step threshold, no extra work; its state is alpha."""
+    """The ``eslm.contracts.TokenSelector`` protocol's default (its hooks are documented there): keep every token
+    (CLM, dense KD), rank nothing (so no scoring pass runs), no step threshold, no extra work; its state is alpha."""
 
     score: str | None = None  # the name of the score it ranks: None (none) | "loss" | "entropy" | "excess_loss" | ...
     needs: tuple[str, ...] = ()  # the scoring pass's statistics it reads (of ``STATS``); empty: no scoring pass
@@ -72,7 +79,7 @@ class AllTokens(contracts.TokenSelector):
         self.n_domains = n_domains
 
     def num_kept(self, n_tokens: int) -> int:
-        return n_tokens
+        return risk.num_kept(n_tokens, self.alpha)  # every token at AllTokens' alpha 0
 
     def rank(self, stats: TokenStats | None, batch: Batch) -> torch.Tensor | None:
         return None
@@ -95,23 +102,19 @@ class AllTokens(contracts.TokenSelector):
 
 
 class VaRSelector(AllTokens):
-    """Keep the tokens whose (standardised) score is in the top 1-alpha: score >= VaR_alpha. By default the score
-    is the scoring pass's statistic named ``score`` (``STATS``), so that is what it needs; a subclass that forms
-    its own score (``scores``) names the statistics it reads in ``needs``."""
+    """Keep the tokens whose (standardised) score is in the top 1-alpha: score >= VaR_alpha (ESLM; Rho-1 and the
+    domain-matched control subclass it). By default the score is the scoring pass's statistic named ``score``
+    (``STATS``), so that is what it needs; a subclass that forms its own score (``scores``) names the statistics
+    it reads in ``needs``."""
 
     def __init__(self, score: str, alpha: float, standardize: str = "none", n_domains: int = 1,
                  scope: str = "micro", needs: tuple[str, ...] | None = None) -> None:
         super().__init__(alpha, n_domains)
-        if scope not in SCOPES:
-            raise ConfigError(f"method.scope: expected one of {', '.join(SCOPES)}, got {scope!r}")
         self.needs = (score,) if needs is None else tuple(needs)
         if not self.needs or not set(self.needs) <= set(STATS):
             raise TypeError(f"{type(self).__name__}: needs {self.needs!r}; expected statistics of the scoring pass "
                             f"among {', '.join(STATS)} (a selector that forms its own score {score!r} names them)")
         self.score, self.standardize, self.scope = score, standardize, scope
-
-    def num_kept(self, n_tokens: int) -> int:
-        return risk.num_kept(n_tokens, self.alpha)
 
     def scores(self, stats: TokenStats | None, batch: Batch) -> torch.Tensor:
         """Risk scores (B, T) fp32: the scoring pass's statistic named by ``score`` (``stats``: the pass the step
@@ -124,13 +127,7 @@ class VaRSelector(AllTokens):
     def step_threshold(self, ranked: list[torch.Tensor], world_size: int = 1) -> StepThreshold:
         """The VaR of all the step's ranked scores on all ranks, and how many are at or above it (for global
         normalisation; reading that count is the step scope's host sync)."""
-        scores = torch.cat([r.reshape(-1) for r in ranked])
-        if world_size > 1:
-            import torch.distributed as dist
-
-            gathered = [torch.empty_like(scores) for _ in range(world_size)]
-            dist.all_gather(gathered, scores)
-            scores = torch.cat(gathered)
+        scores = all_gather(torch.cat([r.reshape(-1) for r in ranked]), world_size)
         threshold = risk.var_threshold(scores, self.alpha)
         return StepThreshold(threshold, int(risk.at_or_above(scores, threshold).sum()))
 
@@ -142,16 +139,14 @@ class VaRSelector(AllTokens):
 
 
 class RandomSelector(AllTokens):
-    """Keep K uniformly random tokens (same K as VaR at this alpha). Its generator lives on the model's device, so
+    """Keep K uniformly random tokens (same K as VaR at this alpha): the control that tells selection from mere
+    sparsity. Its generator lives on the model's device, so
     the permutation is drawn there (no CPU permutation copied each step); on the CPU it is the same stream as
     ever. Its generator state is checkpointed (with the device type: a CUDA stream cannot continue on the CPU)."""
 
     def __init__(self, alpha: float, seed: int, n_domains: int = 1, device: torch.device | str = "cpu"):
         super().__init__(alpha, n_domains)
         self.generator = torch.Generator(device=device).manual_seed(seed)
-
-    def num_kept(self, n_tokens: int) -> int:
-        return risk.num_kept(n_tokens, self.alpha)
 
     def select(self, stats: TokenStats | None, batch: Batch, threshold: torch.Tensor | None = None) -> Selection:
         n = batch.num_tokens

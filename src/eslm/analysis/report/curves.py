@@ -33,11 +33,6 @@ def crossing(xs: list[float], ys: list[float], target: float) -> float | None:
     return None
 
 
-def default_target(runs: list[Run]) -> float:
-    """The best (lowest) validation loss every run reaches: max over runs of each run's min val_loss."""
-    return max(best_val_loss(r) for r in runs)
-
-
 def aggregate(values: list) -> dict:
     """mean / min / max / std over the numeric values (None entries ignored), with counts."""
     nums = [float(v) for v in values if is_number(v)]

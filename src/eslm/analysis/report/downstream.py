@@ -21,7 +21,7 @@ def run_downstream(run: Run) -> dict:
     if not run.downstream:
         return {}
     out = {}
-    for task, res in run.downstream[-1]["results"].items():
+    for task, res in run.downstream[-1]["tasks"].items():
         if isinstance(res, dict) and is_number(res.get("value")):
             out[task] = {"metric": res.get("metric", "?"), "value": float(res["value"]),
                          "stderr": float(res["stderr"]) if is_number(res.get("stderr")) else None,

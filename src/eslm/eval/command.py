@@ -33,8 +33,8 @@ def evaluate_checkpoints(paths: list[str], tasks: dict[str, int], *, all_checkpo
     if importlib.util.find_spec("lm_eval") is None:
         raise ConfigError("eslm eval needs lm-evaluation-harness, which is not installed; fix: pip install "
                           "'eslm[eval]'")
-    targets = [str(f) for p in paths  # --all-checkpoints: every saved step of a run directory
-               for f in (list_evaluable(p) if all_checkpoints and Path(p).is_dir() else []) or [p]]
+    targets = [f for p in paths  # --all-checkpoints: every saved step of a run directory
+               for f in [str(c) for c in (list_evaluable(p) if all_checkpoints and Path(p).is_dir() else [])] or [p]]
     if out and len(targets) > 1:
         raise ConfigError(f"expected one checkpoint with --out, found {len(targets)}; drop --out to write "
                           "one file per checkpoint into <run>/eval/")

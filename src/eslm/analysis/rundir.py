@@ -272,12 +272,9 @@ def one_run_per_seed(groups: list[Group]) -> list[tuple[Run, Run]]:
     for g in groups:
         kept: dict[str, Run] = {}
         for r in list(g.runs):
-            seed = json.dumps(r.seed, default=str)
-            if seed in kept:
+            if (first := kept.setdefault(json.dumps(r.seed, default=str), r)) is not r:
                 g.runs.remove(r)
-                removed.append((r, kept[seed]))
-            else:
-                kept[seed] = r
+                removed.append((r, first))
     return removed
 
 

@@ -184,11 +184,9 @@ def render_html(records: list[dict], tok, meta: dict, pngs: dict[str, str], by_d
 
 def top_tokens(records: list[dict], tok, key: str, k: int = TOP_K) -> list[tuple[str, int]]:
     """The k most frequent kept tokens of a variant, as (visible text, count)."""
-    counts: Counter = Counter()
-    for rec in records:
-        texts = token_texts(tok, rec["ids"])[1:]
-        counts.update(visible(t) for t, kept in zip(texts, rec["variants"][key]["kept"]) if kept)
-    return counts.most_common(k)
+    return Counter(visible(t) for rec in records
+                   for t, kept in zip(token_texts(tok, rec["ids"])[1:], rec["variants"][key]["kept"]) if kept
+                   ).most_common(k)
 
 
 def kept_dropped_by_domain(records: list[dict], tok, key: str, k: int = TOP_K) -> dict[str, dict]:

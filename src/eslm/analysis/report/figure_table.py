@@ -217,11 +217,8 @@ FIGURES: tuple[Figure, ...] = (
 def make_figures(out: Path, groups: list[Group], summary: dict) -> dict[str, str]:
     """Draw every figure of ``FIGURES`` that has data into ``out``; returns {figure id: file name} of those written."""
     scene = Scene(groups, summary, figures.color_map([g.label for g in groups]))
-    written = {}
-    for fig in FIGURES:  # read at call time: a figure added to the table is drawn without other edits
-        if fig.draw(out / f"{fig.id}.png", scene):
-            written[fig.id] = f"{fig.id}.png"
-    return written
+    # FIGURES read at call time: a figure added to the table is drawn without other edits
+    return {fig.id: f"{fig.id}.png" for fig in FIGURES if fig.draw(out / f"{fig.id}.png", scene)}
 
 
 def drawn(written: dict[str, str]) -> list[dict]:

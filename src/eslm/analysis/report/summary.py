@@ -202,10 +202,8 @@ def _distinct(values) -> list:
 def tokens_per_step(r: Run):
     """Tokens one optimizer step of ``r`` consumed, from its logged counters (the last train line's tokens seen
     over its step: every micro-batch and process included); None without them."""
-    for rec in reversed(r.train):
-        if is_number(rec.get(M.TOKENS_SEEN)) and is_number(rec.get(M.STEP)) and rec[M.STEP] > 0:
-            return round(rec[M.TOKENS_SEEN] / rec[M.STEP])
-    return None
+    return next((round(rec[M.TOKENS_SEEN] / rec[M.STEP]) for rec in reversed(r.train)
+                 if is_number(rec.get(M.TOKENS_SEEN)) and is_number(rec.get(M.STEP)) and rec[M.STEP] > 0), None)
 
 
 def header(runs: list[Run], groups: list[Group], study: str | None) -> dict:

@@ -87,10 +87,10 @@ def independent_crossing(run_dir, key, target):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("runs")
-    down = {"step": 160, "flops_paper": 1e14, "results": {
+    down = {"step": 160, "flops_paper": 1e14, "tasks": {
         "arc_easy": {"metric": "acc_norm", "value": 0.40, "stderr": 0.01, "num_fewshot": 0},
         "piqa": {"metric": "acc_norm", "value": 0.60, "stderr": 0.02, "num_fewshot": 5}}}
-    as_eslm_eval = {"format": "eslm-eval-v1", "step": 160, "tasks": down["results"]}  # eslm eval's key
+    as_eslm_eval = {"format": "eslm-eval-v1", "step": 160, "tasks": down["tasks"]}
     return [make_run(tmp_path, "eslm-s1", "eslm-entropy", 1, resume_dup=True, downstream=down),
             make_run(tmp_path, "eslm-s2", "eslm-entropy", 2, downstream=as_eslm_eval),
             make_run(tmp_path, "clm-s1", "clm", 1, steps=(10, 20, 40, 80))]

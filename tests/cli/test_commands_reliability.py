@@ -93,7 +93,6 @@ def fake_eval(monkeypatch):
     from eslm.eval import command
 
     monkeypatch.setattr(command, "evaluate", _fake_results)
-    monkeypatch.setattr(command, "_require_lm_eval", lambda: None, raising=False)
 
 
 def test_eval_never_writes_through_links_planted_in_the_run(run, tmp_path, fake_eval):

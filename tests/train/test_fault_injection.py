@@ -183,7 +183,6 @@ def test_eval_all_checkpoints_skips_a_damaged_snapshot_and_evaluates_the_rest(ti
     data = bytearray(snap.read_bytes())
     data[len(data) // 2] ^= 0x01
     snap.write_bytes(bytes(data))
-    monkeypatch.setattr(command, "_require_lm_eval", lambda: None, raising=False)
     monkeypatch.setattr(command, "evaluate", lambda *a, **k: {"t": {
         "num_fewshot": 0, "metric": "acc", "value": 0.5, "stderr": 0.1, "n_samples": 4, "metrics": {}}})
     capsys.readouterr()

@@ -1,9 +1,8 @@
 """Matplotlib figures for ``eslm report`` (PNG files, Agg backend; matplotlib imported only here, lazily).
 
-Each function takes already-aggregated numbers (see ``eslm.analysis.report``) and writes one PNG. A
-"series" is a dict ``{"label", "x", "mean", "lo", "hi", "n"}`` of equal-length lists: the group's mean
-curve and its spread band (min..max over seeds); ``n`` is the number of seeds (band drawn when n > 1).
-``colors`` maps group labels to colours so every figure uses the same colour for a group.
+Each function takes already-aggregated numbers and writes one PNG. A "series" is a dict ``{"label", "x", "mean",
+"lo", "hi", "n"}``: a mean curve and its band (drawn when n > 1), optionally ``ls`` (line style) and ``color``
+(the group whose colour it takes, else its label's). ``colors`` maps group labels to colours.
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ def _finish(plt, fig, axes, used: int, title: str, path: Path, rect: tuple | Non
 
 def color_map(labels: list[str]) -> dict[str, str]:
     """One colour per label, never reused: tab10 up to ten labels, tab20 up to twenty, beyond that hues spaced
-    by the golden angle at three lightness levels (distinct hex colours)."""
+    by the golden angle at three lightness levels (distinct hex colours up to 988 labels)."""
     import colorsys
 
     from matplotlib import colormaps
@@ -57,36 +56,23 @@ def color_map(labels: list[str]) -> dict[str, str]:
     n = len(labels)
     if n <= 20:
         cmap = colormaps["tab10" if n <= 10 else "tab20"]
-        palette = [to_hex(cmap(i)) for i in range(cmap.N)]
+        palette = [to_hex(cmap(i)) for i in range(n)]
     else:
-        palette, seen, i = [], set(), 0
-        while len(palette) < n:
-            h = (i * 0.618033988749895) % 1.0
-            r, g, b = colorsys.hls_to_rgb(h, (0.35, 0.5, 0.65)[i % 3], 0.75)
-            c = f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
-            if c not in seen:
-                seen.add(c)
-                palette.append(c)
-            i += 1
-    return {lab: palette[i] for i, lab in enumerate(labels)}
-
-
-def _positive(s: dict, logx: bool, logy: bool) -> list[int]:
-    """Indices of points drawable on the chosen axes (log axes need positive values)."""
-    return [i for i in range(len(s["x"]))
-            if (not logx or s["x"][i] > 0) and (not logy or s["lo"][i] > 0)]
+        palette = [to_hex(colorsys.hls_to_rgb(i * 0.618033988749895 % 1.0, (0.35, 0.5, 0.65)[i % 3], 0.75))
+                   for i in range(n)]
+    return dict(zip(labels, palette))
 
 
 def _draw_series(ax, series: list[dict], colors: dict, logx: bool, logy: bool) -> None:
-    for s in series:
-        idx = _positive(s, logx, logy)
+    for s in series:  # the points drawable on the axes (log axes need positive values)
+        idx = [i for i in range(len(s["x"])) if (not logx or s["x"][i] > 0) and (not logy or s["lo"][i] > 0)]
         if not idx:
             continue
         x = [s["x"][i] for i in idx]
-        c = colors.get(s["label"])
-        name = s["label"]  # the seeds per group: said once, in the report's header
+        c = colors.get(s.get("color", s["label"]))  # "color": the group a series of another label belongs to
         marker = "o" if len(x) <= 60 else None  # dots on eval points; plain lines for dense train logs
-        ax.plot(x, [s["mean"][i] for i in idx], color=c, marker=marker, ms=3, lw=1.6, label=name)
+        ax.plot(x, [s["mean"][i] for i in idx], color=c, ls=s.get("ls", "-"), marker=marker, ms=3, lw=1.6,
+                label=s["label"])
         if s["n"] > 1:
             ax.fill_between(x, [s["lo"][i] for i in idx], [s["hi"][i] for i in idx], color=c, alpha=0.2, lw=0)
     if logx:
@@ -96,18 +82,6 @@ def _draw_series(ax, series: list[dict], colors: dict, logx: bool, logy: bool) -
         ax.set_yscale("log")
     _finish_log_y(ax, logy)  # again by the caller once it has drawn everything else (a target line, limits)
     ax.grid(True, which="both", alpha=0.3)
-
-
-def _fit_log_y(ax) -> None:
-    """Y limits of a log axis from the data drawn, 5% of the range as margin. A single value (one evaluation,
-    a flat curve) gets +-1% around it instead of matplotlib's decade on each side (an axis of 9 to 110)."""
-    lo, hi = ax.dataLim.intervaly
-    if not (0 < lo <= hi < math.inf):
-        return
-    if hi / lo < 1.001:
-        lo, hi = lo / 1.01, hi * 1.01
-    pad = (hi / lo) ** 0.05
-    ax.set_ylim(lo / pad, hi * pad)
 
 
 _SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
@@ -170,11 +144,18 @@ def _plain_log_ticks(axis) -> None:
 
 
 def _finish_log_y(ax, logy: bool, fit: bool = True) -> None:
-    """After everything is drawn (a target line included): the log y axis's limits (``fit``) and ticks."""
-    if logy:
-        if fit:
-            _fit_log_y(ax)
-        _plain_log_ticks(ax.yaxis)
+    """After everything is drawn (a target line included): a log y axis's ticks and, with ``fit``, its limits
+    from the data drawn with a 5% margin; a single value (one evaluation, a flat curve) gets +-1% around it
+    instead of matplotlib's decade on each side (an axis of 9 to 110)."""
+    if not logy:
+        return
+    lo, hi = ax.dataLim.intervaly
+    if fit and 0 < lo <= hi < math.inf:
+        if hi / lo < 1.001:
+            lo, hi = lo / 1.01, hi * 1.01
+        pad = (hi / lo) ** 0.05
+        ax.set_ylim(lo / pad, hi * pad)
+    _plain_log_ticks(ax.yaxis)
 
 
 def curves(path: Path, series: list[dict], colors: dict, *, xlabel: str, ylabel: str, title: str,
@@ -194,8 +175,9 @@ def curves(path: Path, series: list[dict], colors: dict, *, xlabel: str, ylabel:
 
 
 def panels(path: Path, panel_series: dict[str, list[dict]], colors: dict, *, xlabel: str, ylabel: str,
-           title: str, logx: bool, logy: bool, ylim: tuple | None = None) -> None:
-    """Small multiples: one axis per key of ``panel_series`` (e.g. one per domain), shared legend."""
+           title: str, logx: bool, logy: bool, ylim: tuple | None = None, hline: float | None = None) -> None:
+    """Small multiples: one axis per key of ``panel_series`` (e.g. one per domain), shared legend; ``hline``: a
+    solid horizontal line on every axis (the zero of paired differences)."""
     plt = pyplot()
     n = len(panel_series)
     cols = min(3, n)
@@ -206,6 +188,8 @@ def panels(path: Path, panel_series: dict[str, list[dict]], colors: dict, *, xla
     height = 3.2 * rows + legend_in
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, height), squeeze=False, sharex=True)
     for ax, (name, series) in zip(axes.flat, panel_series.items()):
+        if hline is not None:
+            ax.axhline(hline, color="k", lw=1)
         _draw_series(ax, series, colors, logx, logy)
         ax.set_title(name, fontsize=10)
         ax.set_xlabel(xlabel, fontsize=8)
@@ -298,45 +282,3 @@ def category_points(path: Path, categories: list[str], values: dict[str, list], 
             ax.set_ylabel(ylabel, fontsize=8)
     _finish(plt, fig, axes, n, title, path)
     return limits
-
-
-def differences(path: Path, panel_series: dict[str, list[dict]], colors: dict, *, xlabel: str, ylabel: str,
-                title: str) -> None:
-    """Paired differences over training: one axis per key of ``panel_series`` (e.g. against the baseline,
-    against the random control), a mean curve with its 95% band per series, and the zero line."""
-    plt = pyplot()
-    n = len(panel_series)
-    fig, axes = plt.subplots(1, n, figsize=(5.6 * n, 4.2), squeeze=False)
-    for ax, (name, series) in zip(axes.flat, panel_series.items()):
-        ax.axhline(0.0, color="k", lw=1)
-        _draw_series(ax, series, colors, logx=False, logy=False)
-        ax.set_title(name, fontsize=10)
-        ax.set_xlabel(xlabel, fontsize=8)
-        ax.set_ylabel(ylabel, fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.legend(fontsize=7)
-    _finish(plt, fig, axes, n, title, path)
-
-
-def kept_dropped(path: Path, per_group: dict[str, tuple[dict, dict]], colors: dict, *, xlabel: str,
-                 title: str) -> None:
-    """One axis per group: the mean score of its kept tokens (solid) and of its dropped tokens (dashed) over
-    training, each a mean curve over seeds with its band; ``per_group[label] = (kept series, dropped series)``."""
-    plt = pyplot()
-    n = len(per_group)
-    cols = min(3, n)
-    rows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(max(6.0, 4.4 * cols), 3.3 * rows + 0.4), squeeze=False)
-    for ax, (label, (kept, dropped)) in zip(axes.flat, per_group.items()):
-        c = colors.get(label)
-        for s, style, name in ((kept, "-", "kept"), (dropped, "--", "dropped")):
-            ax.plot(s["x"], s["mean"], color=c, ls=style, lw=1.6, label=name)
-            if s["n"] > 1:
-                ax.fill_between(s["x"], s["lo"], s["hi"], color=c, alpha=0.15, lw=0)
-        ax.set_title(label, fontsize=9)
-        ax.set_xlabel(xlabel, fontsize=8)
-        ax.set_ylabel("mean score", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-    _finish(plt, fig, axes, n, title, path)

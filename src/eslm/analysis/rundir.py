@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eslm import metrics as M
+from eslm.config import flat
 from eslm.errors import ESLMError
 from eslm.files import read_yaml
 from eslm.train.resume import RESUME_MAY_CHANGE, apply_resumes
@@ -27,15 +28,15 @@ MACHINE_KEYS = tuple(k for k in RESUME_MAY_CHANGE if k not in ("train.max_steps"
 IGNORED_FOR_GROUPING = RUN_KEYS + MACHINE_KEYS
 
 
-def grouping_view(flat: dict) -> dict:
-    """A flat config as grouping compares it: ``train.branch_from`` (each seed continues its own trunk's
+def grouping_view(config: dict) -> dict:
+    """A config, flattened, as grouping compares it: ``train.branch_from`` (each seed continues its own trunk's
     checkpoint, eslm.train.branch) reduced to the branch point the seeds share: the trunk's name without its
     ``-s<seed>`` and the checkpoint's step, e.g. ``trunk-clm/step_0000100.pt``."""
-    b = flat.get("train.branch_from")
-    if not b:
-        return flat
+    view = flat(config)
+    if not (b := view.get("train.branch_from")):
+        return view
     p = Path(str(b))
-    return {**flat, "train.branch_from": f"{re.sub(r'-s-?[0-9]+$', '', p.parent.parent.name)}/{p.name}"}
+    return {**view, "train.branch_from": f"{re.sub(r'-s-?[0-9]+$', '', p.parent.parent.name)}/{p.name}"}
 
 
 class RunDirError(ESLMError):
@@ -96,18 +97,6 @@ def config_get(cfg: dict, dotted: str, default=None):
     return node
 
 
-def flatten(cfg: dict, prefix: str = "") -> dict:
-    """Nested mapping -> {"a.b": value} (lists kept as values)."""
-    out = {}
-    for k, v in cfg.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
 def is_number(v) -> bool:
     """A finite int/float that is not a bool (None, NaN and strings are not numbers)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
@@ -140,25 +129,6 @@ def read_metrics(path: Path, warnings: list[str]) -> tuple[list[dict], list[dict
     return ([r for r in recs if r[M.KIND] == M.KIND_TRAIN], [r for r in recs if r[M.KIND] == M.KIND_EVAL])
 
 
-def read_downstream(run_path: Path, warnings: list[str]) -> list[dict]:
-    """The ``eval/*.json`` results of ``eslm eval``, sorted by step; each dict gets ``results`` =
-    {task: {"metric", "value", "stderr", "num_fewshot"}} (files without task results are skipped)."""
-    folder = run_path / "eval"
-    if not folder.is_dir():
-        return []
-    out = []
-    for f in sorted(folder.glob("*.json")):
-        data = _read_json(f, warnings)
-        # ``eslm eval`` writes per-task results under "tasks"; "results" is accepted too.
-        results = data.get("tasks") if isinstance(data.get("tasks"), dict) else data.get("results")
-        if isinstance(results, dict) and results:
-            data["results"] = results
-            data.setdefault("step", None)
-            data["_file"] = f.name
-            out.append(data)
-    return sorted(out, key=lambda d: d["step"] if is_number(d.get("step")) else -1)
-
-
 def load_run(path: str | Path) -> Run:
     """Read one run directory; raises RunDirError when ``path`` is not one."""
     p = Path(path)
@@ -180,8 +150,10 @@ def load_run(path: str | Path) -> Run:
     if not finished:
         warnings.append(f"{p}: no result.json, the run is still running or was interrupted; its last eval "
                         "point is not its final one (resume it, or read its numbers as partial)")
-    return Run(path=p, name=name, config=config, env=env, train=train, eval=evals,
-               downstream=read_downstream(p, warnings), warnings=warnings, finished=finished)
+    downstream = [d for f in sorted((p / "eval").glob("*.json"))  # eslm eval's results with per-task results
+                  if isinstance((d := _read_json(f, warnings)).get("tasks"), dict) and d["tasks"]]
+    return Run(path=p, name=name, config=config, env=env, train=train, eval=evals, warnings=warnings, finished=finished,
+               downstream=sorted(downstream, key=lambda d: d["step"] if is_number(d.get("step")) else -1))
 
 
 # ---------------------------------------------------------------- seed groups
@@ -189,8 +161,8 @@ def load_run(path: str | Path) -> Run:
 
 def experiment_key(config: dict) -> str:
     """Canonical JSON of a resolved config without ``IGNORED_FOR_GROUPING``: equal keys, one experiment."""
-    flat = {k: v for k, v in grouping_view(flatten(config)).items() if k not in IGNORED_FOR_GROUPING}
-    return json.dumps(flat, sort_keys=True, default=str)
+    view = {k: v for k, v in grouping_view(config).items() if k not in IGNORED_FOR_GROUPING}
+    return json.dumps(view, sort_keys=True, default=str)
 
 
 def group_key(run: Run) -> str:
@@ -198,13 +170,6 @@ def group_key(run: Run) -> str:
     if not run.config:
         return json.dumps({"__path__": str(run.path.resolve())})
     return experiment_key(run.config)
-
-
-def _varying_keys(flat_configs: list[dict]) -> list[str]:
-    """Keys whose values differ between groups (these distinguish groups of the same method)."""
-    keys = sorted(set().union(*flat_configs)) if flat_configs else []
-    return [k for k in keys if k not in IGNORED_FOR_GROUPING
-            and len({json.dumps(c.get(k), sort_keys=True, default=str) for c in flat_configs}) > 1]
 
 
 MAX_TEXT = 200  # characters of one name or value from the runs shown in a report (longer: cut, its length said)
@@ -230,24 +195,19 @@ def group_runs(runs: list[Run]) -> list[Group]:
         groups.append(Group(key=key, label="", method=members[0].method, settings={}, runs=members))
     for method in {g.method for g in groups}:
         same = [g for g in groups if g.method == method]
-        flats = [grouping_view(flatten(g.runs[0].config)) for g in same]
-        varying = [k for k in _varying_keys(flats) if k != "method.name"]
-        for g, flat in zip(same, flats):
-            g.settings = {k: flat.get(k) for k in varying}
+        flats = [grouping_view(g.runs[0].config) for g in same]
+        varying = [k for k in sorted(set().union(*flats)) if k not in IGNORED_FOR_GROUPING and k != "method.name"
+                   and len({json.dumps(c.get(k), sort_keys=True, default=str) for c in flats}) > 1]
+        for g, view in zip(same, flats):
+            g.settings = {k: view.get(k) for k in varying}
             extra = ", ".join(f"{k}={v}" for k, v in g.settings.items())
             g.label = shorten(f"{method} ({extra})" if extra else method)
-    _dedupe_labels(groups)
-    return groups
-
-
-def _dedupe_labels(groups: list[Group]) -> None:
-    """Append #2, #3 ... to labels that are still equal (e.g. runs without a config)."""
     seen: dict[str, int] = {}
-    for g in groups:
-        n = seen.get(g.label, 0) + 1
-        seen[g.label] = n
+    for g in groups:  # labels still equal (e.g. runs without a config): #2, #3 ...
+        n = seen[g.label] = seen.get(g.label, 0) + 1
         if n > 1:
             g.label = f"{g.label} #{n}"
+    return groups
 
 
 def planned_groups(configs: list[dict]) -> list[Group]:
@@ -284,12 +244,6 @@ COMPARABLE_KEYS = ("data", "data.tokenizer", "data.seq_len", "model.preset", "mo
                    "eval.tokens_per_domain")
 
 
-def comparable_key(config: dict) -> dict:
-    """The ``COMPARABLE_KEYS`` of a resolved config."""
-    out = {k: config_get(config, k) for k in COMPARABLE_KEYS[1:]}
-    return {"data": config_get(config, "data.dir") or config_get(config, "data.source"), **out}
-
-
 def comparable_sets_problem(groups: list[Group]) -> str | None:
     """None when every group (with a config) trained on one data set, tokenizer and model; else one line naming
     the keys that differ and the groups of each set."""
@@ -297,7 +251,9 @@ def comparable_sets_problem(groups: list[Group]) -> str | None:
     for g in groups:
         if not g.runs[0].config:
             continue
-        key = comparable_key(g.runs[0].config)
+        c = g.runs[0].config
+        key = {"data": config_get(c, "data.dir") or config_get(c, "data.source"),
+               **{k: config_get(c, k) for k in COMPARABLE_KEYS[1:]}}
         sets.setdefault(json.dumps(key, sort_keys=True, default=str), (key, []))[1].append(g.point or g.label)
     if len(sets) < 2:
         return None
@@ -316,12 +272,9 @@ def one_run_per_seed(groups: list[Group]) -> list[tuple[Run, Run]]:
     for g in groups:
         kept: dict[str, Run] = {}
         for r in list(g.runs):
-            seed = json.dumps(r.seed, default=str)
-            if seed in kept:
+            if (first := kept.setdefault(json.dumps(r.seed, default=str), r)) is not r:
                 g.runs.remove(r)
-                removed.append((r, kept[seed]))
-            else:
-                kept[seed] = r
+                removed.append((r, first))
     return removed
 
 

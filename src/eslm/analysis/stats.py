@@ -17,10 +17,15 @@ from scipy.optimize import brentq
 LEVEL = 0.95
 
 
+def finite(values) -> list[float]:
+    """The finite numbers of ``values`` (None left out)."""
+    return [float(v) for v in values if v is not None and math.isfinite(float(v))]
+
+
 def mean_ci(values, level: float = LEVEL) -> dict:
     """{"n", "mean", "std", "lo", "hi", "half_width"} of the finite numbers in ``values``; lo/hi/half_width
     are None when fewer than 2 values (no interval), mean/std None when there is none."""
-    nums = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    nums = finite(values)
     n = len(nums)
     out: dict[str, Any] = {"n": n, "mean": None, "std": None, "lo": None, "hi": None, "half_width": None,
                            "level": level}
@@ -50,20 +55,11 @@ def paired(x: dict, y: dict, *, relative: bool = False, level: float = LEVEL) ->
         return v is not None and math.isfinite(float(v)) and (not relative or float(v) > 0.0)
 
     seeds = [s for s in x if s in y and ok(x[s]) and ok(y[s])]
-    if not relative:
-        d = {s: float(x[s]) - float(y[s]) for s in seeds}
-        out = mean_ci(list(d.values()), level)
-        out["p"] = p_value(out)
-        out["mde"] = mde(out["std"], out["n"], level=level)
-    else:
-        d = {s: float(x[s]) / float(y[s]) - 1.0 for s in seeds}
-        logs = mean_ci([math.log(float(x[s]) / float(y[s])) for s in seeds], level)
-        logs["p"] = p_value(logs)
-        logs["mde"] = mde(logs["std"], logs["n"], level=level)
-
-        def back(v):
-            return None if v is None else math.expm1(v)
-
+    d = {s: float(x[s]) / float(y[s]) - 1.0 if relative else float(x[s]) - float(y[s]) for s in seeds}
+    out = mean_ci([math.log(float(x[s]) / float(y[s])) for s in seeds] if relative else list(d.values()), level)
+    out.update(p=p_value(out), mde=mde(out["std"], out["n"], level=level))
+    if relative:
+        logs, back = out, lambda v: None if v is None else math.expm1(v)
         out = {"n": logs["n"], "mean": back(logs["mean"]), "std": logs["std"], "lo": back(logs["lo"]),
                "hi": back(logs["hi"]), "half_width": None, "level": level, "p": logs["p"], "mde": back(logs["mde"]),
                "log": logs, "arithmetic": mean_ci(list(d.values()), level)}
@@ -77,16 +73,9 @@ def significant(ci: dict, alpha: float = 1.0 - LEVEL) -> int:
     """-1 if the difference is below 0, +1 above 0, 0 if not shown (or no interval). With a Holm-adjusted
     p-value (``p_adjusted``, set by the report for the comparisons of a family) the adjusted p must also be
     below ``alpha``; otherwise the 95% interval must exclude 0."""
-    if ci.get("lo") is None:
+    if ci.get("lo") is None or (ci.get("p_adjusted") is not None and not ci["p_adjusted"] < alpha):
         return 0
-    adjusted = ci.get("p_adjusted")
-    if adjusted is not None and not adjusted < alpha:
-        return 0
-    if ci["hi"] < 0:
-        return -1
-    if ci["lo"] > 0:
-        return 1
-    return 0
+    return -1 if ci["hi"] < 0 else 1 if ci["lo"] > 0 else 0
 
 
 # ---------------------------------------------------------------- power: what a comparison could have seen
@@ -168,17 +157,9 @@ def censor(values: dict, budgets: dict) -> tuple[dict, list]:
     at its last evaluation}. Returns ({seed: cost or budget}, [censored seeds]). A censored value is a lower
     bound on what the run would need, so a group's censored mean understates its cost. A seed with neither a
     cost nor a budget is left out (None)."""
-    out: dict[Any, float | None] = {}
-    censored: list = []
-    for s, v in values.items():
-        if v is not None and math.isfinite(float(v)):
-            out[s] = float(v)
-        elif budgets.get(s) is not None and math.isfinite(float(budgets[s])):
-            out[s] = float(budgets[s])
-            censored.append(s)
-        else:
-            out[s] = None
-    return out, censored
+    censored = [s for s, v in values.items() if not finite([v]) and finite([budgets.get(s)])]
+    return {s: float(budgets[s]) if s in censored else next(iter(finite([v])), None)
+            for s, v in values.items()}, censored
 
 
 def paired_censored(x: dict, y: dict, x_budget: dict, y_budget: dict, *, level: float = LEVEL) -> dict:
@@ -209,7 +190,7 @@ def sd_ci(values, level: float = LEVEL) -> dict:
     """{"n", "sd", "lo", "hi", "level"}: the sample standard deviation of the finite ``values`` and its
     two-sided interval from the chi-squared distribution of (n - 1) s^2 / sigma^2 (normal values):
     s sqrt((n - 1) / chi2_{(1 + level) / 2}) to s sqrt((n - 1) / chi2_{(1 - level) / 2}). No interval below 2."""
-    nums = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    nums = finite(values)
     n = len(nums)
     out = {"n": n, "sd": None, "lo": None, "hi": None, "level": level}
     if n < 2:
@@ -248,8 +229,7 @@ def spread_comparison(x: dict, y: dict, level: float = LEVEL) -> dict:
     variances (independent samples: it ignores the pairing by seed); ``p_paired``: the Pitman-Morgan test,
     which uses it (equal variances iff x - y and x + y are uncorrelated; t with n - 2 degrees of freedom over
     the seeds both groups have). None where a group has fewer than 2 values (3 pairs for Pitman-Morgan)."""
-    xs = [float(v) for v in x.values() if v is not None and math.isfinite(float(v))]
-    ys = [float(v) for v in y.values() if v is not None and math.isfinite(float(v))]
+    xs, ys = finite(x.values()), finite(y.values())
     out = {"n_x": len(xs), "n_y": len(ys), "ratio": None, "lo": None, "hi": None, "p_f": None, "p_paired": None,
            "n_pairs": 0, "level": level}
     if len(xs) < 2 or len(ys) < 2:
@@ -262,16 +242,13 @@ def spread_comparison(x: dict, y: dict, level: float = LEVEL) -> dict:
         out["lo"] = math.sqrt(f / float(st.f.ppf(0.5 + level / 2.0, d1, d2)))
         out["hi"] = math.sqrt(f / float(st.f.ppf(0.5 - level / 2.0, d1, d2)))
         out["p_f"] = min(1.0, 2.0 * float(min(st.f.cdf(f, d1, d2), st.f.sf(f, d1, d2))))
-    seeds = [s for s in x if s in y and x[s] is not None and y[s] is not None
-             and math.isfinite(float(x[s])) and math.isfinite(float(y[s]))]
+    seeds = [s for s in x if s in y and len(finite([x[s], y[s]])) == 2]
     out["n_pairs"] = n = len(seeds)
     if n >= 3:
         sums = [float(x[s]) + float(y[s]) for s in seeds]
         diffs = [float(x[s]) - float(y[s]) for s in seeds]
         if statistics.pstdev(sums) > 0 and statistics.pstdev(diffs) > 0:
-            r = statistics.correlation(sums, diffs)
-            t = abs(r) * math.sqrt((n - 2) / max(1e-300, 1.0 - r * r))
-            out["p_paired"] = min(1.0, 2.0 * float(st.t.sf(t, n - 2)))
+            out["p_paired"] = float(st.pearsonr(sums, diffs).pvalue)  # its t test with n - 2 degrees of freedom
     return out
 
 

@@ -1,11 +1,6 @@
 """``eslm tokens CHECKPOINT (--data DIR | --text FILE) --out DIR``: which tokens ESLM keeps (the paper's
-appendix "token selection analysis"; the page and its options: docs/report.md, "eslm tokens").
-
-Every next-token prediction is scored in fp32 from full logits (``eslm.ops.naive_head.naive_token_stats``:
-entropy and loss); ESLM-VaR-entropy and ESLM-CVaR-loss keep the tokens at or above the VaR threshold
-(``eslm.selection.risk``), over all passages together (``--scope batch``) or per passage. Writes index.html, a
-top-tokens PNG per variant and tokens.json (every number shown).
-"""
+appendix "token selection analysis"; docs/report.md, "eslm tokens"). Scores come from full fp32 logits; the
+VaR threshold is over all passages together (``--scope batch``) or per passage."""
 
 from __future__ import annotations
 
@@ -80,18 +75,6 @@ def stream_passages(stream, eot_id: int, num: int, max_tokens: int, domain: str)
     return out
 
 
-def dataset_passages(data_dir: str, num: int, max_tokens: int) -> tuple[list[Passage], str]:
-    """Passages from each domain's validation tokens of a prepared dataset, and its tokenizer name."""
-    ds = open_dataset(data_dir)
-    out = []
-    for domain in ds.domains:
-        out += stream_passages(ds.tokens("val", domain), ds.eot_id, num, max_tokens, domain)
-    if not out:
-        raise DataError(f"expected validation tokens in {data_dir}, found no passage of two or more "
-                              "tokens; prepare the data with a validation split (eslm prepare ... --out DIR)")
-    return out, ds.tokenizer_name
-
-
 # ---------------------------------------------------------------- scores and selection
 
 
@@ -109,8 +92,7 @@ def score_passage(model, ids: list[int], device: str = "cpu") -> dict[str, torch
 def thresholds(scores: list[torch.Tensor], alpha: float, scope: str) -> list[float]:
     """VaR_alpha per passage: one shared value over all passages (batch) or one each (passage)."""
     if scope == "batch":
-        t = float(var_threshold(torch.cat(scores), alpha))
-        return [t] * len(scores)
+        return [float(var_threshold(torch.cat(scores), alpha))] * len(scores)
     return [float(var_threshold(s, alpha)) for s in scores]
 
 
@@ -148,14 +130,6 @@ def _span_text(text: str) -> str:
     return esc.replace("\n", "<span class='ws'>↵</span><br>")
 
 
-def _token_span(text: str, score: float, kept: bool, lo: float, hi: float, rgb, key: str, other: str) -> str:
-    a = 0.08 + 0.8 * ((score - lo) / (hi - lo) if hi > lo else 1.0)
-    cls = "t k" if kept else "t d"
-    return (f"<span class='{cls}' data-variant='{key}' data-score='{score!r}' data-kept='{int(kept)}' "
-            f"style='background:rgba({rgb[0]},{rgb[1]},{rgb[2]},{a:.3f})' title='{html.escape(other)}'>"
-            f"{_span_text(text)}</span>")
-
-
 def passage_cell(rec: dict, texts: list[str], key: str, rgb) -> str:
     """One column: the passage with the variant's scores and kept flags."""
     scores, kept = rec["scores"][key], rec["variants"][key]["kept"]
@@ -163,8 +137,11 @@ def passage_cell(rec: dict, texts: list[str], key: str, rgb) -> str:
     spans = [f"<span class='ctx' title='context only (not scored)'>{_span_text(texts[0])}</span>"]
     for i, (s, k) in enumerate(zip(scores, kept)):
         e, lo_ = rec["scores"]["entropy"][i], rec["scores"]["loss"][i]
-        tip = f"{texts[i + 1]!r}: entropy {e:.3f}, loss {lo_:.3f}, {'kept' if k else 'dropped'}"
-        spans.append(_token_span(texts[i + 1], s, bool(k), lo, hi, rgb, key, tip))
+        tip = html.escape(f"{texts[i + 1]!r}: entropy {e:.3f}, loss {lo_:.3f}, {'kept' if k else 'dropped'}")
+        a = 0.08 + 0.8 * ((s - lo) / (hi - lo) if hi > lo else 1.0)
+        spans.append(f"<span class='t {'k' if k else 'd'}' data-variant='{key}' data-score='{s!r}' "
+                     f"data-kept='{int(bool(k))}' style='background:rgba({rgb[0]},{rgb[1]},{rgb[2]},{a:.3f})' "
+                     f"title='{tip}'>{_span_text(texts[i + 1])}</span>")
     return "<div class='p'>" + "".join(spans) + "</div>"
 
 
@@ -207,11 +184,9 @@ def render_html(records: list[dict], tok, meta: dict, pngs: dict[str, str], by_d
 
 def top_tokens(records: list[dict], tok, key: str, k: int = TOP_K) -> list[tuple[str, int]]:
     """The k most frequent kept tokens of a variant, as (visible text, count)."""
-    counts: Counter = Counter()
-    for rec in records:
-        texts = token_texts(tok, rec["ids"])[1:]
-        counts.update(visible(t) for t, kept in zip(texts, rec["variants"][key]["kept"]) if kept)
-    return counts.most_common(k)
+    return Counter(visible(t) for rec in records
+                   for t, kept in zip(token_texts(tok, rec["ids"])[1:], rec["variants"][key]["kept"]) if kept
+                   ).most_common(k)
 
 
 def kept_dropped_by_domain(records: list[dict], tok, key: str, k: int = TOP_K) -> dict[str, dict]:
@@ -281,13 +256,18 @@ def frequency_chart(path: Path, items: list[tuple[str, int]], title: str, rgb) -
 
 
 def _passages(data, text, tok_name, num, max_tokens):
-    """(passages, tokenizer name) from --data or --text."""
+    """(passages, tokenizer name) from --data (each domain's validation tokens) or --text."""
     if data:
-        passages, data_tok = dataset_passages(data, num, max_tokens)
-        if tok_name and data_tok != tok_name:
+        ds = open_dataset(data)
+        passages = [p for domain in ds.domains
+                    for p in stream_passages(ds.tokens("val", domain), ds.eot_id, num, max_tokens, domain)]
+        if not passages:
+            raise DataError(f"expected validation tokens in {data}, found no passage of two or more tokens; "
+                            "prepare the data with a validation split (eslm prepare ... --out DIR)")
+        if tok_name and ds.tokenizer_name != tok_name:
             raise DataError(f"expected data tokenized with the model's tokenizer {tok_name!r}, found "
-                                  f"{data_tok!r} in {data}; prepare the data with --tokenizer {tok_name}")
-        return passages, data_tok
+                            f"{ds.tokenizer_name!r} in {data}; prepare the data with --tokenizer {tok_name}")
+        return passages, ds.tokenizer_name
     p = Path(text)
     if not p.is_file():
         raise DataError(f"expected a text file at {p}, found none; check the --text path")
@@ -302,15 +282,6 @@ def _check_options(alpha: float, num: int, max_tokens: int, top: int = TOP_K) ->
                               f"and {top}; pass positive values")
 
 
-def _check_vocab(model, passages: list[Passage]) -> None:
-    """Every id must be embeddable by the model (a tokenizer mismatch otherwise)."""
-    vocab = model.config.vocab_size
-    bad = max(max(p.ids) for p in passages)
-    if bad >= vocab:
-        raise DataError(f"expected token ids below the model's vocab_size {vocab}, found {bad}; "
-                              "use the tokenizer the model was trained with (--tokenizer)")
-
-
 def build_token_view(checkpoint: str, out_dir: str | Path, *, data: str | None = None, text: str | None = None,
                      alpha: float = 0.1, num_passages: int = 4, max_tokens: int = 256, scope: str = "batch",
                      tokenizer: str | None = None, device: str = "cpu", top: int = TOP_K) -> dict:
@@ -320,7 +291,9 @@ def build_token_view(checkpoint: str, out_dir: str | Path, *, data: str | None =
     model, info = load_model(checkpoint, device)
     max_tokens = min(max_tokens, model.config.block_size)  # inputs are the first max_tokens ids
     passages, tok_name = _passages(data, text, tokenizer or info.get("tokenizer"), num_passages, max_tokens)
-    _check_vocab(model, passages)
+    if (bad := max(max(p.ids) for p in passages)) >= (vocab := model.config.vocab_size):
+        raise DataError(f"expected token ids below the model's vocab_size {vocab}, found {bad}; "
+                        "use the tokenizer the model was trained with (--tokenizer)")
     tok = get_tokenizer(tok_name)
     out = Path(out_dir)
     check_output_dir(out, "the token view's output", is_token_view)  # before the work: refused in one line

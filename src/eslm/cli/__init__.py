@@ -1,12 +1,6 @@
-"""The ``eslm`` command line: a thin dispatcher.
-
-Every command lives in its own module of this package, named after it (``eslm export-hf`` ->
-``eslm/cli/export_hf.py``), which defines ``add_arguments(parser)`` and ``run(args) -> int``: the argument
-definitions and the glue that calls one library function with plain typed parameters. Nothing outside this
-package imports argparse (tests/test_layers.py checks it). Modules are imported only when their command runs,
-so ``eslm --help`` is instant and optional dependencies are loaded only where used.
-``python -m eslm.cli ...`` runs the same ``main`` (``__main__.py``; the study's parallel runs and torchrun use it).
-"""
+"""The ``eslm`` command line: a thin dispatcher. Each command is a module of this package named after it, with
+``add_arguments(parser)`` and ``run(args) -> int``, imported only when its command runs (``eslm --help`` stays
+instant; optional dependencies load where used). Nothing outside this package imports argparse."""
 
 from __future__ import annotations
 
@@ -41,19 +35,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "study": ("eslm.cli.study", "run a grid of methods x seeds at equal FLOPs, then the report"),
     "sample": ("eslm.cli.sample", "generate text from a run, checkpoint or snapshot (KV cache)"),
 }
-
-
-def _top_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="eslm",
-        description="Risk-averse selective language modeling (ESLM): pretrain GPT models on high-risk tokens.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="commands:\n" + "\n".join(f"  {n:<10} {h}" for n, (_, h) in COMMANDS.items())
-        + "\n\nRun 'eslm COMMAND --help' for the options of a command.",
-    )
-    p.add_argument("command", nargs="?", help="one of: " + ", ".join(COMMANDS))
-    p.add_argument("--version", action="store_true", help="print the version and exit")
-    return p
 
 
 def command_parser(name: str):
@@ -140,7 +121,14 @@ def one_line_warnings(prefix: str):
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in COMMANDS:
-        top = _top_parser()
+        top = argparse.ArgumentParser(
+            prog="eslm",
+            description="Risk-averse selective language modeling (ESLM): pretrain GPT models on high-risk tokens.",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            epilog="commands:\n" + "\n".join(f"  {n:<10} {h}" for n, (_, h) in COMMANDS.items())
+            + "\n\nRun 'eslm COMMAND --help' for the options of a command.")
+        top.add_argument("command", nargs="?", help="one of: " + ", ".join(COMMANDS))
+        top.add_argument("--version", action="store_true", help="print the version and exit")
         ns, _ = top.parse_known_args(argv)
         if ns.version:
             print(eslm.__version__)

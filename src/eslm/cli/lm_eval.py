@@ -1,20 +1,11 @@
-"""``eslm lm-eval ARGS...``: lm-evaluation-harness's own command line, with our model registered as ``eslm``.
-
-lm-eval has no plugin mechanism for external models, so its ``lm-eval`` command cannot name ours. This
-command registers the adapter (``eslm.eval.adapter``) and then runs lm-eval's CLI on ARGS unchanged, so every
-lm-eval option works as documented there (task groups, ``--include_path``, ``--output_path``,
-``--log_samples``, ...). Select our model with ``--model eslm --model_args run_dir=PATH`` (PATH: a run
-directory, a checkpoint .pt, a snapshot .safetensors or an HF GPT-2 directory; ``checkpoint=`` and
-``pretrained=`` are the same key; ``tokenizer=gpt2|byte`` overrides the checkpoint's). lm-eval's results
-JSON records the task versions, n-shot, task configs and the lm-eval version itself.
-"""
+"""``eslm lm-eval ARGS...``: lm-evaluation-harness's own command line with our adapter registered as ``eslm``
+(lm-eval has no plugin mechanism for models); ARGS go to lm-eval unchanged (docs/evaluation.md)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from eslm.errors import ConfigError
 from eslm.eval.adapter import lm_class
 
 PASSTHROUGH = True  # the dispatcher (eslm/cli/__init__.py) hands the arguments over unparsed
@@ -25,10 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: list[str]) -> int:
-    try:
-        from lm_eval.__main__ import cli_evaluate
-    except ImportError:
-        raise ConfigError("expected lm-eval to be installed, found it missing; pip install 'eslm[eval]'") from None
+    from lm_eval.__main__ import cli_evaluate  # missing: the dispatcher names the extra that installs it
 
     lm_class()  # registers "eslm" in lm-eval's model registry
     saved = sys.argv

@@ -21,14 +21,6 @@ from eslm.eval.tasks import evaluate
 from eslm.model.loading import check_device, list_evaluable, load_model
 
 
-def _checkpoints(paths: list[str], all_checkpoints: bool) -> list[str]:
-    out: list[str] = []
-    for p in paths:
-        found = list_evaluable(p) if all_checkpoints and Path(p).is_dir() else []
-        out += [str(f) for f in found] or [p]
-    return out
-
-
 def evaluate_checkpoints(paths: list[str], tasks: dict[str, int], *, all_checkpoints: bool = False,
                          limit: int | float | None = None, batch_size: int = 16, device: str | None = None,
                          include_path: str | None = None, tokenizer: str | None = None, bootstrap_iters: int = 1000,
@@ -38,8 +30,11 @@ def evaluate_checkpoints(paths: list[str], tasks: dict[str, int], *, all_checkpo
     summary per eval directory. ``limit``: documents per task (int) or a fraction < 1. Returns the JSON paths."""
     check_eval_options(limit, batch_size, bootstrap_iters, seed)
     device = check_device(device or ("cuda" if torch.cuda.is_available() else "cpu"), "--device")
-    _require_lm_eval()
-    targets = _checkpoints(paths, all_checkpoints)
+    if importlib.util.find_spec("lm_eval") is None:
+        raise ConfigError("eslm eval needs lm-evaluation-harness, which is not installed; fix: pip install "
+                          "'eslm[eval]'")
+    targets = [f for p in paths  # --all-checkpoints: every saved step of a run directory
+               for f in [str(c) for c in (list_evaluable(p) if all_checkpoints and Path(p).is_dir() else [])] or [p]]
     if out and len(targets) > 1:
         raise ConfigError(f"expected one checkpoint with --out, found {len(targets)}; drop --out to write "
                           "one file per checkpoint into <run>/eval/")
@@ -88,9 +83,3 @@ def check_eval_options(limit, batch_size: int, bootstrap_iters: int, seed: int) 
         raise ConfigError(f"--bootstrap-iters: expected 0 (off) or a positive count, found {bootstrap_iters}")
     if not 0 <= seed < 2**32:
         raise ConfigError(f"--seed: expected an integer in [0, 2**32), found {seed}")
-
-
-def _require_lm_eval() -> None:
-    if importlib.util.find_spec("lm_eval") is None:
-        raise ConfigError("eslm eval needs lm-evaluation-harness, which is not installed; fix: pip install "
-                          "'eslm[eval]'")

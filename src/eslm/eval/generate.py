@@ -1,9 +1,6 @@
-"""The one generation loop: ``eslm sample``'s text and lm-eval's ``generate_until`` (``eslm.eval.adapter``).
-
-The prompt runs once, then one token per step through the model's KV cache (``eslm.model.gpt.KVCache``); past
-``block_size`` tokens the context is cropped to the last ``block_size`` (as nanoGPT; the cache is then rebuilt
-from the cropped window each step). Options: docs/evaluation.md (``eslm sample``).
-"""
+"""The one generation loop: ``eslm sample``'s text and lm-eval's ``generate_until`` (``eslm.eval.adapter``),
+through the model's KV cache; past ``block_size`` tokens the context is cropped to the last ``block_size`` (as
+nanoGPT; the cache is then rebuilt from the cropped window each step)."""
 
 from __future__ import annotations
 
@@ -31,10 +28,10 @@ def generate(model, prompt: list[int], max_new_tokens: int, *, temperature: floa
     if seed is not None:
         gen.manual_seed(seed)
     block = model.config.block_size
-    ids, out, cache, feed = list(prompt), [], None, []
+    ids, cache = list(prompt), None
     for _ in range(max_new_tokens):
         if use_cache and cache is not None and cache.length < block:
-            hidden = model(torch.tensor([feed], device=device), cache=cache)
+            hidden = model(torch.tensor([ids[-1:]], device=device), cache=cache)
         else:  # first step, no cache wanted, or the window is full: run the (cropped) context from scratch
             cache = KVCache(model.config.n_layer) if use_cache else None
             hidden = model(torch.tensor([ids[-block:]], device=device), cache=cache)
@@ -43,11 +40,9 @@ def generate(model, prompt: list[int], max_new_tokens: int, *, temperature: floa
             logits = logits[:vocab_limit]
         nxt = _pick(logits, temperature, top_k, gen)
         ids.append(nxt)
-        out.append(nxt)
-        feed = [nxt]
         if nxt in stop_ids:
             break
-    return out
+    return ids[len(prompt):]
 
 
 def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, gen: torch.Generator) -> int:

@@ -1,5 +1,5 @@
 """The files of ``eslm eval``: where a checkpoint's results go (``output_paths``), whether a file there is one eslm
-eval wrote (``read_record``, ``check_output``: only those are replaced), and writing them with their tables
+eval wrote (``check_output``: only those are replaced), and writing them with their tables
 (``write_results``, ``write_summary``)."""
 
 from __future__ import annotations
@@ -26,12 +26,6 @@ def output_paths(info: dict, out: str | None) -> tuple[Path, Path]:
     return base / "eval" / f"{stem}.json", base / "eval" / f"{stem}.md"
 
 
-def read_record(path: Path) -> dict | None:
-    """The results ``eslm eval`` wrote at ``path`` (a JSON object of ``EVAL_FORMAT``; not a link), else None: any
-    other file, unreadable, not UTF-8 or not JSON."""
-    return read_marker(path, EVAL_FORMAT)
-
-
 def check_output(json_path: Path, md_path: Path) -> None:
     """Refuse (one line), before any evaluation, to replace a results JSON or its markdown that eslm eval did not
     write: the pair may be replaced only when the JSON is an earlier eslm eval result (the markdown beside it
@@ -39,7 +33,7 @@ def check_output(json_path: Path, md_path: Path) -> None:
     if json_path.suffix != ".json":
         raise ConfigError(f"expected --out to name a .json file, found {str(json_path)!r}; the table is written "
                           f"beside it as .md: e.g. --out {json_path.with_suffix('.json')}")
-    ours = read_record(json_path) is not None
+    ours = read_marker(json_path, EVAL_FORMAT) is not None
     for p in (json_path, md_path):
         if (p.exists() or p.is_symlink()) and not ours:
             raise OwnershipError(f"{str(p)!r} exists and is not a result eslm eval wrote ({json_path.name} is not "
@@ -56,7 +50,7 @@ def write_results(record: dict, json_path: Path, md_path: Path) -> None:
 
 def write_summary(eval_dir: Path) -> Path | None:
     """``eval/summary.md``: every ``eval/*.json`` of a run in one table (accuracy against FLOPs)."""
-    records = [r for f in sorted(eval_dir.glob("*.json")) if (r := read_record(f)) is not None]
+    records = [r for f in sorted(eval_dir.glob("*.json")) if (r := read_marker(f, EVAL_FORMAT)) is not None]
     if not records:
         return None
     path = eval_dir / "summary.md"

@@ -102,7 +102,11 @@ def evaluate(model, tokenizer, tasks: dict[str, int], *, limit: int | float | No
         try:
             res = _run_harness(lm, tm, names, shots, limit=limit, bootstrap_iters=bootstrap_iters, seed=seed)
         except Exception as e:
-            _reraise_offline(e, names)
+            if any(w in f"{type(e).__name__}: {e}".lower() for w in ("offline", "connection", "couldn't reach", "hub",
+                                                                      "resolve")):
+                raise DataError(f"expected the datasets of {names} to be reachable or cached, found them "
+                                f"unavailable ({type(e).__name__}); run once online or set HF_DATASETS_CACHE to a "
+                                "cache holding them") from None
             raise
         for name, metrics in res["results"].items():
             metric, value, se = headline_metric(metrics)
@@ -130,10 +134,3 @@ def _run_harness(lm, tm, names: list[str], shots: int, *, limit, bootstrap_iters
         task.set_fewshot_seed(seed=seed)
     return evaluator.evaluate(lm=lm, task_dict=loaded, limit=limit, bootstrap_iters=bootstrap_iters,
                               log_samples=False)
-
-
-def _reraise_offline(e: Exception, names: list[str]) -> None:
-    text = f"{type(e).__name__}: {e}".lower()
-    if any(w in text for w in ("offline", "connection", "couldn't reach", "hub", "resolve")):
-        raise DataError(f"expected the datasets of {names} to be reachable or cached, found them unavailable "
-                        f"({type(e).__name__}); run once online or set HF_DATASETS_CACHE to a cache holding them") from None

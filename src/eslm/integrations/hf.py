@@ -1,14 +1,6 @@
-"""ESLM in a Hugging Face ``Trainer`` or a TRL ``SFTTrainer``, without building the full logits.
-
-    trainer = Trainer(model=model, args=args, train_dataset=ds)     # or trl.SFTTrainer(...)
-    eslm = use_eslm(trainer, alpha=0.1, score="entropy")           # ada=AdaAlpha(...) for Ada-ESLM
-    trainer.train()
-
-``use_eslm`` patches the model's training forward (hidden states x LM head through ``eslm.api.selective_loss``;
-under TRL's fused head only the selection is added), makes ``num_items_in_batch`` the step's kept tokens and
-puts ``SelectiveLossCallback`` first; ``eslm.remove()`` undoes all three. What is covered, refused and how the
-loss is normalised: docs/dropin.md ("Hugging Face").
-"""
+"""ESLM in a Hugging Face ``Trainer`` or a TRL ``SFTTrainer`` without the full logits: ``use_eslm(trainer, ...)``
+patches the model's training forward, makes ``num_items_in_batch`` the step's kept tokens and puts
+``SelectiveLossCallback`` first (``remove()`` undoes all three); docs/dropin.md ("Hugging Face")."""
 
 from __future__ import annotations
 
@@ -20,7 +12,6 @@ import torch
 
 from eslm.api import AdaAlpha, kept_tokens, select_tokens, selective_loss, shift_for_causal_lm
 from eslm.api.head import check_head_logits, head_transform
-from eslm.api.loss import TokenScores
 from eslm.errors import ConfigError
 
 try:
@@ -121,10 +112,7 @@ class SelectiveCausalLM:
             self._verify_head(args[0] if args else kwargs.get("input_ids"))
         out = self.model.base_model(*args, **kwargs)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-        if shift_labels is None:
-            hidden, targets = shift_for_causal_lm(hidden, labels)
-        else:
-            targets = shift_labels
+        hidden, targets = shift_for_causal_lm(hidden, labels) if shift_labels is None else (hidden, shift_labels)
         head = self.model.get_output_embeddings()
         loss, stats = selective_loss(
             targets.to(hidden.device), hidden=hidden, lm_weight=head.weight, bias=getattr(head, "bias", None),
@@ -158,10 +146,8 @@ class SelectiveCausalLM:
 
     @torch.no_grad()
     def _verify_head(self, ids: torch.Tensor | None) -> None:
-        """Once, when patching (on a few synthetic tokens) or else on the first eager training forward (on the
-        first row's): the model's own logits must be what eslm computes from the hidden states and the head
-        transform read from the config. A head eslm does not reproduce (a multiplier under a name it does not
-        know) is refused here, not trained on."""
+        """Once, when patching (on a few synthetic tokens) or else on the first eager training forward: the model's
+        own logits must be what eslm computes from the hidden states and the config's head transform."""
         if ids is None:
             return  # inputs_embeds only: nothing cheap to probe with (the config check still ran)
         probe = {"input_ids": ids[:1, :8], "use_cache": False}
@@ -186,15 +172,13 @@ class SelectiveCausalLM:
         shape (B, T-1) (or (B, T) with shift_labels): the dropped tokens' log-probabilities are zeroed, so TRL's
         -sum(log_probs) / num_items_in_batch is the selective loss."""
         out = wrapped(*args, num_items_in_batch=num_items_in_batch, **kwargs)
-        own = TokenScores(loss=-out.log_probs.detach(),
-                          entropy=out.entropy if out.entropy is not None else -out.log_probs.detach())
         if self.score == "entropy" and out.entropy is None:
             raise ConfigError("score='entropy' needs TRL's per-token entropy; found none; fix: score='loss'")
         position_ids = kwargs.get("position_ids")
         if self.scope == "sequence" and position_ids is not None and kwargs.get("shift_labels") is None:
             position_ids = position_ids[:, :-1]
-        kept, stats = select_tokens(own.entropy if self.score == "entropy" else own.loss, out.label_mask,
-                                    alpha=self._loss_alpha(), scope=self.scope,
+        scores = out.entropy if self.score == "entropy" else -out.log_probs.detach()
+        kept, stats = select_tokens(scores, out.label_mask, alpha=self._loss_alpha(), scope=self.scope,
                                     position_ids=position_ids if self.scope == "sequence" else None)
         out.log_probs = torch.where(kept, out.log_probs, torch.zeros_like(out.log_probs))
         denom = num_items_in_batch if num_items_in_batch is not None else stats.num_kept.clamp(min=1)
@@ -233,14 +217,10 @@ def patch_causal_lm(model, *, alpha: float = 0.1, score: str = "entropy", scope:
 
 
 class SelectiveLossFunc:
-    """ESLM through the Trainer's public hook: ``Trainer(..., compute_loss_func=SelectiveLossFunc(alpha=0.1))``,
-    for a model ``use_eslm`` cannot patch. The Trainer pops the labels, runs the model's own forward (full
-    logits: its softcap or scale already applied) and calls this with (outputs, labels, num_items_in_batch), the
-    step's count N of labels != -100. The labels are shifted as the model's own loss shifts them; a micro-batch
-    with N_i of that count returns its kept mean x N_i / N (no N: its kept mean): exactly the step's kept mean
-    when the micro-batches have equal valid tokens (packed data), else each micro-batch's kept mean weighted by
-    its valid tokens. ``metrics`` and ``ada`` as on ``use_eslm``'s handle (call ``ada.step()`` after each
-    optimizer step). A model returning an MoE aux loss is refused (this hook replaces the model's loss)."""
+    """ESLM through the Trainer's public hook, ``compute_loss_func=SelectiveLossFunc(alpha=0.1)``, for a model
+    ``use_eslm`` cannot patch (docs/dropin.md): a micro-batch with N_i of the step's N labels != -100 returns its
+    kept mean x N_i / N. ``metrics`` and ``ada`` as on ``use_eslm``'s handle (call ``ada.step()`` after each
+    optimizer step)."""
 
     def __init__(self, *, alpha: float = 0.1, score: str = "entropy", ada: AdaAlpha | None = None):
         if score not in ("entropy", "loss"):

@@ -1,22 +1,7 @@
-"""ESLM in a PyTorch Lightning ``LightningModule``: ``SelectiveLossMixin``.
-
-    import pytorch_lightning as L                       # what ``pip install 'eslm[lightning]'`` installs
-
-    class LitLM(SelectiveLossMixin, L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.model = ...
-            self.setup_eslm(alpha=0.1, score="entropy")          # ada=AdaAlpha(...) for Ada-ESLM
-
-        def training_step(self, batch, batch_idx):
-            hidden = self.model.hidden_states(batch["input_ids"])             # no logits
-            return self.eslm_loss(batch["targets"], hidden=hidden, lm_weight=self.model.lm_head.weight)
-
-The update is exactly that of the mean CE over the step's kept tokens (every micro-batch, every rank); with
-``accumulate_grad_batches > 1`` the gradients are rescaled once per optimizer step, so ``training_step`` must
-return ``eslm_loss``'s tensor alone (docs/dropin.md, "PyTorch Lightning"). ``group=`` is refused: the selection is
-per rank.
-"""
+"""ESLM in a PyTorch Lightning ``LightningModule``: ``SelectiveLossMixin`` (usage: docs/dropin.md, "PyTorch
+Lightning"). The update is exactly that of the mean CE over the step's kept tokens (every micro-batch, every
+rank); with ``accumulate_grad_batches > 1`` the gradients are rescaled once per optimizer step, so
+``training_step`` must return ``eslm_loss``'s tensor alone. The selection is per rank (``group=`` is refused)."""
 
 from __future__ import annotations
 

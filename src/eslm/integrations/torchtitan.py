@@ -1,13 +1,7 @@
-"""ESLM in torchtitan: ``loss_config`` for torchtitan's own trainer, and a torchtitan-style loss for loops of your own.
-
-``loss_config(alpha=..., score=...)`` is what torchtitan's ``Trainer.Config.loss`` takes (torchtitan 0.3.0, imported
-when called); ``metrics_config()`` adds the selection to its logs; ``chunked_loss_config(num_chunks=...)`` is its
-``ChunkedLossWrapper`` with the selection over the whole micro-batch. torchtitan divides each micro-batch's summed
-loss by the step's valid tokens N, so a micro-batch with N_i valid and K_i kept tokens returns its kept CE sum x
-N_i / K_i / N (exact with packed data); called without a divisor (torchtitan's ``Validator``) it is the plain CE
-sum. ``SelectiveCrossEntropy`` is the same contract for a loop you write: divide by ``global_kept_tokens`` of the
-step to get exactly the mean CE over its kept tokens. Details: docs/dropin.md ("torchtitan").
-"""
+"""ESLM in torchtitan: ``loss_config`` / ``chunked_loss_config`` / ``metrics_config`` for torchtitan's own trainer
+(0.3.0, imported when called), ``SelectiveCrossEntropy`` for a loop of your own; docs/dropin.md ("torchtitan").
+torchtitan divides each micro-batch's summed loss by the step's valid tokens N, so a micro-batch with N_i valid and
+K_i kept tokens returns its kept CE sum x N_i / K_i / N (exact with packed data)."""
 
 from __future__ import annotations
 
@@ -61,29 +55,20 @@ class SelectiveCrossEntropy:
 
 
 def loss_config(*, alpha: float = 0.1, score: str = "entropy", chunk_size: int = 1024):
-    """ESLM as torchtitan's loss: ``config.loss = loss_config(alpha=0.1)`` on a torchtitan ``Trainer.Config``
-    (the trainer builds it with ``config.loss.build(compile_config=...)``). Its metrics (the kept fraction, the
-    VaR threshold, the CVaR) are returned beside the loss, and reach torchtitan's logs with ``metrics_config()``.
-    Needs torchtitan (tested with 0.3.0)."""
+    """ESLM as torchtitan's loss: ``config.loss = loss_config(alpha=0.1)`` on a torchtitan ``Trainer.Config``."""
     return _titan_classes()[0].Config(alpha=alpha, score=score, chunk_size=chunk_size)
 
 
 def chunked_loss_config(*, alpha: float = 0.1, score: str = "entropy", num_chunks: int = 8):
-    """ESLM inside torchtitan's ``ChunkedLossWrapper`` (the LM head applied one sequence chunk at a time, as its
-    llama3 / qwen3 / deepseek_v3 / gpt_oss configs do): ``config.loss = chunked_loss_config(alpha=0.1,
-    num_chunks=8)``. A first pass without gradients scores every chunk, so the VaR threshold is over the whole
-    micro-batch (the same tokens kept as ``loss_config`` keeps), then torchtitan's chunked forward-backward runs
-    with that selection. Costs one more LM-head forward. Wrapping ``loss_config`` in torchtitan's own
-    ``ChunkedLossWrapper`` is refused (it would select per chunk)."""
+    """ESLM inside torchtitan's ``ChunkedLossWrapper`` (the LM head applied one sequence chunk at a time), with the
+    selection over the whole micro-batch (one more LM-head forward): ``config.loss = chunked_loss_config(...)``."""
     return _titan_classes()[1].Config(num_chunks=num_chunks,
                                       loss_fn=_titan_classes()[0].Config(alpha=alpha, score=score))
 
 
 def metrics_config(**options):
     """torchtitan's ``MetricsProcessor.Config`` (same options) whose training log adds ESLM's selection metrics
-    over the steps since the last log, summed over the data-parallel ranks: ``eslm/kept_frac`` (kept / valid
-    tokens), ``eslm/var`` (the mean of the micro-batches' VaR thresholds), ``eslm/cvar`` (the mean score of the
-    kept tokens). ``config.metrics = metrics_config(log_freq=10)`` beside ``config.loss = loss_config(...)``."""
+    (eslm/kept_frac, eslm/var, eslm/cvar since the last log, summed over the data-parallel ranks)."""
     return _titan_classes()[2].Config(**options)
 
 
@@ -187,9 +172,8 @@ def _titan_classes():
             return loss, {"eslm/kept_frac": stats.kept_frac, "eslm/var": stats.threshold, "eslm/cvar": stats.cvar}
 
     class ESLMChunkedLoss(ChunkedLossWrapper):
-        """torchtitan's ChunkedLossWrapper around ESLMLoss, with the selection over the whole micro-batch: a first
-        pass without gradients scores every chunk, the top K = N - floor(alpha N) scores of the micro-batch are
-        kept, and torchtitan's chunked forward-backward then sums each chunk's kept CE x N_i / K_i / N."""
+        """torchtitan's ChunkedLossWrapper around ESLMLoss: a first pass without gradients scores every chunk, the
+        micro-batch's top K scores are kept, then each chunk's kept CE x N_i / K_i / N is summed."""
 
         @dataclass(kw_only=True, slots=True)
         class Config(ChunkedLossWrapper.Config):

@@ -1,10 +1,5 @@
-"""``eslm report RUN_DIR ... --out DIR``: a static, offline HTML page of figures and tables, plus summary.json;
-what it computes (seed groups, the target loss, costs to it, the statistics) is in docs/report.md.
-
-The package: ``summary`` (loading, comparisons, summary.json) built on ``curves`` (per-group numbers) and
-``downstream``; ``figure_table`` (``FIGURES``: every figure once, drawn by ``make_figures`` and placed by the
-HTML page); ``html`` (index.html) and ``markdown`` (summary.md). ``build_report`` below runs them in order.
-"""
+"""``eslm report RUN_DIR ... --out DIR``: a static, offline HTML page of figures and tables, plus summary.json
+(what it computes: docs/report.md). ``build_report`` runs the package's modules in order."""
 
 from __future__ import annotations
 
@@ -14,21 +9,21 @@ from pathlib import Path
 
 from eslm import metrics as M
 from eslm.analysis import figures
-from eslm.analysis.report.curves import best_val_loss, crossing, default_target
+from eslm.analysis.report.curves import best_val_loss, crossing
 from eslm.analysis.report.figure_table import FIGURES, make_figures
 from eslm.analysis.report.html import render_html
 from eslm.analysis.report.markdown import render_markdown
-from eslm.analysis.report.output import check_report_dir, mark_stale, write_report_dir
+from eslm.analysis.report.output import EARLIER, WHAT, check_report_dir, is_report_dir, mark_stale
 from eslm.analysis.report.summary import (
     FLOPS_KEYS,
     ONE_SEED_NOTE,
     ReportError,
     find_baseline,
     load_runs,
-    one_seed,
     summarize,
 )
 from eslm.analysis.rundir import comparable_sets_problem, config_get, group_runs, is_number, one_run_per_seed
+from eslm.files import replace_dir
 
 __all__ = ["FIGURES", "FLOPS_KEYS", "ReportError", "build_report", "crossing", "load_runs", "make_figures",
            "mark_stale", "print_summary", "render_html", "render_markdown", "summarize"]
@@ -40,7 +35,7 @@ def print_summary(summary: dict, out: Path) -> None:
         print(f"eslm report: warning: {w}", file=sys.stderr)
     if summary.get("primary"):
         print(summary["primary"]["primary_verdict"])
-    if one_seed(summary):  # once, instead of "(n=1, no interval)" after every verdict
+    if summary["one_seed"]:  # once, instead of "(n=1, no interval)" after every verdict
         print(ONE_SEED_NOTE)
     for c in summary["comparisons"] + summary["controls"]:
         print(f"{c['group']} vs {c['against']}: " + "; ".join(c["verdicts"]))
@@ -73,10 +68,8 @@ def build_report(run_dirs: list[str], out_dir: str | Path, *, target_loss: float
                  primary: list[str] | None = None, equivalence_margin: float | None = None,
                  study: str | None = None) -> dict:
     """Read the runs, write ``out_dir``/index.html, the PNGs and summary.json; return the summary. Errors name
-    the options as ``{where}baseline`` etc.: the command line's ``--baseline`` by default, ``report.`` for the
-    report section of a study file. ``primary``: the two groups of the comparison named in advance;
-    ``equivalence_margin``: its pre-registered equivalence margin in nats (TOST); ``study``: the study's name for
-    the page's header (else the name of the directory the runs share)."""
+    the options as ``{where}baseline`` etc. (``--`` on the command line, ``report.`` in a study file);
+    ``equivalence_margin``: the primary comparison's pre-registered margin in nats (TOST)."""
     if primary is not None and (len(primary) != 2 or primary[0] == primary[1]):
         raise ReportError(f"expected {where}primary to name two different groups, found {list(primary)!r}; "
                           "give the group and the one it is compared with, e.g. eslm-entropy random")
@@ -111,12 +104,14 @@ def build_report(run_dirs: list[str], out_dir: str | Path, *, target_loss: float
     elif target_loss is not None:
         target, source = float(target_loss), "given"
     else:
-        target, source = default_target(runs), "the lowest loss every run reaches: max over runs of min val_loss"
+        target = max(best_val_loss(r) for r in runs)
+        source = "the lowest loss every run reaches: max over runs of min val_loss"
     summary = summarize(runs, groups, target=target, target_source=source, flops=flops,
                         skipped=skipped, warnings=warnings, baseline=baseline, where=where, primary=primary,
                         margin=equivalence_margin, study=study)
     summary["token_view"] = token_view(Path(out_dir), runs)
-    write_report_dir(Path(out_dir), lambda out: _write(out, groups, summary))
+    replace_dir(Path(out_dir), lambda out: _write(out, groups, summary), what=WHAT, is_ours=is_report_dir,
+                earlier=EARLIER)
     return summary
 
 

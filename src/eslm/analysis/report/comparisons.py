@@ -1,9 +1,5 @@
-"""The paired comparisons of ``eslm report`` and their verdicts: the read-outs of a group against another (the
-final, best and equal-token validation loss; to-target costs with censored seeds), Holm's adjustment over the
-report's family of read-outs (the primary comparison's final loss left out, read at 5% on its own; read-outs
-with equal per-seed differences counted once, ``_quantity``), and the paired differences over training
-(docs/report.md, "Statistics and verdicts").
-"""
+"""The paired comparisons of ``eslm report`` and their verdicts, Holm's adjustment over the report's family of
+read-outs, and the paired differences over training (docs/report.md, "Statistics and verdicts")."""
 
 from __future__ import annotations
 
@@ -26,9 +22,7 @@ def per_seed(group: Group, value_of) -> dict:
 def equal_token_losses(group: Group, base: Group | None) -> dict:
     """{seed: validation loss at the tokens the baseline's run of that seed had seen at its last evaluation}
     (None where the run has no evaluation at exactly that many tokens, or the seed no baseline run)."""
-    if base is None:
-        return {str(r.seed): None for r in group.runs}
-    last = {str(r.seed): last_value(r.eval, M.TOKENS_SEEN) for r in base.runs}
+    last = {str(r.seed): last_value(r.eval, M.TOKENS_SEEN) for r in base.runs} if base is not None else {}
     out = {}
     for r in group.runs:
         t = last.get(str(r.seed))
@@ -55,18 +49,6 @@ def compare(g: Group, other: Group, tt: dict, other_tt: dict, eq: dict, other_eq
     return out
 
 
-def family(comparisons: list[dict]) -> list[dict]:
-    """The intervals that carry a verdict and are Holm-adjusted together: every loss read-out of
-    ``ADJUSTED_LOSSES`` and every to-target cost of every comparison, except the primary final loss."""
-    out = []
-    for c in comparisons:
-        for what in ADJUSTED_LOSSES:
-            if not (c["primary"] and what == FINAL):
-                out.append(c["losses"][what])
-        out += list(c["to_target"].values())
-    return out
-
-
 def _quantity(ci: dict):
     """What an interval measures, by its per-seed values: two read-outs with equal per-seed differences are one
     quantity (ESLM against random at one alpha: the same tokens, paper-FLOPs and executed FLOPs per step, so the
@@ -78,12 +60,15 @@ def _quantity(ci: dict):
 
 
 def adjust(comparisons: list[dict]) -> int:
-    """Holm-adjust the p-values of ``family(comparisons)`` in place (``p_adjusted``, ``family``: its size, the
-    distinct quantities with a p-value); an interval equal per seed to one already in the family (``_quantity``)
-    is not counted again: it takes that one's adjusted p (``same_quantity_as_earlier``). Returns the size."""
+    """Holm-adjust in place (``p_adjusted``, ``family``: its size, the distinct quantities with a p-value) the
+    intervals that carry a verdict: every loss of ``ADJUSTED_LOSSES`` and every to-target cost of every
+    comparison, except the primary final loss. An interval equal per seed to one already in the family
+    (``_quantity``) takes that one's adjusted p (``same_quantity_as_earlier``). Returns the size."""
     first: dict = {}
     again = []
-    for ci in family(comparisons):
+    family = [c["losses"][what] for c in comparisons for what in ADJUSTED_LOSSES
+              if not (c["primary"] and what == FINAL)]
+    for ci in family + [ci for c in comparisons for ci in c["to_target"].values()]:
         key = _quantity(ci)
         if key in first:
             again.append((ci, first[key]))

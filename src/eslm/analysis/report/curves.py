@@ -33,11 +33,6 @@ def crossing(xs: list[float], ys: list[float], target: float) -> float | None:
     return None
 
 
-def default_target(runs: list[Run]) -> float:
-    """The best (lowest) validation loss every run reaches: max over runs of each run's min val_loss."""
-    return max(best_val_loss(r) for r in runs)
-
-
 def aggregate(values: list) -> dict:
     """mean / min / max / std over the numeric values (None entries ignored), with counts."""
     nums = [float(v) for v in values if is_number(v)]
@@ -96,21 +91,13 @@ def best_val_loss(r: Run):
 def domains_of(runs: list[Run], prefix: str = M.VAL_LOSS_DOMAIN_PREFIX, records_of=lambda r: r.eval) -> list[str]:
     """Domain names that appear in any record (``records_of(run)``: eval lines by default) as ``prefix``<domain>
     (val_loss/<domain> by default), in first-seen order."""
-    seen: dict[str, None] = {}
-    for r in runs:
-        for rec in records_of(r):
-            for k in rec:
-                if k.startswith(prefix):
-                    seen.setdefault(k[len(prefix):], None)
-    return list(seen)
+    return list(dict.fromkeys(k[len(prefix):] for r in runs for rec in records_of(r) for k in rec
+                              if k.startswith(prefix)))
 
 
 def last_value(records: list[dict], key: str):
     """The value of ``key`` in the last record that has it (None if none)."""
-    for rec in reversed(records):
-        if is_number(rec.get(key)):
-            return rec[key]
-    return None
+    return next((rec[key] for rec in reversed(records) if is_number(rec.get(key))), None)
 
 
 def group_final(group: Group, domains: list[str]) -> dict:

@@ -18,15 +18,11 @@ def is_percent(metric: str) -> bool:
 
 def run_downstream(run: Run) -> dict:
     """task -> {metric, value, stderr, num_fewshot} of the run's latest downstream result file."""
-    if not run.downstream:
-        return {}
-    out = {}
-    for task, res in run.downstream[-1]["results"].items():
-        if isinstance(res, dict) and is_number(res.get("value")):
-            out[task] = {"metric": res.get("metric", "?"), "value": float(res["value"]),
-                         "stderr": float(res["stderr"]) if is_number(res.get("stderr")) else None,
-                         "num_fewshot": res.get("num_fewshot")}
-    return out
+    tasks = run.downstream[-1]["tasks"] if run.downstream else {}
+    return {task: {"metric": res.get("metric", "?"), "value": float(res["value"]),
+                   "stderr": float(res["stderr"]) if is_number(res.get("stderr")) else None,
+                   "num_fewshot": res.get("num_fewshot")}
+            for task, res in tasks.items() if isinstance(res, dict) and is_number(res.get("value"))}
 
 
 def group_downstream(group: Group) -> dict:

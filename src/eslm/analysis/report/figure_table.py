@@ -54,29 +54,19 @@ def _loss_curves(axis: Callable[[dict], tuple[str, str]], logx: bool) -> Callabl
     return draw
 
 
-def _bars(summary: dict, what: str) -> list[dict]:
-    out = []
-    for g in summary["groups"]:
-        t = g["to_target"][what]
-        ci = t["ci_lo"] is not None  # whisker: the 95% interval over seeds (min..max would hide n)
-        out.append({"label": g["label"], "mean": t["mean"], "lo": t["ci_lo"] if ci else t["min"],
-                    "hi": t["ci_hi"] if ci else t["max"], "reached": t["reached"], "n": t["n"]})
-    return out
-
-
 def _to_target_bars(what: str, ylabel: Callable[[dict], str]) -> Callable[[Path, Scene], bool]:
     """One bar per group: the cost ``what`` (a key of a group's to_target) to reach the target loss."""
     def draw(path: Path, sc: Scene) -> bool:
-        label = ylabel(sc.summary)
-        figures.target_bars(path, _bars(sc.summary, what), sc.colors, ylabel=label,
+        label, bars = ylabel(sc.summary), []
+        for g in sc.summary["groups"]:
+            t = g["to_target"][what]
+            ci = t["ci_lo"] is not None  # whisker: the 95% interval over seeds (min..max would hide n)
+            bars.append({"label": g["label"], "mean": t["mean"], "lo": t["ci_lo"] if ci else t["min"],
+                         "hi": t["ci_hi"] if ci else t["max"], "reached": t["reached"], "n": t["n"]})
+        figures.target_bars(path, bars, sc.colors, ylabel=label,
                             title=f"{label.split(' (')[0]} to reach validation loss {sc.summary['target_loss']:.4g}")
         return True
     return draw
-
-
-def _min_max(a: dict):
-    """(min, max) of an aggregate over several seeds, else None (no whisker for a single run)."""
-    return (a["min"], a["max"]) if a["count"] > 1 else None
 
 
 def _domain_final(path: Path, sc: Scene) -> bool:
@@ -84,7 +74,8 @@ def _domain_final(path: Path, sc: Scene) -> bool:
     if not domains:
         return False
     values = {g["label"]: [g["final_val_loss_domain"][d]["mean"] for d in domains] for g in groups}
-    spread = {g["label"]: [_min_max(g["final_val_loss_domain"][d]) for d in domains] for g in groups}
+    finals = {g["label"]: [g["final_val_loss_domain"][d] for d in domains] for g in groups}
+    spread = {lab: [(a["min"], a["max"]) if a["count"] > 1 else None for a in f] for lab, f in finals.items()}
     figures.category_points(path, domains, values, sc.colors, spread=spread,
                             ylabel="final validation loss", title="Final validation loss per domain (own y range each)")
     return True
@@ -173,8 +164,8 @@ def _differences(path: Path, sc: Scene) -> bool:
         panel["minus random at the same alpha"] = d["control"]
     if not panel:
         return False
-    figures.differences(path, panel, sc.colors, xlabel="tokens seen", ylabel="Δ validation loss (nats)",
-                        title="Paired difference over training: mean and 95% interval over seeds")
+    figures.panels(path, panel, sc.colors, xlabel="tokens seen", ylabel="Δ validation loss (nats)", logx=False,
+                   logy=False, hline=0.0, title="Paired difference over training: mean and 95% interval over seeds")
     return True
 
 
@@ -188,11 +179,12 @@ def _kept_dropped(path: Path, sc: Scene) -> bool:
         kept = group_curve(g, _train, M.STEP, M.CVAR)  # the CVaR is the mean score of the kept tokens
         dropped = group_curve(g, _train, M.STEP, M.SCORE_DROPPED_MEAN)
         if kept and dropped:
-            per_group[g.label] = (kept, dropped)
+            per_group[g.label] = [{**kept, "label": "kept", "color": g.label},
+                                  {**dropped, "label": "dropped", "color": g.label, "ls": "--"}]
     if not per_group:
         return False
-    figures.kept_dropped(path, per_group, sc.colors, xlabel="optimizer step",
-                         title="Mean score of kept (solid) and dropped (dashed) tokens")
+    figures.panels(path, per_group, sc.colors, xlabel="optimizer step", ylabel="mean score", logx=False, logy=False,
+                   title="Mean score of kept (solid) and dropped (dashed) tokens")
     return True
 
 
@@ -225,11 +217,8 @@ FIGURES: tuple[Figure, ...] = (
 def make_figures(out: Path, groups: list[Group], summary: dict) -> dict[str, str]:
     """Draw every figure of ``FIGURES`` that has data into ``out``; returns {figure id: file name} of those written."""
     scene = Scene(groups, summary, figures.color_map([g.label for g in groups]))
-    written = {}
-    for fig in FIGURES:  # read at call time: a figure added to the table is drawn without other edits
-        if fig.draw(out / f"{fig.id}.png", scene):
-            written[fig.id] = f"{fig.id}.png"
-    return written
+    # FIGURES read at call time: a figure added to the table is drawn without other edits
+    return {fig.id: f"{fig.id}.png" for fig in FIGURES if fig.draw(out / f"{fig.id}.png", scene)}
 
 
 def drawn(written: dict[str, str]) -> list[dict]:

@@ -1,12 +1,6 @@
-"""index.html of ``eslm report``: one static page, no external resources, images by relative file name.
-
-The page's layout, style and words are the Jinja2 templates in ``templates/`` (``index.html.j2``; jinja2 is
-installed with torch); this module formats the numbers into table cells and hands the template the summary
-(``render_html``). Every text reaches the page through the template engine with autoescaping on for the whole
-page: no markup is built here. A table cell is a string (text) or a list of parts, each a string or a pair
-(kind, text) with kind ``small``, ``warn`` (small, in the warning colour) or ``br`` (a line break), which the
-template's ``cell`` macro turns into markup around the escaped text. Long texts from the runs are shortened
-(``rundir.shorten``)."""
+"""index.html of ``eslm report``: the template ``templates/index.html.j2`` (layout, style and words; autoescaped)
+filled with table cells formatted here. A cell is a string or a list of parts, each a string or a pair (kind,
+text) with kind ``small``, ``warn`` or ``br``, which the template's ``cell`` macro turns into markup."""
 
 from __future__ import annotations
 
@@ -16,22 +10,18 @@ from eslm import metrics as M
 from eslm.analysis.report import figure_table
 from eslm.analysis.report.downstream import is_percent
 from eslm.analysis.report.markdown import agg_cell, header_rows, paired_cell, since_branch_table, spread_table
-from eslm.analysis.report.summary import COSTS, ONE_SEED_NOTE, one_seed
+from eslm.analysis.report.summary import COSTS, ONE_SEED_NOTE
 from eslm.analysis.report.verdicts import verdict_table
 from eslm.analysis.rundir import IGNORED_FOR_GROUPING, MAX_MESSAGE, shorten
 
 Table = tuple[list, list[list]]  # (header cells, rows of cells); a cell: a text or a list of parts (above)
 
 
-def _parts(cell) -> list:
-    return [cell] if isinstance(cell, str) else list(cell)
-
-
 def _target_cell(t: dict, spec=".3g", single: bool = False):
     if t["reached"] == 0:
         return "not reached"
-    s = agg_cell({**t, "count": t["reached"]}, spec, single)
-    return s if t["reached"] == t["n"] else _parts(s) + [f" ({t['reached']}/{t['n']} reached)"]
+    s, part = agg_cell({**t, "count": t["reached"]}, spec, single), f" ({t['reached']}/{t['n']} reached)"
+    return s if t["reached"] == t["n"] else ([s] if isinstance(s, str) else s) + [part]
 
 
 def _label(g: dict):
@@ -47,10 +37,9 @@ def _label_of(summary: dict, label: str):
 
 def _summary_rows(summary: dict) -> Table:
     rows = []
-    one = one_seed(summary)
     for g in summary["groups"]:
         rows.append([_label(g), str(len(g["runs"]))]
-                    + [agg_cell(g[key], spec, one) for key, spec in (
+                    + [agg_cell(g[key], spec, summary["one_seed"]) for key, spec in (
                         ("final_val_loss", ".4f"), ("equal_tokens_val_loss", ".4f"), ("best_val_loss", ".4f"),
                         ("final_" + M.STEP, ".4g"), ("final_" + M.FLOPS_PAPER, ".3g"),
                         ("final_" + M.FLOPS_EXECUTED, ".3g"), ("step_cost_vs_clm", ".3f"),
@@ -73,8 +62,7 @@ def _censored_cell(t: dict, spec=".3g"):
 def _costs_rows(summary: dict) -> Table:
     """To-target costs in both FLOPs conventions, tokens and time, side by side; with censored seeds, the
     paper-FLOPs mean that counts them at their budget."""
-    one = one_seed(summary)
-    rows = [[_label(g)] + [_target_cell(g["to_target"][k], single=one) for k in COSTS]
+    rows = [[_label(g)] + [_target_cell(g["to_target"][k], single=summary["one_seed"]) for k in COSTS]
             + [_censored_cell(g["to_target"][M.FLOPS_PAPER])] for g in summary["groups"]]
     time_head = "CPU s" if summary["time_key"] == M.CPU_S else "wall-clock s"
     return (["group", "flops_paper to target", "flops_executed to target", "tokens to target",
@@ -85,10 +73,8 @@ def _comparison_rows(summary: dict, comparisons: list[dict]) -> Table:
     """Paired differences per group: final loss (nats) and relative to-target costs, with 95% intervals (a
     one-seed report: the means alone, the page says once that nothing has an interval; the number of pairs is
     the seeds per group of the header)."""
-    single = one_seed(summary)
-
     def cell(ci, rel):
-        return paired_cell(ci, rel, single, (" ▼", " ▲"))
+        return paired_cell(ci, rel, summary["one_seed"], (" ▼", " ▲"))
 
     rows = [[_label_of(summary, c["group"]), _label_of(summary, c["against"]),
              cell(c["losses"]["final validation loss"], False), cell(c["losses"]["equal-token validation loss"], False)]
@@ -185,7 +171,7 @@ def render_html(summary: dict, written: dict) -> str:
     env.filters["msg"] = lambda text: shorten(text, MAX_MESSAGE)  # a message that names them
     s = summary
     return env.get_template("index.html.j2").render(
-        s=s, one_seed_note=ONE_SEED_NOTE if one_seed(s) else None, ignored=IGNORED_FOR_GROUPING,
+        s=s, one_seed_note=ONE_SEED_NOTE if s["one_seed"] else None, ignored=IGNORED_FOR_GROUPING,
         header=header_rows(s), verdict_table=_verdict_rows(s), token_view=s.get("token_view"),
         verdicts=[("Against the baseline", s["comparisons"]),
                   ("Against the random-drop control at the same alpha", s["controls"])],

@@ -7,7 +7,7 @@ import html
 from eslm import metrics as M
 from eslm.analysis import stats as S
 from eslm.analysis.report import figure_table
-from eslm.analysis.report.summary import ONE_SEED_NOTE, one_seed
+from eslm.analysis.report.summary import ONE_SEED_NOTE
 from eslm.analysis.report.verdicts import verdict_table
 from eslm.analysis.rundir import MAX_MESSAGE, shorten
 
@@ -25,30 +25,29 @@ def _count(n) -> str:
 
 def header_rows(s: dict) -> list[tuple[str, str]]:
     """The header of the page and of summary.md, (name, text) rows each said once for the whole report: study,
-    alpha, model, tokens per step, commit, seeds, what was compared (``summary.header``; a summary written before
-    it had one: the last row only). Texts from the runs are shortened; escaping is the caller's."""
-    h = s.get("header") or {}
+    alpha, model, tokens per step, commit, seeds, what was compared (``summary.header``). Texts from the runs are
+    shortened; escaping is the caller's."""
+    h = s["header"]
     rows: list[tuple[str, str]] = []
     if h.get("study"):
         rows.append(("study", shorten(h["study"])))
-    elif len(h.get("directories") or []) == 1:
+    elif len(h["directories"]) == 1:
         rows.append(("runs in", shorten(h["directories"][0])))
-    if h:
-        rows.append(("alpha", ", ".join(shorten(str(a)) for a in h["alphas"]) + " (the runs that select tokens)"
-                     if h["alphas"] else "— (no run selects tokens)"))
-        model = ", ".join(shorten(str(p)) for p in h["presets"]) or "—"
-        params = ", ".join(_count(p) for p in h["params"])
-        rows.append(("model", f"{model} ({params} non-embedding parameters)" if params else model))
-        rows.append(("tokens per step", ", ".join(_count(t) for t in h["tokens_per_step"]) or "—"))
-        unknown = h["commit_unknown"]
-        commits = ", ".join(shorten(c) for c in h["commits"]) or "—"
-        rows.append(("commit", commits + (f" ({unknown} run{'s' if unknown > 1 else ''} without one)"
-                                          if unknown and h["commits"] else "")))
-        counts = h["seeds_per_group"]
-        seeds = ", ".join(shorten(str(x)) for x in h["seeds"])
-        rows.append(("seeds", f"n = {counts[0]} per group (seeds {seeds}); every interval is over these seeds"
-                     if len(counts) == 1 else
-                     f"{counts[0]} to {counts[-1]} per group (each group's in the groups table; seeds {seeds})"))
+    rows.append(("alpha", ", ".join(shorten(str(a)) for a in h["alphas"]) + " (the runs that select tokens)"
+                 if h["alphas"] else "— (no run selects tokens)"))
+    model = ", ".join(shorten(str(p)) for p in h["presets"]) or "—"
+    params = ", ".join(_count(p) for p in h["params"])
+    rows.append(("model", f"{model} ({params} non-embedding parameters)" if params else model))
+    rows.append(("tokens per step", ", ".join(_count(t) for t in h["tokens_per_step"]) or "—"))
+    unknown = h["commit_unknown"]
+    commits = ", ".join(shorten(c) for c in h["commits"]) or "—"
+    rows.append(("commit", commits + (f" ({unknown} run{'s' if unknown > 1 else ''} without one)"
+                                      if unknown and h["commits"] else "")))
+    counts = h["seeds_per_group"]
+    seeds = ", ".join(shorten(str(x)) for x in h["seeds"])
+    rows.append(("seeds", f"n = {counts[0]} per group (seeds {seeds}); every interval is over these seeds"
+                 if len(counts) == 1 else
+                 f"{counts[0]} to {counts[-1]} per group (each group's in the groups table; seeds {seeds})"))
     rows.append(("compared", f"{len(s['runs'])} runs in {len(s['groups'])} groups; FLOPs convention "
                  f"{s['flops_convention']}; target validation loss {s['target_loss']:.4g}"))
     return rows
@@ -79,12 +78,6 @@ def paired_cell(ci: dict | None, rel: bool, single: bool = False, marks: tuple =
         return f"{ci['mean']:{spec}}" if single else [f"{ci['mean']:{spec}} ", ("small", "(no interval)")]
     mark = {-1: marks[0], 1: marks[1], 0: ""}[S.significant(ci)]
     return f"{ci['mean']:{spec}} [{ci['lo']:{spec}}, {ci['hi']:{spec}}]{mark}"
-
-
-def _md_label(g: dict) -> str:
-    if not g["unfinished"]:
-        return md_text(g["label"])
-    return f"{md_text(g['label'])} (**{len(g['unfinished'])}/{len(g['runs'])} unfinished**)"
 
 
 def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -145,24 +138,6 @@ def _verdict_lines(s: dict) -> list[str]:
                       *r["loss"], *r["cost"]] for r in rows])
 
 
-def _figure_lines(s: dict) -> list[str]:
-    """The drawn figures (summary.json's ``figures``) as images by relative file name, in the page's order and
-    sections; none drawn: no lines."""
-    out = []
-    for f in figure_table.drawn(s.get("figures") or {}):
-        out += ([f"### {f['heading']}", ""] if f["heading"] else []) + [f"![{f['alt']}]({f['src']})", ""]
-    return out
-
-
-def _token_view_line(s: dict) -> str | None:
-    tv = s.get("token_view")
-    if not tv:
-        return None
-    if tv.get("link"):
-        return f"- **token view**: [which tokens are kept and dropped]({tv['link']}) (eslm tokens)"
-    return f"- **token view**: not made; make it with {md_text(tv['command'])}"
-
-
 def render_markdown(summary: dict) -> str:
     """The report as Markdown (summary.md), in the page's order: the header, the verdict table, the figures, then
     one table of groups with intervals and paired differences and the verdicts in words. Paste-able into a
@@ -172,26 +147,28 @@ def render_markdown(summary: dict) -> str:
     ctrl = {c["group"]: c for c in s["controls"]}
     t_words = "CPU s" if s["time_key"] == M.CPU_S else "wall-clock s"
     base = md_text(s["baseline"] or "baseline")
-    head = (f"| group | n | final val loss | Δ final loss vs {base} | Δ vs random (same alpha) | "
-            f"Δ equal-token loss vs {base} | to target, Δ flops_paper vs {base} | Δ flops_executed | "
-            f"Δ {t_words} | reached | step cost / CLM |")
-    table = [head, "|" + "---|" * 11]
     unfinished = any(g["unfinished"] for g in s["groups"])
-    one = one_seed(s)
+    one = s["one_seed"]
+    rows = []
     for g in s["groups"]:
         c, r = comp.get(g["label"]), ctrl.get(g["label"])
         if r is None and c is not None and g.get("control") == c["against"]:  # its control is the baseline
             r = c
         tt = g["to_target"][M.FLOPS_PAPER]
-        table.append("| " + " | ".join([
-            _md_label(g), str(g["final_val_loss"]["count"]), plain(agg_cell(g["final_val_loss"], ".4f", one)),
+        rows.append([
+            md_text(g["label"]) + (f" (**{len(g['unfinished'])}/{len(g['runs'])} unfinished**)" if g["unfinished"]
+                                   else ""), str(g["final_val_loss"]["count"]),
+            plain(agg_cell(g["final_val_loss"], ".4f", one)),
             plain(paired_cell(c["losses"]["final validation loss"] if c else None, False, one)),
             plain(paired_cell(r["losses"]["final validation loss"] if r else None, False, one)),
             plain(paired_cell(c["losses"]["equal-token validation loss"] if c else None, False, one)),
             plain(paired_cell(c["to_target"][M.FLOPS_PAPER] if c else None, True, one)),
             plain(paired_cell(c["to_target"][M.FLOPS_EXECUTED] if c else None, True, one)),
             plain(paired_cell(c["to_target"]["time_s"] if c else None, True, one)),
-            f"{tt['reached']}/{tt['n']}", plain(agg_cell(g["step_cost_vs_clm"], ".3f", one))]) + " |")
+            f"{tt['reached']}/{tt['n']}", plain(agg_cell(g["step_cost_vs_clm"], ".3f", one))])
+    table = md_table(["group", "n", "final val loss", f"Δ final loss vs {base}", "Δ vs random (same alpha)",
+                      f"Δ equal-token loss vs {base}", f"to target, Δ flops_paper vs {base}", "Δ flops_executed",
+                      f"Δ {t_words}", "reached", "step cost / CLM"], rows)
     notes = [f"Target validation loss {s['target_loss']:.4f} ({md_text(s['target_source'])}). Mean ± 95% Student-t "
              f"half-width over seeds; Δ: mean paired (by seed) difference [95% interval], relative for costs, a "
              f"seed that never reached the target counted at its budget (censored); **↓**/**↑**: below / above 0 "
@@ -203,17 +180,21 @@ def render_markdown(summary: dict) -> str:
                      "\"final\" values are those of their last evaluation, not of the end of training.")
     verdicts = [f"- **{md_text(c['group'])}** vs {md_text(c['against'])}: " + "; ".join(map(md_text, c["verdicts"]))
                 for c in s["comparisons"] + s["controls"]]
-    study = (s.get("header") or {}).get("study")
+    study = s["header"].get("study")
     top = [f"# eslm report{': ' + md_text(study) if study else ''}", ""]
     top += [f"- **{name}**: {md_text(text)}" for name, text in header_rows(s)]
-    top += [x for x in [_token_view_line(s)] if x]
+    if tv := s.get("token_view"):
+        top.append(f"- **token view**: [which tokens are kept and dropped]({tv['link']}) (eslm tokens)"
+                   if tv.get("link") else f"- **token view**: not made; make it with {md_text(tv['command'])}")
     top += [f"- warning: {md_text(w)}" for w in s["warnings"]] + [""]
     if one:
         head_words, rest = ONE_SEED_NOTE.split(": ", 1)
         top += [f"**{head_words}**: {rest}", ""]
     if s.get("primary"):
         top += [f"**{md_text(s['primary']['primary_verdict'])}**", ""]
-    figs = _figure_lines(s)
+    figs: list[str] = []  # the drawn figures, in the page's order and sections
+    for f in figure_table.drawn(s.get("figures") or {}):
+        figs += ([f"### {f['heading']}", ""] if f["heading"] else []) + [f"![{f['alt']}]({f['src']})", ""]
     gaps = [f"- {md_text(x)}." for x in s["flops_gaps"]]
     extra = []
     for t in (spread_table(s, md_text), since_branch_table(s, md_text)):

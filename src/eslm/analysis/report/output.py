@@ -1,12 +1,5 @@
-"""The report's directory: written whole, replaced in one step, marked stale when its runs moved on.
-
-``write_report_dir`` builds every file in a temporary directory beside the output (``.NAME.tmp.PID``) and then
-puts it in place: a report that fails half-way leaves the previous one as it was, and a reader never sees a
-mixture of two reports (or figures left over from an older one). It replaces only a directory it can prove is
-an eslm report (its summary.json has ``format: REPORT_FORMAT``), or an empty one; any other directory is
-refused in one line. ``mark_stale`` writes a visible notice into an existing report (index.html, summary.md,
-summary.json) when the runs it describes are being trained further (``eslm study`` continuing).
-"""
+"""The report's directory: replaced whole, in one step, only where it is provably an eslm report (summary.json's
+``format``) or empty; ``mark_stale`` writes a notice into a report whose runs are being trained further."""
 
 from __future__ import annotations
 
@@ -15,7 +8,7 @@ import json
 from pathlib import Path
 
 from eslm.analysis.report.summary import REPORT_FORMAT
-from eslm.files import atomic_write, check_output_dir, read_marker, replace_dir
+from eslm.files import atomic_write, check_output_dir, read_marker
 
 
 def is_report_dir(path: Path) -> bool:
@@ -30,13 +23,6 @@ def check_report_dir(out: Path) -> None:
     """Refuses (one line, an OwnershipError) an output directory that is neither new, empty, nor an earlier eslm
     report."""
     check_output_dir(Path(out), WHAT, is_report_dir, EARLIER)
-
-
-def write_report_dir(out: Path, write) -> None:
-    """``write(tmp_dir)`` fills a temporary directory beside ``out``, which then replaces ``out`` (checked by
-    ``check_report_dir`` first): ``eslm.files.replace_dir``, under the output's lock (a second report to the same
-    ``out`` at the same time is refused). Leftovers of killed reports of the same ``out`` are removed."""
-    replace_dir(Path(out), write, what=WHAT, is_ours=is_report_dir, earlier=EARLIER)
 
 
 def mark_stale(out: Path, why: str) -> bool:

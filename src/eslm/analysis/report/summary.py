@@ -44,12 +44,6 @@ class ReportError(ESLMError):
     """Nothing to report on, or report options that cannot be honoured."""
 
 
-def one_seed(summary: dict) -> bool:
-    """Every group has at most one run: no number of the report has an interval (``ONE_SEED_NOTE``, said once,
-    not in each cell or verdict)."""
-    return all(len(g["runs"]) <= 1 for g in summary["groups"])
-
-
 def load_runs(paths: list[str]) -> tuple[list[Run], list[dict], list[str]]:
     """Load every path once (a directory given twice is read once, with a warning); runs without eval lines are
     skipped with a warning (an error if none is left). Runs are known by their directory: two directories
@@ -86,10 +80,8 @@ def time_key_of(runs: list[Run]) -> tuple[str, str]:
 
 
 def find_baseline(groups: list[Group], name: str | None, where: str = "--") -> tuple[Group | None, str | None]:
-    """The group ``name`` names (``eslm.analysis.rundir.find_group``: a label, a study's grid point, or a method
-    with one group), default the registry's baseline method (``eslm.methods.baseline``: clm); (None, reason) when
-    there is no group of it and none was named. Errors name the option as ``{where}baseline`` (``--baseline`` on
-    the command line, ``report.baseline`` in a study)."""
+    """The group ``name`` names (``rundir.find_group``), default the registry's baseline method; (None, reason)
+    when there is no group of it and none was named."""
     default = baseline()
     group, why = find_group(groups, name or default, f"{where}baseline")
     if group is not None:
@@ -162,11 +154,10 @@ def run_load(r: Run) -> float | None:
 
 
 def load_warning(runs: list[Run]) -> str | None:
-    loads = {r.name: run_load(r) for r in runs}
-    known = {k: v for k, v in loads.items() if v is not None}
+    known = [v for r in runs if (v := run_load(r)) is not None]
     if len(known) < 2:
         return None
-    lo, hi = min(known.values()), max(known.values())
+    lo, hi = min(known), max(known)
     if hi > LOAD_RATIO_WARN * max(lo, 0.5):
         return (f"runs were taken under different machine loads (mean 1-min load average from {lo:.1f} to "
                 f"{hi:.1f}): wall-clock comparisons are skewed; CPU seconds much less so")
@@ -192,17 +183,14 @@ def spread(groups: list[Group]) -> list[dict]:
     interval, and its spread against its control at the same alpha and against the baseline (the registry's:
     ``eslm.methods.control_of``, ``baseline``; SD ratio, F test, Pitman-Morgan test over the shared seeds;
     ``stats.spread_comparison``)."""
-    def finals(g):
-        return C.per_seed(g, lambda r: last_value(r.eval, M.VAL_LOSS))
-
-    base = baseline()
+    finals = {g.label: C.per_seed(g, lambda r: last_value(r.eval, M.VAL_LOSS)) for g in groups}
     out = []
     for g in groups:
         control = control_of(g.method)
-        refs = [c for c in groups if c is not g and (c.method == base or (
+        refs = [c for c in groups if c is not g and (c.method == baseline() or (
             c.method == control and config_alpha(c) == config_alpha(g)))]
-        out.append({"label": g.label, **S.sd_ci(list(finals(g).values())),
-                    "against": {c.label: S.spread_comparison(finals(g), finals(c)) for c in refs}})
+        out.append({"label": g.label, **S.sd_ci(list(finals[g.label].values())),
+                    "against": {c.label: S.spread_comparison(finals[g.label], finals[c.label]) for c in refs}})
     return out
 
 
@@ -214,17 +202,13 @@ def _distinct(values) -> list:
 def tokens_per_step(r: Run):
     """Tokens one optimizer step of ``r`` consumed, from its logged counters (the last train line's tokens seen
     over its step: every micro-batch and process included); None without them."""
-    for rec in reversed(r.train):
-        if is_number(rec.get(M.TOKENS_SEEN)) and is_number(rec.get(M.STEP)) and rec[M.STEP] > 0:
-            return round(rec[M.TOKENS_SEEN] / rec[M.STEP])
-    return None
+    return next((round(rec[M.TOKENS_SEEN] / rec[M.STEP]) for rec in reversed(r.train)
+                 if is_number(rec.get(M.TOKENS_SEEN)) and is_number(rec.get(M.STEP)) and rec[M.STEP] > 0), None)
 
 
 def header(runs: list[Run], groups: list[Group], study: str | None) -> dict:
-    """What the report's header says once, read from the run directories: the study (``study``, given by
-    ``eslm study``) and the directories the runs are in, the alphas of the runs that select tokens (those that
-    log alpha; "adaptive" where it moved), the model (preset, non-embedding parameters from env.json), tokens per optimizer step, the code
-    commit(s) (env.json) and the seeds per group."""
+    """What the report's header says once, read from the run directories (``study``: the name ``eslm study``
+    gives); the alphas are those of the runs that log alpha, "adaptive" where it moved."""
     def alpha_of(r: Run) -> str | None:
         logged = [rec[M.ALPHA] for rec in r.train if is_number(rec.get(M.ALPHA))]
         if not logged:
@@ -290,7 +274,7 @@ def summarize(runs: list[Run], groups: list[Group], *, target: float, target_sou
             "downstream": group_downstream(g),
             "since_branch": branch_costs(g),
         })
-    single = one_seed({"groups": gs})
+    single = all(len(g["runs"]) <= 1 for g in gs)  # no number has an interval: said once (ONE_SEED_NOTE)
     base, why = find_baseline(groups, baseline, where)
     comparisons, controls, gaps = [], [], []
     if why:

@@ -121,7 +121,7 @@ def verdict_table(summary: dict) -> list[dict]:
     paired difference, its 95% interval and the verdict word (``verdict_word``). The full sentences stay in each
     comparison's ``verdicts``."""
     primary = summary.get("primary")
-    single = all(len(g["runs"]) <= 1 for g in summary["groups"])
+    single = summary["one_seed"]
     rows, seen = [], set()
     for c in ([primary] if primary else []) + summary["comparisons"] + summary["controls"]:
         if (c["group"], c["against"]) in seen:

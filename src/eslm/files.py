@@ -468,10 +468,9 @@ def read_yaml(path: str | os.PathLike, what: str = "YAML file", error=ConfigErro
 
 def output_lock(out: Path, what: str):
     """The lock of an output directory eslm writes whole (report, export, token view, prepared data): a file
-    beside it, ``.NAME.eslm.lock`` (the directory itself is replaced by a rename). A second command writing the
-    same ``--out`` at the same time gets a one-line error instead of deleting the first one's files."""
+    beside it, ``.NAME.eslm.lock`` (the directory itself is replaced by a rename; its parent is created here)."""
     out = Path(out)
-    return DirLock(out, what, path=out.parent / f".{out.name}.eslm.lock")
+    return DirLock(out, what, path=ensure_dir(out.parent) / f".{out.name}.eslm.lock")
 
 
 def check_output_dir(out: Path, what: str, is_ours, earlier: str = "an earlier output of the same command") -> None:
@@ -492,34 +491,38 @@ DIR_MARKER = ".eslm-output"  # inside a temporary or set-aside output directory:
 
 
 def replace_dir(out: Path, fill, *, what: str, is_ours, earlier: str = "an earlier output of the same command") -> None:
-    """``fill(tmp)`` writes a temporary directory beside ``out`` (``.NAME.tmp.PID``), which then replaces
-    ``out`` in one rename; the previous output (checked by ``check_output_dir``) is set aside and deleted. Runs
-    under ``output_lock``: a concurrent writer of the same ``out`` is refused; leftovers of killed writers
-    (eslm's marker inside) are removed. A failure leaves the previous output as it was."""
-    out = Path(out)
-    ensure_dir(out.parent)
+    """``swap_dir(out, fill)`` under ``output_lock`` (a concurrent writer of the same ``out`` is refused in one
+    line) after ``check_output_dir``."""
     with output_lock(out, what).acquire():
         check_output_dir(out, what, is_ours, earlier)
-        pattern = re.compile(rf"^\.{re.escape(out.name)}\.(tmp|old)\.\d+$")
-        for p in out.parent.iterdir():  # under the lock: no live writer owns them
-            if pattern.match(p.name) and p.is_dir() and not p.is_symlink() and (p / DIR_MARKER).is_file():
-                shutil.rmtree(p)
-        tmp = out.with_name(f".{out.name}.tmp.{os.getpid()}")
-        tmp.mkdir()
-        try:
-            (tmp / DIR_MARKER).write_bytes(b"")
-            with named(out):  # a full disk while a library writes a file of it (a figure): the output is named
-                fill(tmp)
-            (tmp / DIR_MARKER).unlink()
-            if out.exists():
-                old = out.with_name(f".{out.name}.old.{os.getpid()}")
-                os.rename(out, old)
-                (old / DIR_MARKER).write_bytes(b"")
-                os.rename(tmp, out)
-                shutil.rmtree(old)
-            else:
-                os.rename(tmp, out)
-        except BaseException:
-            if tmp.is_dir() and not tmp.is_symlink():
-                shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        swap_dir(out, fill)
+
+
+def swap_dir(out: Path, fill) -> None:
+    """``fill(tmp)`` writes a temporary directory beside ``out`` (``.NAME.tmp.PID``), which then replaces ``out``
+    in one rename; the previous output is set aside and deleted. Call under ``out``'s ``output_lock`` once ``out``
+    is checked: leftovers of killed writers (eslm's marker inside) are removed. A failure leaves ``out`` as it was."""
+    out = Path(out)
+    pattern = re.compile(rf"^\.{re.escape(out.name)}\.(tmp|old)\.\d+$")
+    for p in out.parent.iterdir():  # under the lock: no live writer owns them
+        if pattern.match(p.name) and p.is_dir() and not p.is_symlink() and (p / DIR_MARKER).is_file():
+            shutil.rmtree(p)
+    tmp = out.with_name(f".{out.name}.tmp.{os.getpid()}")
+    tmp.mkdir()
+    try:
+        (tmp / DIR_MARKER).write_bytes(b"")
+        with named(out):  # a full disk while a library writes a file of it (a figure): the output is named
+            fill(tmp)
+        (tmp / DIR_MARKER).unlink()
+        if out.exists():
+            old = out.with_name(f".{out.name}.old.{os.getpid()}")
+            os.rename(out, old)
+            (old / DIR_MARKER).write_bytes(b"")
+            os.rename(tmp, out)
+            shutil.rmtree(old)
+        else:
+            os.rename(tmp, out)
+    except BaseException:
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise

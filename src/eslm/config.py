@@ -124,16 +124,10 @@ class EvalSection:
 
 # log.tensorboard's default: on where tensorboard is installed, off elsewhere (a default run does not warn about
 # a logger nobody asked for; log.tensorboard=true without it still warns)
-def _installed(module: str) -> bool:
-    """Whether ``module`` can be imported, without importing it (an import hook or a broken install may make
-    the look-up itself raise: not installed, then)."""
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-TENSORBOARD_INSTALLED = _installed("tensorboard")
+try:
+    TENSORBOARD_INSTALLED = importlib.util.find_spec("tensorboard") is not None
+except (ImportError, ValueError):  # an import hook or a broken install made the look-up itself raise
+    TENSORBOARD_INSTALLED = False
 
 
 @dataclass(frozen=True)

@@ -104,36 +104,30 @@ def prepare(source: str, out_dir: str | os.PathLike, *, tokenizer: str = "gpt2",
     val_fraction: share of documents (by stable hash) sent to val, stdlib/text only (default 0.05).
     workers: tokenisation processes (default min(2, cpu count)); the output does not depend on it.
     """
+    out_dir = Path(out_dir)
+    manifest: dict = {}
     # without _lock the caller (ensure_prepared) holds the output lock
-    with output_lock(Path(out_dir), WHAT).acquire() if _lock else contextlib.nullcontext():
-        return _prepare_locked(source, out_dir, tokenizer=tokenizer, paths=paths, domains=domains,
-                               val_fraction=val_fraction, workers=workers, progress=progress, overwrite=overwrite,
-                               hf_cache_dir=hf_cache_dir)
+    with output_lock(out_dir, WHAT).acquire() if _lock else contextlib.nullcontext():
+        t0 = time.perf_counter()
+        _check_out_dir(out_dir, overwrite)
+        tok = get_tokenizer(tokenizer)
+        src = get_source(source, paths=paths, domains=domains, val_fraction=val_fraction, hf_cache_dir=hf_cache_dir)
+        dtype = mf.dtype_for_vocab(tok.vocab_size)
+
+        def fill(tmp: Path) -> None:
+            writers = {(s, d): _ShardWriter(tmp / mf.shard_name(s, d), dtype) for s in mf.SPLITS
+                       for d in src.domains}
+            _write_all(src, tok.name, dtype, writers, workers or max(1, min(2, os.cpu_count() or 1)), progress)
+            files = [dict(w.close(), split=s, domain=d) for (s, d), w in writers.items()]
+            manifest.update(_build_manifest(src, tok, dtype, files, writers, time.perf_counter() - t0))
+            _check_not_empty(src, manifest)
+            mf.write_manifest(tmp, manifest)
+
+        swap_dir(out_dir, fill)
+    return manifest
 
 
 WHAT = "prepare output directory"
-
-
-def _prepare_locked(source: str, out_dir, *, tokenizer, paths, domains, val_fraction, workers, progress, overwrite,
-                    hf_cache_dir) -> dict:
-    t0 = time.perf_counter()
-    out_dir = Path(out_dir)
-    _check_out_dir(out_dir, overwrite)
-    tok = get_tokenizer(tokenizer)
-    src = get_source(source, paths=paths, domains=domains, val_fraction=val_fraction, hf_cache_dir=hf_cache_dir)
-    dtype = mf.dtype_for_vocab(tok.vocab_size)
-    manifest: dict = {}
-
-    def fill(tmp: Path) -> None:
-        writers = {(s, d): _ShardWriter(tmp / mf.shard_name(s, d), dtype) for s in mf.SPLITS for d in src.domains}
-        _write_all(src, tok.name, dtype, writers, workers or max(1, min(2, os.cpu_count() or 1)), progress)
-        files = [dict(w.close(), split=s, domain=d) for (s, d), w in writers.items()]
-        manifest.update(_build_manifest(src, tok, dtype, files, writers, time.perf_counter() - t0))
-        _check_not_empty(src, manifest)
-        mf.write_manifest(tmp, manifest)
-
-    swap_dir(out_dir, fill)
-    return manifest
 
 
 def _check_not_empty(src, manifest: dict) -> None:

@@ -125,10 +125,7 @@ def check_study_dir(study_dir: Path, run_dirs: Sequence[Path] = ()) -> None:
 
 def _between(study_dir: Path, d: Path) -> list[Path]:
     """``d`` and its parents below ``study_dir`` (``d`` itself when it lies elsewhere)."""
-    d = Path(d)
-    if not d.is_relative_to(study_dir):
-        return [d]
-    return [d, *[p for p in d.parents if p != study_dir and p.is_relative_to(study_dir)]]
+    return [Path(d), *[p for p in Path(d).parents if p != study_dir and p.is_relative_to(study_dir)]]
 
 
 def _train_and_report(study: dict, configs: list, plan_stages: list[Stage], launcher: Launcher,
@@ -143,8 +140,11 @@ def _train_and_report(study: dict, configs: list, plan_stages: list[Stage], laun
     for c in runs:
         if finished(c):
             print(f"== {c.run.name}: finished earlier, skipped")
-    if unfinished := sum(not finished(c) for c in runs):
-        mark_earlier_report_stale(study, study_dir, unfinished)
+    unfinished = sum(not finished(c) for c in runs)
+    if unfinished and analysis_report.mark_stale(study_dir / "report", f"written before eslm study {study['name']} "
+                                                 f"continued on {time.strftime('%Y-%m-%d %H:%M')} with {unfinished} "
+                                                 "unfinished run(s); it is replaced when the study finishes"):
+        print(f"study {study['name']}: the earlier report in {study_dir / 'report'} is marked stale")
     for stage in plan_stages:
         todo = [c for c in stage.runs if not finished(c)]
         if todo:
@@ -163,14 +163,6 @@ def _train_and_report(study: dict, configs: list, plan_stages: list[Stage], laun
         if stage.name == shared.STAGE:  # the models the runs will use, before they start
             shared.write_record(study, study_dir, list(stage.runs), configs)
     return run_report(study, [Path(c.run.out_dir) / c.run.name for c in configs], study_dir / "report", t0)
-
-
-def mark_earlier_report_stale(study: dict, study_dir: Path, unfinished: int) -> None:
-    """An earlier report no longer describes the study: say so on it until the new one replaces it."""
-    if analysis_report.mark_stale(study_dir / "report", f"written before eslm study {study['name']} continued on "
-                  f"{time.strftime('%Y-%m-%d %H:%M')} with {unfinished} unfinished run(s); it is replaced "
-                  "when the study finishes"):
-        print(f"study {study['name']}: the earlier report in {study_dir / 'report'} is marked stale")
 
 
 def run_report(study: dict, run_dirs: list[Path], report_dir: Path, t0: float) -> int:

@@ -22,11 +22,8 @@ _ENTRY_KEYS = ("name", "label")
 
 def study_dirs() -> list[Path]:
     """Where ``eslm study NAME`` looks for NAME.yaml, in order (duplicates removed)."""
-    out: list[Path] = []
-    for d in (STUDIES_DIR, Path.cwd() / "configs" / "studies"):
-        if d.resolve() not in [o.resolve() for o in out]:
-            out.append(d)
-    return out
+    here = Path.cwd() / "configs" / "studies"
+    return [STUDIES_DIR] + ([here] if here.resolve() != STUDIES_DIR.resolve() else [])
 
 
 _SMALL_STUDY_BYTES = 64 << 10  # a study at the limits (MAX_SEEDS seeds, MAX_RUNS runs) is far smaller
@@ -37,10 +34,8 @@ def _read_study_yaml(path: Path) -> dict:
         if path.stat().st_size > _SMALL_STUDY_BYTES:  # counted before any value is built (libyaml's events)
             with open(path, "rb") as f:
                 raw = f.read(MAX_YAML_BYTES + 1)
-            try:
-                n = yaml_list_lengths(raw.decode("utf-8-sig")).get("seeds", 0) if len(raw) <= MAX_YAML_BYTES else 0
-            except UnicodeDecodeError:
-                n = 0  # read_yaml says what is wrong
+            text = raw.decode("utf-8-sig", errors="replace")  # (read_yaml names a byte that is not UTF-8)
+            n = yaml_list_lengths(text).get("seeds", 0) if len(raw) <= MAX_YAML_BYTES else 0
             # the count is all seeds_problems checks first: a list of that length stands for the seeds
             refuse(f"study {str(path)!r}", seeds_problems([0] * n, "seeds") if n > MAX_SEEDS else [])
         return read_yaml(path, "study", fix="fix the file (a mapping with methods, seeds and config)")

@@ -39,10 +39,7 @@ def _model_seeds(spec: dict, seeds: list[int]) -> list[int]:
 def resolve(items: list[str], study: dict, study_dir: Path, seed: int) -> list[str]:
     """Override items ``key=value`` with a frozen-model key whose value names a shared model of the study ->
     ``key=<the model's directory>`` (the model of ``seed`` for a per_seed model)."""
-    models = study.get("models") or {}
-    if not models:
-        return list(items)
-    keys = frozen_model_keys()
+    models, keys = study.get("models") or {}, frozen_model_keys()
     out = []
     for item in items:
         key, _, value = item.partition("=")

@@ -1,11 +1,6 @@
-"""The typed, frozen config tree (docs/training.md, ``eslm train --help`` for every key).
-
-Defaults live here in code; YAML files hold only deltas (nested mappings), then dotted command-line overrides
-(``method.alpha=0.2``) win. Unknown keys are errors that suggest the nearest key, and the whole config is
-validated before anything runs, every problem at once. The ``method`` section is assembled from the registry
-(``eslm.methods``): the shared settings plus the section each registered method names. Nothing below this
-module imports it, not even for an annotation: the registry's builders receive plain values (``method_context``).
-"""
+"""The typed, frozen config tree (docs/training.md, ``eslm train --help`` for every key): defaults in code, YAML
+deltas, then dotted overrides; validated whole before anything runs. ``method`` is assembled from the registry;
+nothing below this module imports it: the registry's builders receive plain values (``method_context``)."""
 
 from __future__ import annotations
 
@@ -96,9 +91,8 @@ class TrainSection:
 
 
 def method_section_class(specs) -> type[SharedMethodSettings]:
-    """The ``method`` section's class: the shared settings, then one field ``<key>`` per config section that the
-    method specs (``eslm.methods.MethodSpec.settings``) declare, in the order they first appear. Two classes
-    claiming one key, or a key that is a shared setting, are programming errors."""
+    """The ``method`` section's class: the shared settings, then one field per config section the method specs
+    declare (``MethodSpec.settings``). Two classes claiming one key are a programming error."""
     sections: dict[str, type[Section]] = {}
     shared = {key_of(f) for f in fields(SharedMethodSettings)}
     for spec in specs:
@@ -130,16 +124,10 @@ class EvalSection:
 
 # log.tensorboard's default: on where tensorboard is installed, off elsewhere (a default run does not warn about
 # a logger nobody asked for; log.tensorboard=true without it still warns)
-def _installed(module: str) -> bool:
-    """Whether ``module`` can be imported, without importing it (an import hook or a broken install may make
-    the look-up itself raise: not installed, then)."""
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-TENSORBOARD_INSTALLED = _installed("tensorboard")
+try:
+    TENSORBOARD_INSTALLED = importlib.util.find_spec("tensorboard") is not None
+except (ImportError, ValueError):  # an import hook or a broken install made the look-up itself raise
+    TENSORBOARD_INSTALLED = False
 
 
 @dataclass(frozen=True)
@@ -305,8 +293,8 @@ def load_yaml(path: str | Path) -> dict:
 
 
 def build_config(files: Sequence[str] = (), overrides: Sequence[str] = (), base: Config | None = None) -> Config:
-    """Defaults <- YAML files in order <- dotted overrides; validated. Raises ConfigError listing all problems.
-    Warns once for each setting that is valid but probably not meant (``config_warnings``)."""
+    """Defaults <- YAML files in order <- dotted overrides; validated (ConfigError listing all problems), then a
+    warning for each setting that is valid but probably not meant (``config_warnings``)."""
     cfg = base or Config()
     problems: list[str] = []
     deltas = [load_yaml(f) for f in files] + [parse_override(o) for o in overrides]
@@ -323,8 +311,7 @@ def build_config(files: Sequence[str] = (), overrides: Sequence[str] = (), base:
 
 
 def problems_error(problems: Sequence[str]) -> ConfigError:
-    """One ConfigError for a config's problems: one problem on one line, several one per line under a count line;
-    each line says what was expected, what was found and the fix (``with_fix``)."""
+    """One ConfigError for a config's problems, one per line, each with its fix (``with_fix``)."""
     lines = [with_fix(p) for p in problems]
     if len(lines) == 1:
         return ConfigError(f"config problem: {lines[0]}", tuple(lines))
@@ -373,11 +360,9 @@ def config_warnings(cfg: Config) -> list[str]:
 
 
 def stored_config_problem(d: dict, *, complete: bool = False) -> str | None:
-    """Why a run directory's stored config mapping (config.yaml as eslm wrote it) is not in this version's format,
-    or None: a key this version does not have (e.g. the flat method keys eslm wrote before they were nested by
-    method) or a value of the wrong type; with ``complete`` (a resume, which rebuilds the run's whole config) also a
-    key of this version that it lacks (e.g. ``train.lr_schedule``, which runs written before it existed lack:
-    filled with today's default they would be misread). eslm 0.x reads only its own format: no upgrade path."""
+    """Why a run directory's stored config mapping is not in this version's format, or None: an unknown key or a
+    value of the wrong type; with ``complete`` (a resume) also a key it lacks (filled with today's default it
+    would be misread). eslm 0.x reads only its own format: no upgrade path."""
     problems: list[str] = []
     _apply(Config(), d, "", problems)
     if not problems and complete:
@@ -410,10 +395,8 @@ def from_dict(d: dict) -> Config:
 
 
 def model_config_for(cfg: Config) -> ModelConfig:
-    """The ``ModelConfig`` a run of ``cfg`` trains, from the config alone: ``model.preset`` with ``model.vocab_size``
-    (0: the ``data.tokenizer``'s vocabulary padded to a multiple of 64), ``model.block_size`` (0: the preset's) and
-    ``model.dropout``. The one answer for the trainer (which also checks it against the data) and for FLOPs budgets
-    sized before the run; only ``model.init_from`` with ``model.vocab_size=0`` may later swap in the source's
+    """The ``ModelConfig`` a run of ``cfg`` trains, from the config alone (for the trainer and for FLOPs budgets
+    sized before the run); only ``model.init_from`` with ``model.vocab_size=0`` may later swap in the source's
     vocabulary (``eslm.train.setup.init_from``)."""
     m = cfg.model
     overrides = {"vocab_size": m.vocab_size or pad_vocab(tokenizer_class(cfg.data.tokenizer).vocab_size),
@@ -429,10 +412,9 @@ def training_flops_model(cfg: Config) -> FlopsModel:
 
 
 def equal_flops_budget(cfg: Config) -> tuple[float, int]:
-    """(train.max_flops, train.max_steps) of an equal-FLOPs run of ``cfg`` (one process): the budget is what
-    ``cfg.train.max_steps`` dense steps cost as ``flops.count_per`` counts them, and the step cap one the budget
-    always reaches first. Every step spends at least the forward over its tokens, a third of a dense step
-    (``forward_per_token = train_per_token / 3``), so no run needs more than 3 x max_steps steps."""
+    """(train.max_flops, train.max_steps) of an equal-FLOPs run of ``cfg``: what ``max_steps`` dense steps cost,
+    and a step cap the budget always reaches first (every step spends at least its forward, a third of a dense
+    step)."""
     fm, t = training_flops_model(cfg), cfg.train
     micro_batches = t.grad_accum_steps if cfg.flops.count_per == "global" else 1
     tokens_per_step = t.micro_batch_size_seqs * cfg.data.seq_len * micro_batches
@@ -441,8 +423,7 @@ def equal_flops_budget(cfg: Config) -> tuple[float, int]:
 
 def method_context(cfg: Config, *, device, n_domains: int, rank: int = 0, model_config: ModelConfig | None = None,
                    val_loader_factory=None) -> BuildContext:
-    """What the registry's builders receive for a run of ``cfg`` (``eslm.methods.BuildContext``): the config's
-    method, loss, data and seed settings as plain values, and what the trainer built."""
+    """What the registry's builders receive for a run of ``cfg`` (``eslm.methods.BuildContext``)."""
     t = cfg.train
     return BuildContext(method=cfg.method, sections=method_sections(cfg.method), device=device, n_domains=n_domains,
                         seq_len=cfg.data.seq_len, micro_batch_size_seqs=t.micro_batch_size_seqs, seed=cfg.run.seed,
@@ -454,6 +435,7 @@ def method_context(cfg: Config, *, device, n_domains: int, rank: int = 0, model_
 # ---------------------------------------------------------------- validation
 
 _CHOICES = {  # the constants of the code that reads each key, where it has one
+    "model.preset": tuple(PRESETS),
     "data.tokenizer": TOKENIZER_NAMES,
     "train.dtype": ("auto", "fp32", "bf16"),
     "train.loss_impl": IMPL_CHOICES,
@@ -499,35 +481,15 @@ MAX_INT = 2**53  # a larger integer setting is a mistake (and overflows the int6
 MAX_SEED = 2**32  # numpy's seeds are 32-bit; each rank and stream adds a small offset
 
 
-def value_problems(cfg: Config) -> list[str]:
-    """Ranges the optimizer, the model and the random streams need, checked before anything runs."""
-    problems = []
-    t = cfg.train
-    for key, v in (("train.beta1", t.beta1), ("train.beta2", t.beta2)):
-        if math.isfinite(v) and not 0.0 <= v < 1.0:
-            problems.append(f"{key}: expected 0 <= {key.split('.')[1]} < 1 (AdamW's moment decay), got {v!r}")
-    if math.isfinite(cfg.model.dropout) and not 0.0 <= cfg.model.dropout < 1.0:
-        problems.append(f"model.dropout: expected 0 <= dropout < 1, got {cfg.model.dropout!r}")
-    if abs(cfg.run.seed) < MAX_INT and not 0 <= cfg.run.seed < MAX_SEED - 1024:
-        problems.append(f"run.seed: expected an integer in [0, {MAX_SEED - 1024}), got {cfg.run.seed!r}")
-    return problems
-
-
-def physical_memory() -> int | None:
-    """Bytes of memory of this machine, or None where the OS does not say."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def memory_problems(cfg: Config, memory: int | None = None) -> list[str]:
-    """Sizes that cannot fit in this machine's memory (``memory`` bytes; default ``physical_memory()``), each
-    with a lower bound of what it needs, checked before anything is allocated: the activations one micro-batch
-    keeps for backward (its tokens x model width x (layers + 1), float32), the micro-batches of one optimizer
-    step (drawn together: inputs and targets, int64) and the positional table of the context (model.block_size x
-    width, float32)."""
-    memory = memory or physical_memory()
+    """Sizes that cannot fit in this machine's memory (``memory`` bytes; default: its physical memory), each with a
+    lower bound of what it needs: the activations one micro-batch keeps for backward (tokens x width x (layers +
+    1), float32), the micro-batches of one step (drawn together: inputs and targets, int64) and the positional
+    table (model.block_size x width, float32)."""
+    try:
+        memory = memory or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # the OS does not say
+        return []
     if not memory or cfg.model.preset not in PRESETS or cfg.data.tokenizer not in TOKENIZER_NAMES:
         return []
     mc = model_config_for(cfg)
@@ -567,8 +529,6 @@ def validate(cfg: Config) -> list[str]:
     if cfg.checkpoint.snapshot_interval < -1:
         problems.append(f"checkpoint.snapshot_interval: expected -1 (none), 0 (at every evaluation) or a step "
                         f"count, got {cfg.checkpoint.snapshot_interval!r}")
-    if cfg.model.preset not in PRESETS:
-        problems.append(f"model.preset: expected one of {', '.join(PRESETS)}, got {cfg.model.preset!r}")
     try:
         check_alpha(cfg.method.alpha)
     except ConfigError as e:
@@ -580,7 +540,11 @@ def validate(cfg: Config) -> list[str]:
             problems.append(f"{key}: expected a finite number, got {values[key]!r}")
         elif is_int(default) and abs(values[key]) >= MAX_INT:
             problems.append(f"{key}: expected an integer below 2**53, got {values[key]!r}")
-    problems += value_problems(cfg)
+    for key in ("train.beta1", "train.beta2", "model.dropout"):  # AdamW's moment decays, a probability
+        if math.isfinite(values[key]) and not 0.0 <= values[key] < 1.0:
+            problems.append(f"{key}: expected 0 <= {key.split('.')[1]} < 1, got {values[key]!r}")
+    if abs(cfg.run.seed) < MAX_INT and not 0 <= cfg.run.seed < MAX_SEED - 1024:
+        problems.append(f"run.seed: expected an integer in [0, {MAX_SEED - 1024}), got {cfg.run.seed!r}")
     if cfg.run.name and (problem := name_problem(cfg.run.name, "run.name")):  # <out_dir>/<name>: one component
         problems.append(problem)
     if cfg.run.resume_from and not cfg.run.resume:

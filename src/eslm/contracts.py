@@ -1,11 +1,6 @@
-"""The plug-in points of the shared training step, in one file: what a row selector, a token selector, an
-objective and a controller must do, and how each declares the extra work it adds (``ExtraWork``: the ``Pass``es
-it runs, or work it prices itself, ``PricedWork``), which ``eslm.flops`` turns into the paper's and the executed
-FLOPs. The step and the trainer call exactly the hooks declared here (no ``hasattr`` probing); the no-op bases
-(``AllRows``, ``AllTokens``, ``BaseObjective``) subclass their protocol, so a new component overrides only what it
-changes. docs/architecture.md describes the seams; tests/test_contracts.py counts the passes every registered
-method runs against these declarations.
-"""
+"""The plug-in points of the shared training step (docs/architecture.md): what a row selector, a token selector,
+an objective and a controller must do, and the extra work each declares (``ExtraWork``), which ``eslm.flops``
+prices. The step calls exactly these hooks (no ``hasattr`` probing); a component overrides its no-op base."""
 
 from __future__ import annotations
 
@@ -92,14 +87,9 @@ class PricedWork(Protocol):
 
 @dataclass(frozen=True)
 class ExtraWork:
-    """The work one component (or the step, ``eslm.train.step.step_work``) adds to one micro-batch on one rank,
-    beyond the trained model's forward of the micro-batch's tokens and their backward (``eslm.flops`` counts
-    those from the step's token counts, and the LM head's rows from the objective's ``head_work``).
-
-    passes: the passes it runs (``Pass``), priced by ``eslm.flops`` in the conventions each names
-    priced: work the component prices itself (``PricedWork``: GREATS' gradient scoring), counted by both
-            conventions
-    """
+    """The work one component (or the step) adds to one micro-batch on one rank beyond the trained model's forward
+    and backward of its tokens: the ``passes`` it runs, and work it prices itself (``priced``: GREATS' gradient
+    scoring, counted by both conventions)."""
 
     passes: tuple[Pass, ...] = ()
     priced: tuple[PricedWork, ...] = ()

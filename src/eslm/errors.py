@@ -44,8 +44,7 @@ def os_error_line(e: OSError) -> str:
         errno.EFBIG: "the file is larger than this file system or the process's file-size limit allows: "
                      "choose another location or raise the limit (ulimit -f)",
     }
-    fix = fixes.get(e.errno, "check the path and its permissions") if e.errno is not None else \
-        "check the path and its permissions"
+    fix = fixes.get(e.errno or 0, "check the path and its permissions")
     return f"{e.strerror or type(e).__name__}:{where or ' (no file named)'}; {fix}"
 
 

@@ -25,6 +25,19 @@ from eslm.lock import DirLock
 MAX_NAME = 200  # characters; file systems allow 255 bytes per component, eslm adds suffixes to some names
 _NOT_PORTABLE = ':*?"<>|'
 _DEVICE_NAMES = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
+_NAME_RULES = (  # (whether a name has it, what it is), the first that holds is named
+    (lambda v: v in (".", ".."), "a reference to a directory, not a name"),
+    (lambda v: "/" in v or "\\" in v, "a path separator"),
+    (lambda v: any(ord(c) < 32 or ord(c) == 127 for c in v), "a control character"),
+    (lambda v: any(unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp") for c in v),
+     "an invisible or formatting character (e.g. a right-to-left override)"),
+    (lambda v: any(c in _NOT_PORTABLE for c in v),
+     f"a character that Windows and many tools refuse in file names ({_NOT_PORTABLE})"),
+    (lambda v: v.split(".")[0].upper().rstrip() in _DEVICE_NAMES, "a reserved device name on Windows"),
+    (lambda v: v[0] == ".", "a leading '.' (hidden; eslm's temporary files start with one)"),
+    (lambda v: v[0] == "-", "a leading '-' (it would read as an option)"),
+    (lambda v: v != v.strip(), "leading or trailing white space"),
+)
 
 
 def name_problem(value: object, what: str) -> str | None:
@@ -35,26 +48,8 @@ def name_problem(value: object, what: str) -> str | None:
         return f"{expected}, got {type(value).__name__} {value!r}"
     if not value:
         return f"{expected}, got an empty name"
-    bad = None
-    if value in (".", ".."):
-        bad = "a reference to a directory, not a name"
-    elif "/" in value or "\\" in value:
-        bad = "a path separator"
-    elif any(ord(c) < 32 or ord(c) == 127 for c in value):
-        bad = "a control character"
-    elif any(unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp") for c in value):
-        bad = "an invisible or formatting character (e.g. a right-to-left override)"
-    elif any(c in _NOT_PORTABLE for c in value):
-        bad = f"a character that Windows and many tools refuse in file names ({_NOT_PORTABLE})"
-    elif value.split(".")[0].upper().rstrip() in _DEVICE_NAMES:
-        bad = "a reserved device name on Windows"
-    elif value[0] == ".":
-        bad = "a leading '.' (hidden; eslm's temporary files start with one)"
-    elif value[0] == "-":
-        bad = "a leading '-' (it would read as an option)"
-    elif value != value.strip():
-        bad = "leading or trailing white space"
-    elif len(value) > MAX_NAME:
+    bad = next((what for has, what in _NAME_RULES if has(value)), None)
+    if bad is None and len(value) > MAX_NAME:
         bad = f"{len(value)} characters (at most {MAX_NAME})"
     return None if bad is None else f"{expected}, got {value!r}: {bad}"
 
@@ -288,19 +283,7 @@ def _yaml_loader():
     import yaml
 
     class Loader(yaml.SafeLoader):
-        """SafeLoader that refuses duplicate keys and nests at most ``MAX_YAML_DEPTH`` deep."""
-
-        depth = 0
-
-        def compose_node(self, parent, index):
-            self.depth += 1
-            if self.depth > MAX_YAML_DEPTH:
-                mark = self.peek_event().start_mark
-                raise YAMLProblem(f"nesting deeper than {MAX_YAML_DEPTH} levels at line {mark.line + 1}")
-            try:
-                return super().compose_node(parent, index)
-            finally:
-                self.depth -= 1
+        """SafeLoader that refuses duplicate keys."""
 
         def construct_mapping(self, node, deep=False):
             if isinstance(node, yaml.MappingNode):
@@ -318,39 +301,21 @@ def _yaml_loader():
     return Loader
 
 
-def _expanded_size(node, memo: dict) -> int:
-    """The number of nodes ``node`` stands for once every alias is expanded (shared nodes counted each time)."""
-    import yaml
-
-    key = id(node)
-    if key in memo:
-        return memo[key]
-    memo[key] = MAX_YAML_NODES + 1  # a node that contains itself (a recursive alias) counts as too large
-    if isinstance(node, yaml.MappingNode):
-        n = 1 + sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
-    elif isinstance(node, yaml.SequenceNode):
-        n = 1 + sum(_expanded_size(v, memo) for v in node.value)
-    else:
-        n = 1
-    memo[key] = min(n, MAX_YAML_NODES + 1)
-    return memo[key]
-
-
 def yaml_events(text: str):
-    """The parse events of a YAML text from libyaml (C, about 30x faster than PyYAML's Python parser, which
-    spends a minute on a million values), or None without libyaml. Iterative: no depth limit needed."""
+    """The parse events of a YAML text, from libyaml where installed (C, about 30x faster than PyYAML's Python
+    parser, which spends a minute on a million values). Iterative: no depth limit needed."""
     import yaml
 
-    return yaml.parse(text, Loader=yaml.CSafeLoader) if getattr(yaml, "__with_libyaml__", False) else None
+    return yaml.parse(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def yaml_list_lengths(text: str) -> dict:
     """The number of items of each top-level key's list (``{key: n}``) in a YAML mapping, counted from
-    ``yaml_events`` without building a value; {} without libyaml or for a text libyaml cannot parse."""
+    ``yaml_events`` without building a value; {} for a text that cannot be parsed."""
     import yaml
 
     try:
-        return _list_lengths(yaml_events(text) or ())
+        return _list_lengths(yaml_events(text))
     except yaml.YAMLError:
         return {}
 
@@ -381,47 +346,51 @@ def _list_lengths(events) -> dict:
     return out
 
 
-def _written_nodes_problem(text: str) -> str | None:
-    """More than ``MAX_YAML_NODES`` values as written (not through aliases), or nesting deeper than
-    ``MAX_YAML_DEPTH``, found in libyaml's events and stopped there: a fraction of a second where composing a
-    million values in Python takes a minute."""
+def _size_problem(text: str) -> str | None:
+    """More than ``MAX_YAML_NODES`` values as written or once aliases are expanded (an alias bomb; a recursive
+    alias counts as too many), or nesting deeper than ``MAX_YAML_DEPTH``: found in ``yaml_events`` before anything
+    is built, and stopped there. None also for a syntax error (the loader, next, says what is wrong)."""
     import yaml
 
-    n = depth = 0
+    written = expanded = 0
+    open_at: list = []  # (anchor, expanded count before it) of each open collection
+    sizes: dict = {}  # anchor -> the values it stands for
     try:
-        for e in yaml_events(text) or ():
+        for e in yaml_events(text):
             if isinstance(e, yaml.CollectionEndEvent):
-                depth -= 1
+                anchor, before = open_at.pop()
+                if anchor is not None:
+                    sizes[anchor] = expanded - before
+            elif isinstance(e, yaml.AliasEvent):
+                expanded += sizes.get(e.anchor, 1)
             elif isinstance(e, (yaml.ScalarEvent, yaml.CollectionStartEvent)):
-                n += 1
-                if depth + 1 > MAX_YAML_DEPTH:  # as compose_node counts: every node one level below its parent
+                if len(open_at) >= MAX_YAML_DEPTH:  # every node one level below its parent
                     return f"nesting deeper than {MAX_YAML_DEPTH} levels at line {e.start_mark.line + 1}"
-                depth += isinstance(e, yaml.CollectionStartEvent)
-                if n > MAX_YAML_NODES:
+                written, expanded = written + 1, expanded + 1
+                if isinstance(e, yaml.CollectionStartEvent):
+                    open_at.append((e.anchor, expanded - 1))
+                if e.anchor is not None:  # a collection's own alias inside it is recursive: too many
+                    sizes[e.anchor] = 1 if isinstance(e, yaml.ScalarEvent) else MAX_YAML_NODES + 1
+                if written > MAX_YAML_NODES:
                     return (f"expected at most {MAX_YAML_NODES} values, found more (line {e.start_mark.line + 1});"
                             " eslm's files hold a few hundred")
+            if expanded > MAX_YAML_NODES:
+                return f"more than {MAX_YAML_NODES} values once its aliases (*name) are expanded"
     except yaml.YAMLError:
-        pass  # PyYAML's own parser, next, says what is wrong in its words
+        pass
     return None
 
 
 def parse_yaml(text: str):
-    """The value of a YAML text, safely: plain data only (SafeLoader), no duplicate keys, at most
-    ``MAX_YAML_DEPTH`` levels, at most ``MAX_YAML_NODES`` nodes as written (checked first, by libyaml when
-    installed) and with aliases expanded. Raises YAMLProblem (one line) for anything else, a syntax error
-    included."""
+    """The value of a YAML text, safely: plain data only (SafeLoader), no duplicate keys, and within
+    ``_size_problem``'s limits. Raises YAMLProblem (one line) for anything else, a syntax error included."""
     import yaml
 
     loader = _yaml_loader()(text)
     try:
-        if (too_many := _written_nodes_problem(text)) is not None:
-            raise YAMLProblem(too_many)
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        if _expanded_size(node, {}) > MAX_YAML_NODES:
-            raise YAMLProblem(f"more than {MAX_YAML_NODES} values once its aliases (*name) are expanded")
-        return loader.construct_document(node)
+        if (problem := _size_problem(text)) is not None:
+            raise YAMLProblem(problem)
+        return loader.get_single_data()
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -429,8 +398,8 @@ def parse_yaml(text: str):
         raise YAMLProblem(f"{what or type(e).__name__}{at}") from None
     except yaml.YAMLError as e:
         raise YAMLProblem(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
-    except RecursionError:
-        raise YAMLProblem(f"nesting too deep to read (at most {MAX_YAML_DEPTH} levels)") from None
+    except RecursionError:  # deeper than libyaml reads (1000 levels), so not seen by _size_problem
+        raise YAMLProblem(f"nesting deeper than {MAX_YAML_DEPTH} levels") from None
     finally:
         loader.dispose()
 
@@ -468,10 +437,9 @@ def read_yaml(path: str | os.PathLike, what: str = "YAML file", error=ConfigErro
 
 def output_lock(out: Path, what: str):
     """The lock of an output directory eslm writes whole (report, export, token view, prepared data): a file
-    beside it, ``.NAME.eslm.lock`` (the directory itself is replaced by a rename). A second command writing the
-    same ``--out`` at the same time gets a one-line error instead of deleting the first one's files."""
+    beside it, ``.NAME.eslm.lock`` (the directory itself is replaced by a rename; its parent is created here)."""
     out = Path(out)
-    return DirLock(out, what, path=out.parent / f".{out.name}.eslm.lock")
+    return DirLock(out, what, path=ensure_dir(out.parent) / f".{out.name}.eslm.lock")
 
 
 def check_output_dir(out: Path, what: str, is_ours, earlier: str = "an earlier output of the same command") -> None:
@@ -492,34 +460,38 @@ DIR_MARKER = ".eslm-output"  # inside a temporary or set-aside output directory:
 
 
 def replace_dir(out: Path, fill, *, what: str, is_ours, earlier: str = "an earlier output of the same command") -> None:
-    """``fill(tmp)`` writes a temporary directory beside ``out`` (``.NAME.tmp.PID``), which then replaces
-    ``out`` in one rename; the previous output (checked by ``check_output_dir``) is set aside and deleted. Runs
-    under ``output_lock``: a concurrent writer of the same ``out`` is refused; leftovers of killed writers
-    (eslm's marker inside) are removed. A failure leaves the previous output as it was."""
-    out = Path(out)
-    ensure_dir(out.parent)
+    """``swap_dir(out, fill)`` under ``output_lock`` (a concurrent writer of the same ``out`` is refused in one
+    line) after ``check_output_dir``."""
     with output_lock(out, what).acquire():
         check_output_dir(out, what, is_ours, earlier)
-        pattern = re.compile(rf"^\.{re.escape(out.name)}\.(tmp|old)\.\d+$")
-        for p in out.parent.iterdir():  # under the lock: no live writer owns them
-            if pattern.match(p.name) and p.is_dir() and not p.is_symlink() and (p / DIR_MARKER).is_file():
-                shutil.rmtree(p)
-        tmp = out.with_name(f".{out.name}.tmp.{os.getpid()}")
-        tmp.mkdir()
-        try:
-            (tmp / DIR_MARKER).write_bytes(b"")
-            with named(out):  # a full disk while a library writes a file of it (a figure): the output is named
-                fill(tmp)
-            (tmp / DIR_MARKER).unlink()
-            if out.exists():
-                old = out.with_name(f".{out.name}.old.{os.getpid()}")
-                os.rename(out, old)
-                (old / DIR_MARKER).write_bytes(b"")
-                os.rename(tmp, out)
-                shutil.rmtree(old)
-            else:
-                os.rename(tmp, out)
-        except BaseException:
-            if tmp.is_dir() and not tmp.is_symlink():
-                shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        swap_dir(out, fill)
+
+
+def swap_dir(out: Path, fill) -> None:
+    """``fill(tmp)`` writes a temporary directory beside ``out`` (``.NAME.tmp.PID``), which then replaces ``out``
+    in one rename; the previous output is set aside and deleted. Call under ``out``'s ``output_lock`` once ``out``
+    is checked: leftovers of killed writers (eslm's marker inside) are removed. A failure leaves ``out`` as it was."""
+    out = Path(out)
+    pattern = re.compile(rf"^\.{re.escape(out.name)}\.(tmp|old)\.\d+$")
+    for p in out.parent.iterdir():  # under the lock: no live writer owns them
+        if pattern.match(p.name) and p.is_dir() and not p.is_symlink() and (p / DIR_MARKER).is_file():
+            shutil.rmtree(p)
+    tmp = out.with_name(f".{out.name}.tmp.{os.getpid()}")
+    tmp.mkdir()
+    try:
+        (tmp / DIR_MARKER).write_bytes(b"")
+        with named(out):  # a full disk while a library writes a file of it (a figure): the output is named
+            fill(tmp)
+        (tmp / DIR_MARKER).unlink()
+        if out.exists():
+            old = out.with_name(f".{out.name}.old.{os.getpid()}")
+            os.rename(out, old)
+            (old / DIR_MARKER).write_bytes(b"")
+            os.rename(tmp, out)
+            shutil.rmtree(old)
+        else:
+            os.rename(tmp, out)
+    except BaseException:
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -1,10 +1,6 @@
-"""A lock file that guards a directory (a run directory, a prepare output directory) against a second process.
-
-``<dir>/eslm.lock`` holds one JSON line: pid, host, start time and command. Mutual exclusion comes from
-``fcntl.flock`` on that file, which the kernel drops when the holder dies however it dies (SIGKILL, OOM,
-power loss on a local disk), so a lock can never stay held by a dead process; the JSON only says who holds it.
-A lock file left by a dead holder is taken over with a warning naming it. The file is removed on release.
-"""
+"""A lock file that guards a directory against a second process: ``fcntl.flock`` (the kernel drops it when the
+holder dies, however it dies) on ``<dir>/eslm.lock``, whose JSON line (pid, host, start, command) only says who
+holds it. A dead holder's file is taken over with a warning naming it; the file is removed on release."""
 
 from __future__ import annotations
 

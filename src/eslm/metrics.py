@@ -1,10 +1,7 @@
 """Names of the metrics written to ``metrics.jsonl`` (one JSON object per line) and TensorBoard.
 
-Every writer and reader in the package uses these constants, so a rename happens in one place
-(tests/test_metrics.py finds any other spelling of the names that mean nothing else; ``step``, ``kind``,
-``train``, ``eval``, ``lr``, ``alpha``, ``threshold``, ``cvar`` and ``mfu`` are also ordinary words of other
-files and are not checked). Tests may spell keys out: they check the file format independently.
-Units are in the names: tokens, seconds, FLOPs.
+Every writer and reader in the package uses these constants (tests/test_metrics.py finds other spellings of
+the names that are not also ordinary words). Units are in the names: tokens, seconds, FLOPs.
 """
 
 KIND = "kind"  # "train" or "eval"

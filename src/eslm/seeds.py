@@ -18,10 +18,6 @@ Changing any of them changes every run's numbers (``benchmarks/refactor_losses.p
 """
 
 VAL_WINDOWS = 0
-_GREATS_VAL_OFFSET = 104729
-_GREATS_CANDIDATE_OFFSET = 209459
-_RANDOM_CONTROL_FACTOR = 7919
-_RANDOM_INSTANCES_OFFSET = 15485863
 
 
 def process(seed: int, rank: int) -> int:
@@ -29,16 +25,16 @@ def process(seed: int, rank: int) -> int:
 
 
 def greats_val(seed: int) -> int:
-    return seed + _GREATS_VAL_OFFSET
+    return seed + 104729
 
 
 def greats_candidates(seed: int) -> int:
-    return seed + _GREATS_CANDIDATE_OFFSET
+    return seed + 209459
 
 
 def random_control(seed: int, rank: int) -> int:
-    return seed * _RANDOM_CONTROL_FACTOR + rank
+    return seed * 7919 + rank
 
 
 def random_instances(seed: int, rank: int) -> int:
-    return random_control(seed, rank) + _RANDOM_INSTANCES_OFFSET
+    return random_control(seed, rank) + 15485863

@@ -1,12 +1,6 @@
 """Config sections of the methods: ``setting`` (a field with its help text) and ``Section`` (a section's key, help
-and checks).
-
-The lowest layer, so that each method's config section can be declared next to its components
-(``eslm.selection.ada.AdaSection``, ``eslm.baselines.rho1.Rho1Section``, ``eslm.objectives.kd_objective.KDSection``,
-``eslm.baselines.greats.GreatsSection``). A method names its sections in its registry line
-(``MethodSpec.settings`` in ``eslm.methods``); ``eslm.config`` assembles ``method.*`` from the registry (one field
-per section) and runs each section's ``problems``, so a new section edits no central file.
-"""
+and checks). The lowest layer, so that each method's section is declared next to its components and named in its
+registry line (``MethodSpec.settings``): a new section edits no central file."""
 
 from __future__ import annotations
 
@@ -32,15 +26,10 @@ def key_of(f) -> str:
 
 
 class Section:
-    """Base of a method's config section (subclasses are frozen dataclasses of ``setting`` fields).
-
-    ``key`` (class attribute, not a setting): the section's place, ``method.<key>.*``; ``help`` its one-line
-    description in ``eslm train --help``.
-
-    ``problems`` checks the section's own values: every problem is one string starting with the key relative to
-    the section (``"lambda: expected a value in [0, 1], got 1.5"``); ``eslm.config.validate`` prefixes the
-    section's path (``method.kd.``) and reports them with every other problem at once. Checks that need
-    other sections (a method's required reference model) belong to the method's ``MethodSpec.validate``."""
+    """Base of a method's config section (a frozen dataclass of ``setting`` fields) at ``method.<key>.*``, with its
+    one-line ``help``. ``problems`` checks its own values, each problem starting with the key relative to the
+    section (``"lambda: expected a value in [0, 1], got 1.5"``); checks that need other sections belong to the
+    method's ``MethodSpec.validate``."""
 
     key: str = ""
     help: str = ""

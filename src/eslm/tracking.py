@@ -1,11 +1,6 @@
-"""Experiment trackers beyond metrics.jsonl: Weights & Biases (``log.wandb=true``, the ``wandb`` extra).
-
-A tracker is a sink of ``MetricsWriter``: it receives every record written to metrics.jsonl and logs its
-numbers under the same names (``loss``, ``val_loss``, ``val_loss/<domain>``, ``flops_paper``, ...) at the
-record's ``step``. The W&B run's config is the resolved eslm config plus the run's env.json (``env``).
-The W&B run id is kept in ``<run>/wandb_run_id`` so that ``--resume`` continues the same W&B run.
-Offline (``WANDB_MODE=offline``) the W&B files land in ``<run>/wandb/offline-run-*``; ``wandb sync`` uploads them.
-"""
+"""Experiment trackers beyond metrics.jsonl: Weights & Biases (``log.wandb=true``, the ``wandb`` extra). A tracker
+is a sink of ``MetricsWriter``: it logs every record's numbers under their metrics.jsonl names at its ``step``. The
+W&B run id is kept in ``<run>/wandb_run_id`` so that ``--resume`` continues the same W&B run."""
 
 from __future__ import annotations
 

@@ -147,11 +147,10 @@ def test_a_second_writer_of_one_out_is_refused_and_the_first_ones_files_kept(com
     from eslm.files import DIR_MARKER, output_lock
 
     out = tmp_path / "out"
-    live = {"report": tmp_path / ".out.tmp.999999", "export-hf": tmp_path / ".out.tmp-export-999999",
+    live = {"report": tmp_path / ".out.tmp.999999", "export-hf": tmp_path / ".out.tmp.999999",
             "tokens": tmp_path / ".out.tmp.999999"}[command]
     live.mkdir()  # the first writer's temporary directory, being filled
     (live / DIR_MARKER).write_text("")
-    (live / ".eslm-export-tmp").write_text("")
     (live / "model.safetensors").write_text("half written")
     args = {"report": ["report", str(run), "--out", str(out)],
             "export-hf": ["export-hf", str(run), "--out", str(out)],

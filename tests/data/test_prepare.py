@@ -288,11 +288,11 @@ def test_force_replaces_a_prepared_directory_only_when_it_holds_nothing_else(tmp
 
 def test_a_killed_prepares_temporary_directory_is_removed_next_time(tmp_path):
     _write(tmp_path / "a.txt", "abc")
-    stale = tmp_path / ".o.tmp-4242"  # what a SIGKILLed prepare leaves (eslm's marker inside)
+    stale = tmp_path / ".o.tmp.4242"  # what a SIGKILLed prepare leaves (eslm's marker inside)
     stale.mkdir()
-    (stale / ".eslm-prepare-tmp").write_text("")
+    (stale / ".eslm-output").write_text("")
     (stale / "train-text.bin").write_bytes(b"\0" * 100)
-    foreign = tmp_path / ".o.tmp-99"  # the same pattern without the marker: not provably eslm's
+    foreign = tmp_path / ".o.tmp.99"  # the same pattern without the marker: not provably eslm's
     foreign.mkdir()
     prepare("text", tmp_path / "o", tokenizer="byte", paths=[str(tmp_path / "a.txt")], workers=1, progress=False)
     assert not stale.exists() and foreign.exists()

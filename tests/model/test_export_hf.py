@@ -68,11 +68,11 @@ def test_a_previous_export_is_replaced_only_with_force(run, tmp_path, capsys):
 
 
 def test_a_killed_exports_temporary_directory_is_removed_next_time(run, tmp_path, capsys):
-    stale = tmp_path / ".hf.tmp-export-4242"  # what a SIGKILLed export leaves (with eslm's marker inside)
+    stale = tmp_path / ".hf.tmp.4242"  # what a SIGKILLed export leaves (with eslm's marker inside)
     stale.mkdir()
-    (stale / ".eslm-export-tmp").write_text("")
+    (stale / ".eslm-output").write_text("")
     (stale / "model.safetensors").write_bytes(b"half")
-    foreign = tmp_path / ".hf.tmp-export-99"  # same pattern, no marker: not provably eslm's
+    foreign = tmp_path / ".hf.tmp.99"  # same pattern, no marker: not provably eslm's
     foreign.mkdir()
     assert _export(capsys, run, "--out", tmp_path / "hf", "--no-tokenizer")[0] == 0
     assert not stale.exists() and foreign.exists()

@@ -10,12 +10,12 @@ def test_progress_counts_runs_and_estimates_the_time_left():
     now = [100.0]
     p = launch.Progress(4, clock=lambda: now[0])
     now[0] += 60
-    assert p.one_done() == "[1/4 runs done, 60 s elapsed, about 3 min left]"
+    assert p.one_done() == "[1/4 runs done, 1m00s elapsed, about 3m00s left]"
     now[0] += 3540  # an hour in, two done: 30 min per run, two left
-    assert p.one_done() == "[2/4 runs done, 60 min elapsed, about 60 min left]"
+    assert p.one_done() == "[2/4 runs done, 1h00m elapsed, about 1h00m left]"
     now[0] += 3600 * 3
     p.one_done()
-    assert p.one_done() == "[4/4 runs done, 4.0 h elapsed]"  # nothing left: no estimate
+    assert p.one_done() == "[4/4 runs done, 4h00m elapsed]"  # nothing left: no estimate
 
 
 def test_serial_launcher_prints_progress(monkeypatch, tmp_path, capsys):

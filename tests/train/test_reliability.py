@@ -144,11 +144,12 @@ def test_stale_lock_of_a_dead_process_is_taken_over_with_a_warning(tiny_data, ru
 
 
 def test_second_prepare_into_one_directory_is_refused(tmp_path, capsys):
-    from eslm.data.prepare import output_lock
+    from eslm.data.prepare import WHAT
+    from eslm.files import output_lock
 
     (tmp_path / "a.txt").write_text("hello world\n" * 50)
     out = tmp_path / "prepared"
-    with output_lock(out):
+    with output_lock(out, WHAT).acquire():
         code = cli_main(["prepare", "text", str(tmp_path / "a.txt"), "--out", str(out), "--tokenizer", "byte",
                          "--no-progress", "--workers", "1"])
     err = capsys.readouterr().err.strip()

@@ -10,8 +10,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import re
-import shutil
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -24,8 +22,7 @@ from eslm.data import manifest as mf
 from eslm.data.sources import Document, document_text, get_source
 from eslm.data.tokenizers import get_tokenizer
 from eslm.errors import ConfigError, DataError
-from eslm.files import foreign_entries, link_refused, listing, named, read_marker, temp_of
-from eslm.files import output_lock as lock_of
+from eslm.files import foreign_entries, link_refused, listing, named, output_lock, read_marker, swap_dir
 
 CHUNK_DOCS = 64  # documents per worker task: big enough to amortise IPC, small enough for a smooth bar
 CHUNK_CHARS = 4_000_000  # ... and at most this many characters of inline text per task
@@ -107,49 +104,30 @@ def prepare(source: str, out_dir: str | os.PathLike, *, tokenizer: str = "gpt2",
     val_fraction: share of documents (by stable hash) sent to val, stdlib/text only (default 0.05).
     workers: tokenisation processes (default min(2, cpu count)); the output does not depend on it.
     """
-    # without _lock the caller (ensure_prepared) holds the output lock
-    with output_lock(Path(out_dir)).acquire() if _lock else contextlib.nullcontext():
-        return _prepare_locked(source, out_dir, tokenizer=tokenizer, paths=paths, domains=domains,
-                               val_fraction=val_fraction, workers=workers, progress=progress, overwrite=overwrite,
-                               hf_cache_dir=hf_cache_dir)
-
-
-def output_lock(out_dir: Path):
-    """The lock of a prepare output directory: a file beside it (the directory itself appears only at the end,
-    renamed from a temporary one). A second ``eslm prepare`` into the same place gets a one-line error."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    return lock_of(out_dir, "prepare output directory")
-
-
-# Inside a temporary (or replaced) output directory: proves that eslm made it, so a later start may delete it.
-TMP_MARKER = ".eslm-prepare-tmp"
-_SHARD = re.compile(r"^(train|val)-.+\.bin$")
-
-
-def _prepare_locked(source: str, out_dir, *, tokenizer, paths, domains, val_fraction, workers, progress, overwrite,
-                    hf_cache_dir) -> dict:
-    t0 = time.perf_counter()
     out_dir = Path(out_dir)
-    remove_leftovers(out_dir)
-    _check_out_dir(out_dir, overwrite)
-    tok = get_tokenizer(tokenizer)
-    src = get_source(source, paths=paths, domains=domains, val_fraction=val_fraction, hf_cache_dir=hf_cache_dir)
-    dtype = mf.dtype_for_vocab(tok.vocab_size)
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
-    tmp.mkdir(parents=True)  # the lock is held and leftovers are gone: a clash is an OS error worth reporting
-    try:
-        (tmp / TMP_MARKER).write_text("")
-        writers = {(s, d): _ShardWriter(tmp / mf.shard_name(s, d), dtype) for s in mf.SPLITS for d in src.domains}
-        _write_all(src, tok.name, dtype, writers, workers or max(1, min(2, os.cpu_count() or 1)), progress)
-        files = [dict(w.close(), split=s, domain=d) for (s, d), w in writers.items()]
-        manifest = _build_manifest(src, tok, dtype, files, writers, time.perf_counter() - t0)
-        _check_not_empty(src, manifest)
-        mf.write_manifest(tmp, manifest)
-        (tmp / TMP_MARKER).unlink()
-        move_into_place(tmp, out_dir, overwrite and read_marker(out_dir / mf.MANIFEST_NAME, mf.FORMAT) is not None)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # made by this process
+    manifest: dict = {}
+    # without _lock the caller (ensure_prepared) holds the output lock
+    with output_lock(out_dir, WHAT).acquire() if _lock else contextlib.nullcontext():
+        t0 = time.perf_counter()
+        _check_out_dir(out_dir, overwrite)
+        tok = get_tokenizer(tokenizer)
+        src = get_source(source, paths=paths, domains=domains, val_fraction=val_fraction, hf_cache_dir=hf_cache_dir)
+        dtype = mf.dtype_for_vocab(tok.vocab_size)
+
+        def fill(tmp: Path) -> None:
+            writers = {(s, d): _ShardWriter(tmp / mf.shard_name(s, d), dtype) for s in mf.SPLITS
+                       for d in src.domains}
+            _write_all(src, tok.name, dtype, writers, workers or max(1, min(2, os.cpu_count() or 1)), progress)
+            files = [dict(w.close(), split=s, domain=d) for (s, d), w in writers.items()]
+            manifest.update(_build_manifest(src, tok, dtype, files, writers, time.perf_counter() - t0))
+            _check_not_empty(src, manifest)
+            mf.write_manifest(tmp, manifest)
+
+        swap_dir(out_dir, fill)
     return manifest
+
+
+WHAT = "prepare output directory"
 
 
 def _check_not_empty(src, manifest: dict) -> None:
@@ -159,39 +137,6 @@ def _check_not_empty(src, manifest: dict) -> None:
         raise DataError(f"expected text to tokenize in {src.name}; found 0 tokens in the train split ({docs} "
                         "non-empty document(s) in all, every file empty or none matched); fix: check the paths "
                         "and --domains")
-
-
-def remove_leftovers(out_dir: Path, marker: str = TMP_MARKER, ours=None, tag: str = "") -> list[Path]:
-    """Remove the temporary directories (``.NAME.tmp{tag}-PID``, ``.NAME.old{tag}-PID``) that a killed prepare
-    (or export: ``tag``) left beside ``out_dir``: only those holding eslm's ``marker``, and in them only the files
-    it writes (``ours(name)``; default: prepare's). Call under the output lock (then no live writer uses them)."""
-    pattern = re.compile(rf"^\.{re.escape(out_dir.name)}\.(tmp|old){re.escape(tag)}-\d+$")
-    removed: list[Path] = []
-    if not out_dir.parent.is_dir():
-        return removed
-    for d in out_dir.parent.iterdir():
-        if pattern.match(d.name) and d.is_dir() and not d.is_symlink() and (d / marker).is_file():
-            remove_owned(d, marker, ours)
-            removed.append(d)
-    return removed
-
-
-def _prepared(name: str) -> bool:
-    """A file a prepare writes: a shard, the manifest or its temporary file."""
-    return name in (mf.MANIFEST_NAME, mf.MANIFEST_NAME + ".tmp") or bool(_SHARD.match(name)) or \
-        temp_of(name) == mf.MANIFEST_NAME
-
-
-def remove_owned(d: Path, marker: str = TMP_MARKER, ours=None) -> None:
-    """Delete ``marker`` and the files ``ours(name)`` claims in ``d`` (default: what a prepare writes), then ``d``
-    if that emptied it."""
-    for p in d.iterdir():
-        if (p.name == marker or (ours or _prepared)(p.name)) and p.is_file() and not p.is_symlink():
-            p.unlink()
-    try:
-        d.rmdir()
-    except OSError:  # something else is in it: not ours to delete
-        pass
 
 
 def _write_all(src, tokenizer: str, dtype: str, writers: dict, workers: int, progress: bool) -> None:
@@ -242,29 +187,11 @@ def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
     if not overwrite:
         raise ConfigError(f"expected a new --out directory; found {out_dir} already prepared; "
                           "fix: pass --force to overwrite, or choose another --out")
-    ours = {mf.MANIFEST_NAME, TMP_MARKER, *(f.get("path") for f in manifest.get("files", []))}
+    ours = {mf.MANIFEST_NAME, *(f.get("path") for f in manifest.get("files", []))}
     foreign = foreign_entries(out_dir, lambda name: name in ours)
     if foreign:
         raise ConfigError(f"expected --force to replace a prepared directory; found {out_dir} also holds files "
                           f"eslm did not write ({listing(foreign)}); fix: move them away, or choose another --out")
-
-
-def move_into_place(tmp: Path, out_dir: Path, replace: bool, marker: str = TMP_MARKER, ours=None,
-                    tag: str = "") -> None:
-    """Rename the finished ``tmp`` to ``out_dir``. With ``replace`` an earlier output there (checked by the
-    caller to hold only ``ours``) is marked and renamed aside first, then its files are deleted; else an empty
-    ``out_dir`` is removed."""
-    old = None
-    if out_dir.exists():
-        if replace:
-            (out_dir / marker).write_text("")  # a kill from here on leaves a directory the next start removes
-            old = out_dir.parent / f".{out_dir.name}.old{tag}-{os.getpid()}"
-            os.replace(out_dir, old)
-        elif not any(out_dir.iterdir()):
-            out_dir.rmdir()
-    os.replace(tmp, out_dir)  # raises OSError if another process put a directory there meanwhile
-    if old is not None:
-        remove_owned(old, marker, ours)
 
 
 def default_data_root() -> Path:
@@ -285,7 +212,7 @@ def ensure_prepared(source: str = "stdlib", tokenizer: str = "gpt2", root: str |
     out = Path(root) if root is not None else default_data_root()
     out = out / f"{source}-{tokenizer}"
     if not (out / mf.MANIFEST_NAME).is_file():
-        with output_lock(out).acquire(wait=True):  # a concurrent caller prepares; we then use its result
+        with output_lock(out, WHAT).acquire(wait=True):  # a concurrent caller prepares; we then use its result
             if not (out / mf.MANIFEST_NAME).is_file():
                 prepare(source, out, tokenizer=tokenizer, progress=progress, _lock=False, **kwargs)
     manifest = mf.read_manifest(out)

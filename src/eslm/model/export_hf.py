@@ -7,16 +7,13 @@ loading the source is ``eslm.model.loading``.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import uuid
 from pathlib import Path
 
 from eslm import metrics as M
-from eslm.data.prepare import move_into_place, remove_leftovers
 from eslm.data.tokenizers import gpt2_bpe_files, tokenizer_class
 from eslm.errors import ConfigError
-from eslm.files import foreign_entries, link_refused, listing, os_error_in, output_lock
+from eslm.files import DIR_MARKER, foreign_entries, link_refused, listing, os_error_in, output_lock, swap_dir
 from eslm.model.hf import EXPORT_FORMAT, EXPORT_INFO_FILE, read_export_info, to_hf
 from eslm.model.loading import is_run_dir, load_model
 
@@ -59,12 +56,6 @@ def _tokenizer_vocab(name: str | None) -> tuple[int | None, int | None]:
 EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", "pytorch_model.bin", "vocab.json",
                 "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                 "added_tokens.json", "chat_template.jinja", EXPORT_INFO_FILE)
-TMP_MARKER = ".eslm-export-tmp"  # inside a temporary or replaced export directory: eslm made it
-
-
-def _exported(names):
-    """Whether a file name is one of ``names``, the files an export wrote."""
-    return lambda name: name in set(names)
 
 
 def export(source: str | Path, out_dir: str | Path, keep_padded_vocab: bool = False,
@@ -72,66 +63,51 @@ def export(source: str | Path, out_dir: str | Path, keep_padded_vocab: bool = Fa
     """Export a run directory / checkpoint to ``out_dir`` (HF GPT-2 dir); returns the metadata written.
 
     ``out_dir`` must be new or empty, or (``force``) an earlier eslm export that holds only its own files; never
-    a run directory. The export is written to a temporary sibling (``.NAME.tmp-export-PID``) and renamed into
-    place, so a kill leaves no half export; the next export to the same place removes such leftovers."""
+    a run directory. Written whole by ``eslm.files.swap_dir``: a kill leaves no half export."""
     out = Path(out_dir)
     check_export_target(out, force)  # before the model is loaded; again under the lock
-    out.parent.mkdir(parents=True, exist_ok=True)
     with output_lock(out, "export directory").acquire():  # a second export to the same --out is refused
-        return _export_locked(source, out, keep_padded_vocab, with_tokenizer, force)
-
-
-def _export_locked(source, out: Path, keep_padded_vocab: bool, with_tokenizer: bool, force: bool) -> dict:
-    previous = check_export_target(out, force)
-    model, info = load_model(source)
-    tok_vocab, eot = _tokenizer_vocab(info.get("tokenizer"))
-    vocab = None if keep_padded_vocab or tok_vocab is None else min(tok_vocab, model.config.vocab_size)
-    hf = to_hf(model, vocab_size=vocab, eot_id=eot)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    remove_leftovers(out, TMP_MARKER, _exported(EXPORT_FILES), tag="-export")
-    tmp = out.parent / f".{out.name}.tmp-export-{os.getpid()}"
-    tmp.mkdir()
-    try:
-        (tmp / TMP_MARKER).write_text("")
-        try:
-            hf.save_pretrained(str(tmp))
-        except Exception as e:  # a full disk inside safetensors' writer: its error names the OS error in its text
-            err = os_error_in(e, tmp / "model.safetensors")
-            if err is None:
-                raise
-            raise err from None
-        wrote_tok = with_tokenizer and info.get("tokenizer") == "gpt2" and save_gpt2_tokenizer(tmp)
+        check_export_target(out, force)
+        model, info = load_model(source)
+        tok_vocab, eot = _tokenizer_vocab(info.get("tokenizer"))
+        vocab = None if keep_padded_vocab or tok_vocab is None else min(tok_vocab, model.config.vocab_size)
+        hf = to_hf(model, vocab_size=vocab, eot_id=eot)
         meta = {"format": EXPORT_FORMAT, "id": uuid.uuid4().hex, "tokenizer": info.get("tokenizer"),
                 "step": info.get("step"), "source": info.get("source"),
-                "vocab_size_trained": model.config.vocab_size, "vocab_size_exported": hf.config.vocab_size,
-                "tokenizer_files": bool(wrote_tok),
-                "files": sorted({p.name for p in tmp.iterdir() if p.name != TMP_MARKER} | {EXPORT_INFO_FILE})}
-        for key in (M.FLOPS_PAPER, M.FLOPS_EXECUTED):
-            if key in info:
-                meta[key] = info[key]
-        (tmp / EXPORT_INFO_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-        (tmp / TMP_MARKER).unlink()
-        move_into_place(tmp, out, previous is not None, TMP_MARKER,
-                        _exported((previous or {}).get("files") or EXPORT_FILES), tag="-export")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # made by this process
+                "vocab_size_trained": model.config.vocab_size, "vocab_size_exported": hf.config.vocab_size}
+
+        def fill(tmp: Path) -> None:
+            try:
+                hf.save_pretrained(str(tmp))
+            except Exception as e:  # a full disk inside safetensors' writer: its error names the OS error in its text
+                err = os_error_in(e, tmp / "model.safetensors")
+                if err is None:
+                    raise
+                raise err from None
+            meta["tokenizer_files"] = bool(with_tokenizer and info.get("tokenizer") == "gpt2"
+                                           and save_gpt2_tokenizer(tmp))
+            meta["files"] = sorted({p.name for p in tmp.iterdir() if p.name != DIR_MARKER} | {EXPORT_INFO_FILE})
+            meta.update({k: info[k] for k in (M.FLOPS_PAPER, M.FLOPS_EXECUTED) if k in info})
+            (tmp / EXPORT_INFO_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+
+        swap_dir(out, fill)
     return meta
 
 
-def check_export_target(out: Path, force: bool) -> dict | None:
-    """None when ``out`` is new or empty; the metadata of the earlier export it holds when ``force`` may replace
-    it; else a one-line ConfigError (a run directory, another program's files, an export without --force)."""
+def check_export_target(out: Path, force: bool) -> None:
+    """A one-line ConfigError unless ``out`` is new, empty, or an earlier export that ``force`` may replace (not a
+    run directory, no other program's files)."""
     if out.is_symlink():
         raise link_refused(out)
     if not out.exists():
-        return None
+        return
     if not out.is_dir():
         raise ConfigError(f"expected --out to be a directory; found a file at {out}; fix: choose another --out")
     if is_run_dir(out):
         raise ConfigError(f"--out {out} is a run directory: eslm eval / sample would no longer know which weights "
                           f"it means; fix: export next to it, e.g. --out {out.parent / (out.name + '-hf')}")
     if not any(out.iterdir()):
-        return None
+        return
     previous = read_export_info(out) if (out / EXPORT_INFO_FILE).is_file() else {}
     if not isinstance(previous, dict) or previous.get("format") != EXPORT_FORMAT:
         raise ConfigError(f"expected --out to be a new or empty directory; found {out} holds files eslm did not "
@@ -140,9 +116,8 @@ def check_export_target(out: Path, force: bool) -> dict | None:
     if not force:
         raise ConfigError(f"expected a new --out directory; found an earlier eslm export in {out}; fix: pass "
                           "--force to replace it, or choose another --out")
-    ours = set(previous.get("files") or EXPORT_FILES) | {EXPORT_INFO_FILE, TMP_MARKER}
+    ours = set(previous.get("files") or EXPORT_FILES) | {EXPORT_INFO_FILE}
     foreign = foreign_entries(out, lambda n: n in ours)
     if foreign:
         raise ConfigError(f"expected --force to replace an earlier export; found {out} also holds files eslm did "
                           f"not write ({listing(foreign)}); fix: move them away, or choose another --out")
-    return previous

@@ -92,7 +92,7 @@ def newest_good_file(run_dir: Path, skip: Path | None = None) -> Path | None:
     """The newest snapshot or checkpoint of the run that matches its checksum and holds finite weights (reads
     each file it tries, newest step first, the snapshot of a step before its checkpoint)."""
     files = sorted([*list_checkpoints(run_dir), *list_snapshots(run_dir)],
-                   key=lambda f: (_step_of(f), f.suffix == ".safetensors"), reverse=True)
+                   key=lambda f: (step_of_file(f), f.suffix == ".safetensors"), reverse=True)
     for f in files:
         if skip is not None and f.resolve() == Path(skip).resolve():
             continue
@@ -134,18 +134,19 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     if not ckpt_dir.is_dir():
         return []
     files = [f for f in ckpt_dir.iterdir() if CHECKPOINT_FILE.match(f.name)]
-    return sorted(files, key=_step_of)
+    return sorted(files, key=step_of_file)
 
 
 def list_evaluable(run_dir: str | Path) -> list[Path]:
     """One weights file per saved step of a run, by step: its snapshot where there is one (small, memory-mapped),
     else its full checkpoint. What ``eslm eval --all-checkpoints`` evaluates."""
-    by_step = {_step_of(f): f for f in list_checkpoints(run_dir)}
-    by_step.update({_step_of(f): f for f in list_snapshots(run_dir)})
+    by_step = {step_of_file(f): f for f in list_checkpoints(run_dir)}
+    by_step.update({step_of_file(f): f for f in list_snapshots(run_dir)})
     return [by_step[s] for s in sorted(by_step)]
 
 
-def _step_of(f: Path) -> int:
+def step_of_file(f: Path) -> int:
+    """The step of a checkpoint or snapshot file by its name (step_0000006.pt, step_0000003.safetensors)."""
     m = re.match(r"^step_(\d+)", f.name)
     if m is None:
         raise ValueError(f"expected a step_XXXXXXX file name, found {f.name!r}")

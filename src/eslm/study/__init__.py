@@ -1,11 +1,6 @@
-"""``eslm study NAME|FILE``: a grid of runs (methods x sweep axes x seeds) at an equal FLOPs budget, then the report.
-
-The study file's keys, run names, pairing by seed, resuming and ``--jobs``: docs/study.md. The package:
-``schema`` (finding and checking the study file), ``grid`` (the grid, each run's Config, the equal-FLOPs budget,
-the stages runs train in), ``shared`` (the study's shared models), ``launch`` (the ``Launcher`` seam and the
-local launcher), ``slurm`` (the SLURM launcher), ``estimate`` (the CPU time the planned runs will take,
-printed with the plan). ``run_study`` ties them together, then writes the report.
-"""
+"""``eslm study NAME|FILE``: a grid of runs (methods x sweep axes x seeds) at an equal FLOPs budget, then the report
+(docs/study.md). ``run_study`` ties the modules together: ``schema`` (the study file), ``grid`` (the runs' Configs
+and stages), ``shared`` (shared models), ``launch`` and ``slurm`` (launchers), ``estimate`` (the time it takes)."""
 
 from __future__ import annotations
 
@@ -24,36 +19,19 @@ from eslm.lock import DirLock
 from eslm.study import shared
 from eslm.study.estimate import describe, describe_steps, estimate, steps_by_run
 from eslm.study.grid import Stage, check_branch_record, missing_controls, plan, stages
-from eslm.study.launch import (
-    LAUNCHERS,
-    PARENT_FD_ENV,
-    QUEUED,
-    Launched,
-    Launcher,
-    LocalLauncher,
-    Outcome,
-    launcher_class,
-    launcher_problems,
-    watch_parent,
-)
-from eslm.study.schema import STUDIES_DIR, is_int, load_study, study_dirs, study_problems
+from eslm.study.launch import LAUNCHERS, QUEUED, Launcher, launcher_class, launcher_problems, watch_parent
+from eslm.study.schema import is_int, load_study
 
-__all__ = ["PARENT_FD_ENV", "STUDIES_DIR", "Launched", "Launcher", "LocalLauncher", "Outcome", "Stage",
-           "load_study", "make_launcher", "plan", "run_study", "stages", "study_dirs", "study_problems",
-           "watch_parent"]
+__all__ = ["load_study", "make_launcher", "plan", "run_study", "stages", "watch_parent"]
 
 
 def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int] | None = None,
               jobs: int | None = None, dry_run: bool = False, overrides: list[str] | tuple = (),
               launcher: Launcher | str | None = None, detach: bool = False, status: bool = False) -> int:
     """``eslm study``: plan the study ``preset`` (a name in configs/studies or a path) under ``out``/NAME, print
-    the plan, train the unfinished runs (``jobs`` at once; default: the study file's, else 1), then the
-    report. ``launcher`` trains them: a Launcher, or a name (``make_launcher``; default: the study file's
-    ``launcher.name``, else ``local``: ``LocalLauncher(jobs)``, on this machine). ``status`` prints each run's
-    state (``Launcher.status``) and trains nothing; with the SLURM launcher, ``detach`` returns once the runs are
-    submitted.
-    Returns the exit code: 0 (also for a detached study), 143 when stopped by SIGTERM, else that of the
-    failed run."""
+    the plan, train the unfinished runs with ``launcher`` (a Launcher or a name, ``make_launcher``), then the
+    report; ``status`` prints each run's state and trains nothing. Returns the exit code: 0 (also for a detached
+    study), 143 when stopped by SIGTERM, else that of the failed run."""
     if jobs is not None and not (is_int(jobs) and jobs >= 1):
         raise ConfigError(f"--jobs: expected an integer >= 1, found {jobs!r}")
     study = load_study(preset)
@@ -104,11 +82,8 @@ def run_study(preset: str, out: str | Path = "runs/studies", *, seeds: list[int]
 
 def make_launcher(study: dict, launcher: Launcher | str | None = None, jobs: int | None = None, *,
                   detach: bool = False) -> Launcher:
-    """The launcher named ``launcher`` (a key of ``LAUNCHERS``; None: the study file's ``launcher.name``, else
-    ``local``), built by its class's ``from_study`` from the study file's ``launcher`` section when that section is
-    its own (it names this launcher, or none: then checked here), or ``launcher`` itself when it is a Launcher.
-    ``jobs``: runs at once (``--jobs``; default the study file's), the SLURM array's cap unless
-    ``launcher.parallel`` is set."""
+    """The launcher named ``launcher`` (None: the study file's ``launcher.name``, else ``local``), from the study
+    file's ``launcher`` section when that section is its own; ``launcher`` itself when it is a Launcher."""
     if launcher is not None and not isinstance(launcher, str):
         return launcher
     section = study.get("launcher") or {}
@@ -128,10 +103,8 @@ _STUDY_DIRS = ("plan", "logs", "report", "slurm", "models")
 
 
 def check_study_dir(study_dir: Path, run_dirs: Sequence[Path] = ()) -> None:
-    """A study directory eslm may write: new, empty (but for the lock of a start) or marked by eslm
-    (``eslm-study.json``); anything else is refused in one line, and so is a link (marked or not) at any directory
-    eslm writes into: plan/, logs/, report/, slurm/, models/, and ``run_dirs`` (the planned runs, shared models
-    and trunks) and the folders between them and the study directory."""
+    """Refuse (one line) a study directory that is not new, empty (but for a start's lock) or marked by eslm, and a
+    link at any directory eslm writes into (``_STUDY_DIRS``, ``run_dirs`` and the folders between)."""
     if study_dir.is_symlink():
         raise link_refused(study_dir)
     if not study_dir.exists():
@@ -152,16 +125,12 @@ def check_study_dir(study_dir: Path, run_dirs: Sequence[Path] = ()) -> None:
 
 def _between(study_dir: Path, d: Path) -> list[Path]:
     """``d`` and its parents below ``study_dir`` (``d`` itself when it lies elsewhere)."""
-    d = Path(d)
-    if not d.is_relative_to(study_dir):
-        return [d]
-    return [d, *[p for p in d.parents if p != study_dir and p.is_relative_to(study_dir)]]
+    return [Path(d), *[p for p in Path(d).parents if p != study_dir and p.is_relative_to(study_dir)]]
 
 
 def _train_and_report(study: dict, configs: list, plan_stages: list[Stage], launcher: Launcher,
                       study_dir: Path) -> int:
-    """Train the unfinished runs of every stage, one stage after another, with ``launcher``, then the report
-    of ``configs`` (the grid's runs). Returns the exit code."""
+    """Train the unfinished runs stage by stage, then the report of ``configs``. Returns the exit code."""
     t0 = time.perf_counter()
 
     def finished(c) -> bool:
@@ -171,8 +140,11 @@ def _train_and_report(study: dict, configs: list, plan_stages: list[Stage], laun
     for c in runs:
         if finished(c):
             print(f"== {c.run.name}: finished earlier, skipped")
-    if unfinished := sum(not finished(c) for c in runs):
-        mark_earlier_report_stale(study, study_dir, unfinished)
+    unfinished = sum(not finished(c) for c in runs)
+    if unfinished and analysis_report.mark_stale(study_dir / "report", f"written before eslm study {study['name']} "
+                                                 f"continued on {time.strftime('%Y-%m-%d %H:%M')} with {unfinished} "
+                                                 "unfinished run(s); it is replaced when the study finishes"):
+        print(f"study {study['name']}: the earlier report in {study_dir / 'report'} is marked stale")
     for stage in plan_stages:
         todo = [c for c in stage.runs if not finished(c)]
         if todo:
@@ -191,14 +163,6 @@ def _train_and_report(study: dict, configs: list, plan_stages: list[Stage], laun
         if stage.name == shared.STAGE:  # the models the runs will use, before they start
             shared.write_record(study, study_dir, list(stage.runs), configs)
     return run_report(study, [Path(c.run.out_dir) / c.run.name for c in configs], study_dir / "report", t0)
-
-
-def mark_earlier_report_stale(study: dict, study_dir: Path, unfinished: int) -> None:
-    """An earlier report no longer describes the study: say so on it until the new one replaces it."""
-    if analysis_report.mark_stale(study_dir / "report", f"written before eslm study {study['name']} continued on "
-                  f"{time.strftime('%Y-%m-%d %H:%M')} with {unfinished} unfinished run(s); it is replaced "
-                  "when the study finishes"):
-        print(f"study {study['name']}: the earlier report in {study_dir / 'report'} is marked stale")
 
 
 def run_report(study: dict, run_dirs: list[Path], report_dir: Path, t0: float) -> int:

@@ -1,12 +1,9 @@
 """How long a study will take on this machine's CPU, estimated before it runs (``eslm study ... --dry-run``).
 
 Each run's CPU seconds = K x (its matmul FLOPs x the machine's seconds per head-matmul FLOP + its softmax
-elements x seconds per softmax element) + a per-run overhead; the two rates are timed here when the estimate is
-made (``rates``: a head-shaped step's three matmuls and an fp32 softmax, well under a second). Training spends the run's FLOPs budget (or ``max_steps``
-dense steps without one) with V softmax elements per token; each evaluation is a forward over the validation
-tokens. The study adds its own process, the corpus preparation when the corpus is not prepared yet (stdlib
-only) and the report. Wall time on idle cores: the runs' CPU time spread over ``min(jobs x threads, cores)``
-cores, plus the study's own serial work.
+elements x seconds per softmax element) + a per-run overhead; the two rates are timed when the estimate is made
+(``rates``, well under a second). Wall time on idle cores: the runs' CPU time over ``min(jobs x threads, cores)``
+cores, plus the study's own serial work (its process, corpus preparation, the report).
 
 The constants, measured on a 2-core Intel Xeon (family 6 model 207, torch 2.13.0+cpu, MKL 2024.2):
 ``K`` from the idle figures of the small model (benchmarks/RESULTS.md: a CLM step of 4 x 128 tokens takes
@@ -76,13 +73,6 @@ def rates(threads: int, bf16: bool) -> tuple[float, float]:
     finally:
         torch.set_num_threads(before)
     return mm / (3 * 2.0 * r * c * v), sm / (r * v)
-
-
-def _device(cfg) -> str:
-    dev = cfg.train.device
-    if dev == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return "cuda" if dev.startswith("cuda") else "cpu"
 
 
 def _data_dir(cfg) -> Path:
@@ -172,9 +162,10 @@ def describe_steps(steps: tuple[int | None, str]) -> str:
 
 def estimate(configs: list, jobs: int) -> dict | None:
     """{"cpu_s", "wall_s", "rates" (``rates``), "prep" (whether stdlib preparation is counted), "cores",
-    "unpriced"} for the planned runs on this machine's CPU; None when they run on a GPU (no model for that
-    here)."""
-    if not configs or _device(configs[0]) != "cpu":
+    "unpriced": {method: runs} whose frozen model's forwards or held-out gradients are not priced} for the
+    planned runs on this machine's CPU; None when they run on a GPU (no model for that here)."""
+    device = configs[0].train.device if configs else "cuda"
+    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
         return None
 
     threads = configs[0].train.num_threads or max(1, (os.cpu_count() or 1) // max(1, jobs))
@@ -187,16 +178,9 @@ def estimate(configs: list, jobs: int) -> dict | None:
         prep = not (_data_dir(configs[0]) / MANIFEST_NAME).is_file()
         serial += PREP_STDLIB_S if prep else 0.0
     cores = max(1, min(len(configs), jobs * threads, os.cpu_count() or 1))
-    unpriced = unpriced_work(configs)
+    unpriced = dict(Counter(c.method.name for c in configs if METHODS[c.method.name].needs))
     return {M.CPU_S: runs + serial, "wall_s": runs / cores + serial, "rates": timed, "prep": prep,
             "cores": cores, "unpriced": unpriced}
-
-
-def unpriced_work(configs: list) -> dict[str, int]:
-    """{method: runs} of the planned runs whose method does work beside its own model's dense step that the
-    estimate does not price: a frozen reference or teacher model's forwards, GREATS' held-out gradients
-    (the registry's ``MethodSpec.needs``). Their runs are priced as dense steps only, so the estimate is low."""
-    return dict(Counter(c.method.name for c in configs if METHODS[c.method.name].needs))
 
 
 def describe(est: dict | None) -> str | None:

@@ -1,7 +1,5 @@
-"""The plan of a study: its grid of runs (methods x sweep axes x seeds), each run's resolved and checked Config
-(``plan``), the equal-FLOPs budget (``_with_budget``), and the stages the runs train in (``stages``): the shared
-models, then a branched study's trunks (one per seed, trained to the branch point; ``eslm.train.branch``), then
-the grid's runs, each stage finished before the next starts. Only the last stage is reported."""
+"""The plan of a study: each run's resolved and checked Config (``plan``) and the stages the runs train in
+(``stages``: shared models, a branched study's trunks, then the grid's runs; only the last is reported)."""
 
 from __future__ import annotations
 
@@ -33,8 +31,7 @@ class Stage:
 
 
 def stages(study: dict, configs: list) -> list[Stage]:
-    """The stages the planned runs ``configs`` train in, first to last: the study's shared models when it declares
-    some (``eslm.study.shared``), its trunks when it branches (``branch``), then the runs."""
+    """The stages the planned runs ``configs`` train in, first to last."""
     first = []
     if study.get("models") and configs:
         models, _ = shared.plan_models(study, Path(configs[0].run.out_dir), flatten(study["config"] or {}),
@@ -75,10 +72,8 @@ def _branch_problems(study: dict, configs: list) -> list[str]:
 
 
 def _arm_problems(configs: list) -> list[str]:
-    """Arms that could not continue their seed's trunk (it is built from the seed's first run): a key the branch
-    must share (``eslm.train.branch.SHARED_KEYS``: data, model, batch, optimizer, schedule up to the branch) set
-    otherwise, e.g. by an lr sweep or a micro-batch variant. Refused in the plan, not at branch_from after the
-    trunk and the other arms trained."""
+    """Arms that set a key the branch must share (``eslm.train.branch.SHARED_KEYS``) otherwise than their seed's
+    first run, from which the trunk is built: refused in the plan, not after the trunk and the other arms trained."""
     first: dict[int, dict] = {}
     bad: dict[str, list[str]] = {}
     for c in configs:
@@ -104,9 +99,8 @@ def _with_branch(study: dict, configs: list) -> list:
 
 
 def _trunks(study: dict, runs: list) -> list:
-    """One trunk per seed: its runs' config (the study's, with any command-line overrides) with the method
-    ``branch.from`` and the study's method settings, trained to the branch point on the dense run's schedule
-    (warmup, then the cosine of the dense run's length, unstretched), without a FLOPs budget."""
+    """One trunk per seed: its first run's config with the method ``branch.from``, trained to the branch point on
+    the dense run's schedule (unstretched), without a FLOPs budget."""
     first = runs[0].train
     step, decay = branch_step(study, runs[0]), first.lr_decay_steps or first.max_steps
     method = {"method": ((study["config"] or {}).get("method") or {})}
@@ -132,9 +126,8 @@ def _axes(study: dict) -> list[tuple[str, list, set | None]]:
 
 
 def grid(study: dict, seeds=None) -> list[tuple[str, str, list[str], int]]:
-    """Every run of the study as (method, run name, overrides, seed): seeds outermost, then methods in file
-    order, then the sweep axes' product. Refused in one line: more than ``MAX_RUNS`` runs (counted before
-    anything is expanded), two grid points with one name."""
+    """Every run as (method, run name, overrides, seed): seeds outermost, then methods in file order, then the
+    sweep axes' product. More than ``MAX_RUNS`` runs are refused before anything is expanded."""
     seeds, axes = seeds or study["seeds"], _axes(study)
     entries = []
     for item in study["methods"]:
@@ -167,12 +160,9 @@ def _by_message(failures: list[tuple[str, str]], total: int) -> list[str]:
 
 
 def plan(study: dict, out: Path, seeds=None, overrides=()) -> list:
-    """The resolved Config of every run of the study, checked before any run starts, every problem at once:
-    each run's config (keys, values, the method's own checks), ``seeds`` given on the command line, two runs
-    that would train the same thing (the report would count them as one group's seed twice), and the
-    report section's group names against the groups the planned runs form. A frozen-model key naming one of the
-    study's shared models becomes that model's directory, and the models' plan is checked with the runs'
-    (``eslm.study.shared``)."""
+    """The resolved Config of every run of the study, checked before any run starts, every problem at once (each
+    run's config, ``seeds``, two runs training the same thing, the report section's group names, the shared
+    models and the branch)."""
 
     where = f"study {study['name']}"
     if seeds:
@@ -219,9 +209,7 @@ def _same_run_problems(configs: list) -> list[str]:
 
 
 def _report_group_problems(report: dict, configs: list) -> list[str]:
-    """Names in the report section that would not name one group of the planned runs (``find_group``), and
-    runs the report could not put on one target (``comparable_sets_problem``: data, tokenizer, model)."""
-
+    """What the report would refuse: names in the report section that name no one group, runs of several sets."""
     groups = planned_groups([c.to_dict() for c in configs])
     why = comparable_sets_problem(groups)
     fix = "; run one study per set"
@@ -246,10 +234,8 @@ def _report_group_problems(report: dict, configs: list) -> list[str]:
 
 
 def missing_controls(report: dict, configs: list) -> str | None:
-    """One line naming the planned groups whose method has a control in the registry (``control_of``: random at
-    the same alpha for a selection method) with no group of that control at their alpha among ``configs``: the
-    report would show them without the comparison their role asks for. None when every one has it, or when the
-    study file's ``report.controls: false`` says the report goes without them."""
+    """One line naming the planned groups whose registry control (``control_of``) has no group at their alpha;
+    None when every one has it or ``report.controls`` is false."""
     if report.get("controls") is False:
         return None
     groups = planned_groups([c.to_dict() for c in configs])
@@ -268,9 +254,8 @@ def missing_controls(report: dict, configs: list) -> str | None:
 
 
 def _with_budget(cfg, budget: dict):
-    """Equal FLOPs: max_flops = dense FLOPs of max_steps steps; max_steps raised so the budget binds
-    (``eslm.config.equal_flops_budget``); lr_decay_steps = the dense run's length, which the trainer stretches to
-    each run's own step count under ``train.lr_schedule: budget`` (``eslm.train.optim.plan_schedule``)."""
+    """Equal FLOPs (``eslm.config.equal_flops_budget``); lr_decay_steps = the dense run's length, which the
+    trainer stretches to each run's own step count under ``train.lr_schedule: budget``."""
     t = cfg.train
     flops, max_steps = equal_flops_budget(cfg)
     counter = budget.get("counter", M.FLOPS_PAPER)
@@ -282,9 +267,8 @@ BRANCH_RECORD = "branch.json"
 
 
 def check_branch_record(study: dict, study_dir: Path, runs: list) -> None:
-    """Refuse to continue a study whose branch settings (``branch.from``, the branch step) changed since its
-    runs were started, or that starts branching runs trained without; else record them in
-    ``<study>/branch.json``. Runs of two branch points are never mixed in one study directory."""
+    """Refuse to continue a study whose branch settings changed since its runs started (or that starts branching
+    runs trained without); else record them in ``<study>/branch.json``."""
     now = ({"from": study["branch"]["from"], "at_tokens": study["branch"]["at_tokens"],
             "step": branch_step(study, runs[0])} if study.get("branch") else None)
     path = study_dir / BRANCH_RECORD

@@ -1,13 +1,6 @@
-"""Launching a study's runs: the ``Launcher`` seam and the local launcher.
-
-A launcher is handed the resolved Configs of one stage of a study (``eslm.study.grid.stages``) and trains the
-unfinished ones (``run.resume`` says which resume), answering each run's ``Outcome``; it never plans, skips
-finished runs or writes the report (``eslm.study.run_study`` does). It owns its section of the study file
-(``KEYS``, ``section_problems``, ``from_study``). A new launcher is a class with the ``Launcher`` protocol in its
-own module and its line in ``LAUNCHERS``.
-
-``LocalLauncher`` trains on this machine: in this process (``jobs`` 1), or up to ``jobs`` child processes
-(``_Pool``), each ``python -m eslm.cli train PLAN.yaml`` logging to ``<study>/logs/<run>.log``."""
+"""Launching a study's runs: the ``Launcher`` seam and the local launcher. A launcher trains the unfinished runs
+of one stage and answers each run's ``Outcome``; it never plans, skips finished runs or writes the report
+(``eslm.study.run_study`` does)."""
 
 from __future__ import annotations
 
@@ -29,6 +22,7 @@ from eslm.config import to_yaml
 from eslm.errors import ConfigError
 from eslm.files import atomic_write, ensure_dir, open_nofollow
 from eslm.train import trainer
+from eslm.train.records import fmt_time
 
 FINISHED, PREEMPTED, STOPPED, FAILED, NOT_STARTED = "finished", "preempted", "stopped", "failed", "not started"
 # The launchers by the name ``eslm study --launcher`` and the study file's ``launcher.name`` take: "module:class" of
@@ -39,9 +33,8 @@ QUEUED = "queued"  # submitted to a scheduler and not over yet: a detached launc
 
 @dataclass(frozen=True)
 class Outcome:
-    """What became of one run: ``state`` one of FINISHED, PREEMPTED (stopped after a step with a checkpoint),
-    STOPPED (by SIGTERM before its first step, or cancelled), FAILED, NOT_STARTED, QUEUED (on a scheduler, not
-    over yet); ``words`` says it to the user."""
+    """What became of one run: ``state`` (FINISHED, PREEMPTED: stopped after a step with a checkpoint, STOPPED:
+    before its first step, FAILED, NOT_STARTED, QUEUED); ``words`` says it to the user."""
 
     name: str
     state: str
@@ -54,16 +47,15 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Launched:
-    """A launcher's answer: each run's outcome, and the study's exit code (0 every run finished, 143 the
-    study was stopped by SIGTERM, else a failure's)."""
+    """Each run's outcome and the study's exit code (0, 143 when stopped by SIGTERM, else a failure's)."""
 
     outcomes: tuple[Outcome, ...]
     code: int
 
 
 class Launcher(Protocol):
-    """Trains the runs ``configs`` (resolved Configs, ``run.resume`` set for the ones that resume) of one stage
-    under ``study_dir``, and reports each one's outcome. The class owns its section of the study file."""
+    """Trains the runs ``configs`` of one stage under ``study_dir``. The class owns its section of the study file:
+    a new launcher is a module and its line in ``LAUNCHERS``."""
 
     KEYS: ClassVar[tuple[str, ...]]  # the keys of its ``launcher`` section besides ``name``
 
@@ -73,8 +65,7 @@ class Launcher(Protocol):
 
     @classmethod
     def from_study(cls, study: dict, section: dict, jobs: int | None, *, detach: bool = False) -> Launcher:
-        """The launcher of ``study`` from its section (checked), ``jobs`` runs at once (``--jobs``, else the study
-        file's); ``detach``: return once the runs are handed over (``eslm study --detach``)."""
+        """From its checked section; ``jobs`` runs at once; ``detach``: return once the runs are handed over."""
 
     def launch(self, configs: Sequence, study_dir: Path) -> Launched: ...
 
@@ -89,10 +80,8 @@ def launcher_class(name: str) -> type[Launcher]:
 
 
 def launcher_problems(section, name: str | None = None) -> list[str]:
-    """Every problem of a study file's ``launcher`` section (one phrase each; empty when it is well-formed): a
-    mapping whose ``name`` is a key of ``LAUNCHERS``, and whose other keys that launcher's ``KEYS``, with the
-    values its ``section_problems`` accepts. A section that names no launcher is checked for ``name`` (the
-    launcher ``--launcher`` picks), or not yet when that is None."""
+    """Every problem of a study file's ``launcher`` section (one phrase each), checked by the launcher it names
+    (else ``name``, the one ``--launcher`` picks; None: not yet)."""
     if section is None:
         return []
     if not isinstance(section, dict):
@@ -129,8 +118,7 @@ def last_step(run_dir: Path) -> int | None:
 
 
 def print_status(study: str, rows: Sequence[tuple]) -> int:
-    """One line per run (its last logged step and ``Outcome.words``) of rows (Config, Outcome), then the count
-    of each state; a launcher's ``status``."""
+    """A launcher's ``status``: one line per (Config, Outcome) with its last logged step, then the counts."""
     width = max((len(c.run.name) for c, _ in rows), default=0)
     counts = Counter(o.words.split(" (")[0].split(";")[0] for _, o in rows)  # finished, running, queued, ...
     for c, o in rows:
@@ -148,8 +136,7 @@ def with_resume_flag(c):
 
 @dataclass(frozen=True)
 class LocalLauncher:
-    """Runs on this machine, ``jobs`` at a time (1: in this process, one after another). Its section of the
-    study file has no keys of its own (``jobs`` is the study's)."""
+    """Runs on this machine, ``jobs`` at a time (1: in this process); its section has no keys of its own."""
 
     jobs: int = 1
     study: str = ""
@@ -162,7 +149,6 @@ class LocalLauncher:
 
     @classmethod
     def from_study(cls, study: dict, section: dict, jobs: int | None, *, detach: bool = False) -> LocalLauncher:
-        """The local launcher of ``eslm study --launcher local``: ``jobs`` runs at once (default 1)."""
         if detach:
             raise ConfigError("--detach applies to a launcher whose runs outlive the study's process (--launcher "
                               "slurm, or launcher: {name: slurm} in the study file); the local launcher's runs end "
@@ -175,8 +161,6 @@ class LocalLauncher:
         return _Pool(list(configs), self.jobs, study_dir).run()
 
     def status(self, configs: Sequence, study_dir: Path) -> int:
-        """Each run's state from its run directory: finished (result.json), stopped after a step (it has
-        metrics: the same command resumes it), or not started."""
         rows = []
         for c in configs:
             run_dir = Path(c.run.out_dir) / c.run.name
@@ -189,19 +173,9 @@ class LocalLauncher:
         return print_status(self.study, rows)
 
 
-def _duration(seconds: float) -> str:
-    """'45 s', '12 min', '3.4 h'."""
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 class Progress:
-    """Runs done out of those this launch trains, the time since it started, and an estimate of the time left:
-    the mean time per run so far (completions over wall time, so parallel runs count as they finish) times the
-    runs left."""
+    """Runs done, time elapsed, and the time left estimated as the mean wall time per finished run times the runs
+    left."""
 
     def __init__(self, total: int, clock=time.monotonic):
         self.total, self.done, self.clock = total, 0, clock
@@ -211,8 +185,8 @@ class Progress:
         self.done += 1
         elapsed = self.clock() - self.t0
         left = self.total - self.done
-        eta = f", about {_duration(elapsed / self.done * left)} left" if left else ""
-        return f"[{self.done}/{self.total} runs done, {_duration(elapsed)} elapsed{eta}]"
+        eta = f", about {fmt_time(elapsed / self.done * left)} left" if left else ""
+        return f"[{self.done}/{self.total} runs done, {fmt_time(elapsed)} elapsed{eta}]"
 
 
 def _run_serial(configs: list) -> Launched:

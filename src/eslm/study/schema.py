@@ -22,11 +22,8 @@ _ENTRY_KEYS = ("name", "label")
 
 def study_dirs() -> list[Path]:
     """Where ``eslm study NAME`` looks for NAME.yaml, in order (duplicates removed)."""
-    out: list[Path] = []
-    for d in (STUDIES_DIR, Path.cwd() / "configs" / "studies"):
-        if d.resolve() not in [o.resolve() for o in out]:
-            out.append(d)
-    return out
+    here = Path.cwd() / "configs" / "studies"
+    return [STUDIES_DIR] + ([here] if here.resolve() != STUDIES_DIR.resolve() else [])
 
 
 _SMALL_STUDY_BYTES = 64 << 10  # a study at the limits (MAX_SEEDS seeds, MAX_RUNS runs) is far smaller
@@ -37,10 +34,8 @@ def _read_study_yaml(path: Path) -> dict:
         if path.stat().st_size > _SMALL_STUDY_BYTES:  # counted before any value is built (libyaml's events)
             with open(path, "rb") as f:
                 raw = f.read(MAX_YAML_BYTES + 1)
-            try:
-                n = yaml_list_lengths(raw.decode("utf-8-sig")).get("seeds", 0) if len(raw) <= MAX_YAML_BYTES else 0
-            except UnicodeDecodeError:
-                n = 0  # read_yaml says what is wrong
+            text = raw.decode("utf-8-sig", errors="replace")  # (read_yaml names a byte that is not UTF-8)
+            n = yaml_list_lengths(text).get("seeds", 0) if len(raw) <= MAX_YAML_BYTES else 0
             # the count is all seeds_problems checks first: a list of that length stands for the seeds
             refuse(f"study {str(path)!r}", seeds_problems([0] * n, "seeds") if n > MAX_SEEDS else [])
         return read_yaml(path, "study", fix="fix the file (a mapping with methods, seeds and config)")
@@ -49,8 +44,7 @@ def _read_study_yaml(path: Path) -> dict:
 
 
 def load_study(name: str) -> dict:
-    """The study file ``name`` (a path, or NAME.yaml in ``study_dirs()``), checked whole (``study_problems``):
-    every problem of its structure is refused at once, one line each, before anything runs."""
+    """The study file ``name`` (a path, or NAME.yaml in ``study_dirs()``), every problem refused at once."""
     path = Path(name)
     dirs = study_dirs()
     if not path.is_file():
@@ -153,7 +147,7 @@ def seeds_problems(seeds, where: str) -> list[str]:
     if bad:
         return [f"{where}: expected integer seeds, found {_name_list(bad)}"]
 
-    out = [s for s in seeds if not 0 <= s < MAX_SEED - 1024]  # run.seed's range (eslm.config.value_problems)
+    out = [s for s in seeds if not 0 <= s < MAX_SEED - 1024]  # run.seed's range (eslm.config.validate)
     if out:
         return [f"{where}: expected seeds in [0, {MAX_SEED - 1024}) (run.seed's range), found {_name_list(out)}"]
     counts = Counter(seeds)
@@ -228,27 +222,26 @@ def _report_problems(report) -> list[str]:
     if not isinstance(report, dict):
         return [f"report: expected a mapping {{baseline: GROUP, target: LOSS|baseline, primary: [GROUP, GROUP]}}, "
                 f"found {report!r}"]
-    problems = _unknown_keys("report", report, REPORT_KEYS)
-    if "controls" in report and not isinstance(report["controls"], bool):
-        problems.append(f"report.controls: expected true or false (false: the report goes without the controls the "
-                        f"registry names, random at the same alpha), found {report['controls']!r}")
-    if "baseline" in report and (not isinstance(report["baseline"], str) or not report["baseline"]):
-        problems.append(f"report.baseline: expected a group or method name, found {report['baseline']!r}")
-    target = report.get("target")
-    if "target" in report and target != "baseline" and not (
-            isinstance(target, (int, float)) and not isinstance(target, bool) and 0 < target < float("inf")):
-        problems.append(f"report.target: expected a positive validation loss or 'baseline', found {target!r}")
-    margin = report.get("equivalence_margin")
-    if "equivalence_margin" in report and not (
-            margin is not None and (is_int(margin) or isinstance(margin, float)) and 0 < margin < float("inf")):
-        problems.append(f"report.equivalence_margin: expected a positive number of nats, found {margin!r}")
-    elif "equivalence_margin" in report and "primary" not in report:
-        problems.append("report.equivalence_margin: applies to the primary comparison; add report.primary")
-    primary = report.get("primary")
-    if "primary" in report and not (isinstance(primary, list) and len(primary) == 2
-                                    and all(isinstance(x, str) and x for x in primary) and primary[0] != primary[1]):
-        problems.append(f"report.primary: expected two different group names [GROUP, GROUP], found {primary!r}")
-    return problems
+    bad = [f"report.{key}: expected {what}, found {report[key]!r}"
+           for key, (ok, what) in _REPORT_VALUES.items() if key in report and not ok(report[key])]
+    if _positive(report.get("equivalence_margin")) and "primary" not in report:
+        bad.append("report.equivalence_margin: applies to the primary comparison; add report.primary")
+    return _unknown_keys("report", report, REPORT_KEYS) + bad
+
+
+def _positive(v) -> bool:
+    return (is_int(v) or isinstance(v, float)) and 0 < v < float("inf")
+
+
+_REPORT_VALUES = {  # key: (accepts the value, what it expects)
+    "controls": (lambda v: isinstance(v, bool), "true or false (false: the report goes without the controls the "
+                 "registry names, random at the same alpha)"),
+    "baseline": (lambda v: isinstance(v, str) and bool(v), "a group or method name"),
+    "target": (lambda v: v == "baseline" or _positive(v), "a positive validation loss or 'baseline'"),
+    "equivalence_margin": (_positive, "a positive number of nats"),
+    "primary": (lambda v: isinstance(v, list) and len(v) == 2 and all(isinstance(x, str) and x for x in v)
+                and v[0] != v[1], "two different group names [GROUP, GROUP]"),
+}
 
 
 def models_problems(models) -> list[str]:
@@ -300,14 +293,8 @@ def _branch_problems(branch) -> list[str]:
 
 
 def study_problems(study: dict) -> list[str]:
-    """Every problem of a study file's structure (one phrase each; empty when it is well-formed): its keys,
-    ``methods`` (known methods, path-safe labels, no entry twice), ``seeds`` (integers, each once), ``sweep``
-    (non-empty value lists; ``methods`` naming entries of the study), ``config`` (a mapping), ``budget``
-    (``steps_of`` a method of the study, a known ``counter``), ``report`` (its keys and values), ``jobs``,
-    ``models`` (``models_problems``), ``launcher`` (``eslm.study.launch.launcher_problems``: the launcher it
-    names checks its keys) and ``branch``
-    (``from`` a known method, ``at_tokens`` a positive integer). Config keys and values, and the report's
-    group names, are checked when the runs are planned (``plan``)."""
+    """Every problem of a study file's structure (one phrase each; empty when it is well-formed). Config keys and
+    values, and the report's group names, are checked when the runs are planned (``plan``)."""
     problems = []
     unknown = [k for k in study if k not in STUDY_KEYS]
     if unknown:

@@ -1,12 +1,6 @@
 """Study-level shared models: frozen models (a Rho-1 reference, a KD teacher) that a study trains once and every
-run that needs one uses (the ``models`` section; docs/study.md, "Shared models").
-
-A run names a model by its key where its method needs a frozen model (the registry's ``Need.key``); the plan
-replaces the name by the model's directory (``resolve``), so each run's config.yaml records the model it used.
-A model is trained once per study (``per_seed``: once per seed) before the runs, never retrained once it holds
-result.json, refused when its config changed (``changed_problems``) or when it is gone or resolves to another
-checkpoint than ``models/models.json`` pins while runs that used it are there (``missing_problems``).
-"""
+run that needs one uses (the ``models`` section; docs/study.md, "Shared models"). The plan replaces a model's name
+by its directory (``resolve``), so each run's config.yaml records the model it used."""
 
 from __future__ import annotations
 
@@ -15,9 +9,9 @@ from pathlib import Path
 
 from eslm.config import build_config, flat
 from eslm.errors import ConfigError, ESLMError, OwnershipError
-from eslm.files import atomic_write, listing, sha256_file
+from eslm.files import atomic_write, listing, read_marker, sha256_file
 from eslm.methods import METHODS, baseline
-from eslm.model.loading import resolve_checkpoint
+from eslm.model.loading import resolve_checkpoint, step_of_file
 from eslm.study.schema import MODEL_KEYS, flatten
 from eslm.train.resume import INVOCATION_KEYS, RESUME_MAY_CHANGE, effective_config
 
@@ -45,10 +39,7 @@ def _model_seeds(spec: dict, seeds: list[int]) -> list[int]:
 def resolve(items: list[str], study: dict, study_dir: Path, seed: int) -> list[str]:
     """Override items ``key=value`` with a frozen-model key whose value names a shared model of the study ->
     ``key=<the model's directory>`` (the model of ``seed`` for a per_seed model)."""
-    models = study.get("models") or {}
-    if not models:
-        return list(items)
-    keys = frozen_model_keys()
+    models, keys = study.get("models") or {}, frozen_model_keys()
     out = []
     for item in items:
         key, _, value = item.partition("=")
@@ -59,11 +50,9 @@ def resolve(items: list[str], study: dict, study_dir: Path, seed: int) -> list[s
 
 
 def plan_models(study: dict, study_dir: Path, base: list[str], seeds: list[int]) -> tuple[list, list[str]]:
-    """(the resolved Config of every shared model to train, problems): each model is ``base`` (the study's
-    config) + its own keys, trained ``train.max_steps`` steps without the study's budget; a frozen-model key of
-    the study's config that names a shared model does not apply to the models themselves. Command-line
-    overrides of ``eslm study`` apply to the runs only: a model is what the study file says (an override that
-    changed it would be refused on the next call without it)."""
+    """(the resolved Config of every shared model to train, problems): ``base`` (the study's config) + its own
+    keys, without the study's budget. Command-line overrides apply to the runs only: a model is what the study
+    file says (an override that changed it would be refused on the next call without it)."""
     models = study.get("models") or {}
     keys = frozen_model_keys()
     configs, problems = [], []
@@ -88,9 +77,8 @@ def plan_models(study: dict, study_dir: Path, base: list[str], seeds: list[int])
 
 
 def _trained(configs: list, may_differ):
-    """(config, its run directory, its differences from the config it trained with: ["key: old -> new"], or the
-    ConfigError reading that raised) of each of ``configs`` that has trained (config.yaml in its directory);
-    keys for which ``may_differ(key, run directory)`` holds are not compared."""
+    """(config, run directory, ["key: old -> new"] or the ConfigError reading it raised) of each of ``configs``
+    that has trained, but for the keys ``may_differ(key, run directory)``."""
     for c in configs:
         d = Path(c.run.out_dir) / c.run.name
         if (d / "config.yaml").is_file():
@@ -104,8 +92,7 @@ def _trained(configs: list, may_differ):
 
 
 def changed_problems(configs: list) -> list[str]:
-    """Shared models already (partly) trained whose config differs from the planned one: refused, one line each,
-    naming the differing keys (old -> new)."""
+    """Shared models already (partly) trained with another config than the plan's, one line each."""
     out = []
     for _, d, diff in _trained(configs, lambda k, _: k in _NEUTRAL_KEYS or k.startswith(_NEUTRAL_PREFIXES)):
         if isinstance(diff, ConfigError):
@@ -124,10 +111,8 @@ RUN_NEUTRAL_KEYS = tuple(k for k in RESUME_MAY_CHANGE if k not in ("train.max_st
 
 
 def changed_run_problems(configs: list) -> list[str]:
-    """Runs of the study that already trained (config.yaml in their directory) with a config other than the
-    plan's: one problem naming the runs and, per run, the keys (old -> new). A finished run would otherwise be
-    skipped and reported as if it had the study file's settings; an unfinished one is compared on the keys a
-    resume may not change (``RESUME_MAY_CHANGE``: the study's resume applies those)."""
+    """Runs that already trained with a config other than the plan's (a finished run would be skipped and reported
+    as the study file's; an unfinished one is compared on the keys a resume may not change): one problem."""
     changed = []
     for c, _, diff in _trained(configs, lambda k, d: k in (RUN_NEUTRAL_KEYS if (d / "result.json").is_file()
                                                            else RESUME_MAY_CHANGE)):
@@ -144,9 +129,7 @@ def changed_run_problems(configs: list) -> list[str]:
 
 
 def unknown_model_problems(configs: list, study: dict, study_dir: Path) -> list[str]:
-    """Runs whose method reads a frozen model (``method.kd.teacher``, ``method.rho1.reference``) from a value that
-    is neither one of the study's shared models nor an existing path: refused in the plan, not after the shared
-    models and the other runs trained. One line per value, naming its runs and the study's model names."""
+    """Runs whose frozen-model key names neither a shared model nor an existing path, one line per value."""
     models = study.get("models") or {}
     planned = {model_dir(study_dir, n, spec, seed) for n, spec in models.items()
                for seed in _model_seeds(spec, sorted({c.run.seed for c in configs}))}
@@ -164,9 +147,8 @@ def unknown_model_problems(configs: list, study: dict, study_dir: Path) -> list[
 
 
 def used_models(cfg, study: dict, study_dir: Path) -> dict[str, Path]:
-    """{frozen-model key: model directory} of a planned run that uses shared models of its study: the keys its
-    method needs (a study-wide ``method.kd.teacher`` is set in CLM's config too, but CLM does not use it)."""
-
+    """{frozen-model key: model directory} of the shared models a planned run's method uses (a study-wide
+    ``method.kd.teacher`` is set in CLM's config too, but CLM does not use it)."""
     models = study.get("models") or {}
     values = flat(cfg)
     dirs = {model_dir(study_dir, n, s, seed): n for n, s in models.items()
@@ -176,8 +158,7 @@ def used_models(cfg, study: dict, study_dir: Path) -> dict[str, Path]:
 
 
 def missing_problems(run_configs: list, study: dict, study_dir: Path) -> list[str]:
-    """Runs already started (metrics.jsonl) with a shared model that is no longer finished in its directory:
-    training it again would give those runs' comparisons two different models."""
+    """Runs already started with a shared model that is gone or unfinished now, or no longer the one pinned."""
     gone: dict[Path, list[str]] = {}
     for c in run_configs:
         if not (Path(c.run.out_dir) / c.run.name / "metrics.jsonl").is_file():
@@ -191,17 +172,12 @@ def missing_problems(run_configs: list, study: dict, study_dir: Path) -> list[st
 
 
 def pinned_problems(study_dir: Path, run_configs: list) -> list[str]:
-    """A finished shared model whose checkpoint is no longer the one ``models.json`` records (its file and
-    sha256) while runs that used it have started: a later seed would load another checkpoint of it (e.g. an
-    earlier snapshot once the last checkpoints were deleted) and the seeds' comparisons would mix two models."""
-    path = Path(study_dir) / MODELS_DIR / "models.json"
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return []
+    """A finished shared model whose checkpoint is no longer the one ``models.json`` pins (file and sha256) while
+    runs that used it have started: a later seed would load another checkpoint (e.g. an earlier snapshot)."""
+    record = read_marker(Path(study_dir) / MODELS_DIR / "models.json", MODELS_FORMAT) or {}
     started = {c.run.name for c in run_configs if (Path(c.run.out_dir) / c.run.name / "metrics.jsonl").is_file()}
     out = []
-    for name, entry in (record.items() if isinstance(record, dict) else ()):
+    for name, entry in record.items():
         if not (isinstance(entry, dict) and entry.get("sha256") and entry.get("checkpoint")):
             continue
         users = [r for r in entry.get("used_by") or [] if r in started]
@@ -222,35 +198,21 @@ def pinned_problems(study_dir: Path, run_configs: list) -> list[str]:
     return out
 
 
-def step_of_file(path: Path) -> int | None:
-    """The step of a checkpoint or snapshot file by its name (step_0000006.pt, step_0000003.safetensors)."""
-    digits = Path(path).name.removeprefix("step_").split(".")[0]
-    return int(digits) if digits.isdigit() else None
-
-
 MODELS_FORMAT = "eslm-models-v1"  # models.json's marker (``format``)
 
 
 def check_record_owner(study_dir: Path) -> None:
-    """``<study>/models/models.json`` is absent or eslm's (its ``format`` is ``MODELS_FORMAT``); a file of another
-    program is refused in one line, never overwritten (nor a link, which would be followed)."""
+    """Refuse (one line) a ``models.json`` that is a link or not eslm's: it is never overwritten."""
     path = Path(study_dir) / MODELS_DIR / "models.json"
     if path.is_symlink():
         raise OwnershipError(f"{str(path)!r} is a symbolic link; eslm writes models.json itself: remove the link")
-    if not path.exists():
-        return
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        record = None
-    if not (isinstance(record, dict) and record.get("format") == MODELS_FORMAT):
+    if path.exists() and read_marker(path, MODELS_FORMAT) is None:
         raise OwnershipError(f"{str(path)!r} was not written by eslm (no format {MODELS_FORMAT!r}); eslm study "
                              "records its shared models there: move the file away, or choose another --out")
 
 
 def write_record(study: dict, study_dir: Path, model_configs: list, run_configs: list) -> Path | None:
-    """``<study>/models/models.json``: per model directory its config (flat), checkpoint, sha256, step and the
-    runs that use it. Written after the models are trained, before the runs start."""
+    """``<study>/models/models.json``: per model its config, checkpoint, sha256, step and the runs that use it."""
     if not model_configs:
         return None
 

@@ -1,15 +1,5 @@
-"""The SLURM launcher: a study's runs as one array job, submitted through submitit (the optional extra ``slurm``;
-docs/study.md, "On a cluster").
-
-Each unfinished run's plan is written as the local launcher writes it, and the runs are submitted as one array
-job capped at ``launcher.parallel`` (else ``--jobs``); each task, renamed after its run, runs
-``python -m eslm.cli train PLAN`` (``torchrun`` for several GPUs or nodes) with its output appended to
-``<study>/logs/<run>.log``. The run -> job table is ``<study>/slurm/jobs.json``. A run's state comes from its
-run directory (``result.json``) and the scheduler (``squeue``, then ``sacct``); only runs that are unfinished
-and not queued are resubmitted. Near the time limit (USR2, ``SIGNAL_DELAY_S`` before it) ``RunJob.checkpoint``
-stops the run after its step with a checkpoint and has submitit requeue the task; a pre-emption's SIGTERM does
-the same through the trainer. The requeued task resumes the run from its checkpoint, bit-exact.
-"""
+"""The SLURM launcher: a study's runs as one array job, submitted through submitit (the optional extra ``slurm``).
+How it runs, requeues and reports each run: docs/study.md, "On a cluster"."""
 
 from __future__ import annotations
 
@@ -23,15 +13,16 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import ClassVar
 
 from eslm.config import is_int, to_yaml
 from eslm.errors import ConfigError, ESLMError
-from eslm.files import atomic_write, ensure_dir, open_nofollow
+from eslm.files import atomic_write, ensure_dir, open_nofollow, read_marker
 from eslm.study.launch import FAILED, FINISHED, NOT_STARTED, PREEMPTED, QUEUED, STOPPED, Launched, Outcome, print_status
 
 # sbatch options the launcher sets itself (or takes from a key of the section): refused under launcher.sbatch
@@ -41,6 +32,15 @@ _OWN_OPTIONS = {"array": "parallel", "job-name": None, "output": None, "error": 
 MAX_REQUEUES = 100  # time-limit requeues of one run (each slice advances the run by at least a step)
 SCHEDULER_TIMEOUT_S = 60.0  # the longest one of SLURM's commands (sbatch, squeue, sacct, scontrol) is waited for
 SIGNAL_DELAY_S = 90  # USR2 this long before the time limit: time for a step and a checkpoint
+_VALUES: dict[str, tuple[Callable[[object], bool], str]] = {  # launcher.KEY: (accepts the value, what it expects)
+    "partition": (lambda v: isinstance(v, str) and bool(v.strip()), "a partition name"),
+    "time": (lambda v: time_minutes(v) is not None, "a time limit per job as minutes (an integer > 0) or "
+             "'[D-]HH:MM:SS'"),
+    **{key: (partial(lambda low, v: is_int(v) and v >= low, low), f"an integer >= {low}")
+       for key, low in (("nodes", 1), ("cpus_per_run", 1), ("gpus_per_run", 0), ("parallel", 1))},
+    "mem_gb": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
+               "a positive number of GB"),
+}
 JOBS_FILE = "jobs.json"
 JOBS_FORMAT = "eslm-slurm-jobs"
 # scheduler states of a job that is not over (squeue lists it, or sacct has not caught up with its end yet)
@@ -110,12 +110,9 @@ def _time_limit(seconds: float):
 
 @dataclass(frozen=True)
 class RunJob:
-    """One run as a SLURM array task (pickled by submitit, run by ``python -m submitit.core._submit`` under the
-    task's ``srun``): ``eslm train PLAN`` in a child process, resumed when the run directory already holds
-    metrics, its output appended to the run's log. ``gpus`` > 1: under ``torchrun --standalone``, one process
-    per GPU of the node. ``nodes`` > 1: the job has one task per node, and each runs torchrun as node
-    ``node_rank`` of ``nodes`` (one process per GPU, at least one), the rendezvous at the job's first host
-    (``rendezvous``); node 0's output goes to the run's log, node N's to ``<run>.nodeN.log`` beside it."""
+    """One run as a SLURM array task (pickled by submitit): ``eslm train PLAN`` in a child process (under torchrun
+    for several GPUs or nodes), resumed when the run directory holds metrics; node N > 0 logs to
+    ``<run>.nodeN.log``."""
 
     name: str
     plan: str
@@ -174,9 +171,8 @@ class RunJob:
 
 
 def rendezvous() -> tuple[int, str, int]:
-    """(this node's index, the job's first host, a port) for torchrun's static rendezvous, from SLURM's
-    environment of a task (``SLURM_NODEID``, ``SLURM_JOB_NODELIST`` expanded as submitit does, the job id): every
-    node of a job computes the same host and port, which differ between jobs (20000-29999, from the job id)."""
+    """(this node's index, the job's first host, a port) for torchrun's static rendezvous: every node of a job
+    computes the same host and port (20000-29999, from the job id)."""
     env = _import_submitit().JobEnvironment()
     job = os.environ.get("SLURM_JOB_ID", "0")
     return env.node, env.hostnames[0], 20000 + zlib.crc32(job.encode()) % 10000
@@ -221,11 +217,9 @@ def _expand(job_id: str) -> list[str]:
 
 
 def scheduler_states(jobs: Sequence[str]) -> dict[str, str]:
-    """{job id: state} for the jobs (``A_i`` array tasks or plain ids) the scheduler knows: from ``squeue``
-    while they are queued or running, else from ``sacct`` (``COMPLETED``, ``FAILED``, ``CANCELLED`` ...,
-    with `` exit N`` for a non-zero exit). A job neither knows (purged, or no accounting) is left out. Raises
-    SchedulerUnreachable when ``squeue`` fails: a job it cannot see may still be queued, and must not be
-    submitted twice."""
+    """{job id: state} for the jobs (``A_i`` array tasks or plain ids) the scheduler knows: ``squeue``, else
+    ``sacct`` (with `` exit N`` for a non-zero exit). Raises SchedulerUnreachable when ``squeue`` fails: a job it
+    cannot see may still be queued, and must not be submitted twice."""
     wanted = set(jobs)
     if not wanted:
         return {}
@@ -257,17 +251,13 @@ def scheduler_states(jobs: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def _active(state: str | None) -> bool:
-    return state is not None and state.split()[0] in _ACTIVE
-
-
 # ---------------------------------------------------------------- the launcher
 
 @dataclass(frozen=True)
 class SlurmLauncher:
-    """Trains a study's runs as one SLURM array job (module docstring). ``parallel``: the array's concurrency
-    cap (None: every run at once); ``time_min``: the time limit of one job (a longer run is checkpointed and
-    requeued at the limit); ``sbatch``: further (option, value) pairs; ``detach``: return once submitted."""
+    """Trains a study's runs as one SLURM array job. ``parallel``: the array's concurrency cap (None: every run at
+    once); ``time_min``: one job's time limit; ``sbatch``: further (option, value) pairs; ``detach``: return once
+    submitted."""
 
     study: str
     partition: str | None = None
@@ -287,18 +277,8 @@ class SlurmLauncher:
     @classmethod
     def section_problems(cls, section: dict) -> list[str]:
         """Every problem of the values of the study file's ``launcher`` section (one phrase each)."""
-        out: list[str] = []
-        if "partition" in section and not (isinstance(section["partition"], str) and section["partition"].strip()):
-            out.append(f"launcher.partition: expected a partition name, found {section['partition']!r}")
-        if "time" in section and time_minutes(section["time"]) is None:
-            out.append(f"launcher.time: expected a time limit per job as minutes (an integer > 0) or "
-                       f"'[D-]HH:MM:SS', found {section['time']!r}")
-        for key, low in (("nodes", 1), ("cpus_per_run", 1), ("gpus_per_run", 0), ("parallel", 1)):
-            if key in section and not (is_int(section[key]) and section[key] >= low):
-                out.append(f"launcher.{key}: expected an integer >= {low}, found {section[key]!r}")
-        mem = section.get("mem_gb")
-        if "mem_gb" in section and not (isinstance(mem, (int, float)) and not isinstance(mem, bool) and mem > 0):
-            out.append(f"launcher.mem_gb: expected a positive number of GB, found {mem!r}")
+        out = [f"launcher.{key}: expected {what}, found {section[key]!r}"
+               for key, (ok, what) in _VALUES.items() if key in section and not ok(section[key])]
         extra = section.get("sbatch")
         if "sbatch" in section:
             if not isinstance(extra, dict):
@@ -318,17 +298,13 @@ class SlurmLauncher:
 
     @classmethod
     def from_study(cls, study: dict, section: dict, jobs: int | None, *, detach: bool = False) -> SlurmLauncher:
-        """The launcher of ``eslm study --launcher slurm``, from the study file's ``launcher`` section (checked by
-        ``section_problems``); ``jobs`` (``--jobs`` or the file's ``jobs``) caps the array when the section sets
-        no ``parallel``."""
+        """From the checked ``launcher`` section; ``jobs`` caps the array when the section sets no ``parallel``."""
         time_min = time_minutes(section.get("time", 60))
         assert time_min is not None, "launcher.time is checked by section_problems"
-        return cls(study=study["name"], partition=section.get("partition"), time_min=time_min,
-                   nodes=section.get("nodes", 1), cpus_per_run=section.get("cpus_per_run", 1), gpus_per_run=section.get("gpus_per_run", 0),
-                   mem_gb=section.get("mem_gb"), parallel=section.get("parallel", jobs),
+        same = {k: section[k] for k in ("partition", "nodes", "cpus_per_run", "gpus_per_run", "mem_gb") if k in section}
+        return cls(study=study["name"], time_min=time_min, parallel=section.get("parallel", jobs), detach=detach,
                    sbatch=tuple((str(k).lstrip("-").replace("_", "-"), v)
-                                for k, v in (section.get("sbatch") or {}).items()),
-                   detach=detach)
+                                for k, v in (section.get("sbatch") or {}).items()), **same)
 
     def describe(self) -> str:
         per_run = [f"{self.cpus_per_run} CPU(s)"] + ([f"{self.gpus_per_run} GPU(s)"] if self.gpus_per_run else [])
@@ -342,14 +318,9 @@ class SlurmLauncher:
     # ---- the runs' states
 
     def _jobs_record(self, study_dir: Path) -> dict:
-        """``slurm/jobs.json``: {"format": JOBS_FORMAT, "runs": {run name: {"job", "submitted"}}} (empty when
-        absent or not eslm's)."""
-        try:
-            data = json.loads((study_dir / "slurm" / JOBS_FILE).read_text())
-        except (OSError, ValueError):
-            data = None
-        ok = isinstance(data, dict) and data.get("format") == JOBS_FORMAT and isinstance(data.get("runs"), dict)
-        return data if ok else {"format": JOBS_FORMAT, "runs": {}}
+        """``slurm/jobs.json``: {"format", "runs": {run name: {"job", "submitted"}}} (empty when not eslm's)."""
+        data = read_marker(study_dir / "slurm" / JOBS_FILE, JOBS_FORMAT)
+        return data if data and isinstance(data.get("runs"), dict) else {"format": JOBS_FORMAT, "runs": {}}
 
     def _jobs(self, study_dir: Path) -> dict[str, str]:
         """{run name: job id} of this study's submissions (the latest per run)."""
@@ -364,8 +335,7 @@ class SlurmLauncher:
         atomic_write(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
 
     def states(self, configs: Sequence, study_dir: Path) -> list[tuple[str, str | None, str | None, Outcome]]:
-        """[(run name, job id, scheduler state, outcome)] for ``configs``: FINISHED when the run directory holds
-        result.json; QUEUED while its job is queued or running; otherwise what ended it."""
+        """[(run name, job id, scheduler state, outcome)] for ``configs``."""
         jobs = self._jobs(study_dir)
         names = [c.run.name for c in configs]
         states = scheduler_states([jobs[n] for n in names if n in jobs])
@@ -382,14 +352,13 @@ class SlurmLauncher:
             return Outcome(name, FINISHED, "finished" + (f" (job {job})" if job else ""))
         if job is None:
             return Outcome(name, NOT_STARTED, "not submitted")
-        if state is not None and _active(state):
-            kind = state.split()[0]
-            word = {"RUNNING": "running", "COMPLETING": "ending"}.get(kind, f"queued ({kind.lower()})")
-            return Outcome(name, QUEUED, f"{word} (job {job})")
         if state is None:
             return Outcome(name, NOT_STARTED, f"unknown to the scheduler (job {job}: ended long ago, or no "
                                               "accounting); the same command resubmits it")
         kind = state.split()[0]
+        if kind in _ACTIVE:
+            word = {"RUNNING": "running", "COMPLETING": "ending"}.get(kind, f"queued ({kind.lower()})")
+            return Outcome(name, QUEUED, f"{word} (job {job})")
         if kind == "CANCELLED":
             return Outcome(name, STOPPED, f"cancelled (job {job}); the same command resubmits it, and it resumes "
                                           f"from its checkpoint; log: {log}")
@@ -399,8 +368,6 @@ class SlurmLauncher:
         return Outcome(name, FAILED, f"failed (job {job} {state}); log: {log}")
 
     def status(self, configs: Sequence, study_dir: Path) -> int:
-        """``eslm study NAME --status``: one line per run (its last logged step, its state and job). Submits
-        nothing."""
         return print_status(self.study, [(c, o) for c, (*_, o) in zip(configs, self.states(configs, study_dir))])
 
     # ---- launching
@@ -424,9 +391,7 @@ class SlurmLauncher:
         return self._wait(configs, study_dir)
 
     def _submit(self, configs: Sequence, study_dir: Path) -> dict[str, str]:
-        """Plan files, then one array job of ``configs`` (a single run: one job); each task renamed after its
-        run. Returns {run name: job id}."""
-
+        """Plan files, then one array job of ``configs``. Returns {run name: job id}."""
         submitit = _import_submitit()
         try:
             ex = submitit.SlurmExecutor(folder=study_dir.resolve() / "slurm", max_num_timeout=MAX_REQUEUES)

@@ -26,11 +26,9 @@ from eslm.files import (
     ensure_dir,
     read_checksums,
     stale_temporaries,
-    verify_checksum,
     write_checksums,
 )
-from eslm.model.loading import CHECKPOINT_FILE, CHECKPOINT_FORMAT
-from eslm.model.state import non_finite
+from eslm.model.loading import CHECKPOINT_FILE, CHECKPOINT_FORMAT, list_checkpoints, read_weights, step_of
 
 
 def checkpoint_name(step: int) -> str:
@@ -102,9 +100,7 @@ def checkpoint_at(run_dir: Path, step: int) -> Path:
 
 
 def kept_steps(ckpt_dir: Path) -> list[int]:
-    if not ckpt_dir.is_dir():
-        return []
-    return sorted(int(m.group(1)) for p in ckpt_dir.iterdir() if (m := CHECKPOINT_FILE.match(p.name)))
+    return [step_of(p) for p in list_checkpoints(ckpt_dir)]
 
 
 def supersede_after(run_dir: Path, step: int) -> tuple[list[str], Path]:
@@ -155,63 +151,32 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def load_checkpoint(path: Path, map_location="cpu", mmap: bool = False) -> dict:
-    """The checkpoint at ``path``, verified: its checksum (when it has one: files of earlier versions do not)
-    and finite weights and optimizer state, else a one-line CheckpointError naming the newest good checkpoint
-    of the run. ``mmap=True`` maps the tensors from the file instead of reading them (processes share the page
-    cache)."""
+    """The checkpoint at ``path``, verified (``eslm.model.loading.read_weights``), else a one-line
+    CheckpointError naming the newest good checkpoint of the run."""
     path = Path(path)
-    problem = checkpoint_problem(path, map_location, mmap)
-    if isinstance(problem, dict):
-        return problem
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r} not found; expected a step_XXXXXXX.pt file")
+    got = read_weights(path, map_location, mmap)
+    if not isinstance(got, str):
+        return got[1]
     if path.parent.name != "checkpoints":  # not in a run directory
-        raise CheckpointError(f"checkpoint {path} {problem}; expected an intact eslm checkpoint")
+        raise CheckpointError(f"checkpoint {path} {got}; expected an intact eslm checkpoint")
     good, _ = newest_good_checkpoint(path.parent.parent, skip=path)
     way = (f"the newest good checkpoint is {good}: resume from it with --resume-from {step_of(good)}" if good
            else "no other checkpoint of this run is intact: start a new run.name")
-    raise CheckpointError(f"checkpoint {path} {problem}; {way}")
-
-
-def checkpoint_problem(path: Path, map_location="cpu", mmap: bool = False) -> dict | str:
-    """The loaded checkpoint, or why it cannot be used (one phrase)."""
-    if not Path(path).is_file():
-        raise CheckpointError(f"checkpoint {str(path)!r} not found; expected a step_XXXXXXX.pt file")
-    if verify_checksum(path) is False:
-        return f"does not match its checksum ({checksum_path(path).name}): it was damaged after it was written"
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
-    except Exception as e:  # unpickling errors, truncated files
-        return (f"could not be read ({type(e).__name__}): the file may be truncated or of another program")
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        return f"is not an {CHECKPOINT_FORMAT} checkpoint"
-    for key, what in (("model", "weights"), ("optimizer", "optimizer state")):
-        bad = non_finite(state.get(key, {}))
-        if bad is not None:
-            return f"holds non-finite values in its {what} ({bad})"
-    return state
+    raise CheckpointError(f"checkpoint {path} {got}; {way}")
 
 
 def newest_good_checkpoint(run_dir: Path, skip: Path | None = None) -> tuple[Path | None, list[str]]:
-    """(the newest kept checkpoint of the run that matches its checksum and is finite, or None; what was
-    skipped on the way: "step_0000003.pt is damaged (...)"). Reads every checkpoint it tries."""
-    ckpt_dir = Path(run_dir) / "checkpoints"
+    """(the newest kept checkpoint of the run that ``read_weights`` accepts, or None; what was skipped on the
+    way: "step_0000003.pt is damaged (...)"). Reads every checkpoint it tries."""
     skipped: list[str] = []
-    for step in reversed(kept_steps(ckpt_dir)):
-        path = ckpt_dir / checkpoint_name(step)
-        if skip is not None and path == Path(skip):
-            continue
-        problem = checkpoint_problem(path, mmap=True)
-        if isinstance(problem, dict):
-            return path, skipped
-        skipped.append(f"{path.name} is damaged ({problem})")
+    for path in reversed(list_checkpoints(Path(run_dir) / "checkpoints")):
+        if skip is None or path != Path(skip):
+            if not isinstance(problem := read_weights(path, mmap=True), str):
+                return path, skipped
+            skipped.append(f"{path.name} is damaged ({problem})")
     return None, skipped
-
-
-def step_of(path: Path) -> int:
-    """The step of a checkpoint file named step_XXXXXXX.pt."""
-    m = CHECKPOINT_FILE.match(Path(path).name)
-    if m is None:
-        raise ValueError(f"expected a checkpoint file named step_XXXXXXX.pt, found {Path(path).name!r}")
-    return int(m.group(1))
 
 
 def check_model_matches(state: dict, model_config: dict, path,

@@ -26,6 +26,7 @@ from eslm.files import (
     stale_temporaries,
 )
 from eslm.lock import DirLock
+from eslm.model.loading import step_of
 from eslm.model.snapshot_file import SNAPSHOT_DIR, SNAPSHOT_FILE
 from eslm.tracking import open_trackers
 from eslm.train import checkpoint as ckpt
@@ -263,7 +264,7 @@ def check_resume_point(run_dir: Path, cfg: Config) -> None:
     rf = cfg.run.resume_from
     path = ckpt.checkpoint_at(run_dir, rf) if rf else ckpt.latest_checkpoint(run_dir)
     if path is not None:
-        step = ckpt.step_of(path)
+        step = step_of(path)
         if cfg.train.max_steps < step:
             raise ConfigError(f"train.max_steps={cfg.train.max_steps} is below step {step}, where the resume "
                               f"continues ({path.name}); expected train.max_steps >= {step}: set it so (or use "
@@ -292,7 +293,7 @@ def first_save_step(cfg: Config) -> int | None:
     if interval <= 0:
         return None
     try:
-        start = ckpt.step_of(Path(cfg.train.branch_from)) if cfg.train.branch_from else 0
+        start = step_of(Path(cfg.train.branch_from)) if cfg.train.branch_from else 0
     except ValueError:  # not a step_XXXXXXX.pt name: read_branch_point refuses it in one line
         start = 0
     return (start // interval + 1) * interval

@@ -1,10 +1,5 @@
-"""Text sources for ``eslm prepare`` (``SOURCE_NAMES``): where documents come from, their domain and their split;
-docs/data.md ("Preparing a corpus") has the table of sources and the split rule.
-
-A source yields :class:`Document` records whose text is read by :func:`document_text` inside the tokenisation
-workers, so file reading and docstring extraction run in parallel with tokenisation. ``stdlib`` and ``text``
-split by a hash of each document's stable key (:func:`assign_splits`); the hub sources use their published splits.
-"""
+"""Text sources for ``eslm prepare`` (``SOURCE_NAMES``; docs/data.md, "Preparing a corpus"). A document's text is
+read by :func:`document_text` inside the tokenisation workers, so reading runs in parallel with tokenisation."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Tokenizers (``get_tokenizer``): the exact GPT-2 BPE (offline) and a byte-level tokenizer for the smallest tests;
-both have ``name``, ``vocab_size``, ``eot_id``, ``encode`` (never emits eot), ``encode_batch`` and ``decode``.
-
-GPT-2 is tiktoken's r50k_base built from OpenAI's vocabulary files shipped unmodified in ``eslm/data/gpt2_bpe/``
-and checked against the SHA-256 digests tiktoken pins, so nothing is downloaded and a different vocabulary fails
-loudly (docs/data.md, "Tokenizers").
-"""
+"""Tokenizers (``get_tokenizer``): the exact GPT-2 BPE, built offline from OpenAI's files shipped in
+``eslm/data/gpt2_bpe/`` and checked against tiktoken's digests (docs/data.md, "Tokenizers"), and a byte-level one."""
 
 from __future__ import annotations
 

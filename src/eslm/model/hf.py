@@ -1,11 +1,5 @@
-"""Conversion to and from transformers' ``GPT2LMHeadModel`` (the ``eslm export-hf`` command is
-``eslm.model.export_hf``; loading any checkpoint or HF directory is ``eslm.model.loading``, which uses this).
-
-Parameter names are nanoGPT's, which are transformers'; HF's Conv1D weights are transposed both ways. Export
-writes zero biases for a bias-free model and trims the vocabulary to the tokenizer's by default; import keeps
-the file's vocabulary (a padded row of a tied head would put mass on ids that do not exist) and ``bias=True``
-unless every bias is exactly zero. docs/evaluation.md ("eslm export-hf", "Loading") gives the reasons.
-"""
+"""Conversion to and from transformers' ``GPT2LMHeadModel`` (nanoGPT's parameter names are transformers'; Conv1D
+weights are transposed both ways). docs/evaluation.md ("eslm export-hf", "Loading") gives the rules."""
 
 from __future__ import annotations
 
@@ -27,18 +21,6 @@ EXPORT_FORMAT = "eslm-hf-export-v1"
 
 
 # ----------------------------------------------------------------------------------------- export
-
-
-def _bias_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """HF GPT-2 bias names -> shapes, for writing zero biases from a bias-free model."""
-    C = cfg.n_embd
-    shapes: dict[str, tuple[int, ...]] = {"transformer.ln_f.bias": (C,)}
-    for i in range(cfg.n_layer):
-        b = f"transformer.h.{i}."
-        shapes.update({b + "ln_1.bias": (C,), b + "ln_2.bias": (C,), b + "attn.c_attn.bias": (3 * C,),
-                       b + "attn.c_proj.bias": (C,), b + "mlp.c_fc.bias": (4 * C,),
-                       b + "mlp.c_proj.bias": (C,)})
-    return shapes
 
 
 def hf_config(cfg: ModelConfig, vocab_size: int | None = None, eot_id: int | None = None):
@@ -68,14 +50,13 @@ def to_hf_state_dict(model: GPT, vocab_size: int | None = None) -> dict[str, tor
     out: dict[str, torch.Tensor] = {}
     for name, t in model.state_dict().items():
         t = t.detach().to("cpu", torch.float32)
+        if not cfg.bias and name.startswith(("transformer.h.", "transformer.ln_f.")):  # a bias per layer output
+            out[name.removesuffix("weight") + "bias"] = torch.zeros(t.shape[0])
         if name.endswith(_CONV1D_SUFFIXES):
             t = t.t()
         if name in ("transformer.wte.weight", "lm_head.weight"):
             t = t[:v]
         out[name] = t.contiguous().clone()
-    if not cfg.bias:
-        for name, shape in _bias_shapes(cfg).items():
-            out[name] = torch.zeros(shape)
     return out
 
 

@@ -1,12 +1,7 @@
 """The snapshot file format (``<run>/snapshots/step_0000100.safetensors``): its names, listing and reading.
 
-A snapshot is a model's state dict in the training (parameter) dtype, no optimizer, in a safetensors file; the
-tied ``lm_head.weight`` is stored once (as the embedding). The header's metadata (strings) carries what
-``eslm.model.loading`` needs: ``format`` (``SNAPSHOT_FORMAT``), ``model_config`` (JSON), ``tokenizer``,
-``step``, the FLOPs / token counters (JSON numbers), and ``sha256`` (``snapshot_digest``: the tensors' names,
-dtypes, shapes and bytes and the other metadata), verified when the file is read. The writer, which decides
-when to snapshot, is ``eslm.train.snapshots``.
-"""
+A model's state dict without the tied ``lm_head.weight``; the header's metadata (strings) holds ``format``,
+``model_config`` (JSON), ``tokenizer``, ``step``, the counters (JSON) and ``sha256`` (``snapshot_digest``)."""
 
 from __future__ import annotations
 

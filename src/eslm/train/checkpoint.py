@@ -1,11 +1,5 @@
-"""Checkpoints: everything with state, written atomically, loaded without executing code.
-
-Layout: <run>/checkpoints/step_0000100.pt, its SHA-256 <run>/checkpoints/step_0000100.pt.sha256 (``sha256sum``
-format, verified at load) and <run>/checkpoints/latest (the newest file's name).
-A checkpoint is a dict (see ``CHECKPOINT_FORMAT``): "model" (state dict, CPU), "model_config", "tokenizer",
-"step", "optimizer", "loader", "method", "flops", "rng", "elapsed_s", ... Saved with torch.save and loaded
-with ``torch.load(weights_only=True)``, so a file can never run code; every value is a tensor or plain type.
-"""
+"""Checkpoints (docs/training.md): ``checkpoints/step_XXXXXXX.pt``, its ``.sha256`` sidecar and ``latest``, written
+atomically; a checkpoint holds tensors and plain types only, loaded with ``torch.load(weights_only=True)``."""
 
 from __future__ import annotations
 
@@ -55,7 +49,10 @@ def save_checkpoint(ckpt_dir: Path, state: dict, *, keep_last: int, milestones: 
         intact = f"the previous checkpoint {prev.name} and `latest` are intact" if prev else "no earlier checkpoint"
         raise CheckpointError(f"could not write checkpoint {path} ({e.strerror or e}); {intact}; "
                               f"{os_fix(e)}, then resume with --resume") from None
-    _prune(ckpt_dir, keep_last, set(milestones))
+    regular = [s for s in kept_steps(ckpt_dir) if s not in set(milestones)]
+    for s in regular[:-keep_last] if keep_last > 0 else regular[:-1]:
+        (ckpt_dir / checkpoint_name(s)).unlink(missing_ok=True)
+        checksum_path(ckpt_dir / checkpoint_name(s)).unlink(missing_ok=True)
     return path
 
 
@@ -109,7 +106,12 @@ def supersede_after(run_dir: Path, step: int) -> tuple[list[str], Path]:
     moved, where to)."""
     ckpt_dir = Path(run_dir) / "checkpoints"
     later = [s for s in kept_steps(ckpt_dir) if s > step]
-    dest = superseded_dir(ckpt_dir, [checkpoint_name(s) for s in later])
+    # checkpoints/superseded/, or superseded/2/, 3/, ... when an earlier --resume-from set aside a file of the same
+    # name there (never overwritten: each is a branch)
+    dest, k = ckpt_dir / "superseded", 1
+    while any((dest / n).exists() or checksum_path(dest / n).exists() for n in map(checkpoint_name, later)):
+        k += 1
+        dest = ckpt_dir / "superseded" / str(k)
     if later:
         ensure_dir(dest)
     for s in later:
@@ -119,24 +121,6 @@ def supersede_after(run_dir: Path, step: int) -> tuple[list[str], Path]:
         os.replace(ckpt_dir / name, dest / name)
     atomic_write(ckpt_dir / "latest", checkpoint_name(step).encode())
     return [checkpoint_name(s) for s in later], dest
-
-
-def superseded_dir(ckpt_dir: Path, names: list[str]) -> Path:
-    """Where checkpoints set aside by a --resume-from go: checkpoints/superseded/, or superseded/2/, 3/, ... when
-    an earlier --resume-from set aside a file of the same name there (never overwritten: each is a branch)."""
-    base = dest = Path(ckpt_dir) / "superseded"
-    k = 1
-    while any((dest / n).exists() or (dest / (n + CHECKSUM_SUFFIX)).exists() for n in names):
-        k += 1
-        dest = base / str(k)
-    return dest
-
-
-def _prune(ckpt_dir: Path, keep_last: int, milestones: set) -> None:
-    regular = [s for s in kept_steps(ckpt_dir) if s not in milestones]
-    for s in regular[:-keep_last] if keep_last > 0 else regular[:-1]:
-        (ckpt_dir / checkpoint_name(s)).unlink(missing_ok=True)
-        checksum_path(ckpt_dir / checkpoint_name(s)).unlink(missing_ok=True)
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -194,8 +178,9 @@ def check_model_matches(state: dict, model_config: dict, path,
 
 def rng_state() -> dict:
     np_state: Any = np.random.get_state()
+    py = random.getstate()  # (version, 625 ints, gauss_next)
     state: dict[str, Any] = {
-        "python": _to_plain(random.getstate()),
+        "python": [py[0], list(py[1]), py[2]],
         "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
         "torch": torch.get_rng_state(),
     }
@@ -205,17 +190,10 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
-    random.setstate(_to_tuple(state["python"]))
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
     n = state["numpy"]
     np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
     torch.set_rng_state(state["torch"].cpu())  # a checkpoint loaded with map_location=cuda moves it to the GPU
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
-
-
-def _to_plain(x):
-    return [_to_plain(v) for v in x] if isinstance(x, (tuple, list)) else x
-
-
-def _to_tuple(x):
-    return tuple(_to_tuple(v) for v in x) if isinstance(x, list) else x

@@ -1,17 +1,5 @@
-"""torchrun / DDP / FSDP2 plumbing: process group, device, per-rank seeds, rank-0-only output, sharding.
-
-FSDP2 (``distributed.fsdp=true`` with more than one process): ``shard_fsdp`` applies ``fully_shard`` to every
-transformer block and then to the root (embeddings, ``ln_f`` and the tied head). The root is sharded with
-``reshard_after_forward=False``: its parameters stay unsharded from the forward to the end of the backward, so
-``model.head_weight`` read after the forward (as the step does for the loss) is the plain, full (V, C)
-parameter that the forward used, and the gradient the loss puts into it is reduce-scattered with the rest of
-the root's gradients at the end of the backward. Outside a forward it is a DTensor shard.
-
-``FSDPModel`` is what the step calls instead of DDP: calling it runs the model, and ``no_sync()`` turns the
-gradient reduce-scatter off for micro-steps whose forward runs inside it (decided at forward time, like DDP).
-``full_state_dicts`` / ``load_full_state_dicts`` convert to and from the checkpoint's plain formats (the full
-model state dict and ``Optimizer.state_dict()``), so a checkpoint does not depend on how it was trained.
-"""
+"""torchrun / DDP / FSDP2 plumbing (docs/training.md, "FSDP2"): process group, device, sharding, and the
+checkpoint's plain state dicts under FSDP (a checkpoint does not depend on how it was trained)."""
 
 from __future__ import annotations
 
@@ -79,7 +67,9 @@ def shard_fsdp(model: GPT, info: DistInfo, device: torch.device) -> GPT:
     """Shard a GPT in place with FSDP2 (one unit per block, then the root); returns the same module.
 
     Rank 0's parameters are broadcast first, so every rank starts from the same weights (DDP does the same at
-    construction; the ranks' seeds differ)."""
+    construction; the ranks' seeds differ). The root keeps its parameters unsharded from the forward to the end
+    of the backward, so ``model.head_weight`` read after the forward (the step's loss) is the full (V, C)
+    parameter the forward used, and its gradient is reduce-scattered with the root's."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -90,7 +80,7 @@ def shard_fsdp(model: GPT, info: DistInfo, device: torch.device) -> GPT:
     mesh = init_device_mesh(device.type, (info.world_size,))
     for block in model.transformer.h:
         fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh, reshard_after_forward=False)  # head_weight stays unsharded until backward ends
+    fully_shard(model, mesh=mesh, reshard_after_forward=False)
     return model
 
 

@@ -1,10 +1,5 @@
-"""Opening a run directory: a new run, or a resume that is the same run (or it is refused; docs/training.md).
-
-``--resume`` compares the requested config with the run's (``config.yaml`` plus the changes recorded in
-``resumes.jsonl``, one JSON object per resume: ``time``, ``step``, ``changed`` {key: [old, new]}, and the
-segment's eslm version and commit): keys in ``RESUME_MAY_CHANGE`` and those named in ``run.allow_change`` are
-applied and recorded, any other difference is refused before anything is written.
-"""
+"""Opening a run directory: a new run, or a resume that is the same run (or it is refused before anything is
+written; docs/training.md: ``RESUME_MAY_CHANGE``, ``run.allow_change``, ``resumes.jsonl``)."""
 
 from __future__ import annotations
 
@@ -82,17 +77,16 @@ def effective_config(run_dir: Path) -> Config:
     path = Path(run_dir) / "config.yaml"
     stored = read_yaml(path, "the run's own config", fix="restore it from a checkpoint's 'config' entry or start "
                        "a new run.name")
-    config = apply_resumes(stored, run_dir)  # refuses a config.yaml of an earlier eslm in one line
-    if problem := stored_config_problem(config, complete=True):  # a resume rebuilds the whole config
-        raise ConfigError(earlier_eslm(path, problem))
-    return from_dict(config)  # cannot fail: stored_config_problem applied it
+    # a resume rebuilds the whole config; from_dict cannot fail once stored_config_problem applied it
+    return from_dict(apply_resumes(stored, run_dir, complete=True))
 
 
-def apply_resumes(config: dict, run_dir: Path) -> dict:
+def apply_resumes(config: dict, run_dir: Path, complete: bool = False) -> dict:
     """A config.yaml mapping with the recorded resume changes applied (plain dicts; for readers like reports).
 
     A config written by an earlier eslm (``eslm.config.stored_config_problem``: e.g. the flat method keys of
-    before their nesting) is refused with one line: eslm 0.x reads its own format only."""
+    before their nesting; with ``complete``, a key it lacks) is refused with one line: eslm 0.x reads its own
+    format only."""
     out = json.loads(json.dumps(config))  # a deep copy of plain YAML data
     for rec in read_resumes(run_dir):
         for key, change in (rec.get("changed") or {}).items():
@@ -101,14 +95,11 @@ def apply_resumes(config: dict, run_dir: Path) -> dict:
             for p in parents:
                 node = node.setdefault(p, {})
             node[leaf] = change[1]
-    if out and (problem := stored_config_problem(out)):
-        raise ConfigError(earlier_eslm(Path(run_dir) / "config.yaml", problem))
+    if (out or complete) and (problem := stored_config_problem(out, complete=complete)):
+        raise ConfigError(f"{Path(run_dir) / 'config.yaml'} was written by an earlier eslm: {problem}; this eslm "
+                          "reads only run directories in its own format: train the run again with this version, "
+                          "or read it with the eslm that wrote it")
     return out
-
-
-def earlier_eslm(path: Path, problem: str) -> str:
-    return (f"{path} was written by an earlier eslm: {problem}; this eslm reads only run directories in its own "
-            "format: train the run again with this version, or read it with the eslm that wrote it")
 
 
 def allowed_changes(cfg: Config) -> set[str]:

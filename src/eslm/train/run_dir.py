@@ -10,6 +10,7 @@ import functools
 import hashlib
 import json
 import math
+import mmap
 import platform
 import subprocess
 import sys
@@ -96,18 +97,8 @@ def cut_torn_tail(path: Path) -> None:
         size = f.seek(0, 2)
         if size == 0:
             return
-        pos = size
-        while pos > 0:  # scan back in blocks for the last newline
-            start = max(0, pos - 65536)
-            f.seek(start)
-            block = f.read(pos - start)
-            i = block.rfind(b"\n")
-            if i >= 0:
-                end = start + i + 1
-                break
-            pos = start
-        else:
-            end = 0
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:  # rfind scans back from the end only
+            end = m.rfind(b"\n") + 1
         if end != size:
             f.truncate(end)
 

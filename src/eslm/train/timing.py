@@ -1,9 +1,5 @@
-"""What the machine measured while training: wall-clock and CPU time of a step, throughput, load, MFU.
-
-These numbers differ between two identical runs (``metrics.TIMING_KEYS``); nothing that is trained depends on
-them. CUDA steps end synchronised (the step's own read of its loss waits for its update) so that a step's
-wall-clock time is its real time.
-"""
+"""What the machine measured while training (time, throughput, load, MFU): differs between two identical runs
+(``metrics.TIMING_KEYS``); nothing that is trained depends on it."""
 
 from __future__ import annotations
 
@@ -15,6 +11,7 @@ from pathlib import Path
 import torch
 
 from eslm.files import atomic_write
+from eslm.train.run_dir import read_env
 
 # peak dense bf16 FLOP/s for MFU, by a key contained in the GPU's name; the first key that matches wins, so a
 # variant's key comes before its family's (H100 PCIe: 756 TFLOP/s; H100 SXM / H200: 989; A100: 312)
@@ -88,14 +85,8 @@ class LoadSampler:
 
     def record_in_env(self, run_dir: Path, step: int) -> None:
         """env.json gains this process's summary (one entry per start or resume)."""
-        path = run_dir / "env.json"
-        summary = self.summary()
-        if summary is None or not path.is_file():
-            return
-        try:
-            env = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+        summary, env = self.summary(), read_env(run_dir)
+        if summary is None or not env:
             return
         env.setdefault("load_avg_during_run", []).append({"until_step": step, **summary})
-
-        atomic_write(path, (json.dumps(env, indent=2) + "\n").encode())  # replaces a link, never follows it
+        atomic_write(run_dir / "env.json", (json.dumps(env, indent=2) + "\n").encode())  # replaces a link

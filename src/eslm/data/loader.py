@@ -26,11 +26,7 @@ HELD_OUT_FRACTION = 0.05  # of each domain's training tokens (held_out_start)
 
 
 class Dataset:
-    """A prepared data directory. Build it with :func:`open_dataset`.
-
-    domains:        list[str] in manifest order; ``Batch.domain`` indexes this list
-    tokenizer_name, vocab_size, eot_id, dtype ("uint16" | "uint32"), manifest (the parsed dict), path
-    """
+    """A prepared data directory (build it with :func:`open_dataset`); ``Batch.domain`` indexes ``domains``."""
 
     def __init__(self, path: Path, manifest: dict):
         self.path = path
@@ -82,10 +78,6 @@ class Dataset:
         # pickling (e.g. to worker processes) must not copy the mapped arrays; they are re-mapped on use
         return {**self.__dict__, "_maps": {}}
 
-    def __repr__(self) -> str:
-        counts = ", ".join(f"{d}={self.num_tokens('train', d):,}" for d in self.domains)
-        return f"Dataset({self.path}, {self.tokenizer_name}, train tokens: {counts})"
-
 
 def open_dataset(data_dir: str | os.PathLike, *, verify: str = "auto") -> Dataset:
     """Open and validate a prepared directory (manifest schema, shard presence and sizes, token ids below the
@@ -112,13 +104,9 @@ def _range_checked(path: Path, manifest: dict) -> None:
 
 # -------------------------------------------------------------------------------------------- training
 class TrainLoader:
-    """Seeded, resumable sampler of training micro-batches (see the module docstring).
-
-    weights: {domain: weight} (by name) or a spec for :func:`resolve_weights` ("natural", "unif", ...).
-    part: the part of each stream its windows lie in: "all", "fit" (the training split without its held-out
-    tail) or "held_out" (that tail: :func:`held_out_start`).
-    Yields :class:`Batch` with x, y (micro_batch_size_seqs, seq_len) int64 and domain (micro_batch_size_seqs,).
-    """
+    """Seeded, resumable sampler of training micro-batches. ``weights``: {domain: weight} or a spec for
+    :func:`resolve_weights`; ``part``: where its windows lie in each stream: "all", "fit" (the training split
+    without its held-out tail) or "held_out" (that tail: :func:`held_out_start`)."""
 
     def __init__(self, dataset: Dataset, *, seq_len: int, micro_batch_size_seqs: int,
                  weights: Mapping[str, float] | str, seed: int, rank: int = 0, world_size: int = 1,

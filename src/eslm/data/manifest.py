@@ -115,11 +115,8 @@ def verify_shards(data_dir: str | os.PathLike, manifest: dict, verify: str = "au
 
 
 def check_token_range(data_dir: str | os.PathLike, manifest: dict, chunk_tokens: int = 1 << 24) -> None:
-    """DataError unless every token id of every shard is below the tokenizer's vocabulary size.
-
-    Whatever the size (the SHA-256 check is skipped for large data): a max over each memory-mapped shard in
-    chunks of ``chunk_tokens`` ids; an out-of-range id would otherwise fail deep in training with an IndexError
-    (CPU) or a device assert (CUDA)."""
+    """DataError unless every token id of every shard is below the tokenizer's vocabulary size, whatever the size
+    (else it would fail deep in training with an IndexError or a device assert)."""
     import numpy as np
 
     data_dir = Path(data_dir)

@@ -269,11 +269,8 @@ def text_source(paths: list[str] | None, val_fraction: float, domains: list[str]
 
 # ------------------------------------------------------------------------------------------------- hub
 def load_hf_splits(source: str, data_files: dict[str, list[str]] | None = None, cache_dir: str | None = None):
-    """The raw HF ``DatasetDict`` of a hub source, through the parquet route.
-
-    ``data_files`` ({split: [local parquet/json files]}) replaces the hub download; tests use it with
-    fixture files and HF_DATASETS_OFFLINE=1 to run the same code path as a real download.
-    """
+    """The raw HF ``DatasetDict`` of a hub source, through the parquet route; ``data_files`` ({split: [local
+    parquet/json files]}) replaces the download (the same code path)."""
     try:
         import datasets
     except ImportError as e:
@@ -385,8 +382,6 @@ def get_source(name: str, *, paths: list[str] | None = None, domains: list[str] 
         raise ConfigError(f"expected no val_fraction for {name!r} (it has a fixed published split); "
                           f"found {val_fraction}; fix: drop --val-fraction")
     if name == "openwebtext":
-        if domains and list(domains) != ["openwebtext"]:
-            raise ConfigError(f"expected domain 'openwebtext' for source openwebtext; found {list(domains)}; "
-                              "fix: drop --domains")
+        _pick_domains(["openwebtext"], domains, name)
         return openwebtext_source(paths, hf_cache_dir)
     return slimpajama_source(paths, domains, hf_cache_dir)

@@ -38,10 +38,8 @@ def hf_config(cfg: ModelConfig, vocab_size: int | None = None, eot_id: int | Non
 
 
 def to_hf_state_dict(model: GPT, vocab_size: int | None = None) -> dict[str, torch.Tensor]:
-    """Our state dict in HF GPT-2 layout: Conv1D weights transposed, zero biases added, vocab trimmed.
-
-    ``vocab_size`` (<= the model's) keeps the first rows of the tied embedding/head. Tensors are fp32 copies.
-    """
+    """Our state dict in HF GPT-2 layout (fp32 copies): Conv1D weights transposed, zero biases added, the first
+    ``vocab_size`` rows of the tied embedding/head kept."""
     cfg = model.config
     v = vocab_size or cfg.vocab_size
     if v > cfg.vocab_size:
@@ -61,11 +59,8 @@ def to_hf_state_dict(model: GPT, vocab_size: int | None = None) -> dict[str, tor
 
 
 def to_hf(model: GPT, vocab_size: int | None = None, eot_id: int | None = None):
-    """A transformers ``GPT2LMHeadModel`` (fp32, eval mode) computing the same logits as ``model``.
-
-    ``vocab_size`` trims the vocabulary (see the module docstring); None keeps the model's.
-    ``eot_id`` sets the config's bos/eos token ids (GPT-2: 50256).
-    """
+    """A transformers ``GPT2LMHeadModel`` (fp32, eval mode) computing the same logits as ``model``, its vocabulary
+    trimmed to ``vocab_size`` (None: the model's), ``eot_id`` its bos/eos token id."""
     from transformers import GPT2LMHeadModel
 
     state = to_hf_state_dict(model, vocab_size)
@@ -115,11 +110,8 @@ def _load_hf_model(path: str | Path):
 
 
 def from_hf(path_or_model) -> GPT:
-    """One of our models (fp32) from a local HF GPT-2 directory or a ``GPT2LMHeadModel`` instance.
-
-    The vocabulary of the file is kept (OpenAI GPT-2: 50257; see the module docstring);
-    ``bias`` is False when every bias is exactly zero (e.g. a model exported by us), else True.
-    """
+    """One of our models (fp32) from a local HF GPT-2 directory or a ``GPT2LMHeadModel``: the file's vocabulary
+    is kept (a padded row of a tied head would put mass on ids that do not exist); bias=False when every bias is 0."""
     hf = path_or_model if not isinstance(path_or_model, (str, Path)) else _load_hf_model(path_or_model)
     source = str(path_or_model) if isinstance(path_or_model, (str, Path)) else type(hf).__name__
     hc = hf.config

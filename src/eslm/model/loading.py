@@ -1,11 +1,5 @@
 """Load a model from whatever a user points at: a run directory, a checkpoint file, a snapshot, or a HF GPT-2
-directory (docs/evaluation.md, "Loading").
-
-Checkpoints (``{"format": "eslm-checkpoint-v1", "model", "model_config", "tokenizer", "step", ...}``, written by
-``eslm.train.checkpoint``) are read with ``weights_only=True``; a run's are ``checkpoints/step_XXXXXXX.pt`` with
-``checkpoints/latest`` naming the newest; model-only snapshots are ``snapshots/step_XXXXXXX.safetensors``
-(``eslm.model.snapshot_file``).
-"""
+directory (docs/evaluation.md, "Loading"), and read and verify checkpoint and snapshot files."""
 
 from __future__ import annotations
 
@@ -28,15 +22,9 @@ CHECKPOINT_FILE = re.compile(r"^step_(\d{7,})\.pt$")  # train.checkpoint.checkpo
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[GPT, dict]:
-    """Load one of our models from ``path`` (eval mode, fp32, on ``device``).
-
-    ``path`` may be a run directory (its ``checkpoints/latest`` is used; its newest snapshot when it has no
-    checkpoint), a ``checkpoints/`` directory, a checkpoint ``.pt`` file, a snapshot ``.safetensors`` file,
-    or a local HF GPT-2 directory (one holding ``config.json``).
-    Returns ``(model, info)``; ``info`` holds ``tokenizer`` (name or None), ``step`` (int or None),
-    ``source`` (str path of the file or directory read), ``run_dir`` (str or None), ``model_config``
-    (dict) and ``flops_paper`` / ``flops_executed`` when the checkpoint carries them.
-    """
+    """(model in eval mode, fp32, on ``device``; info: ``tokenizer``, ``step``, ``source``, ``run_dir``,
+    ``model_config`` and the counters the file carries) of a run directory (its latest checkpoint, else its newest
+    snapshot), a ``checkpoints/`` directory, a .pt or .safetensors file, or a local HF GPT-2 directory."""
     p = Path(path)
     if not p.exists():
         raise CheckpointError(

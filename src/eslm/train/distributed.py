@@ -85,11 +85,8 @@ def shard_fsdp(model: GPT, info: DistInfo, device: torch.device) -> GPT:
 
 
 class FSDPModel:
-    """The FSDP2-sharded model as the training step sees it: ``model(x)`` and ``with model.no_sync(): ...``.
-
-    As with DDP, whether a micro-step's gradients are reduced is decided by its forward: a forward run inside
-    ``no_sync()`` accumulates unsharded local gradients without communication; the next forward outside it
-    reduce-scatters them together with its own."""
+    """The FSDP2-sharded model as the training step sees it: ``model(x)`` and ``with model.no_sync(): ...``; as
+    with DDP, a forward inside ``no_sync()`` accumulates local gradients, the next one outside reduce-scatters."""
 
     def __init__(self, module: torch.nn.Module):
         self.module = module

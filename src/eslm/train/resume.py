@@ -245,12 +245,7 @@ def check_provenance(run_dir: Path, cfg: Config) -> None:
 
 def check_resume_point(run_dir: Path, cfg: Config) -> None:
     """Before anything is written: the checkpoint a resume continues from is there, and train.max_steps is not
-    below its step. A run with no checkpoint left that had written one (result.json, or metrics of a step after
-    its first save step: that save had completed) is refused: starting again from step 0 would replace its
-    results. A run with no complete checkpoint and no step after its first save step (killed, or out of disk,
-    before or inside its first checkpoint or snapshot write) starts again: from step 0, or from its branch point;
-    its temporary files are removed by ``lock_run_dir`` and its steps recomputed bit for bit."""
-
+    below its step; a run without a checkpoint starts again only if it never completed one (docs/training.md)."""
     run_dir = Path(run_dir)
     rf = cfg.run.resume_from
     path = ckpt.checkpoint_at(run_dir, rf) if rf else ckpt.latest_checkpoint(run_dir)

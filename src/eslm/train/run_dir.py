@@ -104,11 +104,8 @@ def cut_torn_tail(path: Path) -> None:
 
 
 class MetricsWriter:
-    """Appends one JSON object per line to metrics.jsonl (flushed each line) and mirrors scalars to TensorBoard.
-
-    After a resume the lines of steps past the checkpoint are written again; readers keep the last line of
-    each (kind, step) — see ``last_records``.
-    """
+    """Appends one JSON object per line to metrics.jsonl (flushed each line; a resume writes the steps past its
+    checkpoint again: ``last_records``) and mirrors scalars to TensorBoard."""
 
     def __init__(self, run_dir: Path, tensorboard: bool):
         self.path = run_dir / "metrics.jsonl"

@@ -11,7 +11,6 @@ from pathlib import Path
 import torch
 
 from eslm.files import atomic_write
-from eslm.train.run_dir import read_env
 
 # peak dense bf16 FLOP/s for MFU, by a key contained in the GPU's name; the first key that matches wins, so a
 # variant's key comes before its family's (H100 PCIe: 756 TFLOP/s; H100 SXM / H200: 989; A100: 312)
@@ -85,8 +84,14 @@ class LoadSampler:
 
     def record_in_env(self, run_dir: Path, step: int) -> None:
         """env.json gains this process's summary (one entry per start or resume)."""
-        summary, env = self.summary(), read_env(run_dir)
-        if summary is None or not env:
+        path = run_dir / "env.json"
+        summary = self.summary()
+        if summary is None or not path.is_file():
+            return
+        try:
+            env = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
             return
         env.setdefault("load_avg_during_run", []).append({"until_step": step, **summary})
-        atomic_write(run_dir / "env.json", (json.dumps(env, indent=2) + "\n").encode())  # replaces a link
+
+        atomic_write(path, (json.dumps(env, indent=2) + "\n").encode())  # replaces a link, never follows it

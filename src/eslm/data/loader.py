@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import warnings
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -157,10 +157,6 @@ class TrainLoader:
         batch = self.draw(self.batch_index)
         self.batch_index += 1
         return batch
-
-    def __iter__(self) -> Iterator[Batch]:
-        while True:
-            yield self.next_batch()
 
     def state_dict(self) -> dict:
         """Plain Python types only (safe for ``torch.load(weights_only=True)``)."""

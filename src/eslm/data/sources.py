@@ -22,7 +22,6 @@ from eslm.errors import ConfigError, DataError
 SOURCE_NAMES = ("stdlib", "text", "openwebtext", "slimpajama-6b")
 SPLITS = ("train", "val")
 STDLIB_DOMAINS = ("code", "docs", "reference")
-SLIMPAJAMA_DOMAINS = ("arxiv", "book", "c4", "cc", "github", "stackexchange", "wikipedia")
 # meta.redpajama_set_name -> our domain name (keyed by name on purpose: never rely on column order)
 SLIMPAJAMA_SET_NAMES = {
     "RedPajamaArXiv": "arxiv",
@@ -33,6 +32,7 @@ SLIMPAJAMA_SET_NAMES = {
     "RedPajamaStackExchange": "stackexchange",
     "RedPajamaWikipedia": "wikipedia",
 }
+SLIMPAJAMA_DOMAINS = tuple(SLIMPAJAMA_SET_NAMES.values())
 HUB_IDS = {"openwebtext": "Skylion007/openwebtext", "slimpajama-6b": "DKYoon/SlimPajama-6B"}
 # nanoGPT's data/openwebtext/prepare.py: train_test_split(test_size=0.0005, seed=2357, shuffle=True)
 OWT_TEST_SIZE, OWT_SEED = 0.0005, 2357

@@ -118,16 +118,11 @@ def from_hf(path_or_model) -> GPT:
     _check_hf_config(hc, source)
     state = {k: v.detach().to("cpu", torch.float32) for k, v in hf.state_dict().items()
              if not k.endswith(_HF_BUFFER_SUFFIXES)}
-    biases = [v for k, v in state.items() if k.endswith(".bias")]
-    has_bias = any(bool(b.any()) for b in biases)
+    has_bias = any(bool(v.any()) for k, v in state.items() if k.endswith(".bias"))
     cfg = ModelConfig(n_layer=hc.n_layer, n_head=hc.n_head, n_embd=hc.n_embd, vocab_size=hc.vocab_size,
                       block_size=hc.n_positions, bias=has_bias, dropout=0.0)
-    ours = {}
-    for k, v in state.items():
-        if k.endswith(".bias") and not has_bias:
-            continue
-        ours[k] = v.t().contiguous() if k.endswith(_CONV1D_SUFFIXES) else v
-    ours.setdefault("lm_head.weight", ours["transformer.wte.weight"])
+    ours = {k: v.t().contiguous() if k.endswith(_CONV1D_SUFFIXES) else v for k, v in state.items()
+            if has_bias or not k.endswith(".bias")}  # the tied head: filled in by load_state_checked
     model = GPT(cfg)
     load_state_checked(model, ours, source=source)
     return model

@@ -14,7 +14,14 @@ from eslm.errors import CheckpointError, ConfigError
 from eslm.files import RUN_MARKER, checksum_path, verify_checksum
 from eslm.model.gpt import GPT, ModelConfig
 from eslm.model.hf import from_hf, read_export_info
-from eslm.model.snapshot_file import SNAPSHOT_DIR, SNAPSHOT_FORMAT, SnapshotDamaged, list_snapshots, read_snapshot
+from eslm.model.snapshot_file import (
+    SNAPSHOT_DIR,
+    SNAPSHOT_FORMAT,
+    SnapshotDamaged,
+    list_snapshots,
+    read_snapshot,
+    step_files,
+)
 from eslm.model.state import build_checked, clean_state_dict, non_finite
 
 CHECKPOINT_FORMAT = "eslm-checkpoint-v1"
@@ -121,13 +128,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """All ``step_XXXXXXX.pt`` files of a run (or of a checkpoints directory), sorted by step."""
-    p = Path(run_dir)
-    ckpt_dir = p / "checkpoints" if (p / "checkpoints").is_dir() else p
-    if not ckpt_dir.is_dir():
-        return []
-    files = [f for f in ckpt_dir.iterdir() if CHECKPOINT_FILE.match(f.name)]
-    return sorted(files, key=step_of)
+    return step_files(run_dir, "checkpoints", CHECKPOINT_FILE)
 
 
 def list_evaluable(run_dir: str | Path) -> list[Path]:

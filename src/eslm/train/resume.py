@@ -34,6 +34,7 @@ from eslm.train.run_dir import (
     code_version,
     cut_torn_tail,
     env_info,
+    json_lines,
     last_records,
     new_run_marker,
     read_env,
@@ -59,17 +60,7 @@ INVOCATION_KEYS = ("run.resume", "run.resume_from", "run.allow_change", "run.all
 def read_resumes(run_dir: Path) -> list[dict]:
     """The resume records, oldest first (a torn last line, from a kill mid-write, is skipped)."""
     path = Path(run_dir) / RESUMES_FILE
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
+    return json_lines(path)[0] if path.is_file() else []
 
 
 def effective_config(run_dir: Path) -> Config:
@@ -336,10 +327,8 @@ def open_run_dir(run_dir: Path, cfg: Config, *, device, world_size: int, num_par
             (run_dir / RESUMES_FILE).unlink(missing_ok=True)  # of a start killed before its first step
             atomic_write(run_dir / RUN_MARKER, new_run_marker())
             atomic_write(run_dir / "config.yaml", to_yaml(cfg).encode())
-            env = env_info(device, world_size, cfg.run.seed)
-            env["model_params_non_embedding"] = num_params
-            env["load_avg_at_start"] = load_avg()
-            env["segments"] = [{"step": 0, "time": _now(), **code_version()}]
+            env = {**env_info(device, world_size, cfg.run.seed), "model_params_non_embedding": num_params,
+                   "load_avg_at_start": load_avg(), "segments": [{"step": 0, "time": _now(), **code_version()}]}
             atomic_write(run_dir / "env.json", (json.dumps(env, indent=2) + "\n").encode())
         writer = MetricsWriter(run_dir, cfg.log.tensorboard)
         writer.sinks += open_trackers(cfg, run_dir, read_env(run_dir))

@@ -70,15 +70,7 @@ class Source:
 # ----------------------------------------------------------------------------------------------- texts
 def document_text(doc: Document) -> str:
     """The text of ``doc`` (runs in tokenisation workers). Non-UTF-8 text files raise a one-line DataError."""
-    if doc.kind == "text":
-        return doc.payload
-    if doc.kind == "utf8":
-        return _read_utf8(doc.payload)
-    if doc.kind == "pyfile":
-        return _read_python(doc.payload)
-    if doc.kind == "docstrings":
-        return extract_docstrings(_read_python(doc.payload))
-    raise AssertionError(f"unknown document kind {doc.kind!r}")
+    return TEXT_OF[doc.kind](doc.payload)
 
 
 def _read_utf8(path: str) -> str:
@@ -112,6 +104,8 @@ def extract_docstrings(source: str) -> str:
     return "\n\n".join(docs)
 
 
+TEXT_OF: dict[str, Callable[[str], str]] = {"text": str, "utf8": _read_utf8, "pyfile": _read_python,
+                                            "docstrings": lambda path: extract_docstrings(_read_python(path))}
 _DEFS = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 

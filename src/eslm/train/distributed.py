@@ -18,7 +18,6 @@ from eslm.model.loading import check_device
 @dataclass
 class DistInfo:
     rank: int = 0
-    local_rank: int = 0
     world_size: int = 1
 
     @property
@@ -41,7 +40,7 @@ def init_distributed(device_pref: str, backend_pref: str) -> tuple[DistInfo, tor
         backend = backend_pref if backend_pref != "auto" else ("nccl" if device.type == "cuda" else "gloo")
         if not dist.is_initialized():
             dist.init_process_group(backend=backend)
-    return DistInfo(rank, local, world), device
+    return DistInfo(rank, world), device
 
 
 def resolve_device(pref: str, local_rank: int = 0) -> torch.device:

@@ -32,7 +32,7 @@ B, T = 2, 48  # T < block_size: the attention term must use the training length
 def test_param_count_matches_model(cfg):
     with torch.device("meta"):  # no memory, no init: only shapes
         model = GPT(cfg)
-    assert count_params(cfg) == model.num_params(non_embedding=True)
+    assert count_params(cfg) == model.num_params()
     assert FlopsModel.from_config(cfg, cfg.block_size).n_params == model.num_params()
 
 

@@ -20,7 +20,7 @@ COUNTER_KEYS = (M.FLOPS_PAPER, M.FLOPS_EXECUTED, M.FLOPS_DENSE)
 
 
 def count_params(cfg: ModelConfig) -> int:
-    """N of ``GPT(cfg).num_params(non_embedding=True)``, computed from the config alone (the position embedding
+    """N of ``GPT(cfg).num_params()``, computed from the config alone (the position embedding
     excluded, the tied embedding counted once)."""
     C, L = cfg.n_embd, cfg.n_layer
     per_layer = 12 * C * C + 2 * C  # matmul weights + ln_1, ln_2 gains

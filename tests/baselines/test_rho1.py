@@ -106,7 +106,7 @@ def test_reference_forward_is_declared_and_priced_as_a_third_of_palm():
         N = Vs * C + L * per_block + C + (C if cfg.bias else 0)
         H, Q = cfg.n_head, C // cfg.n_head
         ref = ReferenceModel(model, impl="naive")
-        assert model.num_params(non_embedding=True) == N
+        assert model.num_params() == N
         for Tm in (cfg.block_size, 32):
             want = (6 * N + 12 * L * H * Q * Tm) / 3
             # Rho-1 declares the reference's forward over the micro-batch's tokens; eslm.flops prices it

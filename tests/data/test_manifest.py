@@ -77,5 +77,3 @@ def test_shard_checks(tmp_path):
     shard.unlink()
     with pytest.raises(DataError, match="missing"):
         mf.verify_shards(tmp_path, m, verify="size")
-    with pytest.raises(ValueError):
-        mf.verify_shards(tmp_path, m, verify="sometimes")

@@ -296,11 +296,11 @@ class _NotAPlainType:
 
 
 def test_checkpoint_read_errors_never_advise_unsafe_loading(tmp_path):
-    from eslm.model.loading import read_checkpoint
+    from eslm.model.loading import load_model
     from eslm.train.checkpoint import load_checkpoint
 
     torch.save({"format": "eslm-checkpoint-v1", "x": _NotAPlainType()}, tmp_path / "evil.pt")
-    for load in (read_checkpoint, load_checkpoint):
+    for load in (load_model, load_checkpoint):
         with pytest.raises(CheckpointError) as e:
             load(tmp_path / "evil.pt")
         msg = str(e.value)  # torch's own text: "This file can still be loaded ... if you trust the source" + ANSI

@@ -37,7 +37,8 @@ def test_check_update_refuses_non_finite_values_with_the_way_back(tmp_path):
 def test_last_good_hint_names_the_latest_checkpoint(tmp_path):
     from eslm.train import checkpoint as ckpt
 
-    ckpt.save_checkpoint(tmp_path / "checkpoints", {"step": 4, "x": torch.zeros(1)}, keep_last=2, milestones=())
+    ckpt.save_checkpoint(tmp_path / "checkpoints", {"step": 4, "model": {"x": torch.zeros(1)}, "model_config": {}},
+                         keep_last=2, milestones=())
     hint = last_good_hint(tmp_path)
     assert "step_0000004.pt" in hint and "kept steps: 4" in hint and "--resume" in hint
 

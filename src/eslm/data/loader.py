@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import warnings
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -19,19 +19,14 @@ import torch
 from eslm.data import manifest as mf
 from eslm.data.batch import Batch
 from eslm.data.mixture import resolve_weights
-from eslm.errors import CheckpointError, ConfigError, DataError
+from eslm.errors import CheckpointError, DataError
 
 STATE_VERSION = 1
 HELD_OUT_FRACTION = 0.05  # of each domain's training tokens (held_out_start)
-PARTS = ("all", "fit", "held_out")  # TrainLoader's part of each stream
 
 
 class Dataset:
-    """A prepared data directory. Build it with :func:`open_dataset`.
-
-    domains:        list[str] in manifest order; ``Batch.domain`` indexes this list
-    tokenizer_name, vocab_size, eot_id, dtype ("uint16" | "uint32"), manifest (the parsed dict), path
-    """
+    """A prepared data directory (build it with :func:`open_dataset`); ``Batch.domain`` indexes ``domains``."""
 
     def __init__(self, path: Path, manifest: dict):
         self.path = path
@@ -83,10 +78,6 @@ class Dataset:
         # pickling (e.g. to worker processes) must not copy the mapped arrays; they are re-mapped on use
         return {**self.__dict__, "_maps": {}}
 
-    def __repr__(self) -> str:
-        counts = ", ".join(f"{d}={self.num_tokens('train', d):,}" for d in self.domains)
-        return f"Dataset({self.path}, {self.tokenizer_name}, train tokens: {counts})"
-
 
 def open_dataset(data_dir: str | os.PathLike, *, verify: str = "auto") -> Dataset:
     """Open and validate a prepared directory (manifest schema, shard presence and sizes, token ids below the
@@ -113,24 +104,13 @@ def _range_checked(path: Path, manifest: dict) -> None:
 
 # -------------------------------------------------------------------------------------------- training
 class TrainLoader:
-    """Seeded, resumable sampler of training micro-batches (see the module docstring).
-
-    weights: {domain: weight} (by name) or a spec for :func:`resolve_weights` ("natural", "unif", ...).
-    part: the part of each stream its windows lie in: "all", "fit" (the training split without its held-out
-    tail) or "held_out" (that tail: :func:`held_out_start`).
-    Yields :class:`Batch` with x, y (micro_batch_size_seqs, seq_len) int64 and domain (micro_batch_size_seqs,).
-    """
+    """Seeded, resumable sampler of training micro-batches. ``weights``: {domain: weight} or a spec for
+    :func:`resolve_weights`; ``part``: where its windows lie in each stream: "all", "fit" (the training split
+    without its held-out tail) or "held_out" (that tail: :func:`held_out_start`)."""
 
     def __init__(self, dataset: Dataset, *, seq_len: int, micro_batch_size_seqs: int,
                  weights: Mapping[str, float] | str, seed: int, rank: int = 0, world_size: int = 1,
                  split: str = "train", part: str = "all"):
-        _check_positive(seq_len=seq_len, micro_batch_size_seqs=micro_batch_size_seqs, world_size=world_size)
-        if not 0 <= rank < world_size or seed < 0:
-            raise ConfigError(f"expected seed >= 0 and 0 <= rank < world_size; found seed={seed}, rank={rank}, "
-                              f"world_size={world_size}; fix: check the launch settings")
-        if part not in PARTS or (part != "all" and split != "train"):
-            raise ConfigError(f"expected part in {list(PARTS)} (a held-out part of the train split only); found "
-                              f"part={part!r} of split {split!r}; fix: use part='all' for the {split!r} split")
         self.dataset, self.split, self.part = dataset, split, part
         self.seq_len, self.micro_batch_size_seqs = int(seq_len), int(micro_batch_size_seqs)
         self.seed, self.rank, self.world_size = int(seed), int(rank), int(world_size)
@@ -144,10 +124,7 @@ class TrainLoader:
         if part == "held_out":
             streams, cuts = [s[c:] for s, c in zip(streams, cuts)], [len(s) - c for s, c in zip(streams, cuts)]
         self._streams, self._ends = streams, cuts  # every window of domain i ends before self._ends[i] (draw)
-        self._check_lengths()
         self.batch_index = 0
-
-    def _check_lengths(self) -> None:
         for i in self._active:
             d, n = self.dataset.domains[i], self._ends[i]
             if n < self.seq_len + 1:
@@ -180,10 +157,6 @@ class TrainLoader:
         batch = self.draw(self.batch_index)
         self.batch_index += 1
         return batch
-
-    def __iter__(self) -> Iterator[Batch]:
-        while True:
-            yield self.next_batch()
 
     def state_dict(self) -> dict:
         """Plain Python types only (safe for ``torch.load(weights_only=True)``)."""
@@ -226,12 +199,6 @@ def held_out_start(stream: np.ndarray, eot_id: int, fraction: float = HELD_OUT_F
     return int(ends[-1]) + 1 if len(ends) else cut
 
 
-def _check_positive(**values: int) -> None:
-    bad = {k: v for k, v in values.items() if not (isinstance(v, (int, np.integer)) and v > 0)}
-    if bad:
-        raise ConfigError(f"expected positive integers; found {bad}; fix: set them to values >= 1")
-
-
 # ------------------------------------------------------------------------------------------ validation
 def val_batches(dataset: Dataset, *, seq_len: int, batch_size_seqs: int, tokens_per_domain: int,
                 seed: int = 0) -> dict[str, list[Batch]]:
@@ -239,8 +206,7 @@ def val_batches(dataset: Dataset, *, seq_len: int, batch_size_seqs: int, tokens_
     windows, picked (seeded by ``seed`` and the domain name) from its non-overlapping windows, capped at what the
     domain has (silently: a small domain such as the default data's 'reference' is evaluated whole). A domain
     without a window is skipped with a warning; a DataError if none has one."""
-    _check_positive(seq_len=seq_len, batch_size_seqs=batch_size_seqs, tokens_per_domain=tokens_per_domain)
-    out = {}
+    out: dict[str, list[Batch]] = {}
     for di, domain in enumerate(dataset.domains):
         stream = dataset.tokens("val", domain)
         available = max(0, len(stream) - 1) // seq_len  # an empty stream has no window, not -1
@@ -249,29 +215,19 @@ def val_batches(dataset: Dataset, *, seq_len: int, batch_size_seqs: int, tokens_
                           f"{seq_len + 1}; it is left out of validation; to evaluate it, prepare the data again "
                           "with a larger --val-fraction (eslm prepare) or lower data.seq_len", stacklevel=2)
             continue
-        wanted = max(1, tokens_per_domain // seq_len)
-        out[domain] = _domain_val_batches(stream, di, min(wanted, available), available, seq_len,
-                                          batch_size_seqs, _domain_seed(seed, domain))
+        count = min(max(1, tokens_per_domain // seq_len), available)
+        # seeded by the domain NAME, so a domain's windows do not change when other domains are added
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(seed), zlib.crc32(domain.encode())])))
+        slots = np.sort(rng.choice(available, size=count, replace=False))
+        out[domain] = []
+        for lo in range(0, count, batch_size_seqs):
+            rows = slots[lo:lo + batch_size_seqs]
+            tokens = torch.from_numpy(np.stack([np.asarray(stream[s * seq_len:s * seq_len + seq_len + 1],
+                                                           dtype=np.int64) for s in rows]))
+            out[domain].append(Batch(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous(),
+                                     torch.full((len(rows),), di, dtype=torch.int64)))
     if not out:
         raise DataError(f"expected a val stream of >= seq_len+1 = {seq_len + 1} tokens in some domain of "
                         f"{dataset.path}; found none; fix: re-prepare with a larger --val-fraction or lower seq_len")
     return out
 
-
-def _domain_seed(seed: int, domain: str) -> np.random.SeedSequence:
-    # keyed by the domain NAME, so a domain's windows do not change when other domains are added
-    return np.random.SeedSequence([int(seed), zlib.crc32(domain.encode("utf-8"))])
-
-
-def _domain_val_batches(stream: np.ndarray, domain_index: int, count: int, available: int, seq_len: int,
-                        batch_size_seqs: int, seed_seq: np.random.SeedSequence) -> list[Batch]:
-    rng = np.random.Generator(np.random.PCG64(seed_seq))
-    slots = np.sort(rng.choice(available, size=count, replace=False))
-    batches = []
-    for lo in range(0, count, batch_size_seqs):
-        rows = slots[lo:lo + batch_size_seqs]
-        buf = np.stack([np.asarray(stream[s * seq_len:s * seq_len + seq_len + 1], dtype=np.int64) for s in rows])
-        tokens = torch.from_numpy(buf)
-        domain = torch.full((len(rows),), domain_index, dtype=torch.int64)
-        batches.append(Batch(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous(), domain))
-    return batches

@@ -1,8 +1,5 @@
-"""The training loader's micro-batches on the device, one optimizer step ahead on CUDA (drawn while the current
-step's kernels are queued, copied from pinned memory with ``non_blocking=True``); elsewhere each step draws its
-micro-batches when it asks. The saved position is that of the batches handed out, so a resumed run trains on the
-same batches as one that never stopped.
-"""
+"""The training loader's micro-batches on the device, one optimizer step ahead on CUDA (copied from pinned memory
+while the current step's kernels are queued). The saved position is that of the batches handed out."""
 
 from __future__ import annotations
 
@@ -15,15 +12,13 @@ from eslm.data.batch import Batch
 
 class StepBatches:
     """``loader``: a ``TrainLoader`` (``next_batch``, ``state_dict``, ``load_state_dict`` with a ``batch_index``);
-    ``per_step``: micro-batches per optimizer step. ``ahead`` (draw the next step's batches at ``prefetch``) and
-    ``pin`` (through pinned memory) default to whether ``device`` is a CUDA device."""
+    ``per_step``: micro-batches per optimizer step. ``ahead`` (draw the next step's batches at ``prefetch``)
+    defaults to whether ``device`` is a CUDA device; copies to CUDA go through pinned memory."""
 
-    def __init__(self, loader: Any, device: torch.device, per_step: int, *, ahead: bool | None = None,
-                 pin: bool | None = None):
-        cuda = device.type == "cuda"
+    def __init__(self, loader: Any, device: torch.device, per_step: int, *, ahead: bool | None = None):
         self.loader, self.device, self.per_step = loader, device, per_step
-        self.ahead = cuda if ahead is None else ahead
-        self.pin = cuda if pin is None else pin
+        self.pin = device.type == "cuda"
+        self.ahead = self.pin if ahead is None else ahead
         self._next: list[Batch] = []
 
     def next_step(self) -> list[Batch]:

@@ -1,10 +1,5 @@
-"""Text sources for ``eslm prepare`` (``SOURCE_NAMES``): where documents come from, their domain and their split;
-docs/data.md ("Preparing a corpus") has the table of sources and the split rule.
-
-A source yields :class:`Document` records whose text is read by :func:`document_text` inside the tokenisation
-workers, so file reading and docstring extraction run in parallel with tokenisation. ``stdlib`` and ``text``
-split by a hash of each document's stable key (:func:`assign_splits`); the hub sources use their published splits.
-"""
+"""Text sources for ``eslm prepare`` (``SOURCE_NAMES``; docs/data.md, "Preparing a corpus"). A document's text is
+read by :func:`document_text` inside the tokenisation workers, so reading runs in parallel with tokenisation."""
 
 from __future__ import annotations
 
@@ -27,7 +22,6 @@ from eslm.errors import ConfigError, DataError
 SOURCE_NAMES = ("stdlib", "text", "openwebtext", "slimpajama-6b")
 SPLITS = ("train", "val")
 STDLIB_DOMAINS = ("code", "docs", "reference")
-SLIMPAJAMA_DOMAINS = ("arxiv", "book", "c4", "cc", "github", "stackexchange", "wikipedia")
 # meta.redpajama_set_name -> our domain name (keyed by name on purpose: never rely on column order)
 SLIMPAJAMA_SET_NAMES = {
     "RedPajamaArXiv": "arxiv",
@@ -38,6 +32,7 @@ SLIMPAJAMA_SET_NAMES = {
     "RedPajamaStackExchange": "stackexchange",
     "RedPajamaWikipedia": "wikipedia",
 }
+SLIMPAJAMA_DOMAINS = tuple(SLIMPAJAMA_SET_NAMES.values())
 HUB_IDS = {"openwebtext": "Skylion007/openwebtext", "slimpajama-6b": "DKYoon/SlimPajama-6B"}
 # nanoGPT's data/openwebtext/prepare.py: train_test_split(test_size=0.0005, seed=2357, shuffle=True)
 OWT_TEST_SIZE, OWT_SEED = 0.0005, 2357
@@ -75,15 +70,7 @@ class Source:
 # ----------------------------------------------------------------------------------------------- texts
 def document_text(doc: Document) -> str:
     """The text of ``doc`` (runs in tokenisation workers). Non-UTF-8 text files raise a one-line DataError."""
-    if doc.kind == "text":
-        return doc.payload
-    if doc.kind == "utf8":
-        return _read_utf8(doc.payload)
-    if doc.kind == "pyfile":
-        return _read_python(doc.payload)
-    if doc.kind == "docstrings":
-        return extract_docstrings(_read_python(doc.payload))
-    raise AssertionError(f"unknown document kind {doc.kind!r}")
+    return TEXT_OF[doc.kind](doc.payload)
 
 
 def _read_utf8(path: str) -> str:
@@ -117,6 +104,8 @@ def extract_docstrings(source: str) -> str:
     return "\n\n".join(docs)
 
 
+TEXT_OF: dict[str, Callable[[str], str]] = {"text": str, "utf8": _read_utf8, "pyfile": _read_python,
+                                            "docstrings": lambda path: extract_docstrings(_read_python(path))}
 _DEFS = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 
@@ -274,11 +263,8 @@ def text_source(paths: list[str] | None, val_fraction: float, domains: list[str]
 
 # ------------------------------------------------------------------------------------------------- hub
 def load_hf_splits(source: str, data_files: dict[str, list[str]] | None = None, cache_dir: str | None = None):
-    """The raw HF ``DatasetDict`` of a hub source, through the parquet route.
-
-    ``data_files`` ({split: [local parquet/json files]}) replaces the hub download; tests use it with
-    fixture files and HF_DATASETS_OFFLINE=1 to run the same code path as a real download.
-    """
+    """The raw HF ``DatasetDict`` of a hub source, through the parquet route; ``data_files`` ({split: [local
+    parquet/json files]}) replaces the download (the same code path)."""
     try:
         import datasets
     except ImportError as e:
@@ -390,8 +376,6 @@ def get_source(name: str, *, paths: list[str] | None = None, domains: list[str] 
         raise ConfigError(f"expected no val_fraction for {name!r} (it has a fixed published split); "
                           f"found {val_fraction}; fix: drop --val-fraction")
     if name == "openwebtext":
-        if domains and list(domains) != ["openwebtext"]:
-            raise ConfigError(f"expected domain 'openwebtext' for source openwebtext; found {list(domains)}; "
-                              "fix: drop --domains")
+        _pick_domains(["openwebtext"], domains, name)
         return openwebtext_source(paths, hf_cache_dir)
     return slimpajama_source(paths, domains, hf_cache_dir)

@@ -1,10 +1,5 @@
-"""Tokenizers (``get_tokenizer``): the exact GPT-2 BPE (offline) and a byte-level tokenizer for the smallest tests;
-both have ``name``, ``vocab_size``, ``eot_id``, ``encode`` (never emits eot), ``encode_batch`` and ``decode``.
-
-GPT-2 is tiktoken's r50k_base built from OpenAI's vocabulary files shipped unmodified in ``eslm/data/gpt2_bpe/``
-and checked against the SHA-256 digests tiktoken pins, so nothing is downloaded and a different vocabulary fails
-loudly (docs/data.md, "Tokenizers").
-"""
+"""Tokenizers (``get_tokenizer``): the exact GPT-2 BPE, built offline from OpenAI's files shipped in
+``eslm/data/gpt2_bpe/`` and checked against tiktoken's digests (docs/data.md, "Tokenizers"), and a byte-level one."""
 
 from __future__ import annotations
 
@@ -41,9 +36,6 @@ class ByteTokenizer:
         # eot (256) has no byte; drop it so decode(encode(s) + [eot]) == s
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
-    def __repr__(self) -> str:
-        return "ByteTokenizer(vocab_size=257, eot_id=256)"
-
 
 class GPT2Tokenizer:
     """Exact GPT-2 BPE (r50k_base: 50257 ids, end-of-text 50256) through tiktoken, built from local files."""
@@ -68,9 +60,6 @@ class GPT2Tokenizer:
     def __reduce__(self):
         # pickle by name (e.g. into worker processes): rebuilt from the local files on the other side
         return get_tokenizer, ("gpt2",)
-
-    def __repr__(self) -> str:
-        return "GPT2Tokenizer(r50k_base, vocab_size=50257, eot_id=50256)"
 
 
 _GPT2_DIR = Path(__file__).resolve().parent / "gpt2_bpe"

@@ -183,13 +183,10 @@ class GPT(nn.Module):
         """The LM-head weight (V, C), tied to the token embedding."""
         return self.lm_head.weight
 
-    def num_params(self, non_embedding: bool = True) -> int:
-        """Parameter count; non-embedding excludes the position embedding, as nanoGPT counts
-        (the token embedding is tied to the head and so is counted once)."""
-        n = sum(p.numel() for p in self.parameters())
-        if non_embedding:
-            n -= self.transformer.wpe.weight.numel()
-        return n
+    def num_params(self) -> int:
+        """Parameter count without the position embedding, as nanoGPT counts (the token embedding is tied to the
+        head and so is counted once)."""
+        return sum(p.numel() for p in self.parameters()) - self.transformer.wpe.weight.numel()
 
     def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """idx (B, T) int64 token ids -> final hidden states (B, T, n_embd) after ln_f.

@@ -1,11 +1,5 @@
-"""Conversion to and from transformers' ``GPT2LMHeadModel`` (the ``eslm export-hf`` command is
-``eslm.model.export_hf``; loading any checkpoint or HF directory is ``eslm.model.loading``, which uses this).
-
-Parameter names are nanoGPT's, which are transformers'; HF's Conv1D weights are transposed both ways. Export
-writes zero biases for a bias-free model and trims the vocabulary to the tokenizer's by default; import keeps
-the file's vocabulary (a padded row of a tied head would put mass on ids that do not exist) and ``bias=True``
-unless every bias is exactly zero. docs/evaluation.md ("eslm export-hf", "Loading") gives the reasons.
-"""
+"""Conversion to and from transformers' ``GPT2LMHeadModel`` (nanoGPT's parameter names are transformers'; Conv1D
+weights are transposed both ways). docs/evaluation.md ("eslm export-hf", "Loading") gives the rules."""
 
 from __future__ import annotations
 
@@ -29,18 +23,6 @@ EXPORT_FORMAT = "eslm-hf-export-v1"
 # ----------------------------------------------------------------------------------------- export
 
 
-def _bias_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """HF GPT-2 bias names -> shapes, for writing zero biases from a bias-free model."""
-    C = cfg.n_embd
-    shapes: dict[str, tuple[int, ...]] = {"transformer.ln_f.bias": (C,)}
-    for i in range(cfg.n_layer):
-        b = f"transformer.h.{i}."
-        shapes.update({b + "ln_1.bias": (C,), b + "ln_2.bias": (C,), b + "attn.c_attn.bias": (3 * C,),
-                       b + "attn.c_proj.bias": (C,), b + "mlp.c_fc.bias": (4 * C,),
-                       b + "mlp.c_proj.bias": (C,)})
-    return shapes
-
-
 def hf_config(cfg: ModelConfig, vocab_size: int | None = None, eot_id: int | None = None):
     """The transformers ``GPT2Config`` of one of our configs (dropout off, GELU tanh, LayerNorm eps 1e-5)."""
     from transformers import GPT2Config
@@ -56,10 +38,8 @@ def hf_config(cfg: ModelConfig, vocab_size: int | None = None, eot_id: int | Non
 
 
 def to_hf_state_dict(model: GPT, vocab_size: int | None = None) -> dict[str, torch.Tensor]:
-    """Our state dict in HF GPT-2 layout: Conv1D weights transposed, zero biases added, vocab trimmed.
-
-    ``vocab_size`` (<= the model's) keeps the first rows of the tied embedding/head. Tensors are fp32 copies.
-    """
+    """Our state dict in HF GPT-2 layout (fp32 copies): Conv1D weights transposed, zero biases added, the first
+    ``vocab_size`` rows of the tied embedding/head kept."""
     cfg = model.config
     v = vocab_size or cfg.vocab_size
     if v > cfg.vocab_size:
@@ -68,23 +48,19 @@ def to_hf_state_dict(model: GPT, vocab_size: int | None = None) -> dict[str, tor
     out: dict[str, torch.Tensor] = {}
     for name, t in model.state_dict().items():
         t = t.detach().to("cpu", torch.float32)
+        if not cfg.bias and name.startswith(("transformer.h.", "transformer.ln_f.")):  # a bias per layer output
+            out[name.removesuffix("weight") + "bias"] = torch.zeros(t.shape[0])
         if name.endswith(_CONV1D_SUFFIXES):
             t = t.t()
         if name in ("transformer.wte.weight", "lm_head.weight"):
             t = t[:v]
         out[name] = t.contiguous().clone()
-    if not cfg.bias:
-        for name, shape in _bias_shapes(cfg).items():
-            out[name] = torch.zeros(shape)
     return out
 
 
 def to_hf(model: GPT, vocab_size: int | None = None, eot_id: int | None = None):
-    """A transformers ``GPT2LMHeadModel`` (fp32, eval mode) computing the same logits as ``model``.
-
-    ``vocab_size`` trims the vocabulary (see the module docstring); None keeps the model's.
-    ``eot_id`` sets the config's bos/eos token ids (GPT-2: 50256).
-    """
+    """A transformers ``GPT2LMHeadModel`` (fp32, eval mode) computing the same logits as ``model``, its vocabulary
+    trimmed to ``vocab_size`` (None: the model's), ``eot_id`` its bos/eos token id."""
     from transformers import GPT2LMHeadModel
 
     state = to_hf_state_dict(model, vocab_size)
@@ -134,27 +110,19 @@ def _load_hf_model(path: str | Path):
 
 
 def from_hf(path_or_model) -> GPT:
-    """One of our models (fp32) from a local HF GPT-2 directory or a ``GPT2LMHeadModel`` instance.
-
-    The vocabulary of the file is kept (OpenAI GPT-2: 50257; see the module docstring);
-    ``bias`` is False when every bias is exactly zero (e.g. a model exported by us), else True.
-    """
+    """One of our models (fp32) from a local HF GPT-2 directory or a ``GPT2LMHeadModel``: the file's vocabulary
+    is kept (a padded row of a tied head would put mass on ids that do not exist); bias=False when every bias is 0."""
     hf = path_or_model if not isinstance(path_or_model, (str, Path)) else _load_hf_model(path_or_model)
     source = str(path_or_model) if isinstance(path_or_model, (str, Path)) else type(hf).__name__
     hc = hf.config
     _check_hf_config(hc, source)
     state = {k: v.detach().to("cpu", torch.float32) for k, v in hf.state_dict().items()
              if not k.endswith(_HF_BUFFER_SUFFIXES)}
-    biases = [v for k, v in state.items() if k.endswith(".bias")]
-    has_bias = any(bool(b.any()) for b in biases)
+    has_bias = any(bool(v.any()) for k, v in state.items() if k.endswith(".bias"))
     cfg = ModelConfig(n_layer=hc.n_layer, n_head=hc.n_head, n_embd=hc.n_embd, vocab_size=hc.vocab_size,
                       block_size=hc.n_positions, bias=has_bias, dropout=0.0)
-    ours = {}
-    for k, v in state.items():
-        if k.endswith(".bias") and not has_bias:
-            continue
-        ours[k] = v.t().contiguous() if k.endswith(_CONV1D_SUFFIXES) else v
-    ours.setdefault("lm_head.weight", ours["transformer.wte.weight"])
+    ours = {k: v.t().contiguous() if k.endswith(_CONV1D_SUFFIXES) else v for k, v in state.items()
+            if has_bias or not k.endswith(".bias")}  # the tied head: filled in by load_state_checked
     model = GPT(cfg)
     load_state_checked(model, ours, source=source)
     return model

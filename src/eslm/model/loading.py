@@ -1,11 +1,5 @@
 """Load a model from whatever a user points at: a run directory, a checkpoint file, a snapshot, or a HF GPT-2
-directory (docs/evaluation.md, "Loading").
-
-Checkpoints (``{"format": "eslm-checkpoint-v1", "model", "model_config", "tokenizer", "step", ...}``, written by
-``eslm.train.checkpoint``) are read with ``weights_only=True``; a run's are ``checkpoints/step_XXXXXXX.pt`` with
-``checkpoints/latest`` naming the newest; model-only snapshots are ``snapshots/step_XXXXXXX.safetensors``
-(``eslm.model.snapshot_file``).
-"""
+directory (docs/evaluation.md, "Loading"), and read and verify checkpoint and snapshot files."""
 
 from __future__ import annotations
 
@@ -17,26 +11,27 @@ import torch
 
 from eslm import metrics as M
 from eslm.errors import CheckpointError, ConfigError
-from eslm.files import RUN_MARKER, verify_checksum
+from eslm.files import RUN_MARKER, checksum_path, verify_checksum
 from eslm.model.gpt import GPT, ModelConfig
 from eslm.model.hf import from_hf, read_export_info
-from eslm.model.snapshot_file import SNAPSHOT_DIR, SNAPSHOT_FORMAT, SnapshotDamaged, list_snapshots, read_snapshot
-from eslm.model.state import build_checked, clean_state_dict, load_error_line, non_finite
+from eslm.model.snapshot_file import (
+    SNAPSHOT_DIR,
+    SNAPSHOT_FORMAT,
+    SnapshotDamaged,
+    list_snapshots,
+    read_snapshot,
+    step_files,
+)
+from eslm.model.state import build_checked, clean_state_dict, non_finite
 
 CHECKPOINT_FORMAT = "eslm-checkpoint-v1"
 CHECKPOINT_FILE = re.compile(r"^step_(\d{7,})\.pt$")  # train.checkpoint.checkpoint_name's (7 digits or more)
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[GPT, dict]:
-    """Load one of our models from ``path`` (eval mode, fp32, on ``device``).
-
-    ``path`` may be a run directory (its ``checkpoints/latest`` is used; its newest snapshot when it has no
-    checkpoint), a ``checkpoints/`` directory, a checkpoint ``.pt`` file, a snapshot ``.safetensors`` file,
-    or a local HF GPT-2 directory (one holding ``config.json``).
-    Returns ``(model, info)``; ``info`` holds ``tokenizer`` (name or None), ``step`` (int or None),
-    ``source`` (str path of the file or directory read), ``run_dir`` (str or None), ``model_config``
-    (dict) and ``flops_paper`` / ``flops_executed`` when the checkpoint carries them.
-    """
+    """(model in eval mode, fp32, on ``device``; info: ``tokenizer``, ``step``, ``source``, ``run_dir``,
+    ``model_config`` and the counters the file carries) of a run directory (its latest checkpoint, else its newest
+    snapshot), a ``checkpoints/`` directory, a .pt or .safetensors file, or a local HF GPT-2 directory."""
     p = Path(path)
     if not p.exists():
         raise CheckpointError(
@@ -45,10 +40,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[GP
         )
     if p.is_dir() and (p / "config.json").is_file() and not is_run_dir(p):
         return _load_hf_dir(p, device)
-    ckpt_file = resolve_checkpoint(p)
-    if ckpt_file.suffix == ".safetensors":
-        return _load_snapshot_file(ckpt_file, device)
-    return _load_checkpoint_file(ckpt_file, device)
+    return _load_file(resolve_checkpoint(p), device)
 
 
 def is_run_dir(path: Path) -> bool:
@@ -68,35 +60,43 @@ def _refuse(path: Path, problem: str) -> CheckpointError:
     return CheckpointError(f"{path} {problem}; {way}")
 
 
-def weights_problem(path: Path) -> str | None:
-    """Why the weights file ``path`` cannot be used (damaged, unreadable, non-finite), or None."""
+def read_weights(path: Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> tuple[dict, dict] | str:
+    """(state dict, metadata) of a checkpoint (metadata: the whole checkpoint dict) or a snapshot, verified (its
+    checksum, format, finite weights and, in a checkpoint, finite optimizer state), or why it cannot be used
+    (one phrase). ``mmap=True`` maps a checkpoint's tensors from the file (processes share the page cache)."""
+    damaged = "does not match its checksum ({}): it was damaged after it was written"
+    snapshot = path.suffix == ".safetensors"
+    kind = "snapshot (safetensors)" if snapshot else "checkpoint"
+    state: dict | None
     try:
-        if path.suffix == ".safetensors":
-            state, _ = read_snapshot(path)
+        if snapshot:
+            state, meta = read_snapshot(path)
+        elif verify_checksum(path) is False:
+            return damaged.format(checksum_path(path).name)
         else:
-            if verify_checksum(path) is False:
-                return _DAMAGED
-            state = read_checkpoint(path)["model"]
+            meta = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+            state = meta.get("model") if isinstance(meta, dict) else None
     except SnapshotDamaged:
-        return _DAMAGED
-    except Exception as e:  # any unreadable file: not a candidate
-        return f"could not be read ({type(e).__name__})"
-    bad = non_finite(state)
-    return None if bad is None else f"holds non-finite weights ({bad})"
-
-
-_DAMAGED = "does not match its checksum: it was damaged after it was written"
+        return damaged.format("sha256 in its header")
+    except Exception as e:  # unpickling errors (objects other than tensors and plain values), truncated files
+        return f"could not be read ({type(e).__name__}): expected an eslm {kind} written by 'eslm train'"
+    form = SNAPSHOT_FORMAT if snapshot else CHECKPOINT_FORMAT
+    if state is None or meta.get("format") != form or not isinstance(meta.get("model_config"), dict):
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        return f"is not an {form} file with a model_config (found format {found!r})"
+    for tree, what in ((state, "weights"), ({} if snapshot else meta.get("optimizer", {}), "values in its optimizer state")):
+        if (bad := non_finite(tree)) is not None:
+            return f"holds non-finite {what} ({bad})"
+    return state, meta
 
 
 def newest_good_file(run_dir: Path, skip: Path | None = None) -> Path | None:
-    """The newest snapshot or checkpoint of the run that matches its checksum and holds finite weights (reads
-    each file it tries, newest step first, the snapshot of a step before its checkpoint)."""
+    """The newest snapshot or checkpoint of the run that ``read_weights`` accepts (reads each file it tries,
+    newest step first, the snapshot of a step before its checkpoint)."""
     files = sorted([*list_checkpoints(run_dir), *list_snapshots(run_dir)],
-                   key=lambda f: (step_of_file(f), f.suffix == ".safetensors"), reverse=True)
+                   key=lambda f: (step_of(f), f.suffix == ".safetensors"), reverse=True)
     for f in files:
-        if skip is not None and f.resolve() == Path(skip).resolve():
-            continue
-        if weights_problem(f) is None:
+        if (skip is None or f.resolve() != Path(skip).resolve()) and not isinstance(read_weights(f, mmap=True), str):
             return f
     return None
 
@@ -128,28 +128,22 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """All ``step_XXXXXXX.pt`` files of a run (or of a checkpoints directory), sorted by step."""
-    p = Path(run_dir)
-    ckpt_dir = p / "checkpoints" if (p / "checkpoints").is_dir() else p
-    if not ckpt_dir.is_dir():
-        return []
-    files = [f for f in ckpt_dir.iterdir() if CHECKPOINT_FILE.match(f.name)]
-    return sorted(files, key=step_of_file)
+    return step_files(run_dir, "checkpoints", CHECKPOINT_FILE)
 
 
 def list_evaluable(run_dir: str | Path) -> list[Path]:
     """One weights file per saved step of a run, by step: its snapshot where there is one (small, memory-mapped),
     else its full checkpoint. What ``eslm eval --all-checkpoints`` evaluates."""
-    by_step = {step_of_file(f): f for f in list_checkpoints(run_dir)}
-    by_step.update({step_of_file(f): f for f in list_snapshots(run_dir)})
+    by_step = {step_of(f): f for f in list_checkpoints(run_dir)}
+    by_step.update({step_of(f): f for f in list_snapshots(run_dir)})
     return [by_step[s] for s in sorted(by_step)]
 
 
-def step_of_file(f: Path) -> int:
-    """The step of a checkpoint or snapshot file by its name (step_0000006.pt, step_0000003.safetensors)."""
-    m = re.match(r"^step_(\d+)", f.name)
+def step_of(path: str | Path) -> int:
+    """The step of a checkpoint or snapshot file named step_XXXXXXX.pt / .safetensors."""
+    m = re.match(r"^step_(\d+)\.(?:pt|safetensors)$", Path(path).name)
     if m is None:
-        raise ValueError(f"expected a step_XXXXXXX file name, found {f.name!r}")
+        raise ValueError(f"expected a file named step_XXXXXXX.pt or .safetensors, found {Path(path).name!r}")
     return int(m.group(1))
 
 
@@ -159,34 +153,6 @@ def run_dir_of(checkpoint: str | Path) -> Path | None:
     if p.parent.name in ("checkpoints", SNAPSHOT_DIR):
         return p.parent.parent
     return None
-
-
-def read_checkpoint(path: str | Path) -> dict:
-    """The raw checkpoint dict, validated for format; no model built."""
-    p = Path(path)
-    try:
-        ckpt = torch.load(p, map_location="cpu", weights_only=True)
-    except Exception as e:  # pickle errors, zip errors, unsafe globals: all mean "not our checkpoint"
-        raise CheckpointError(
-            f"expected an eslm checkpoint (torch.save'd dict) at {p}, but it could not be read "
-            f"({load_error_line(e, 'it')}); "
-            "point at a step_XXXXXXX.pt written by 'eslm train'"
-        ) from None
-    if not isinstance(ckpt, dict) or "format" not in ckpt:
-        raise CheckpointError(
-            f"expected a dict with format {CHECKPOINT_FORMAT!r} in {p}, found {type(ckpt).__name__} without one; "
-            "point at a step_XXXXXXX.pt written by 'eslm train'"
-        )
-    if ckpt["format"] != CHECKPOINT_FORMAT:
-        raise CheckpointError(
-            f"expected checkpoint format {CHECKPOINT_FORMAT!r} in {p}, found {ckpt['format']!r}; "
-            "use a checkpoint written by this version of eslm"
-        )
-    for key in ("model", "model_config"):
-        if key not in ckpt:
-            raise CheckpointError(f"expected key {key!r} in checkpoint {p}, found keys {sorted(ckpt)}; "
-                                  "the file is incomplete, use another checkpoint")
-    return ckpt
 
 
 def config_from_dict(d: dict, source: str = "checkpoint") -> ModelConfig:
@@ -201,36 +167,15 @@ def config_from_dict(d: dict, source: str = "checkpoint") -> ModelConfig:
     return ModelConfig(**d)
 
 
-def _load_checkpoint_file(path: Path, device: str | torch.device) -> tuple[GPT, dict]:
-    if verify_checksum(path) is False:
-        raise _refuse(path, _DAMAGED.replace("checksum", f"checksum ({path.name}.sha256)"))
-    ckpt = read_checkpoint(path)
-    return _loaded(path, clean_state_dict(ckpt["model"]), ckpt, device)
-
-
-def _load_snapshot_file(path: Path, device: str | torch.device) -> tuple[GPT, dict]:
-    try:
-        state, meta = read_snapshot(path)
-    except SnapshotDamaged:
-        raise _refuse(path, _DAMAGED.replace("checksum", "checksum (sha256 in its header)")) from None
-    except Exception as e:  # header or file errors: not our snapshot
-        raise CheckpointError(f"expected an eslm snapshot (safetensors) at {path}, but it could not be read "
-                              f"({type(e).__name__}); point at a snapshots/step_XXXXXXX.safetensors "
-                              "written by 'eslm train'") from None
-    if meta.get("format") != SNAPSHOT_FORMAT or not isinstance(meta.get("model_config"), dict):
-        raise CheckpointError(f"expected a safetensors file with format {SNAPSHOT_FORMAT!r} and a model_config in "
-                              f"its metadata at {path}, found format {meta.get('format')!r}; point at a "
-                              "snapshot written by 'eslm train'")
-    return _loaded(path, state, meta, device)
-
-
-def _loaded(path: Path, state: dict, meta: dict, device: str | torch.device) -> tuple[GPT, dict]:
-    """The model of a checkpoint or snapshot (finite weights, checked against its config before it is built)
-    and its ``load_model`` info, from the file's metadata ``meta``."""
-    bad = non_finite(state)
-    if bad is not None:
-        raise _refuse(path, f"holds non-finite weights ({bad})")
-    model = build_checked(config_from_dict(dict(meta["model_config"]), source=str(path)), state, source=str(path))
+def _load_file(path: Path, device: str | torch.device) -> tuple[GPT, dict]:
+    """The model of a checkpoint or snapshot (checked against its config before it is built) and its
+    ``load_model`` info, from the file's metadata."""
+    got = read_weights(path)
+    if isinstance(got, str):
+        raise _refuse(path, got)
+    state, meta = got
+    model = build_checked(config_from_dict(dict(meta["model_config"]), source=str(path)), clean_state_dict(state),
+                          source=str(path))
     return model.to(device).eval(), _info(model, meta, path, run_dir_of(path))
 
 

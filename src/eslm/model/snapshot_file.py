@@ -1,12 +1,7 @@
 """The snapshot file format (``<run>/snapshots/step_0000100.safetensors``): its names, listing and reading.
 
-A snapshot is a model's state dict in the training (parameter) dtype, no optimizer, in a safetensors file; the
-tied ``lm_head.weight`` is stored once (as the embedding). The header's metadata (strings) carries what
-``eslm.model.loading`` needs: ``format`` (``SNAPSHOT_FORMAT``), ``model_config`` (JSON), ``tokenizer``,
-``step``, the FLOPs / token counters (JSON numbers), and ``sha256`` (``snapshot_digest``: the tensors' names,
-dtypes, shapes and bytes and the other metadata), verified when the file is read. The writer, which decides
-when to snapshot, is ``eslm.train.snapshots``.
-"""
+A model's state dict without the tied ``lm_head.weight``; the header's metadata (strings) holds ``format``,
+``model_config`` (JSON), ``tokenizer``, ``step``, the counters (JSON) and ``sha256`` (``snapshot_digest``)."""
 
 from __future__ import annotations
 
@@ -30,14 +25,16 @@ def snapshot_name(step: int) -> str:
     return f"step_{step:07d}.safetensors"
 
 
-def list_snapshots(path: str | Path) -> list[Path]:
-    """The ``step_XXXXXXX.safetensors`` files of a run directory (or of its snapshots/ folder), by step."""
+def step_files(path: str | Path, subdir: str, pattern: re.Pattern) -> list[Path]:
+    """The files of a run directory's ``subdir`` (or of ``path`` itself) that ``pattern`` names, by step."""
     p = Path(path)
-    d = p / SNAPSHOT_DIR if (p / SNAPSHOT_DIR).is_dir() else p
-    if not d.is_dir():
-        return []
-    matches = [(m, f) for f in d.iterdir() if (m := SNAPSHOT_FILE.match(f.name))]
+    d = p / subdir if (p / subdir).is_dir() else p
+    matches = [(m, f) for f in d.iterdir() if (m := pattern.match(f.name))] if d.is_dir() else []
     return [f for _, f in sorted(matches, key=lambda mf: int(mf[0].group(1)))]
+
+
+def list_snapshots(path: str | Path) -> list[Path]:
+    return step_files(path, SNAPSHOT_DIR, SNAPSHOT_FILE)
 
 
 class SnapshotDamaged(CheckpointError):
@@ -98,10 +95,5 @@ def read_snapshot(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
     if snapshot_digest(state, raw) != raw.get("sha256"):
         raise SnapshotDamaged(f"{path} does not match its checksum (sha256 in its header): it was damaged after "
                               "it was written")
-    meta = {}
-    for k, v in raw.items():
-        try:
-            meta[k] = json.loads(v) if k not in ("format", "tokenizer") else v
-        except json.JSONDecodeError:
-            meta[k] = v
-    return state, meta
+    # save_snapshot writes the strings as they are (format, tokenizer, sha256), every other value as JSON
+    return state, {k: v if k in ("format", "tokenizer", "sha256") else json.loads(v) for k, v in raw.items()}

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+import torch
+
 from eslm.errors import CheckpointError
 from eslm.model.gpt import GPT
 
@@ -51,8 +53,6 @@ def build_checked(cfg, state: dict, source: str) -> GPT:
     (positive sizes, n_embd a multiple of n_head), the model it declares is not larger than the tensors in the
     file (a header that declares a huge model is refused before the model is built), and every tensor's shape
     fits (checked on a model on the meta device). Each problem is one CheckpointError line."""
-    import torch
-
     fix = "the file's model_config does not describe its tensors: point at a file written by 'eslm train'"
     bad = [f"{k}={getattr(cfg, k)!r}" for k in ("n_layer", "n_head", "n_embd", "vocab_size", "block_size")
            if not isinstance(getattr(cfg, k), int) or isinstance(getattr(cfg, k), bool) or getattr(cfg, k) < 1]
@@ -72,10 +72,9 @@ def build_checked(cfg, state: dict, source: str) -> GPT:
         raise CheckpointError(f"the model_config of {source} declares a model of about {declared:,} parameters, "
                               f"the file holds {held:,}; {fix}")
     with torch.device("meta"):
-        shape_only = GPT(cfg)
-    check_state_fits(shape_only, state, source)
+        expected, state = check_state_fits(GPT(cfg), state, source)
     model = GPT(cfg)
-    load_state_checked(model, state, source)
+    model.load_state_dict({k: state[k].float() for k in expected})
     return model
 
 
@@ -94,8 +93,6 @@ def load_error_line(e: Exception, holder: str) -> str:
 def non_finite(tree, prefix: str = "") -> str | None:
     """The name of the first floating-point tensor in ``tree`` (a state dict, an optimizer state: nested dicts
     and lists) holding a NaN or inf, else None. One pass over every tensor."""
-    import torch
-
     if torch.is_tensor(tree):
         return (prefix or "tensor") if tree.is_floating_point() and not bool(torch.isfinite(tree).all()) else None
     items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, (list, tuple)) else ()

@@ -11,7 +11,7 @@ from eslm.config import build_config, flat
 from eslm.errors import ConfigError, ESLMError, OwnershipError
 from eslm.files import atomic_write, listing, read_marker, sha256_file
 from eslm.methods import METHODS, baseline
-from eslm.model.loading import resolve_checkpoint, step_of_file
+from eslm.model.loading import resolve_checkpoint, step_of
 from eslm.study.schema import MODEL_KEYS, flatten
 from eslm.train.resume import INVOCATION_KEYS, RESUME_MAY_CHANGE, effective_config
 
@@ -223,7 +223,7 @@ def write_record(study: dict, study_dir: Path, model_configs: list, run_configs:
         entry = {"config": flat(c), "finished": (d / "result.json").is_file()}
         if entry["finished"]:
             ckpt = resolve_checkpoint(d)
-            entry.update(checkpoint=str(ckpt), sha256=sha256_file(ckpt), step=step_of_file(ckpt))
+            entry.update(checkpoint=str(ckpt), sha256=sha256_file(ckpt), step=step_of(ckpt))
         entry["used_by"] = [r.run.name for r in run_configs if d in used_models(r, study, study_dir).values()]
         record[str(d.name)] = entry
     path = Path(study_dir) / MODELS_DIR / "models.json"

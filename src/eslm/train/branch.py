@@ -1,9 +1,5 @@
-"""Branching: a run that continues another run's checkpoint (``train.branch_from``), as every arm of a branched
-study continues its seed's trunk (docs/study.md, "Branched studies").
-
-It takes the weights, optimizer state, data position, random state, step and the FLOPs / token / time totals
-(so its budget counts the trunk's part), but not the method's state: its own method starts fresh. Its learning
-rate continues the cosine from the branch point to its own last step (``eslm.train.optim.plan_schedule``)."""
+"""Branching: a run that continues another run's checkpoint (``train.branch_from``) with its own method, as every
+arm of a branched study continues its seed's trunk (docs/study.md, "Branched studies")."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Checkpoints: everything with state, written atomically, loaded without executing code.
-
-Layout: <run>/checkpoints/step_0000100.pt, its SHA-256 <run>/checkpoints/step_0000100.pt.sha256 (``sha256sum``
-format, verified at load) and <run>/checkpoints/latest (the newest file's name).
-A checkpoint is a dict (see ``CHECKPOINT_FORMAT``): "model" (state dict, CPU), "model_config", "tokenizer",
-"step", "optimizer", "loader", "method", "flops", "rng", "elapsed_s", ... Saved with torch.save and loaded
-with ``torch.load(weights_only=True)``, so a file can never run code; every value is a tensor or plain type.
-"""
+"""Checkpoints (docs/training.md): ``checkpoints/step_XXXXXXX.pt``, its ``.sha256`` sidecar and ``latest``, written
+atomically; a checkpoint holds tensors and plain types only, loaded with ``torch.load(weights_only=True)``."""
 
 from __future__ import annotations
 
@@ -26,11 +20,9 @@ from eslm.files import (
     ensure_dir,
     read_checksums,
     stale_temporaries,
-    verify_checksum,
     write_checksums,
 )
-from eslm.model.loading import CHECKPOINT_FILE, CHECKPOINT_FORMAT
-from eslm.model.state import non_finite
+from eslm.model.loading import CHECKPOINT_FILE, CHECKPOINT_FORMAT, list_checkpoints, read_weights, step_of
 
 
 def checkpoint_name(step: int) -> str:
@@ -57,7 +49,10 @@ def save_checkpoint(ckpt_dir: Path, state: dict, *, keep_last: int, milestones: 
         intact = f"the previous checkpoint {prev.name} and `latest` are intact" if prev else "no earlier checkpoint"
         raise CheckpointError(f"could not write checkpoint {path} ({e.strerror or e}); {intact}; "
                               f"{os_fix(e)}, then resume with --resume") from None
-    _prune(ckpt_dir, keep_last, set(milestones))
+    regular = [s for s in kept_steps(ckpt_dir) if s not in set(milestones)]
+    for s in regular[:-keep_last] if keep_last > 0 else regular[:-1]:
+        (ckpt_dir / checkpoint_name(s)).unlink(missing_ok=True)
+        checksum_path(ckpt_dir / checkpoint_name(s)).unlink(missing_ok=True)
     return path
 
 
@@ -102,9 +97,7 @@ def checkpoint_at(run_dir: Path, step: int) -> Path:
 
 
 def kept_steps(ckpt_dir: Path) -> list[int]:
-    if not ckpt_dir.is_dir():
-        return []
-    return sorted(int(m.group(1)) for p in ckpt_dir.iterdir() if (m := CHECKPOINT_FILE.match(p.name)))
+    return [step_of(p) for p in list_checkpoints(ckpt_dir)]
 
 
 def supersede_after(run_dir: Path, step: int) -> tuple[list[str], Path]:
@@ -113,7 +106,12 @@ def supersede_after(run_dir: Path, step: int) -> tuple[list[str], Path]:
     moved, where to)."""
     ckpt_dir = Path(run_dir) / "checkpoints"
     later = [s for s in kept_steps(ckpt_dir) if s > step]
-    dest = superseded_dir(ckpt_dir, [checkpoint_name(s) for s in later])
+    # checkpoints/superseded/, or superseded/2/, 3/, ... when an earlier --resume-from set aside a file of the same
+    # name there (never overwritten: each is a branch)
+    dest, k = ckpt_dir / "superseded", 1
+    while any((dest / n).exists() or checksum_path(dest / n).exists() for n in map(checkpoint_name, later)):
+        k += 1
+        dest = ckpt_dir / "superseded" / str(k)
     if later:
         ensure_dir(dest)
     for s in later:
@@ -123,24 +121,6 @@ def supersede_after(run_dir: Path, step: int) -> tuple[list[str], Path]:
         os.replace(ckpt_dir / name, dest / name)
     atomic_write(ckpt_dir / "latest", checkpoint_name(step).encode())
     return [checkpoint_name(s) for s in later], dest
-
-
-def superseded_dir(ckpt_dir: Path, names: list[str]) -> Path:
-    """Where checkpoints set aside by a --resume-from go: checkpoints/superseded/, or superseded/2/, 3/, ... when
-    an earlier --resume-from set aside a file of the same name there (never overwritten: each is a branch)."""
-    base = dest = Path(ckpt_dir) / "superseded"
-    k = 1
-    while any((dest / n).exists() or (dest / (n + CHECKSUM_SUFFIX)).exists() for n in names):
-        k += 1
-        dest = base / str(k)
-    return dest
-
-
-def _prune(ckpt_dir: Path, keep_last: int, milestones: set) -> None:
-    regular = [s for s in kept_steps(ckpt_dir) if s not in milestones]
-    for s in regular[:-keep_last] if keep_last > 0 else regular[:-1]:
-        (ckpt_dir / checkpoint_name(s)).unlink(missing_ok=True)
-        checksum_path(ckpt_dir / checkpoint_name(s)).unlink(missing_ok=True)
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -155,63 +135,32 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def load_checkpoint(path: Path, map_location="cpu", mmap: bool = False) -> dict:
-    """The checkpoint at ``path``, verified: its checksum (when it has one: files of earlier versions do not)
-    and finite weights and optimizer state, else a one-line CheckpointError naming the newest good checkpoint
-    of the run. ``mmap=True`` maps the tensors from the file instead of reading them (processes share the page
-    cache)."""
+    """The checkpoint at ``path``, verified (``eslm.model.loading.read_weights``), else a one-line
+    CheckpointError naming the newest good checkpoint of the run."""
     path = Path(path)
-    problem = checkpoint_problem(path, map_location, mmap)
-    if isinstance(problem, dict):
-        return problem
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r} not found; expected a step_XXXXXXX.pt file")
+    got = read_weights(path, map_location, mmap)
+    if not isinstance(got, str):
+        return got[1]
     if path.parent.name != "checkpoints":  # not in a run directory
-        raise CheckpointError(f"checkpoint {path} {problem}; expected an intact eslm checkpoint")
+        raise CheckpointError(f"checkpoint {path} {got}; expected an intact eslm checkpoint")
     good, _ = newest_good_checkpoint(path.parent.parent, skip=path)
     way = (f"the newest good checkpoint is {good}: resume from it with --resume-from {step_of(good)}" if good
            else "no other checkpoint of this run is intact: start a new run.name")
-    raise CheckpointError(f"checkpoint {path} {problem}; {way}")
-
-
-def checkpoint_problem(path: Path, map_location="cpu", mmap: bool = False) -> dict | str:
-    """The loaded checkpoint, or why it cannot be used (one phrase)."""
-    if not Path(path).is_file():
-        raise CheckpointError(f"checkpoint {str(path)!r} not found; expected a step_XXXXXXX.pt file")
-    if verify_checksum(path) is False:
-        return f"does not match its checksum ({checksum_path(path).name}): it was damaged after it was written"
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
-    except Exception as e:  # unpickling errors, truncated files
-        return (f"could not be read ({type(e).__name__}): the file may be truncated or of another program")
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        return f"is not an {CHECKPOINT_FORMAT} checkpoint"
-    for key, what in (("model", "weights"), ("optimizer", "optimizer state")):
-        bad = non_finite(state.get(key, {}))
-        if bad is not None:
-            return f"holds non-finite values in its {what} ({bad})"
-    return state
+    raise CheckpointError(f"checkpoint {path} {got}; {way}")
 
 
 def newest_good_checkpoint(run_dir: Path, skip: Path | None = None) -> tuple[Path | None, list[str]]:
-    """(the newest kept checkpoint of the run that matches its checksum and is finite, or None; what was
-    skipped on the way: "step_0000003.pt is damaged (...)"). Reads every checkpoint it tries."""
-    ckpt_dir = Path(run_dir) / "checkpoints"
+    """(the newest kept checkpoint of the run that ``read_weights`` accepts, or None; what was skipped on the
+    way: "step_0000003.pt is damaged (...)"). Reads every checkpoint it tries."""
     skipped: list[str] = []
-    for step in reversed(kept_steps(ckpt_dir)):
-        path = ckpt_dir / checkpoint_name(step)
-        if skip is not None and path == Path(skip):
-            continue
-        problem = checkpoint_problem(path, mmap=True)
-        if isinstance(problem, dict):
-            return path, skipped
-        skipped.append(f"{path.name} is damaged ({problem})")
+    for path in reversed(list_checkpoints(Path(run_dir) / "checkpoints")):
+        if skip is None or path != Path(skip):
+            if not isinstance(problem := read_weights(path, mmap=True), str):
+                return path, skipped
+            skipped.append(f"{path.name} is damaged ({problem})")
     return None, skipped
-
-
-def step_of(path: Path) -> int:
-    """The step of a checkpoint file named step_XXXXXXX.pt."""
-    m = CHECKPOINT_FILE.match(Path(path).name)
-    if m is None:
-        raise ValueError(f"expected a checkpoint file named step_XXXXXXX.pt, found {Path(path).name!r}")
-    return int(m.group(1))
 
 
 def check_model_matches(state: dict, model_config: dict, path,
@@ -229,8 +178,9 @@ def check_model_matches(state: dict, model_config: dict, path,
 
 def rng_state() -> dict:
     np_state: Any = np.random.get_state()
+    py = random.getstate()  # (version, 625 ints, gauss_next)
     state: dict[str, Any] = {
-        "python": _to_plain(random.getstate()),
+        "python": [py[0], list(py[1]), py[2]],
         "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
         "torch": torch.get_rng_state(),
     }
@@ -240,17 +190,10 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
-    random.setstate(_to_tuple(state["python"]))
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
     n = state["numpy"]
     np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
     torch.set_rng_state(state["torch"].cpu())  # a checkpoint loaded with map_location=cuda moves it to the GPU
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
-
-
-def _to_plain(x):
-    return [_to_plain(v) for v in x] if isinstance(x, (tuple, list)) else x
-
-
-def _to_tuple(x):
-    return tuple(_to_tuple(v) for v in x) if isinstance(x, list) else x

@@ -1,17 +1,5 @@
-"""torchrun / DDP / FSDP2 plumbing: process group, device, per-rank seeds, rank-0-only output, sharding.
-
-FSDP2 (``distributed.fsdp=true`` with more than one process): ``shard_fsdp`` applies ``fully_shard`` to every
-transformer block and then to the root (embeddings, ``ln_f`` and the tied head). The root is sharded with
-``reshard_after_forward=False``: its parameters stay unsharded from the forward to the end of the backward, so
-``model.head_weight`` read after the forward (as the step does for the loss) is the plain, full (V, C)
-parameter that the forward used, and the gradient the loss puts into it is reduce-scattered with the rest of
-the root's gradients at the end of the backward. Outside a forward it is a DTensor shard.
-
-``FSDPModel`` is what the step calls instead of DDP: calling it runs the model, and ``no_sync()`` turns the
-gradient reduce-scatter off for micro-steps whose forward runs inside it (decided at forward time, like DDP).
-``full_state_dicts`` / ``load_full_state_dicts`` convert to and from the checkpoint's plain formats (the full
-model state dict and ``Optimizer.state_dict()``), so a checkpoint does not depend on how it was trained.
-"""
+"""torchrun / DDP / FSDP2 plumbing (docs/training.md, "FSDP2"): process group, device, sharding, and the
+checkpoint's plain state dicts under FSDP (a checkpoint does not depend on how it was trained)."""
 
 from __future__ import annotations
 
@@ -30,7 +18,6 @@ from eslm.model.loading import check_device
 @dataclass
 class DistInfo:
     rank: int = 0
-    local_rank: int = 0
     world_size: int = 1
 
     @property
@@ -53,7 +40,7 @@ def init_distributed(device_pref: str, backend_pref: str) -> tuple[DistInfo, tor
         backend = backend_pref if backend_pref != "auto" else ("nccl" if device.type == "cuda" else "gloo")
         if not dist.is_initialized():
             dist.init_process_group(backend=backend)
-    return DistInfo(rank, local, world), device
+    return DistInfo(rank, world), device
 
 
 def resolve_device(pref: str, local_rank: int = 0) -> torch.device:
@@ -79,7 +66,9 @@ def shard_fsdp(model: GPT, info: DistInfo, device: torch.device) -> GPT:
     """Shard a GPT in place with FSDP2 (one unit per block, then the root); returns the same module.
 
     Rank 0's parameters are broadcast first, so every rank starts from the same weights (DDP does the same at
-    construction; the ranks' seeds differ)."""
+    construction; the ranks' seeds differ). The root keeps its parameters unsharded from the forward to the end
+    of the backward, so ``model.head_weight`` read after the forward (the step's loss) is the full (V, C)
+    parameter the forward used, and its gradient is reduce-scattered with the root's."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -90,16 +79,13 @@ def shard_fsdp(model: GPT, info: DistInfo, device: torch.device) -> GPT:
     mesh = init_device_mesh(device.type, (info.world_size,))
     for block in model.transformer.h:
         fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh, reshard_after_forward=False)  # head_weight stays unsharded until backward ends
+    fully_shard(model, mesh=mesh, reshard_after_forward=False)
     return model
 
 
 class FSDPModel:
-    """The FSDP2-sharded model as the training step sees it: ``model(x)`` and ``with model.no_sync(): ...``.
-
-    As with DDP, whether a micro-step's gradients are reduced is decided by its forward: a forward run inside
-    ``no_sync()`` accumulates unsharded local gradients without communication; the next forward outside it
-    reduce-scatters them together with its own."""
+    """The FSDP2-sharded model as the training step sees it: ``model(x)`` and ``with model.no_sync(): ...``; as
+    with DDP, a forward inside ``no_sync()`` accumulates local gradients, the next one outside reduce-scatters."""
 
     def __init__(self, module: torch.nn.Module):
         self.module = module

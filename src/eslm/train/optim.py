@@ -113,14 +113,9 @@ def budget_steps(cfg, spent: float, start_step: int = 0, start_flops: float = 0.
 
 def plan_schedule(cfg, method, fm, branch=None) -> Schedule:
     """The schedule of a run of ``cfg`` training ``method`` (as built, before any step or resume: Ada-ESLM at its
-    starting alpha) on a model priced by ``fm`` (docs/study.md, "The learning-rate schedule under the budget").
-
-    ``train.lr_schedule: steps`` or no FLOPs budget: the configured warmup and decay. ``budget`` under
-    ``train.max_flops > 0``: both times (a dense micro-batch's FLOPs / this method's planned micro-batch FLOPs on
-    ``flops.budget_counter``), so each run's warmup and cosine end at its own last step (GREATS declares its
-    scoring only after a selection: its plan counts the update pass alone and its schedule ends early).
-    ``branch`` (``eslm.train.branch.BranchPoint``): the trunk's schedule up to the branch point, then (under
-    ``budget``) the cosine continued to the step at which the rest of the budget is spent (``Schedule.end_step``)."""
+    starting alpha) on a model priced by ``fm`` (docs/study.md, "The learning-rate schedule under the budget"); a
+    ``branch`` keeps the trunk's schedule up to its branch point. GREATS declares its scoring only after a
+    selection: its plan counts the update pass alone and its schedule ends early."""
     t = cfg.train
     warmup, decay = t.warmup_steps, t.lr_decay_steps or t.max_steps
     if t.lr_schedule != "budget" or t.max_flops <= 0:

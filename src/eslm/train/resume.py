@@ -1,10 +1,5 @@
-"""Opening a run directory: a new run, or a resume that is the same run (or it is refused; docs/training.md).
-
-``--resume`` compares the requested config with the run's (``config.yaml`` plus the changes recorded in
-``resumes.jsonl``, one JSON object per resume: ``time``, ``step``, ``changed`` {key: [old, new]}, and the
-segment's eslm version and commit): keys in ``RESUME_MAY_CHANGE`` and those named in ``run.allow_change`` are
-applied and recorded, any other difference is refused before anything is written.
-"""
+"""Opening a run directory: a new run, or a resume that is the same run (or it is refused before anything is
+written; docs/training.md: ``RESUME_MAY_CHANGE``, ``run.allow_change``, ``resumes.jsonl``)."""
 
 from __future__ import annotations
 
@@ -26,6 +21,7 @@ from eslm.files import (
     stale_temporaries,
 )
 from eslm.lock import DirLock
+from eslm.model.loading import step_of
 from eslm.model.snapshot_file import SNAPSHOT_DIR, SNAPSHOT_FILE
 from eslm.tracking import open_trackers
 from eslm.train import checkpoint as ckpt
@@ -38,6 +34,7 @@ from eslm.train.run_dir import (
     code_version,
     cut_torn_tail,
     env_info,
+    json_lines,
     last_records,
     new_run_marker,
     read_env,
@@ -63,17 +60,7 @@ INVOCATION_KEYS = ("run.resume", "run.resume_from", "run.allow_change", "run.all
 def read_resumes(run_dir: Path) -> list[dict]:
     """The resume records, oldest first (a torn last line, from a kill mid-write, is skipped)."""
     path = Path(run_dir) / RESUMES_FILE
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
+    return json_lines(path)[0] if path.is_file() else []
 
 
 def effective_config(run_dir: Path) -> Config:
@@ -81,17 +68,16 @@ def effective_config(run_dir: Path) -> Config:
     path = Path(run_dir) / "config.yaml"
     stored = read_yaml(path, "the run's own config", fix="restore it from a checkpoint's 'config' entry or start "
                        "a new run.name")
-    config = apply_resumes(stored, run_dir)  # refuses a config.yaml of an earlier eslm in one line
-    if problem := stored_config_problem(config, complete=True):  # a resume rebuilds the whole config
-        raise ConfigError(earlier_eslm(path, problem))
-    return from_dict(config)  # cannot fail: stored_config_problem applied it
+    # a resume rebuilds the whole config; from_dict cannot fail once stored_config_problem applied it
+    return from_dict(apply_resumes(stored, run_dir, complete=True))
 
 
-def apply_resumes(config: dict, run_dir: Path) -> dict:
+def apply_resumes(config: dict, run_dir: Path, complete: bool = False) -> dict:
     """A config.yaml mapping with the recorded resume changes applied (plain dicts; for readers like reports).
 
     A config written by an earlier eslm (``eslm.config.stored_config_problem``: e.g. the flat method keys of
-    before their nesting) is refused with one line: eslm 0.x reads its own format only."""
+    before their nesting; with ``complete``, a key it lacks) is refused with one line: eslm 0.x reads its own
+    format only."""
     out = json.loads(json.dumps(config))  # a deep copy of plain YAML data
     for rec in read_resumes(run_dir):
         for key, change in (rec.get("changed") or {}).items():
@@ -100,14 +86,11 @@ def apply_resumes(config: dict, run_dir: Path) -> dict:
             for p in parents:
                 node = node.setdefault(p, {})
             node[leaf] = change[1]
-    if out and (problem := stored_config_problem(out)):
-        raise ConfigError(earlier_eslm(Path(run_dir) / "config.yaml", problem))
+    if (out or complete) and (problem := stored_config_problem(out, complete=complete)):
+        raise ConfigError(f"{Path(run_dir) / 'config.yaml'} was written by an earlier eslm: {problem}; this eslm "
+                          "reads only run directories in its own format: train the run again with this version, "
+                          "or read it with the eslm that wrote it")
     return out
-
-
-def earlier_eslm(path: Path, problem: str) -> str:
-    return (f"{path} was written by an earlier eslm: {problem}; this eslm reads only run directories in its own "
-            "format: train the run again with this version, or read it with the eslm that wrote it")
 
 
 def allowed_changes(cfg: Config) -> set[str]:
@@ -253,17 +236,12 @@ def check_provenance(run_dir: Path, cfg: Config) -> None:
 
 def check_resume_point(run_dir: Path, cfg: Config) -> None:
     """Before anything is written: the checkpoint a resume continues from is there, and train.max_steps is not
-    below its step. A run with no checkpoint left that had written one (result.json, or metrics of a step after
-    its first save step: that save had completed) is refused: starting again from step 0 would replace its
-    results. A run with no complete checkpoint and no step after its first save step (killed, or out of disk,
-    before or inside its first checkpoint or snapshot write) starts again: from step 0, or from its branch point;
-    its temporary files are removed by ``lock_run_dir`` and its steps recomputed bit for bit."""
-
+    below its step; a run without a checkpoint starts again only if it never completed one (docs/training.md)."""
     run_dir = Path(run_dir)
     rf = cfg.run.resume_from
     path = ckpt.checkpoint_at(run_dir, rf) if rf else ckpt.latest_checkpoint(run_dir)
     if path is not None:
-        step = ckpt.step_of(path)
+        step = step_of(path)
         if cfg.train.max_steps < step:
             raise ConfigError(f"train.max_steps={cfg.train.max_steps} is below step {step}, where the resume "
                               f"continues ({path.name}); expected train.max_steps >= {step}: set it so (or use "
@@ -292,7 +270,7 @@ def first_save_step(cfg: Config) -> int | None:
     if interval <= 0:
         return None
     try:
-        start = ckpt.step_of(Path(cfg.train.branch_from)) if cfg.train.branch_from else 0
+        start = step_of(Path(cfg.train.branch_from)) if cfg.train.branch_from else 0
     except ValueError:  # not a step_XXXXXXX.pt name: read_branch_point refuses it in one line
         start = 0
     return (start // interval + 1) * interval
@@ -349,10 +327,8 @@ def open_run_dir(run_dir: Path, cfg: Config, *, device, world_size: int, num_par
             (run_dir / RESUMES_FILE).unlink(missing_ok=True)  # of a start killed before its first step
             atomic_write(run_dir / RUN_MARKER, new_run_marker())
             atomic_write(run_dir / "config.yaml", to_yaml(cfg).encode())
-            env = env_info(device, world_size, cfg.run.seed)
-            env["model_params_non_embedding"] = num_params
-            env["load_avg_at_start"] = load_avg()
-            env["segments"] = [{"step": 0, "time": _now(), **code_version()}]
+            env = {**env_info(device, world_size, cfg.run.seed), "model_params_non_embedding": num_params,
+                   "load_avg_at_start": load_avg(), "segments": [{"step": 0, "time": _now(), **code_version()}]}
             atomic_write(run_dir / "env.json", (json.dumps(env, indent=2) + "\n").encode())
         writer = MetricsWriter(run_dir, cfg.log.tensorboard)
         writer.sinks += open_trackers(cfg, run_dir, read_env(run_dir))

@@ -10,6 +10,7 @@ import functools
 import hashlib
 import json
 import math
+import mmap
 import platform
 import subprocess
 import sys
@@ -96,28 +97,15 @@ def cut_torn_tail(path: Path) -> None:
         size = f.seek(0, 2)
         if size == 0:
             return
-        pos = size
-        while pos > 0:  # scan back in blocks for the last newline
-            start = max(0, pos - 65536)
-            f.seek(start)
-            block = f.read(pos - start)
-            i = block.rfind(b"\n")
-            if i >= 0:
-                end = start + i + 1
-                break
-            pos = start
-        else:
-            end = 0
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:  # rfind scans back from the end only
+            end = m.rfind(b"\n") + 1
         if end != size:
             f.truncate(end)
 
 
 class MetricsWriter:
-    """Appends one JSON object per line to metrics.jsonl (flushed each line) and mirrors scalars to TensorBoard.
-
-    After a resume the lines of steps past the checkpoint are written again; readers keep the last line of
-    each (kind, step) — see ``last_records``.
-    """
+    """Appends one JSON object per line to metrics.jsonl (flushed each line; a resume writes the steps past its
+    checkpoint again: ``last_records``) and mirrors scalars to TensorBoard."""
 
     def __init__(self, run_dir: Path, tensorboard: bool):
         self.path = run_dir / "metrics.jsonl"
@@ -166,22 +154,30 @@ def last_records(path: Path) -> tuple[list[dict], int]:
     """(records, skipped) of a metrics.jsonl: the LAST line of every (kind, step) in (step, kind) order — a
     resumed run writes the steps after its checkpoint again and the later lines win — and the number of lines
     skipped: torn by a kill mid-write, or not a JSON object with a kind and a numeric step."""
+    records, skipped = json_lines(path)
     last: dict = {}
-    skipped = 0
+    for rec in records:
+        if M.KIND not in rec or not _is_step(rec.get(M.STEP)):
+            skipped += 1
+        else:
+            last[(rec[M.KIND], rec[M.STEP])] = rec
+    return sorted(last.values(), key=lambda r: (r[M.STEP], r[M.KIND])), skipped
+
+
+def json_lines(path: Path) -> tuple[list[dict], int]:
+    """(the JSON objects of a JSON-lines file, the number of its other non-empty lines: torn by a kill mid-write)."""
+    out, skipped = [], 0
     with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if not line.strip():
-                continue
+        for line in filter(str.strip, f):
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError:
+                rec = None
+            if isinstance(rec, dict):
+                out.append(rec)
+            else:
                 skipped += 1
-                continue
-            if not isinstance(rec, dict) or M.KIND not in rec or not _is_step(rec.get(M.STEP)):
-                skipped += 1
-                continue
-            last[(rec[M.KIND], rec[M.STEP])] = rec
-    return sorted(last.values(), key=lambda r: (r[M.STEP], r[M.KIND])), skipped
+    return out, skipped
 
 
 def _is_step(v) -> bool:

@@ -1,7 +1,5 @@
-"""Model-only snapshots for evaluation, ``<run>/snapshots/step_0000100.safetensors``: every evaluated step's weights
-(the paper's "best downstream accuracy during training") without the optimizer a checkpoint holds, written at
-every evaluation or every ``checkpoint.snapshot_interval`` steps and kept by ``checkpoint.snapshot_keep``. The
-tied ``lm_head.weight`` is stored once. The format and its reader are ``eslm.model.snapshot_file``."""
+"""Writing model-only snapshots for evaluation (``checkpoint.snapshot_interval`` / ``snapshot_keep``; the format
+and its reader: ``eslm.model.snapshot_file``)."""
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from eslm.errors import ESLMError
+from eslm.model.loading import step_of
 from eslm.train import checkpoint as ckpt
 
 
@@ -96,6 +97,6 @@ def last_good_hint(run_dir: Path) -> str:
     latest = ckpt.latest_checkpoint(run_dir)
     how = ("resume with --resume (add run.allow_change=train.lr train.lr=LOWER to lower the learning rate) or from an "
            "earlier step with --resume-from STEP" if path == latest else
-           f"resume from it with --resume-from {ckpt.step_of(path)}")
+           f"resume from it with --resume-from {step_of(path)}")
     return (f"The last good checkpoint is {path}{damaged} (kept steps: {', '.join(map(str, kept))}); {how}, "
             "or check the data")

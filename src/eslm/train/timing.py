@@ -1,9 +1,5 @@
-"""What the machine measured while training: wall-clock and CPU time of a step, throughput, load, MFU.
-
-These numbers differ between two identical runs (``metrics.TIMING_KEYS``); nothing that is trained depends on
-them. CUDA steps end synchronised (the step's own read of its loss waits for its update) so that a step's
-wall-clock time is its real time.
-"""
+"""What the machine measured while training (time, throughput, load, MFU): differs between two identical runs
+(``metrics.TIMING_KEYS``); nothing that is trained depends on it."""
 
 from __future__ import annotations
 

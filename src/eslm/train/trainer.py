@@ -1,7 +1,5 @@
-"""The training loop (orchestration only). ``Trainer.train`` reads top to bottom: open the run directory,
-resume, then steps until ``train.max_steps``, the FLOPs budget or SIGTERM, evaluating, snapshotting and saving on
-their intervals. The step is ``train/step.py``, building ``train/setup.py``, records ``train/records.py``,
-stopping ``train/stopping.py``, the run directory ``train/resume.py`` and ``train/run_dir.py``."""
+"""The training loop (orchestration only): open the run directory, resume, then steps until ``train.max_steps``,
+the FLOPs budget or SIGTERM, evaluating, snapshotting and saving on their intervals."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from eslm import metrics as M
 from eslm.analysis import stats as S
 from eslm.analysis.report import figure_table
 from eslm.analysis.report.summary import ONE_SEED_NOTE
-from eslm.analysis.report.verdicts import verdict_table
+from eslm.analysis.report.verdicts import difference, verdict_table
 from eslm.analysis.rundir import MAX_MESSAGE, shorten
 
 
@@ -71,13 +71,10 @@ def agg_cell(a: dict, spec: str = ".4g", single: bool = False):
 def paired_cell(ci: dict | None, rel: bool, single: bool = False, marks: tuple = (" **↓**", " **↑**")):
     """A paired difference, 'mean [95% interval]' (relative for costs) with ``marks`` (below 0, above 0) where it
     is shown (``stats.significant``); one pair: as ``agg_cell``."""
-    if ci is None or ci["n"] == 0:
-        return "—"
-    spec = "+.1%" if rel else "+.4f"
-    if ci["lo"] is None:
-        return f"{ci['mean']:{spec}}" if single else [f"{ci['mean']:{spec}} ", ("small", "(no interval)")]
-    mark = {-1: marks[0], 1: marks[1], 0: ""}[S.significant(ci)]
-    return f"{ci['mean']:{spec}} [{ci['lo']:{spec}}, {ci['hi']:{spec}}]{mark}"
+    mean, interval = difference(ci, rel)
+    if interval == "—":
+        return mean if single or mean == "—" else [mean + " ", ("small", "(no interval)")]
+    return f"{mean} {interval}" + {-1: marks[0], 1: marks[1], 0: ""}[S.significant(ci)]
 
 
 def md_table(header: list[str], rows: list[list[str]]) -> list[str]:

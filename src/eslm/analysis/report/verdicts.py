@@ -106,7 +106,7 @@ def verdict_word(ci: dict | None, relative: bool, single: bool = False) -> str:
     return {(-1, False): "lower", (1, False): "higher", (-1, True): "less", (1, True): "more"}[(sign, relative)]
 
 
-def _difference(ci: dict | None, relative: bool) -> tuple[str, str]:
+def difference(ci: dict | None, relative: bool) -> tuple[str, str]:
     """(the mean difference, its 95% interval) as text; '—' where there is none."""
     if ci is None or ci["n"] == 0 or ci["mean"] is None:
         return "—", "—"
@@ -131,7 +131,7 @@ def verdict_table(summary: dict) -> tuple[list[str], list[list]]:
         loss = c["losses"]["final validation loss"]
         cost = c["to_target"][summary["flops_key"]]
         group = [shorten(c["group"]) + " ", ("small", "(primary)")] if c.get("primary") else shorten(c["group"])
-        rows.append([group, shorten(c["against"]), *_difference(loss, False), verdict_word(loss, False, single),
-                     *_difference(cost, True), verdict_word(cost, True, single)])
+        rows.append([group, shorten(c["against"]), *difference(loss, False), verdict_word(loss, False, single),
+                     *difference(cost, True), verdict_word(cost, True, single)])
     return (["group", "vs", "Δ final val loss (nats)", "95% interval", "verdict",
              f"Δ {summary['flops_key']} to target", "95% interval", "verdict"], rows)

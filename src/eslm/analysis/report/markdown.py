@@ -72,7 +72,7 @@ def paired_cell(ci: dict | None, rel: bool, single: bool = False, marks: tuple =
     """A paired difference, 'mean [95% interval]' (relative for costs) with ``marks`` (below 0, above 0) where it
     is shown (``stats.significant``); one pair: as ``agg_cell``."""
     mean, interval = difference(ci, rel)
-    if interval == "—":
+    if ci is None or interval == "—":
         return mean if single or mean == "—" else [mean + " ", ("small", "(no interval)")]
     return f"{mean} {interval}" + {-1: marks[0], 1: marks[1], 0: ""}[S.significant(ci)]
 

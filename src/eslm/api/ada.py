@@ -108,3 +108,24 @@ class AdaAlpha:
         self.steps = int(sd["steps"])
         self._controller.load_state_dict(sd)
         self._tensor.fill_(self._holder.alpha)
+
+
+class AlphaHandle:
+    """The alpha of a patched forward's loss (``patch_model``'s and ``patch_causal_lm``'s handles): Ada's when
+    ``ada`` is set, else the fixed ``_alpha``."""
+
+    def __init__(self, alpha: float, ada: AdaAlpha | None, device: torch.device):
+        self.ada, self._alpha = ada, alpha if ada is None else ada.alpha
+        if ada is not None and device.type != "meta":
+            ada.to(device)  # the head's device
+
+    @property
+    def alpha(self) -> float:
+        return self.ada.alpha if self.ada is not None else self._alpha
+
+    def loss_alpha(self) -> float | torch.Tensor:
+        """The alpha passed to the loss: under torch.compile Ada's as its 0-dim tensor (a graph input, so a new
+        value needs no recompile), else the Python float."""
+        if self.ada is not None and torch.compiler.is_compiling():
+            return self.ada.alpha_tensor
+        return self.alpha

@@ -17,11 +17,11 @@ from __future__ import annotations
 import functools
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from eslm.api.ada import AdaAlpha
+from eslm.api.ada import AdaAlpha, AlphaHandle
 from eslm.api.head import check_head_logits, head_transform
 from eslm.api.loss import selective_loss, shift_for_causal_lm
 from eslm.errors import ConfigError
@@ -32,7 +32,7 @@ class _HeadReached(Exception):
     """Raised by the patched head once the loss is computed: ends the model's forward there."""
 
 
-class PatchedModel:
+class PatchedModel(AlphaHandle):
     """The handle ``patch_model`` returns: the options, the Ada controller, ``remove()``."""
 
     _targets: torch.Tensor | None = None  # set for one patched forward
@@ -41,8 +41,8 @@ class PatchedModel:
 
     def __init__(self, model: torch.nn.Module, head: torch.nn.Module, *, alpha: float, score: str,
                  ada: AdaAlpha | None, loss_options: dict):
-        self.model, self.head, self.score, self.ada, self.loss_options = model, head, score, ada, loss_options
-        self._alpha = alpha
+        super().__init__(alpha, ada, cast(torch.Tensor, head.weight).device)  # checked by patch_model
+        self.model, self.head, self.score, self.loss_options = model, head, score, loss_options
         self._shift = False  # eslm_labels=: shift the targets inside the head's forward
         self._inputs_checked = False
         model_forward, head_forward = model.forward, head.forward
@@ -50,17 +50,6 @@ class PatchedModel:
             lambda _self, *a, **kw: self._model_forward(model_forward, *a, **kw)), model)
         head.forward = types.MethodType(functools.wraps(type(head).forward)(
             lambda _self, x, *a, **kw: self._head_forward(head_forward, x, *a, **kw)), head)
-
-    @property
-    def alpha(self) -> float:
-        return self.ada.alpha if self.ada is not None else self._alpha
-
-    def _loss_alpha(self) -> float | torch.Tensor:
-        """The alpha passed to the loss: under torch.compile Ada's as its 0-dim tensor (a graph input, so a new
-        value needs no recompile), else the Python float."""
-        if self.ada is not None and torch.compiler.is_compiling():
-            return self.ada.alpha_tensor
-        return self.alpha
 
     def remove(self) -> None:
         """Restore the model's and the head's own forwards."""
@@ -129,7 +118,7 @@ class PatchedModel:
         if self.ada is not None:
             opts.setdefault("alpha_min", self.ada.alpha_min)
         loss, stats = selective_loss(targets, hidden=x, lm_weight=self.head.weight,
-                                     bias=getattr(self.head, "bias", None), score=self.score, alpha=self._loss_alpha(),
+                                     bias=getattr(self.head, "bias", None), score=self.score, alpha=self.loss_alpha(),
                                      num_items_in_batch=self._num_items, **opts)
         if self.ada is not None:
             self.ada.observe(stats)
@@ -169,10 +158,7 @@ def patch_model(model: torch.nn.Module, *, head: torch.nn.Module, alpha: float =
                 raise ConfigError(f"patch_model: {key}={loss_options[key]} differs from the model's config "
                                   f"({key} {value}); fix: drop {key}= (it is read from the config)")
         loss_options = {**transform, **loss_options}
-    if ada is not None and weight.device.type != "meta":
-        ada.to(weight.device)
-    handle = PatchedModel(model, head, alpha=alpha if ada is None else ada.alpha, score=score, ada=ada,
-                          loss_options=loss_options)
+    handle = PatchedModel(model, head, alpha=alpha, score=score, ada=ada, loss_options=loss_options)
     if config is not None and weight.device.type != "meta":
         try:
             _probe_head(handle, model, head, weight, config)

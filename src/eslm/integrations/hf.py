@@ -11,6 +11,7 @@ import types
 import torch
 
 from eslm.api import AdaAlpha, kept_tokens, select_tokens, selective_loss, shift_for_causal_lm
+from eslm.api.ada import AlphaHandle
 from eslm.api.head import check_head_logits, head_transform
 from eslm.errors import ConfigError
 
@@ -44,17 +45,16 @@ class _Metrics:
         return dict(zip(METRICS, (x / count for x in sums))) if count else {}
 
 
-class SelectiveCausalLM:
+class SelectiveCausalLM(AlphaHandle):
     """The handle ``use_eslm`` / ``patch_causal_lm`` return: the options, the Ada controller, the metrics."""
 
     def __init__(self, model, *, alpha: float, score: str, scope: str, ada: AdaAlpha | None, impl: str,
                  chunk_size: int):
-        self.model, self.score, self.scope, self.ada = model, score, scope, ada
-        self.impl, self.chunk_size = impl, chunk_size
-        self._alpha = alpha
+        device = model.get_output_embeddings().weight.device
+        super().__init__(alpha, ada, device)
+        self.model, self.score, self.scope, self.impl, self.chunk_size = model, score, scope, impl, chunk_size
         self.label_smoothing = 0.0  # the Trainer's label_smoothing_factor (use_eslm), on the kept tokens
         self._verified = False
-        device = model.get_output_embeddings().weight.device
         self.metrics = _Metrics(None if device.type == "meta" else device)
         self._original_forward = model.__dict__.get("forward")  # an instance patch (TRL's) or None
         self._undo: list = []
@@ -62,17 +62,6 @@ class SelectiveCausalLM:
         self._original_call = wrapped
         model.forward = types.MethodType(functools.wraps(type(model).forward)(
             lambda _self, *a, **kw: self._forward(wrapped, *a, **kw)), model)
-
-    @property
-    def alpha(self) -> float:
-        return self.ada.alpha if self.ada is not None else self._alpha
-
-    def _loss_alpha(self):
-        """The alpha passed to the loss: under torch.compile Ada's as its 0-dim tensor (a graph input, so a new
-        value needs no recompile), else the Python float."""
-        if self.ada is not None and torch.compiler.is_compiling():
-            return self.ada.alpha_tensor
-        return self.alpha
 
     def remove(self) -> None:
         """Undo the patches (the model's forward, the trainer's count, the callback)."""
@@ -116,7 +105,7 @@ class SelectiveCausalLM:
         head = self.model.get_output_embeddings()
         loss, stats = selective_loss(
             targets.to(hidden.device), hidden=hidden, lm_weight=head.weight, bias=getattr(head, "bias", None),
-            **head_transform(self.model.config), score=self.score, alpha=self._loss_alpha(), scope=self.scope,
+            **head_transform(self.model.config), score=self.score, alpha=self.loss_alpha(), scope=self.scope,
             position_ids=kwargs.get("position_ids") if self.scope == "sequence" else None,
             num_items_in_batch=num_items_in_batch, impl=self.impl, chunk_size=self.chunk_size,
             alpha_min=self.ada.alpha_min if self.ada is not None else self._alpha,
@@ -178,7 +167,7 @@ class SelectiveCausalLM:
         if self.scope == "sequence" and position_ids is not None and kwargs.get("shift_labels") is None:
             position_ids = position_ids[:, :-1]
         scores = out.entropy if self.score == "entropy" else -out.log_probs.detach()
-        kept, stats = select_tokens(scores, out.label_mask, alpha=self._loss_alpha(), scope=self.scope,
+        kept, stats = select_tokens(scores, out.label_mask, alpha=self.loss_alpha(), scope=self.scope,
                                     position_ids=position_ids if self.scope == "sequence" else None)
         out.log_probs = torch.where(kept, out.log_probs, torch.zeros_like(out.log_probs))
         denom = num_items_in_batch if num_items_in_batch is not None else stats.num_kept.clamp(min=1)
@@ -200,10 +189,7 @@ def patch_causal_lm(model, *, alpha: float = 0.1, score: str = "entropy", scope:
                           f"{type(model).__name__}; fix: pass an AutoModelForCausalLM model")
     head_transform(model.config)  # an LM head eslm cannot reproduce is refused now, not at the first step
     weight = model.get_output_embeddings().weight
-    if ada is not None and weight.device.type != "meta":
-        ada.to(weight.device)
-    sel = SelectiveCausalLM(model, alpha=alpha if ada is None else ada.alpha, score=score, scope=scope, ada=ada,
-                            impl=impl, chunk_size=chunk_size)
+    sel = SelectiveCausalLM(model, alpha=alpha, score=score, scope=scope, ada=ada, impl=impl, chunk_size=chunk_size)
     if weight.device.type != "meta":
         ids = torch.arange(3, 3 + min(8, weight.shape[0] - 3), device=weight.device)[None]
         try:

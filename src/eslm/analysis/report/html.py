@@ -112,17 +112,6 @@ def _downstream_cell(d: dict | None, runs: int):
 # ---------------------------------------------------------------- the page from its template
 
 
-def _verdict_rows(s: dict) -> Table:
-    """The verdict table (``verdicts.verdict_table``) as cells: group (primary marked), vs, and per read-out the
-    difference, its interval and the verdict word."""
-    rows = []
-    for r in verdict_table(s):
-        group = [shorten(r["group"]) + " ", ("small", "(primary)")] if r["primary"] else shorten(r["group"])
-        rows.append([group, shorten(r["against"]), *r["loss"], *r["cost"]])
-    return (["group", "vs", "Δ final val loss (nats)", "95% interval", "verdict",
-             f"Δ {s['flops_key']} to target", "95% interval", "verdict"], rows)
-
-
 def _downstream(summary: dict) -> Table | None:
     """The downstream table's header and rows (cells), or None without downstream results."""
     tasks = sorted(set().union(*(g["downstream"] for g in summary["groups"])))
@@ -172,7 +161,7 @@ def render_html(summary: dict, written: dict) -> str:
     s = summary
     return env.get_template("index.html.j2").render(
         s=s, one_seed_note=ONE_SEED_NOTE if s["one_seed"] else None, ignored=IGNORED_FOR_GROUPING,
-        header=header_rows(s), verdict_table=_verdict_rows(s), token_view=s.get("token_view"),
+        header=header_rows(s), verdict_table=verdict_table(s), token_view=s.get("token_view"),
         verdicts=[("Against the baseline", s["comparisons"]),
                   ("Against the random-drop control at the same alpha", s["controls"])],
         summary_table=_summary_rows(s), costs_table=_costs_rows(s),

@@ -8,7 +8,7 @@ from eslm import metrics as M
 from eslm.analysis import stats as S
 from eslm.analysis.report import figure_table
 from eslm.analysis.report.summary import ONE_SEED_NOTE
-from eslm.analysis.report.verdicts import verdict_table
+from eslm.analysis.report.verdicts import difference, verdict_table
 from eslm.analysis.rundir import MAX_MESSAGE, shorten
 
 
@@ -71,13 +71,10 @@ def agg_cell(a: dict, spec: str = ".4g", single: bool = False):
 def paired_cell(ci: dict | None, rel: bool, single: bool = False, marks: tuple = (" **↓**", " **↑**")):
     """A paired difference, 'mean [95% interval]' (relative for costs) with ``marks`` (below 0, above 0) where it
     is shown (``stats.significant``); one pair: as ``agg_cell``."""
-    if ci is None or ci["n"] == 0:
-        return "—"
-    spec = "+.1%" if rel else "+.4f"
-    if ci["lo"] is None:
-        return f"{ci['mean']:{spec}}" if single else [f"{ci['mean']:{spec}} ", ("small", "(no interval)")]
-    mark = {-1: marks[0], 1: marks[1], 0: ""}[S.significant(ci)]
-    return f"{ci['mean']:{spec}} [{ci['lo']:{spec}}, {ci['hi']:{spec}}]{mark}"
+    mean, interval = difference(ci, rel)
+    if ci is None or interval == "—":
+        return mean if single or mean == "—" else [mean + " ", ("small", "(no interval)")]
+    return f"{mean} {interval}" + {-1: marks[0], 1: marks[1], 0: ""}[S.significant(ci)]
 
 
 def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -85,11 +82,10 @@ def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
-def spread_table(summary: dict, text=str) -> tuple[list[str], list[list[str]]] | None:
+def spread_table(summary: dict) -> tuple[list[str], list[list[str]]] | None:
     """The reproducibility table: each group's between-seed SD of the final loss [95% interval], its ratio to
     the SD of random (same alpha) and of CLM [95% interval] with the F test's and the paired Pitman-Morgan p.
-    (header, rows), or None when no group has a spread. ``text``: how a label is written (``md_text`` in summary.md;
-    the HTML page escapes the cells itself)."""
+    (header, rows), or None when no group has a spread; the caller escapes the cells."""
     rows = summary.get("spread") or []
     if not any(r["sd"] is not None for r in rows):
         return None
@@ -103,12 +99,12 @@ def spread_table(summary: dict, text=str) -> tuple[list[str], list[list[str]]] |
         against = list(r["against"].items()) or [(None, None)]
         for i, (other, c) in enumerate(against):
             ratio = "—" if not c or c["ratio"] is None else f"{c['ratio']:.2f} [{c['lo']:.2f}, {c['hi']:.2f}]"
-            out.append([text(r["label"]) if i == 0 else "", str(r["n"]) if i == 0 else "", sd if i == 0 else "",
-                        text(other or "—"), ratio, fmt(c and c["p_f"], ".2g"), fmt(c and c["p_paired"], ".2g")])
+            out.append([r["label"] if i == 0 else "", str(r["n"]) if i == 0 else "", sd if i == 0 else "",
+                        other or "—", ratio, fmt(c and c["p_f"], ".2g"), fmt(c and c["p_paired"], ".2g")])
     return ["group", "n", "SD of final val loss [95%]", "SD ratio vs", "ratio [95%]", "p (F)", "p (paired)"], out
 
 
-def since_branch_table(summary: dict, text=str) -> tuple[list[str], list[list[str]]] | None:
+def since_branch_table(summary: dict) -> tuple[list[str], list[list[str]]] | None:
     """A branched study: each group's costs from the branch point on, beside its totals (as ``spread_table``)."""
     rows = [g for g in summary["groups"] if g.get("since_branch")]
     if not rows:
@@ -121,21 +117,18 @@ def since_branch_table(summary: dict, text=str) -> tuple[list[str], list[list[st
             since, total = b[key]["mean"], g.get("final_" + key, {}).get("mean")
             return "—" if since is None else f"{since:{spec}} / {'—' if total is None else format(total, spec)}"
 
-        out.append([text(g["label"]), f"{b['step']['mean']:.0f}", pair(M.TOKENS_SEEN, ".4g"),
+        out.append([g["label"], f"{b['step']['mean']:.0f}", pair(M.TOKENS_SEEN, ".4g"),
                     pair(M.FLOPS_PAPER, ".3g"), pair(M.FLOPS_EXECUTED, ".3g"), pair(M.CPU_S, ".0f")])
     return ["group", "branch step", "tokens since / total", "paper-FLOPs since / total",
             "executed FLOPs since / total", "CPU s since / total"], out
 
 
 def _verdict_lines(s: dict) -> list[str]:
-    """The verdict table (``verdicts.verdict_table``) in Markdown: one row per comparison."""
-    rows = verdict_table(s)
+    """The verdict table in Markdown: one row per comparison."""
+    header, rows = verdict_table(s)
     if not rows:
         return ["No baseline group: no paired comparisons."]
-    return md_table(["group", "vs", "Δ final val loss (nats)", "95% interval", "verdict",
-                     f"Δ {s['flops_key']} to target", "95% interval", "verdict"],
-                    [[md_text(r["group"]) + (" (primary)" if r["primary"] else ""), md_text(r["against"]),
-                      *r["loss"], *r["cost"]] for r in rows])
+    return md_table(header, [[md_text(plain(c)) for c in r] for r in rows])
 
 
 def render_markdown(summary: dict) -> str:
@@ -197,8 +190,8 @@ def render_markdown(summary: dict) -> str:
         figs += ([f"### {f['heading']}", ""] if f["heading"] else []) + [f"![{f['alt']}]({f['src']})", ""]
     gaps = [f"- {md_text(x)}." for x in s["flops_gaps"]]
     extra = []
-    for t in (spread_table(s, md_text), since_branch_table(s, md_text)):
-        extra += md_table(*t) + [""] if t else []
+    for t in (spread_table(s), since_branch_table(s)):
+        extra += md_table(t[0], [[md_text(c) for c in row] for row in t[1]]) + [""] if t else []
     return "\n".join(top + ["## Verdicts", ""] + _verdict_lines(s) + [""]
                      + (["## Figures", ""] + figs if figs else [])
                      + ["## Summary", ""] + table + [""] + notes + [""] + extra

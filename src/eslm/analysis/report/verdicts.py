@@ -4,6 +4,7 @@ seeds a censored cost counted at their budget, and an equivalence test's outcome
 
 from __future__ import annotations
 
+from eslm.analysis.rundir import shorten
 from eslm.analysis.stats import significant
 
 
@@ -105,7 +106,7 @@ def verdict_word(ci: dict | None, relative: bool, single: bool = False) -> str:
     return {(-1, False): "lower", (1, False): "higher", (-1, True): "less", (1, True): "more"}[(sign, relative)]
 
 
-def _difference(ci: dict | None, relative: bool) -> tuple[str, str]:
+def difference(ci: dict | None, relative: bool) -> tuple[str, str]:
     """(the mean difference, its 95% interval) as text; '—' where there is none."""
     if ci is None or ci["n"] == 0 or ci["mean"] is None:
         return "—", "—"
@@ -114,12 +115,12 @@ def _difference(ci: dict | None, relative: bool) -> tuple[str, str]:
     return f"{ci['mean']:{spec}}", interval
 
 
-def verdict_table(summary: dict) -> list[dict]:
-    """The report's verdicts as one row per comparison, in the order shown (the primary one first, then against
-    the baseline, then against the random-drop control): group, the group it is compared with, and for the final
-    validation loss (nats) and the cost to the target loss in the report's FLOPs convention (relative): the mean
-    paired difference, its 95% interval and the verdict word (``verdict_word``). The full sentences stay in each
-    comparison's ``verdicts``."""
+def verdict_table(summary: dict) -> tuple[list[str], list[list]]:
+    """The report's verdicts as (header, rows of cells), one row per comparison in the order shown (the primary
+    one first, then against the baseline, then against the random-drop control): group (primary marked), the
+    group it is compared with, and for the final validation loss (nats) and the cost to the target loss in the
+    report's FLOPs convention (relative): the mean paired difference, its 95% interval and the verdict word
+    (``verdict_word``). The full sentences stay in each comparison's ``verdicts``."""
     primary = summary.get("primary")
     single = summary["one_seed"]
     rows, seen = [], set()
@@ -129,7 +130,8 @@ def verdict_table(summary: dict) -> list[dict]:
         seen.add((c["group"], c["against"]))
         loss = c["losses"]["final validation loss"]
         cost = c["to_target"][summary["flops_key"]]
-        rows.append({"group": c["group"], "against": c["against"], "primary": bool(c.get("primary")),
-                     "loss": (*_difference(loss, False), verdict_word(loss, False, single)),
-                     "cost": (*_difference(cost, True), verdict_word(cost, True, single))})
-    return rows
+        group = [shorten(c["group"]) + " ", ("small", "(primary)")] if c.get("primary") else shorten(c["group"])
+        rows.append([group, shorten(c["against"]), *difference(loss, False), verdict_word(loss, False, single),
+                     *difference(cost, True), verdict_word(cost, True, single)])
+    return (["group", "vs", "Δ final val loss (nats)", "95% interval", "verdict",
+             f"Δ {summary['flops_key']} to target", "95% interval", "verdict"], rows)

@@ -169,7 +169,7 @@ def _rewrite_snapshot(path: Path, dest: Path, **config_changes) -> None:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from eslm.model.snapshot_file import snapshot_digest
+    from eslm.model.loading import snapshot_digest
 
     with safe_open(str(path), framework="pt") as f:
         meta = dict(f.metadata())

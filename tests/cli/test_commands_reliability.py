@@ -453,7 +453,8 @@ def test_study_out_onto_a_foreign_directory_is_refused_before_any_training(tiny_
     (d / "thesis.tex").write_text("mine")
     t0 = time.monotonic()
     err = _one_line(capsys, cli_main(["study", str(study), "--out", str(tmp_path / "out")]))
-    assert "holds files eslm did not write ('plan', 'thesis.tex')" in err and time.monotonic() - t0 < 60
+    assert "empty or marked by eslm (eslm-study.json), found other files ('plan', 'thesis.tex')" in err
+    assert time.monotonic() - t0 < 60
     assert (d / "plan" / "clm-s1.yaml").read_text() == "mine" and not (d / "clm-s1").exists()
 
 

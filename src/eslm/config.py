@@ -302,20 +302,12 @@ def build_config(files: Sequence[str] = (), overrides: Sequence[str] = (), base:
         cfg = _apply(cfg, d, "", problems)
     if base is None and not any(isinstance(d.get("data"), dict) and "seq_len" in d["data"] for d in deltas):
         cfg = _fit_seq_len(cfg)
-    problems += validate(cfg)
-    if problems:
-        raise problems_error(problems)
+    if lines := [with_fix(p) for p in problems + validate(cfg)]:  # one per line, each with its fix
+        raise ConfigError(f"config problem: {lines[0]}" if len(lines) == 1 else f"{len(lines)} config problems:"
+                          + "".join(f"\n  - {line}" for line in lines), tuple(lines))
     for message in config_warnings(cfg):
         warnings.warn(message, stacklevel=1)
     return cfg
-
-
-def problems_error(problems: Sequence[str]) -> ConfigError:
-    """One ConfigError for a config's problems, one per line, each with its fix (``with_fix``)."""
-    lines = [with_fix(p) for p in problems]
-    if len(lines) == 1:
-        return ConfigError(f"config problem: {lines[0]}", tuple(lines))
-    return ConfigError(f"{len(lines)} config problems:" + "".join(f"\n  - {line}" for line in lines), tuple(lines))
 
 
 def with_fix(problem: str) -> str:

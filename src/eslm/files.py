@@ -456,6 +456,28 @@ def check_output_dir(out: Path, what: str, is_ours, earlier: str = "an earlier o
                              "replaces only what it wrote: choose another output directory")
 
 
+def check_forced_out(out: Path, what: str, ours: set[str] | None, force: bool) -> None:
+    """Refuse (one ConfigError line) an --out directory unless it is new, empty, or ``what`` (an earlier output of
+    the command, whose files ``ours`` names; None: not one) that ``force`` may replace and that holds nothing
+    else; never a link (--force would empty its target) or a file."""
+    if out.is_symlink():
+        raise link_refused(out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"expected --out to be a directory; found a file at {out}; fix: choose another --out")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if ours is None:
+        raise ConfigError(f"expected --out to be new, empty or {what}; found {out} holds files eslm did not "
+                          f"write ({listing(foreign_entries(out, lambda n: False))}); fix: choose another --out "
+                          "(eslm never overwrites what it did not make)")
+    if not force:
+        raise ConfigError(f"expected a new --out directory; found {what} in {out}; fix: pass --force to replace "
+                          "it, or choose another --out")
+    if foreign := foreign_entries(out, lambda n: n in ours):
+        raise ConfigError(f"expected --force to replace {what}; found {out} also holds files eslm did not write "
+                          f"({listing(foreign)}); fix: move them away, or choose another --out")
+
+
 DIR_MARKER = ".eslm-output"  # inside a temporary or set-aside output directory: eslm made it
 
 

@@ -8,8 +8,7 @@ import torch
 
 from conftest import tiny_overrides
 from eslm.config import build_config
-from eslm.data.loader import TrainLoader, open_dataset
-from eslm.data.prefetch import StepBatches
+from eslm.data.loader import StepBatches, TrainLoader, open_dataset
 from eslm.train import checkpoint as ckpt
 from eslm.train import trainer as trainer_mod
 

@@ -57,7 +57,7 @@ def test_sample_on_non_finite_weights_is_one_line_naming_the_newest_good_file(tm
 def test_non_finite_snapshot_is_refused(tmp_path):
     from safetensors.torch import save_file
 
-    from eslm.model.snapshot_file import snapshot_digest
+    from eslm.model.loading import snapshot_digest
 
     m = GPT(preset("tiny", vocab_size=300))
     state = {k: v.clone() for k, v in m.state_dict().items() if k != "lm_head.weight"}

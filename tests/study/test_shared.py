@@ -199,7 +199,7 @@ def test_a_users_models_json_is_refused_not_overwritten(tiny_data, tmp_path, tra
     mine = tmp_path / "out" / "kd" / "models" / "models.json"
     mine.parent.mkdir(parents=True)
     mine.write_text('{"my": "notes"}')
-    with pytest.raises(OwnershipError, match="holds files eslm did not write"):  # no eslm-study.json: not a study
+    with pytest.raises(OwnershipError, match="found other files"):  # no eslm-study.json: not a study
         study.run_study(str(path), tmp_path / "out", seeds=[1])
     (mine.parent.parent / study.STUDY_MARKER).write_text(json.dumps(new_marker(study.STUDY_FORMAT)))
     with pytest.raises(OwnershipError, match="was not written by eslm"):  # a study's, but not its models.json

@@ -147,7 +147,7 @@ def test_a_kill_inside_a_snapshot_write_leaves_nothing_after_the_next_start(tiny
     import resource
     import signal
 
-    from eslm.model.snapshot_file import SNAPSHOT_FILE
+    from eslm.model.loading import SNAPSHOT_FILE
 
     def limit():
         resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))

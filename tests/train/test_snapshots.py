@@ -11,8 +11,7 @@ import torch
 from conftest import tiny_overrides
 from eslm.config import build_config
 from eslm.errors import CheckpointError, ConfigError
-from eslm.model.loading import list_evaluable, load_model
-from eslm.model.snapshot_file import list_snapshots, read_snapshot
+from eslm.model.loading import list_evaluable, list_snapshots, load_model, read_weights
 from eslm.train.trainer import train
 
 
@@ -32,7 +31,7 @@ def _steps(files):
 def test_a_snapshot_at_every_evaluation_all_kept(run_dir):
     snaps = list_snapshots(run_dir)
     assert _steps(snaps) == [3, 6]  # eval.interval=3, max_steps=6; checkpoints keep_last=2 is not applied
-    state, meta = read_snapshot(snaps[-1])
+    state, meta = read_weights(snaps[-1])
     assert meta["format"] == "eslm-snapshot-v1" and meta["step"] == 6 and meta["tokenizer"] == "byte"
     assert meta["flops_paper"] > 0 and "lm_head.weight" not in state  # tied to the embedding, stored once
     assert all(t.dtype == torch.float32 for t in state.values())  # the parameters' dtype

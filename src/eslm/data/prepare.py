@@ -22,7 +22,7 @@ from eslm.data import manifest as mf
 from eslm.data.sources import Document, document_text, get_source
 from eslm.data.tokenizers import get_tokenizer
 from eslm.errors import ConfigError, DataError
-from eslm.files import foreign_entries, link_refused, listing, named, output_lock, read_marker, swap_dir
+from eslm.files import check_forced_out, named, output_lock, read_marker, swap_dir
 
 CHUNK_DOCS = 64  # documents per worker task: big enough to amortise IPC, small enough for a smooth bar
 CHUNK_CHARS = 4_000_000  # ... and at most this many characters of inline text per task
@@ -109,7 +109,9 @@ def prepare(source: str, out_dir: str | os.PathLike, *, tokenizer: str = "gpt2",
     # without _lock the caller (ensure_prepared) holds the output lock
     with output_lock(out_dir, WHAT).acquire() if _lock else contextlib.nullcontext():
         t0 = time.perf_counter()
-        _check_out_dir(out_dir, overwrite)
+        earlier = read_marker(out_dir / mf.MANIFEST_NAME, mf.FORMAT)
+        check_forced_out(out_dir, "an eslm-prepared directory", None if earlier is None else
+                         {mf.MANIFEST_NAME, *(f.get("path") for f in earlier.get("files", []))}, overwrite)
         tok = get_tokenizer(tokenizer)
         src = get_source(source, paths=paths, domains=domains, val_fraction=val_fraction, hf_cache_dir=hf_cache_dir)
         dtype = mf.dtype_for_vocab(tok.vocab_size)
@@ -167,31 +169,6 @@ def _build_manifest(src, tok, dtype, files, writers, seconds) -> dict:
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "eslm_version": eslm.__version__, "id": uuid.uuid4().hex,
         "prepare_seconds": round(seconds, 3),
     }
-
-
-def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
-    """--out must be new, empty, or (with --force) a directory prepared by eslm that holds nothing else; never a
-    symbolic link (--force would empty the link's target) or a file."""
-    if out_dir.is_symlink():
-        raise link_refused(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ConfigError(f"expected --out to be a directory; found a file at {out_dir}; fix: choose another --out")
-    if not out_dir.exists() or not any(out_dir.iterdir()):
-        return
-    manifest = read_marker(out_dir / mf.MANIFEST_NAME, mf.FORMAT)
-    if manifest is None:
-        entries = foreign_entries(out_dir, lambda name: False)
-        raise ConfigError(f"expected --out to be a new, empty or eslm-prepared directory; found {out_dir} holds "
-                          f"files eslm did not write ({listing(entries)}) and no eslm manifest.json; fix: choose "
-                          "another --out (eslm never deletes what it did not make)")
-    if not overwrite:
-        raise ConfigError(f"expected a new --out directory; found {out_dir} already prepared; "
-                          "fix: pass --force to overwrite, or choose another --out")
-    ours = {mf.MANIFEST_NAME, *(f.get("path") for f in manifest.get("files", []))}
-    foreign = foreign_entries(out_dir, lambda name: name in ours)
-    if foreign:
-        raise ConfigError(f"expected --force to replace a prepared directory; found {out_dir} also holds files "
-                          f"eslm did not write ({listing(foreign)}); fix: move them away, or choose another --out")
 
 
 def default_data_root() -> Path:

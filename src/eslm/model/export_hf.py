@@ -13,8 +13,8 @@ from pathlib import Path
 from eslm import metrics as M
 from eslm.data.tokenizers import gpt2_bpe_files, tokenizer_class
 from eslm.errors import ConfigError
-from eslm.files import DIR_MARKER, foreign_entries, link_refused, listing, os_error_in, output_lock, swap_dir
-from eslm.model.hf import EXPORT_FORMAT, EXPORT_INFO_FILE, read_export_info, to_hf
+from eslm.files import DIR_MARKER, check_forced_out, os_error_in, output_lock, read_marker, swap_dir
+from eslm.model.hf import EXPORT_FORMAT, EXPORT_INFO_FILE, to_hf
 from eslm.model.loading import is_run_dir, load_model
 
 # ----------------------------------------------------------------------------------------- tokenizer
@@ -49,13 +49,6 @@ def _tokenizer_vocab(name: str | None) -> tuple[int | None, int | None]:
     except ConfigError:
         return None, None
     return tok.vocab_size, tok.eot_id
-
-
-# What an export writes (transformers' save_pretrained, the tokenizer files, our metadata): with --force an earlier
-# export is replaced only when it holds nothing else (exports of this version list their files in the metadata).
-EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", "pytorch_model.bin", "vocab.json",
-                "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                "added_tokens.json", "chat_template.jinja", EXPORT_INFO_FILE)
 
 
 def export(source: str | Path, out_dir: str | Path, keep_padded_vocab: bool = False,
@@ -96,28 +89,10 @@ def export(source: str | Path, out_dir: str | Path, keep_padded_vocab: bool = Fa
 
 def check_export_target(out: Path, force: bool) -> None:
     """A one-line ConfigError unless ``out`` is new, empty, or an earlier export that ``force`` may replace (not a
-    run directory, no other program's files)."""
-    if out.is_symlink():
-        raise link_refused(out)
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise ConfigError(f"expected --out to be a directory; found a file at {out}; fix: choose another --out")
-    if is_run_dir(out):
+    run directory, no other program's files: an export lists its files in its metadata)."""
+    if out.is_dir() and not out.is_symlink() and is_run_dir(out):
         raise ConfigError(f"--out {out} is a run directory: eslm eval / sample would no longer know which weights "
                           f"it means; fix: export next to it, e.g. --out {out.parent / (out.name + '-hf')}")
-    if not any(out.iterdir()):
-        return
-    previous = read_export_info(out) if (out / EXPORT_INFO_FILE).is_file() else {}
-    if not isinstance(previous, dict) or previous.get("format") != EXPORT_FORMAT:
-        raise ConfigError(f"expected --out to be a new or empty directory; found {out} holds files eslm did not "
-                          f"write ({listing(foreign_entries(out, lambda n: False))}); fix: choose another --out "
-                          "(eslm never overwrites another model's files)")
-    if not force:
-        raise ConfigError(f"expected a new --out directory; found an earlier eslm export in {out}; fix: pass "
-                          "--force to replace it, or choose another --out")
-    ours = set(previous.get("files") or EXPORT_FILES) | {EXPORT_INFO_FILE}
-    foreign = foreign_entries(out, lambda n: n in ours)
-    if foreign:
-        raise ConfigError(f"expected --force to replace an earlier export; found {out} also holds files eslm did "
-                          f"not write ({listing(foreign)}); fix: move them away, or choose another --out")
+    previous = read_marker(out / EXPORT_INFO_FILE, EXPORT_FORMAT)
+    check_forced_out(out, "an earlier eslm export", None if previous is None else
+                     {*previous.get("files", ()), EXPORT_INFO_FILE}, force)

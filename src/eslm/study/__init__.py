@@ -13,8 +13,16 @@ from pathlib import Path
 
 from eslm.analysis import report as analysis_report
 from eslm.analysis.report.output import check_report_dir
-from eslm.errors import ConfigError, ESLMError, OwnershipError
-from eslm.files import atomic_write, ensure_dir, foreign_entries, link_refused, listing, new_marker, read_marker
+from eslm.errors import ConfigError, ESLMError
+from eslm.files import (
+    atomic_write,
+    check_output_dir,
+    ensure_dir,
+    foreign_entries,
+    link_refused,
+    new_marker,
+    read_marker,
+)
 from eslm.lock import DirLock
 from eslm.study import shared
 from eslm.study.estimate import describe, describe_steps, estimate, steps_by_run
@@ -105,22 +113,11 @@ _STUDY_DIRS = ("plan", "logs", "report", "slurm", "models")
 def check_study_dir(study_dir: Path, run_dirs: Sequence[Path] = ()) -> None:
     """Refuse (one line) a study directory that is not new, empty (but for a start's lock) or marked by eslm, and a
     link at any directory eslm writes into (``_STUDY_DIRS``, ``run_dirs`` and the folders between)."""
-    if study_dir.is_symlink():
-        raise link_refused(study_dir)
-    if not study_dir.exists():
-        return
-    if not study_dir.is_dir():
-        raise OwnershipError(f"study directory {str(study_dir)!r} is a file; choose another --out")
+    check_output_dir(study_dir, "the study directory", lambda d: read_marker(d / STUDY_MARKER, STUDY_FORMAT) is not None
+                     or not foreign_entries(d, lambda name: name == "eslm.lock"), f"marked by eslm ({STUDY_MARKER})")
     for path in [study_dir / name for name in _STUDY_DIRS] + [p for d in run_dirs for p in _between(study_dir, d)]:
         if path.is_symlink():
             raise link_refused(path)
-    if read_marker(study_dir / STUDY_MARKER, STUDY_FORMAT) is not None:
-        return
-    foreign = foreign_entries(study_dir, lambda name: name == "eslm.lock")
-    if foreign:
-        raise OwnershipError(f"study directory {str(study_dir)!r} holds files eslm did not write ({listing(foreign)}) "
-                             f"and no {STUDY_MARKER}; eslm writes a study only into a new or empty directory: "
-                             "choose another --out")
 
 
 def _between(study_dir: Path, d: Path) -> list[Path]:

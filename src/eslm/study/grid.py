@@ -150,15 +150,6 @@ def grid(study: dict, seeds=None) -> list[tuple[str, str, list[str], int]]:
     return [(m, f"{name}-s{seed}", over, seed) for seed in seeds for m, name, over in points]
 
 
-def _by_message(failures: list[tuple[str, str]], total: int) -> list[str]:
-    """[(run name, problem)] -> one line per distinct problem, naming its runs ("every run" when all have it)."""
-    runs: dict[str, list[str]] = {}
-    for name, text in failures:
-        runs.setdefault(text, []).append(name)
-    return [f"{'every run' if len(names) == total > 1 else listing(names, show=str)}: {text}"
-            for text, names in runs.items()]
-
-
 def plan(study: dict, out: Path, seeds=None, overrides=()) -> list:
     """The resolved Config of every run of the study, checked before any run starts, every problem at once (each
     run's config, ``seeds``, two runs training the same thing, the report section's group names, the shared
@@ -170,7 +161,8 @@ def plan(study: dict, out: Path, seeds=None, overrides=()) -> list:
     base = flatten(study["config"] or {})
     budget = study.get("budget") or {}
     points = grid(study, seeds)
-    configs, failures = [], []
+    configs: list = []
+    failures: dict[str, list[str]] = {}  # {problem: [run names]}
     for method, name, over, seed in points:
         items = base + over + list(overrides) + [f"method.name={method}", f"run.seed={seed}",
                                                  f"run.out_dir={out / study['name']}", f"run.name={name}"]
@@ -178,8 +170,10 @@ def plan(study: dict, out: Path, seeds=None, overrides=()) -> list:
         try:
             configs.append(build_config(overrides=items))
         except ConfigError as e:
-            failures += [(name, problem) for problem in e.problems]
-    problems = _by_message(failures, len(points))
+            for problem in e.problems:
+                failures.setdefault(problem, []).append(name)
+    problems = [f"{'every run' if len(names) == len(points) > 1 else listing(names, show=str)}: {text}"
+                for text, names in failures.items()]  # one line per problem, naming its runs
     if not failures:
         if budget.get("steps_of"):
             configs = [_with_budget(c, budget) for c in configs]

@@ -135,9 +135,12 @@ class RunJob:
     def __call__(self) -> str:
         global _CHILD
         resume = (Path(self.run_dir) / "metrics.jsonl").is_file()
-        node, master, port = rendezvous() if self.nodes > 1 else (0, "", 0)
+        env = _import_submitit().JobEnvironment()  # job_id: "<array job>_<task>" for an array's task
+        # torchrun's static rendezvous: every node of a job computes the same host and port (20000-29999)
+        node, master, port = ((env.node, env.hostnames[0], 20000 + zlib.crc32(env.raw_job_id.encode()) % 10000)
+                              if self.nodes > 1 else (0, "", 0))
         cmd = self.command(resume, node, master, port)
-        job = _task_id()
+        job = env.job_id
         path = Path(self.log) if node == 0 else Path(self.log).with_suffix(f".node{node}.log")
         with open_nofollow(path, "a") as log:
             log.write(f"== {time.strftime('%Y-%m-%d %H:%M:%S')} SLURM job {job} on {socket.gethostname()}"
@@ -168,21 +171,6 @@ class RunJob:
         from submitit.helpers import DelayedSubmission
 
         return DelayedSubmission(self)
-
-
-def rendezvous() -> tuple[int, str, int]:
-    """(this node's index, the job's first host, a port) for torchrun's static rendezvous: every node of a job
-    computes the same host and port (20000-29999, from the job id)."""
-    env = _import_submitit().JobEnvironment()
-    job = os.environ.get("SLURM_JOB_ID", "0")
-    return env.node, env.hostnames[0], 20000 + zlib.crc32(job.encode()) % 10000
-
-
-def _task_id() -> str:
-    array = os.environ.get("SLURM_ARRAY_JOB_ID")
-    if array:
-        return f"{array}_{os.environ.get('SLURM_ARRAY_TASK_ID', '?')}"
-    return os.environ.get("SLURM_JOB_ID", "?")
 
 
 # ---------------------------------------------------------------- the scheduler's view
@@ -322,11 +310,6 @@ class SlurmLauncher:
         data = read_marker(study_dir / "slurm" / JOBS_FILE, JOBS_FORMAT)
         return data if data and isinstance(data.get("runs"), dict) else {"format": JOBS_FORMAT, "runs": {}}
 
-    def _jobs(self, study_dir: Path) -> dict[str, str]:
-        """{run name: job id} of this study's submissions (the latest per run)."""
-        runs = self._jobs_record(study_dir)["runs"]
-        return {k: v["job"] for k, v in runs.items() if isinstance(v, dict) and "job" in v}
-
     def _record(self, study_dir: Path, submitted: dict[str, str]) -> None:
         data = self._jobs_record(study_dir)
         now = time.strftime("%Y-%m-%dT%H:%M:%S")
@@ -336,7 +319,8 @@ class SlurmLauncher:
 
     def states(self, configs: Sequence, study_dir: Path) -> list[tuple[str, str | None, str | None, Outcome]]:
         """[(run name, job id, scheduler state, outcome)] for ``configs``."""
-        jobs = self._jobs(study_dir)
+        jobs = {k: v["job"] for k, v in self._jobs_record(study_dir)["runs"].items()  # the latest per run
+                if isinstance(v, dict) and "job" in v}
         names = [c.run.name for c in configs]
         states = scheduler_states([jobs[n] for n in names if n in jobs])
         out = []
@@ -410,18 +394,13 @@ class SlurmLauncher:
             tasks.append(RunJob(c.run.name, str(plan), str((Path(c.run.out_dir) / c.run.name).resolve()),
                                 str((study_dir / "logs" / f"{c.run.name}.log").resolve()), self.gpus_per_run,
                                 self.nodes))
+        # with several nodes: one task per node, each a torchrun of the run's processes on that node
         params = dict(job_name=f"eslm-{self.study}", time=self.time_min, cpus_per_task=self.cpus_per_run,
                       array_parallelism=self.parallel or len(tasks), signal_delay_s=SIGNAL_DELAY_S,
-                      stderr_to_stdout=True, additional_parameters=dict(self.sbatch))
-        if self.partition:
-            params["partition"] = self.partition
-        if self.gpus_per_run:
-            params["gpus_per_node"] = self.gpus_per_run
-        if self.nodes > 1:  # one task per node, each a torchrun of the run's processes on that node
-            params.update(nodes=self.nodes, ntasks_per_node=1)
-        if self.mem_gb:
-            params["mem"] = f"{int(self.mem_gb * 1024)}M"
-        ex.update_parameters(**params)
+                      stderr_to_stdout=True, additional_parameters=dict(self.sbatch), partition=self.partition,
+                      gpus_per_node=self.gpus_per_run, mem=self.mem_gb and f"{int(self.mem_gb * 1024)}M",
+                      **(dict(nodes=self.nodes, ntasks_per_node=1) if self.nodes > 1 else {}))
+        ex.update_parameters(**{k: v for k, v in params.items() if v})  # an unset option: SLURM's default
         try:
             with _time_limit(SCHEDULER_TIMEOUT_S), ex.batch():
                 jobs = [ex.submit(t) for t in tasks]

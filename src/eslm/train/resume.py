@@ -21,8 +21,7 @@ from eslm.files import (
     stale_temporaries,
 )
 from eslm.lock import DirLock
-from eslm.model.loading import step_of
-from eslm.model.snapshot_file import SNAPSHOT_DIR, SNAPSHOT_FILE
+from eslm.model.loading import SNAPSHOT_DIR, SNAPSHOT_FILE, step_of
 from eslm.tracking import open_trackers
 from eslm.train import checkpoint as ckpt
 from eslm.train.checkpoint import kept_steps, remove_stale_temporaries

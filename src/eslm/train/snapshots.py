@@ -1,5 +1,5 @@
 """Writing model-only snapshots for evaluation (``checkpoint.snapshot_interval`` / ``snapshot_keep``; the format
-and its reader: ``eslm.model.snapshot_file``)."""
+and its reader: ``eslm.model.loading``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from eslm import metrics as M
 from eslm.errors import CheckpointError
 from eslm.files import atomic_write, ensure_dir, os_error_in
-from eslm.model.snapshot_file import (
+from eslm.model.loading import (
     SNAPSHOT_DIR,
     SNAPSHOT_FORMAT,
     list_snapshots,

@@ -12,7 +12,7 @@ import torch
 
 from eslm import metrics as M
 from eslm.config import Config, method_context
-from eslm.data.prefetch import StepBatches
+from eslm.data.loader import StepBatches
 from eslm.eval import val_loss as validation
 from eslm.files import atomic_write
 from eslm.flops import FlopsCounter, FlopsModel

@@ -206,12 +206,8 @@ def panels(path: Path, panel_series: dict[str, list[dict]], colors: dict, *, xla
 
 
 def target_bars(path: Path, bars: list[dict], colors: dict, *, ylabel: str, title: str) -> None:
-    """One bar per group: ``{"label", "mean", "lo", "hi", "reached", "n"}``.
-
-    The bar is the mean over the seeds that reached the target, the whisker their min..max. A group with no
-    seed reaching it gets no bar and the words "not reached" (never a zero bar); a group where only some
-    seeds reached it is hatched and annotated "k/n reached".
-    """
+    """One bar per group: ``{"label", "mean", "lo", "hi", "reached", "n"}``; the whisker is min..max, and a
+    target not (or partly) reached is drawn as docs/report.md says (never a zero bar)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(bars) + 2), 4.5))
     top = max([b["hi"] for b in bars if b["reached"]] or [1.0])

@@ -3,14 +3,8 @@
     loss, stats = selective_loss(targets, logits=logits, score="entropy", alpha=0.1)
 
 The rule is the paper's VaR selection (``eslm.selection.risk``): of the N scored tokens keep the
-K = N - floor(alpha * N) with the highest risk score; ``selective_loss`` documents every option.
-
-No shifting happens inside: ``targets[i]`` must be the token that ``logits[i]`` / ``hidden[i]`` predicts
-(``shift_for_causal_lm`` aligns Hugging Face style labels).
-
-With ``group=None`` everything stays on the device: the top-k has the static size
-K_max = num_kept(rows, alpha), K is a 0-dim tensor, and nothing reads a tensor on the host, so the call traces
-into one ``torch.compile`` graph.
+K = N - floor(alpha * N) with the highest risk score; ``selective_loss`` documents every option. With
+``group=None`` nothing reads a tensor on the host (static K_max, K a 0-dim tensor): one ``torch.compile`` graph.
 """
 
 from __future__ import annotations

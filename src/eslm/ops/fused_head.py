@@ -1,11 +1,9 @@
 """Chunked LM-head losses: per-token loss and entropy without full logits; head gradients only for kept rows.
 
 Shapes: hidden (N, C), weight (V, C) (the tied LM head), targets (N,) int64, index (K,) int64 kept rows.
-``head_pass`` forms each chunk's (chunk, V) fp32 logits once (and, ``with_grads``, the chunk's gradients);
-``fused_ce_sum`` returns sum_{i in kept} loss_i with its gradient by the route its pass was made for
-(``route_pass``); ``fused_selected_ce`` keeps a per-token output (K,) for callers that weight tokens individually.
-The routes, their costs, the entropy from h . (p W), and why the gradients are formed in the forward:
-docs/fused_loss.md. K is a Python int fixed by the selection; nothing here synchronises with the device.
+``head_pass`` forms each chunk's (chunk, V) fp32 logits once. The routes, their costs, the entropy from h . (p W),
+and why the gradients are formed in the forward: docs/fused_loss.md. K is a Python int fixed by the selection;
+nothing here synchronises with the device.
 """
 
 from __future__ import annotations

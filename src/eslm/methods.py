@@ -123,8 +123,7 @@ ROLES = ("baseline", "control", "method")  # MethodSpec.role
 class Need:
     """What a method needs beyond the training stream. ``kind``: reference | teacher | held_out; ``words``: how an
     error names it; ``key``: the config key that supplies it (a frozen model's RUN_DIR|CHECKPOINT, required), or
-    "" when the trainer supplies it (held-out data: the training split's held-out tail, which the run's training
-    stream leaves out, ``BuildContext.val_loader_factory``; never the validation split the run is evaluated on)."""
+    "" when the trainer supplies it (held-out data: ``BuildContext.val_loader_factory``, docs/data.md)."""
 
     kind: str
     words: str

@@ -124,8 +124,7 @@ def holm(pvalues: list) -> list:
     """Holm's step-down adjusted p-values, in the input order (None entries stay None, outside the family).
 
     With the m p-values sorted ascending, p_(1) <= ... <= p_(m): adj_(i) = max over j <= i of
-    min(1, (m - j + 1) p_(j)). Rejecting where adj < 5% keeps the chance of any false rejection in the family
-    at most 5%, whatever the dependence between the comparisons."""
+    min(1, (m - j + 1) p_(j))."""
     idx = [i for i, p in enumerate(pvalues) if p is not None]
     order = sorted(idx, key=lambda i: pvalues[i])
     m = len(order)

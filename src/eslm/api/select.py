@@ -116,9 +116,8 @@ def by_sequence(scores: torch.Tensor, valid: torch.Tensor, alpha: float | torch.
 
 def across_ranks(scores: torch.Tensor, valid: torch.Tensor, alpha: float | torch.Tensor, group: ProcessGroup,
                  bound: float) -> Kept:
-    """One VaR threshold over the tokens of every rank of ``group``: the scores and masks of all ranks are
-    gathered (one all_gather each), every rank ranks the same W*N scores the same way, and keeps its share of
-    the global top K = num_kept(N_group, alpha). Every rank must pass the same number of rows."""
+    """One VaR threshold over the tokens of every rank of ``group``: each rank keeps its share of the global top
+    K = num_kept(N_group, alpha). Every rank must pass the same number of rows."""
     import torch.distributed as dist
 
     world, rank = dist.get_world_size(group), dist.get_rank(group)

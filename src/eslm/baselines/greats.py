@@ -423,8 +423,7 @@ class GreatsRows(AllRows):
 
     def __init__(self, g: GreatsSection, *, alpha: float, micro_batch_size_seqs: int, seed: int,
                  val_loader_factory, model_config, device):
-        """GREATS as a run configures it (``g``: method.greats.*); ``val_loader_factory``: rows -> ``TrainLoader``
-        of validation windows."""
+        """GREATS as a run configures it (``g``: method.greats.*; ``val_loader_factory`` as ``BuildContext``'s)."""
         B, self.budget = micro_batch_size_seqs, 1.0 - alpha  # GREATS keeps 1 - alpha of the rows
         self.pool, self.route, self.memory_cap_mb, self.exclude_head = g.pool, g.route, g.memory_cap_mb, g.exclude_head
         self.device, self.layer_shapes = device, scored_layer_shapes(model_config, g.exclude_head)
@@ -490,9 +489,8 @@ class GreatsRows(AllRows):
 
 
 def candidate_loader(val_loader: TrainLoader, rows: int, seed: int) -> TrainLoader:
-    """GREATS pool mode's extra candidates: an independent stream of TRAINING windows (the training split without
-    its held-out tail, as the run's training loader) with the validation stream's dataset, mixture (the training
-    mixture), seq_len and rank (both are ``TrainLoader``s)."""
+    """GREATS pool mode's extra candidates: an independent stream of TRAINING windows (without the held-out tail)
+    with the validation stream's dataset, mixture (the training mixture), seq_len and rank."""
     v = val_loader
     return TrainLoader(v.dataset, seq_len=v.seq_len, micro_batch_size_seqs=rows, weights=v.weights,
                        seed=seeds.greats_candidates(seed), rank=v.rank, world_size=v.world_size, split="train",

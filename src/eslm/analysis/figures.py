@@ -1,8 +1,7 @@
 """Matplotlib figures for ``eslm report`` (PNG files, Agg backend; matplotlib imported only here, lazily).
 
-Each function takes already-aggregated numbers and writes one PNG. A "series" is a dict ``{"label", "x", "mean",
-"lo", "hi", "n"}``: a mean curve and its band (drawn when n > 1), optionally ``ls`` (line style) and ``color``
-(the group whose colour it takes, else its label's). ``colors`` maps group labels to colours.
+A "series" is a dict ``{"label", "x", "mean", "lo", "hi", "n"}``: a mean curve and its band (drawn when n > 1),
+optionally ``ls`` (line style) and ``color`` (the group whose colour it takes, else its label's).
 """
 
 from __future__ import annotations

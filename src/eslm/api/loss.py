@@ -315,10 +315,8 @@ def selective_loss(targets: torch.Tensor, *, logits: torch.Tensor | Sequence[tor
                model's own per-token loss and entropy) and returning one; e.g. Rho-1's excess loss
                ``scores=lambda own: own.loss - reference_loss``. Detached, never differentiated.
     alpha:     fraction of the scored tokens dropped, in [0, 1); alpha = 0 is plain CE. A Python float, or a
-               0-dim tensor: a tensor (or a float that torch.compile made dynamic because it changes between
-               calls, as Ada's does) enters only tensor arithmetic, so a new value needs no recompile; the CE is
-               then computed for num_kept(N, alpha_min) rows (every row with the default alpha_min=0; pass
-               Ada's alpha_min to compute fewer).
+               0-dim tensor (a new value needs no recompile: docs/dropin.md); the CE is then computed for
+               num_kept(N, alpha_min) rows (every row with the default alpha_min=0; pass Ada's to compute fewer).
     scope:     "batch" (the VaR over this call's tokens) or "sequence" (per sequence: per row of (B, T) targets,
                or per packed sequence with ``position_ids`` (B, T), a new sequence wherever it is 0).
     group:     a torch.distributed process group: one VaR threshold over the tokens of all its ranks (each rank

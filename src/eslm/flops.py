@@ -1,9 +1,7 @@
 """FLOPs accounting: the PaLM estimate, the paper's convention, and what was actually executed (docs/flops.md
 derives every formula here and checks them against ``torch.utils.flop_counter``).
 
-Pure arithmetic on Python numbers (no torch, no model instantiation); one multiply-add counts as 2 FLOPs. Three
-counters (``step_flops``): ``dense`` (plain CLM on the same tokens), ``paper`` (forward on all tokens, backward
-scaled by the kept fraction, declared extra forwards) and ``executed`` (what really ran).
+Pure arithmetic on Python numbers (no torch, no model instantiation); one multiply-add counts as 2 FLOPs.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """FLOPs accounting: the PaLM estimate, the paper's convention, and what was actually executed (docs/flops.md
 derives every formula here and checks them against ``torch.utils.flop_counter``).
 
-Pure arithmetic on Python numbers (no torch, no model instantiation); one multiply-add counts as 2 FLOPs. Three
-counters (``step_flops``): ``dense`` (plain CLM on the same tokens), ``paper`` (forward on all tokens, backward
-scaled by the kept fraction, declared extra forwards) and ``executed`` (what really ran).
+Pure arithmetic on Python numbers (no torch, no model instantiation); one multiply-add counts as 2 FLOPs.
 """
 
 from __future__ import annotations
@@ -177,10 +175,8 @@ class FlopsCounter:
     """Cumulative ``flops_paper``, ``flops_executed``, ``flops_dense`` over a run.
 
     count_per="global": every micro-batch of every rank (the FLOPs the cluster spent).
-    count_per="micro":  one micro-batch of one rank per optimizer step. This is what the paper's absolute
-                        budgets appear to use: 3E17 FLOPs at 124M is ~28.5k steps of 12 x 1024 tokens, in line
-                        with its 40k-step reference checkpoints, whereas counted globally (x 40 accumulation
-                        steps) 3E17 would be only ~714 optimizer steps (docs/flops.md).
+    count_per="micro":  one micro-batch of one rank per optimizer step, what the paper's absolute budgets appear
+                        to use (docs/flops.md, "Counting per micro-batch or per global batch").
     """
 
     def __init__(self, count_per: str):
@@ -235,13 +231,7 @@ def micro_steps_for_budget(fm: FlopsModel, budget_flops: float, micro_batch_toke
 
 def savings_table() -> list[dict]:
     """Per-token FLOPs / dense for the paper's sizes (T = 1024, V = 50304) and alphas, keep = 1 - alpha (rows of
-    plain floats).
-
-    paper:           (1 + 2 keep) / 3
-    masked:          a masked loss over full logits (head backward for every row): executed = dense
-    fused_cached:    head backward only for kept rows, logits cached from the scoring pass
-    fused_recompute: as fused_cached, plus recomputing the kept rows' logits in the backward
-    """
+    plain floats); its columns: docs/flops.md, "Savings table"."""
     rows = []
     for name in ("gpt2-124m", "gpt2-350m", "gpt2-774m"):
         fm = FlopsModel.from_config(preset(name, vocab_size=50304), 1024)

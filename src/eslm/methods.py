@@ -1,15 +1,9 @@
 """The method registry: the ONLY place that maps method names to components, and the one source of what a
 method is.
 
-A method = row selector (which rows train) + token selector (which tokens count) + objective (per-token
-loss) + optional controllers (e.g. Ada-ESLM's alpha controller); their contracts are ``eslm.contracts``. The
-training step only ever sees these components; it never branches on a name.
-
-Each registry line (``MethodSpec``) also says what the method is to the rest of the package: its ``role`` (the
-baseline every method is compared with, a control, or a method), the ``control`` it must beat at the same alpha,
-and what it ``needs`` beyond the training stream (a frozen reference or teacher model, held-out data). The report,
-the study and the tests read these fields (``baseline``, ``role_of``, ``control_of``) instead of method names.
-Adding a method is its module (components and config section) and one ``MethodSpec`` line here.
+A method = row selector + token selector + objective + optional controllers (``eslm.contracts``); the step never
+branches on a name. Each line (``MethodSpec``) also gives its ``role``, ``control`` and ``needs``, which the
+report, the study and the tests read instead of method names. Adding a method: docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -55,13 +49,8 @@ class SharedMethodSettings:
 class BuildContext:
     """What a method's components may need at construction time: the run's settings as plain values
     (``eslm.config.method_context`` makes one from a ``Config``; the registry sits below the config and does not
-    know it) and what the trainer built.
-
-    method: the shared ``method.*`` settings; ``section(cls)``: the method's own config section of class ``cls``
-    (``method.<cls.key>.*``), typed; loss_*: the cross-entropy's ``train.loss_*`` settings; seq_len
-    (``data.seq_len``), micro_batch_size_seqs (``train.``), seed (``run.seed``); model_config: the trained model's;
-    val_loader_factory: rows -> ``TrainLoader`` of held-out windows (GREATS; its pool mode also builds its
-    stream of extra training candidates from this loader's dataset, mixture, seq_len and rank)."""
+    know it) and what the trainer built. ``section(cls)``: the method's own config section of class ``cls``
+    (``method.<cls.key>.*``), typed; val_loader_factory: rows -> ``TrainLoader`` of held-out windows."""
 
     method: SharedMethodSettings
     sections: dict[str, Section]
@@ -134,8 +123,7 @@ ROLES = ("baseline", "control", "method")  # MethodSpec.role
 class Need:
     """What a method needs beyond the training stream. ``kind``: reference | teacher | held_out; ``words``: how an
     error names it; ``key``: the config key that supplies it (a frozen model's RUN_DIR|CHECKPOINT, required), or
-    "" when the trainer supplies it (held-out data: the training split's held-out tail, which the run's training
-    stream leaves out, ``BuildContext.val_loader_factory``; never the validation split the run is evaluated on)."""
+    "" when the trainer supplies it (held-out data: ``BuildContext.val_loader_factory``, docs/data.md)."""
 
     kind: str
     words: str
@@ -149,10 +137,8 @@ HELD_OUT = Need("held_out", "held-out data (a held-out tail of the training spli
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """One registry line: a method's name, help, builder, its role and needs, the checks that span sections
-    (``validate``) and its own config sections (``settings``: ``eslm.settings.Section`` classes, each at
-    ``method.<its key>.*``; the config's ``method`` tree is assembled from the registered ones, so a new method
-    with settings edits its own module and its line here).
+    """One registry line. ``validate``: the checks that span sections; ``settings``: its own config sections
+    (``eslm.settings.Section`` classes, each at ``method.<its key>.*``).
 
     role: "baseline" (the one every method is compared with; one line has it), "control" (a reference point that
           selects without a score, e.g. random drop) or "method".

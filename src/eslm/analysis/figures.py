@@ -1,8 +1,7 @@
 """Matplotlib figures for ``eslm report`` (PNG files, Agg backend; matplotlib imported only here, lazily).
 
-Each function takes already-aggregated numbers and writes one PNG. A "series" is a dict ``{"label", "x", "mean",
-"lo", "hi", "n"}``: a mean curve and its band (drawn when n > 1), optionally ``ls`` (line style) and ``color``
-(the group whose colour it takes, else its label's). ``colors`` maps group labels to colours.
+A "series" is a dict ``{"label", "x", "mean", "lo", "hi", "n"}``: a mean curve and its band (drawn when n > 1),
+optionally ``ls`` (line style) and ``color`` (the group whose colour it takes, else its label's).
 """
 
 from __future__ import annotations
@@ -206,12 +205,8 @@ def panels(path: Path, panel_series: dict[str, list[dict]], colors: dict, *, xla
 
 
 def target_bars(path: Path, bars: list[dict], colors: dict, *, ylabel: str, title: str) -> None:
-    """One bar per group: ``{"label", "mean", "lo", "hi", "reached", "n"}``.
-
-    The bar is the mean over the seeds that reached the target, the whisker their min..max. A group with no
-    seed reaching it gets no bar and the words "not reached" (never a zero bar); a group where only some
-    seeds reached it is hatched and annotated "k/n reached".
-    """
+    """One bar per group: ``{"label", "mean", "lo", "hi", "reached", "n"}``; the whisker is min..max, and a
+    target not (or partly) reached is drawn as docs/report.md says (never a zero bar)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(bars) + 2), 4.5))
     top = max([b["hi"] for b in bars if b["reached"]] or [1.0])

@@ -47,10 +47,9 @@ def paired(x: dict, y: dict, *, relative: bool = False, level: float = LEVEL) ->
     present in one map only, or with a missing value), ``p`` (the two-sided paired t test of a zero mean) and
     ``mde`` (the smallest true mean difference that test detects with 80% power, from the observed spread).
 
-    relative=True (costs, positive values): the geometric mean of the per-seed ratios x / y, as x / y - 1: the
-    t interval, p and mde are those of log(x / y) (in ``log``) carried back by exp(.) - 1, so a cost twice as
-    high and one half as high cancel; ``per_seed`` holds x / y - 1, and ``arithmetic`` the plain mean of those
-    with its interval, shown beside it."""
+    relative=True (costs, positive values): the geometric mean of the per-seed ratios x / y, as x / y - 1
+    (docs/report.md); the t interval, p and mde of log(x / y) are in ``log``; ``per_seed`` holds x / y - 1, and
+    ``arithmetic`` the plain mean of those with its interval."""
     def ok(v):
         return v is not None and math.isfinite(float(v)) and (not relative or float(v) > 0.0)
 
@@ -125,8 +124,7 @@ def holm(pvalues: list) -> list:
     """Holm's step-down adjusted p-values, in the input order (None entries stay None, outside the family).
 
     With the m p-values sorted ascending, p_(1) <= ... <= p_(m): adj_(i) = max over j <= i of
-    min(1, (m - j + 1) p_(j)). Rejecting where adj < 5% keeps the chance of any false rejection in the family
-    at most 5%, whatever the dependence between the comparisons."""
+    min(1, (m - j + 1) p_(j))."""
     idx = [i for i, p in enumerate(pvalues) if p is not None]
     order = sorted(idx, key=lambda i: pvalues[i])
     m = len(order)
@@ -154,9 +152,8 @@ def censor(values: dict, budgets: dict) -> tuple[dict, list]:
     """To-target costs with the runs that never reached the target censored at their budget.
 
     ``values``: {seed: cost, or None when the run never reached the target}; ``budgets``: {seed: the run's cost
-    at its last evaluation}. Returns ({seed: cost or budget}, [censored seeds]). A censored value is a lower
-    bound on what the run would need, so a group's censored mean understates its cost. A seed with neither a
-    cost nor a budget is left out (None)."""
+    at its last evaluation}. Returns ({seed: cost or budget}, [censored seeds]); a seed with neither a cost nor a
+    budget is left out."""
     censored = [s for s, v in values.items() if not finite([v]) and finite([budgets.get(s)])]
     return {s: float(budgets[s]) if s in censored else next(iter(finite([v])), None)
             for s, v in values.items()}, censored

@@ -8,9 +8,7 @@ small public class.
         ...; optimizer.step()
         ada.step()                         # after every optimizer step: alpha moves every ``interval`` steps
 
-Under torch.compile pass ``alpha=ada.alpha_tensor`` (a 0-dim tensor: one graph for every alpha).
-``state_dict`` / ``load_state_dict`` carry alpha, the history and the step count as plain Python numbers, so a
-resumed run continues bit for bit.
+Under torch.compile pass ``alpha=ada.alpha_tensor``; see docs/dropin.md, "torch.compile and autocast".
 """
 
 from __future__ import annotations

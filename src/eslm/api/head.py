@@ -4,11 +4,9 @@
     z = logit_scale * z                     (Cohere: config.logit_scale; Granite: 1 / config.logits_scaling)
     z = softcap * tanh(z / softcap)         (Gemma 2/3: config.final_logit_softcapping)
 
-applied in this order, as those models do. The full logits are never built: the scoring pass runs chunk by
-chunk without gradients, and the kept rows' cross-entropy is computed in chunks, each under activation
-checkpointing, so the backward recomputes one (chunk, V) block at a time. Cost at the head: 1u for the
-scores plus 4ku for the kept rows (u one N x C x V matmul, k the kept fraction), against 3u for plain
-training with full logits; memory: one (chunk, V) fp32 block, not the (N, V) logits.
+applied in this order, as those models do. Chunked, with activation checkpointing (docs/dropin.md). Cost at
+the head: 1u for the scores plus 4ku for the kept rows (u one N x C x V matmul, k the kept fraction), against
+3u for plain training with full logits; memory: one (chunk, V) fp32 block, not the (N, V) logits.
 """
 
 from __future__ import annotations

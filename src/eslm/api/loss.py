@@ -3,14 +3,8 @@
     loss, stats = selective_loss(targets, logits=logits, score="entropy", alpha=0.1)
 
 The rule is the paper's VaR selection (``eslm.selection.risk``): of the N scored tokens keep the
-K = N - floor(alpha * N) with the highest risk score; ``selective_loss`` documents every option.
-
-No shifting happens inside: ``targets[i]`` must be the token that ``logits[i]`` / ``hidden[i]`` predicts
-(``shift_for_causal_lm`` aligns Hugging Face style labels).
-
-With ``group=None`` everything stays on the device: the top-k has the static size
-K_max = num_kept(rows, alpha), K is a 0-dim tensor, and nothing reads a tensor on the host, so the call traces
-into one ``torch.compile`` graph.
+K = N - floor(alpha * N) with the highest risk score; ``selective_loss`` documents every option. With
+``group=None`` nothing reads a tensor on the host (static K_max, K a 0-dim tensor): one ``torch.compile`` graph.
 """
 
 from __future__ import annotations
@@ -321,10 +315,8 @@ def selective_loss(targets: torch.Tensor, *, logits: torch.Tensor | Sequence[tor
                model's own per-token loss and entropy) and returning one; e.g. Rho-1's excess loss
                ``scores=lambda own: own.loss - reference_loss``. Detached, never differentiated.
     alpha:     fraction of the scored tokens dropped, in [0, 1); alpha = 0 is plain CE. A Python float, or a
-               0-dim tensor: a tensor (or a float that torch.compile made dynamic because it changes between
-               calls, as Ada's does) enters only tensor arithmetic, so a new value needs no recompile; the CE is
-               then computed for num_kept(N, alpha_min) rows (every row with the default alpha_min=0; pass
-               Ada's alpha_min to compute fewer).
+               0-dim tensor (a new value needs no recompile: docs/dropin.md); the CE is then computed for
+               num_kept(N, alpha_min) rows (every row with the default alpha_min=0; pass Ada's to compute fewer).
     scope:     "batch" (the VaR over this call's tokens) or "sequence" (per sequence: per row of (B, T) targets,
                or per packed sequence with ``position_ids`` (B, T), a new sequence wherever it is 0).
     group:     a torch.distributed process group: one VaR threshold over the tokens of all its ranks (each rank

@@ -4,12 +4,8 @@
     model = DDP(model)                                    # or torch.compile(model), FSDP, nothing
     loss, stats = model(X, eslm_targets=Y)                # the model's own forward, its head's input captured
 
-It changes two forwards of the unwrapped model, so the wrapper's own ``__call__`` runs as usual: with
-``eslm_targets=`` (or HF's unshifted ``eslm_labels=``) the head's forward computes ``selective_loss`` from the
-hidden states it receives and its own weight and bias, and ends the model's forward there; without them both
-forwards are the model's own. A Hugging Face model gets ``patch_causal_lm``'s head checks (its config's logit
-transform, its own logits compared with eslm's; router logits refused). docs/dropin.md ("Any model, through DDP
-and torch.compile") gives the whole contract; ``handle.remove()`` restores both forwards.
+It changes two forwards of the unwrapped model, so the wrapper's own ``__call__`` runs as usual. docs/dropin.md
+("Any model, through DDP and torch.compile") gives the whole contract; ``handle.remove()`` restores both forwards.
 """
 
 from __future__ import annotations

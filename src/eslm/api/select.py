@@ -1,10 +1,8 @@
 """Which tokens one drop-in call keeps: the VaR rule (``eslm.selection.risk``) over the whole call (scope
 "batch"), within each sequence (scope "sequence"), or over the tokens of every rank of a process group (``group``).
 
-Every function returns a ``Kept`` of static shapes (no host sync, except ``across_ranks``' size check): the rows
-``index`` (K_max,) whose cross-entropy is computed, ``keep`` (K_max,) which of them count, and the counts K and
-N as 0-dim int64 tensors. Scores are detached fp32 (N,); ``valid`` (N,) marks the scored tokens
-(target != ignore_index): the others are never kept and never counted.
+Every function returns a ``Kept`` of static shapes (no host sync, except ``across_ranks``' size check). Scores
+are detached fp32 (N,); ``valid`` (N,) marks the scored tokens: the others are never kept and never counted.
 """
 
 from __future__ import annotations
@@ -42,12 +40,9 @@ class Kept:
 
 
 def check_alpha(alpha: float | torch.Tensor, alpha_min: float = 0.0) -> tuple[float | torch.Tensor, float]:
-    """(alpha, bound). In eager code a Python float is checked and bounds itself: the static
-    K_max = num_kept(rows, alpha). A 0-dim tensor, or any float while torch.compile traces (a float argument
-    that changes between calls becomes symbolic there, as Ada's alpha does), becomes a float64 tensor used only
-    in tensor arithmetic, so a new value needs no recompile; the static K_max is then num_kept(rows, alpha_min)
-    (every row by default), the most any alpha >= alpha_min keeps. An alpha below alpha_min is refused (in a
-    compiled graph by an assert on the device)."""
+    """(alpha, bound). In eager code a Python float bounds itself (static K_max = num_kept(rows, alpha)); a 0-dim
+    tensor, or a float while torch.compile traces, becomes a float64 tensor and K_max is num_kept(rows,
+    alpha_min) (docs/dropin.md). An alpha below alpha_min is refused (in a compiled graph by a device assert)."""
     compiling = torch.compiler.is_compiling()
     if not isinstance(alpha, torch.Tensor) and not compiling:
         alpha = risk.check_alpha(alpha)
@@ -121,9 +116,8 @@ def by_sequence(scores: torch.Tensor, valid: torch.Tensor, alpha: float | torch.
 
 def across_ranks(scores: torch.Tensor, valid: torch.Tensor, alpha: float | torch.Tensor, group: ProcessGroup,
                  bound: float) -> Kept:
-    """One VaR threshold over the tokens of every rank of ``group``: the scores and masks of all ranks are
-    gathered (one all_gather each), every rank ranks the same W*N scores the same way, and keeps its share of
-    the global top K = num_kept(N_group, alpha). Every rank must pass the same number of rows."""
+    """One VaR threshold over the tokens of every rank of ``group``: each rank keeps its share of the global top
+    K = num_kept(N_group, alpha). Every rank must pass the same number of rows."""
     import torch.distributed as dist
 
     world, rank = dist.get_world_size(group), dist.get_rank(group)

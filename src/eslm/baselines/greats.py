@@ -25,11 +25,8 @@ gradient is G_i = d_i^T a_i (out, in) and
 
     <G_i, G_v> = sum_t sum_s (a_i,t . a_v,s) (d_i,t . d_v,s)          (the "ghost" inner product)
 
-(+1 inside the first factor for a bias). Per layer the inner products are computed from the two T x T Gram
-matrices per pair (ghost) or from materialised per-sample gradients: the same numbers up to floating-point
-reassociation, at different cost (``layer_flops``, ``layer_memory_bytes``; ``layer_route`` picks the form by
-``method.greats.route``). The cost model, the budget's two readings (``method.greats.pool``) and why the tied LM
-head is left out (``exclude_head``): docs/flops.md, "GREATS' cost per step".
+(+1 inside the first factor for a bias), or from materialised per-sample gradients: the same numbers up to
+reassociation (``layer_route``). Cost model, ``method.greats.pool`` and ``exclude_head``: docs/flops.md.
 
 The model's parameter ``.grad`` is never touched (``torch.autograd.grad`` to a Linear output), and each layer's
 inner products are computed inside the backward as soon as its output gradient arrives, which is then dropped:
@@ -161,10 +158,7 @@ def layer_route(T: int, n_in: int, n_out: int, has_bias: bool = False, route: st
                 n_rows: int = 1, memory_cap_mb: float = DEFAULT_MEMORY_CAP_MB) -> str:
     """'ghost' or 'materialised' for one layer scoring n_x rows against n_rows rows.
 
-    route "flops": the cheaper by ``layer_flops``; "memory": ghost iff 2 T^2 < out * (in + bias);
-    "ghost": ghost; "materialised": materialised. Every route but "ghost" falls back to the ghost form when
-    the per-sample gradients (``layer_memory_bytes``) would exceed ``memory_cap_mb`` MiB (``route`` is
-    validated with the config, ``GreatsSection``).
+    The rules of ``method.greats.route`` and the ``memory_cap_mb`` fallback: docs/flops.md.
     """
     if route == "ghost" or layer_memory_bytes(n_in, n_out, has_bias, n_rows) > memory_cap_mb * _MB:
         return GHOST
@@ -225,8 +219,7 @@ def greats_objective(subset: Sequence[int], u: torch.Tensor, K: torch.Tensor, et
 def greedy_select(u: torch.Tensor, K: torch.Tensor, k: int, eta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy maximisation of ``greats_objective``: (pick order (k,) int64, marginal gains (k,) float64).
 
-    u (B,) alignments, K (B, B) symmetric train Gram. The running gain of every row is updated by
-    -eta^2 K[:, j] after row j is picked, so each step is O(B).
+    u (B,) alignments, K (B, B) symmetric train Gram; each pick is O(B).
     """
     B = u.shape[0]
     if not 1 <= k <= B:
@@ -256,8 +249,7 @@ def greats_select(model: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor
 
     val_x, val_y (Bv, T): the validation batch; lr: the current learning rate eta; route, memory_cap_mb: each
     layer's form (``layer_route``: the selection is the same for every route up to floating-point reassociation).
-    One forward and one activation-gradient backward on the concatenated (B + Bv, T) batch give the (B, B + Bv)
-    inner products summed over layers. Returns (kept row indices (k,) int64, ascending; info) with info =
+    Returns (kept row indices (k,) int64, ascending; info) with info =
       "val_scores" (B,) fp32 u_i = <g_i, gbar_val>; "gram" (B, B) fp32 K; "pick_order" (k,);
       "objective" F(S); "layer_modes" {name: ghost|materialised|unused}; "row_loss" (B,), "val_row_loss" (Bv,)
       per-row mean CE.
@@ -295,13 +287,8 @@ def greats_select(model: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor
 def greats_pool_size(B: int, budget: float, mode: str = "floor") -> tuple[int, int]:
     """(candidate rows scored, rows kept) for a micro-batch of B rows and a selection budget in (0, 1].
 
-    "floor" (default, docs/flops.md): score the B rows, keep floor(budget * B) (at least 1). Paper: B = 12,
-        budget 0.9 -> keep 10. It trains on fewer rows than CLM from the same data stream, as ESLM trains on
-        fewer tokens, which is how the paper aligns GREATS' budget with ESLM's alpha; the loader is unchanged.
-    "pool": score ceil(B / budget), keep B: every update has CLM's row count, but ceil(B / budget) - B extra
-        rows are drawn per micro-batch (by ``GreatsRows`` below, from its own candidate stream) and the
-        data is consumed faster (12 / 0.9 -> 14 candidates).
-    The budget (1 - method.alpha) and the mode (method.greats.pool) are validated with the config.
+    "floor" (default): score the B rows, keep floor(budget * B) (at least 1). "pool": score ceil(B / budget), keep
+    B. Both readings and why floor is the default: docs/flops.md, "GREATS' budget".
     """
     # budget * B in floating point: 0.9 * 10 = 9.000000000000002 must floor to 9, 0.7 * 10 = 6.999999999999999 to 7
     if mode == "pool":
@@ -329,11 +316,8 @@ def layer_routes(layer_shapes: Sequence[tuple[int, int, bool]], B: int, Bv: int,
 def greats_extra_flops(forward_per_token: float, backward_per_token: float,
                        layer_shapes: Sequence[tuple[int, int, bool]], B: int, Bv: int, T: int, *,
                        routes: Sequence[str]) -> float:
-    """FLOPs GREATS spends per micro-batch beyond the update pass on the kept rows: the scoring forward of the
-    B + Bv rows, their activation-gradient backward (no weight gradients: half a backward) and the inner
-    products of B candidate rows against B + Bv rows by ``layer_flops``, each layer in the form it took
-    (``routes``: ``greats_select``'s info["layer_modes"], or ``layer_routes``; "unused", a layer the loss does not
-    reach, costs nothing). The greedy itself (O(k B)) is negligible and not counted."""
+    """FLOPs GREATS spends per micro-batch beyond the update pass on the kept rows (docs/flops.md), each layer
+    in the form it took (``routes``: ``greats_select``'s info["layer_modes"], or ``layer_routes``)."""
     if len(routes) != len(layer_shapes):
         raise ValueError(f"expected one route per scored layer ({len(layer_shapes)}), found {len(routes)}")
     inner = 0.0
@@ -428,9 +412,7 @@ class GreatsRows(AllRows):
     """GREATS: per micro-batch, score every candidate row by its gradient's alignment with a fresh validation
     batch and keep the greedy best rows for the update pass.
 
-    The validation batches are held-out TRAINING data (``val_loader``: the trainer's, from each domain's last
-    5% of training tokens, ``eslm.data.loader.held_out_start``), never the validation split the run is
-    evaluated on; a GREATS run's training stream and pool mode's candidates leave that tail out.
+    The validation batches are held-out TRAINING data (docs/data.md), never the split the run is evaluated on.
 
     ``pool`` mode (``greats_pool_size``) draws its extra candidates from ``candidate_loader``, an independent
     stream of training windows (the sampler draws every window independently and uniformly, so the pool has
@@ -441,9 +423,7 @@ class GreatsRows(AllRows):
 
     def __init__(self, g: GreatsSection, *, alpha: float, micro_batch_size_seqs: int, seed: int,
                  val_loader_factory, model_config, device):
-        """GREATS as a run configures it (``g``: method.greats.*): its validation stream of ``greats_val_rows`` rows
-        per micro-batch from ``val_loader_factory`` (rows -> ``TrainLoader`` of validation windows) and, in pool
-        mode, its stream of extra training candidates (``candidate_loader``)."""
+        """GREATS as a run configures it (``g``: method.greats.*; ``val_loader_factory`` as ``BuildContext``'s)."""
         B, self.budget = micro_batch_size_seqs, 1.0 - alpha  # GREATS keeps 1 - alpha of the rows
         self.pool, self.route, self.memory_cap_mb, self.exclude_head = g.pool, g.route, g.memory_cap_mb, g.exclude_head
         self.device, self.layer_shapes = device, scored_layer_shapes(model_config, g.exclude_head)
@@ -509,9 +489,8 @@ class GreatsRows(AllRows):
 
 
 def candidate_loader(val_loader: TrainLoader, rows: int, seed: int) -> TrainLoader:
-    """GREATS pool mode's extra candidates: an independent stream of TRAINING windows (the training split without
-    its held-out tail, as the run's training loader) with the validation stream's dataset, mixture (the training
-    mixture), seq_len and rank (both are ``TrainLoader``s)."""
+    """GREATS pool mode's extra candidates: an independent stream of TRAINING windows (without the held-out tail)
+    with the validation stream's dataset, mixture (the training mixture), seq_len and rank."""
     v = val_loader
     return TrainLoader(v.dataset, seq_len=v.seq_len, micro_batch_size_seqs=rows, weights=v.weights,
                        seed=seeds.greats_candidates(seed), rank=v.rank, world_size=v.world_size, split="train",

@@ -2,10 +2,8 @@
 
     excess_j = loss_current(x_j) - loss_reference(x_j)          (signed; high = learnable, not yet learnt)
 
-``Rho1Selector`` (a ``VaRSelector``, the plug-in of the step) keeps the top 1-alpha of the tokens by this score
-(paper: 90%) and the step averages the CE over the kept tokens. This module holds Rho-1 whole: its settings, the
-score and the selector; the reference is a frozen ``eslm.objectives.frozen.ReferenceModel`` (re-exported here,
-shared with the KD teacher; why it is no ``nn.Module``: that module's docstring).
+``Rho1Selector`` (a ``VaRSelector``) keeps the top 1-alpha of the tokens by this score (paper: 90%); the reference
+is a frozen ``eslm.objectives.frozen.ReferenceModel`` (re-exported here, shared with the KD teacher).
 
 Vocabularies. An imported OpenAI GPT-2 has V = 50257, our models V = 50304 (padded to a multiple of 64).
 Targets are real token ids < 50257 in both, so the two per-token losses refer to the same event. Each model

@@ -50,9 +50,8 @@ def command_parser(name: str):
 def parse_command(name: str, rest: list[str]):
     """(module, parsed arguments) of ``eslm NAME REST...``; exits 2 with a usage line on a bad argument.
 
-    Options may sit anywhere among the positional arguments (``eslm study demo --out X key=value``):
-    ``parse_intermixed_args``. A module with ``PASSTHROUGH = True`` gets REST unparsed (``eslm lm-eval``
-    hands it to lm-eval's own command line).
+    Options may sit anywhere among the positional arguments (``eslm study demo --out X key=value``). A module
+    with ``PASSTHROUGH = True`` gets REST unparsed (``eslm lm-eval`` hands it to lm-eval's own command line).
     """
     module, parser = command_parser(name)
     if getattr(module, "PASSTHROUGH", False):

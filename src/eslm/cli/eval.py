@@ -1,5 +1,4 @@
-"""``eslm eval RUN_DIR|CHECKPOINT ... [--tasks ...]``: lm-evaluation-harness tasks on our checkpoints
-(``eslm.eval.command.evaluate_checkpoints``; docs/evaluation.md)."""
+"""``eslm eval RUN_DIR|CHECKPOINT ... [--tasks ...]``: lm-evaluation-harness tasks (docs/evaluation.md)."""
 
 from __future__ import annotations
 

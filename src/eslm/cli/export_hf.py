@@ -1,5 +1,4 @@
-"""``eslm export-hf SOURCE --out DIR``: a run directory or checkpoint to a transformers GPT-2 directory
-(``eslm.model.export_hf.export``)."""
+"""``eslm export-hf SOURCE --out DIR``: a run directory or checkpoint to a transformers GPT-2 directory."""
 
 from __future__ import annotations
 

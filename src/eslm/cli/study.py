@@ -1,5 +1,4 @@
-"""``eslm study NAME|FILE [key=value ...]``: a grid of runs at equal FLOPs, then the report
-(``eslm.study.run_study``; docs/study.md)."""
+"""``eslm study NAME|FILE [key=value ...]``: a grid of runs at equal FLOPs, then the report (docs/study.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""``eslm tokens CHECKPOINT (--data DIR | --text FILE) --out DIR``: which tokens ESLM keeps
-(``eslm.analysis.tokens.build_token_view``)."""
+"""``eslm tokens CHECKPOINT (--data DIR | --text FILE) --out DIR``: which tokens ESLM keeps."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""``eslm train [CONFIG.yaml ...] [section.key=value ...] [--resume]``: the config is built by
-``eslm.config.build_config`` and trained by ``eslm.train.trainer.train`` (docs/training.md)."""
+"""``eslm train [CONFIG.yaml ...] [section.key=value ...] [--resume]``: build the config, train (docs/training.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The work of ``eslm eval`` (its command: eslm/cli/eval.py): options checked, then per checkpoint its model
-loaded, the tasks run (``eslm.eval.tasks.evaluate``), its results written and printed, then one summary per
-eval directory. See docs/evaluation.md."""
+"""The work of ``eslm eval`` (its command: eslm/cli/eval.py). See docs/evaluation.md."""
 
 from __future__ import annotations
 

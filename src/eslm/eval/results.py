@@ -1,6 +1,5 @@
-"""The files of ``eslm eval``: where a checkpoint's results go (``output_paths``), whether a file there is one eslm
-eval wrote (``check_output``: only those are replaced), and writing them with their tables
-(``write_results``, ``write_summary``)."""
+"""The files of ``eslm eval``: where a checkpoint's results go, and writing them with their tables; only files
+eslm eval wrote are replaced (``check_output``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The lm-eval requests on token ids, as lm-eval's HF model computes them (the same context / continuation split,
-the same rolling windows), so numbers are comparable (docs/evaluation.md): ``score_continuations``
-(``loglikelihood``), ``rolling_windows`` (``loglikelihood_rolling``), ``encode_pair`` and ``cut_at_stop``.
+the same rolling windows), so numbers are comparable (docs/evaluation.md).
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""The markdown tables of ``eslm eval``: one checkpoint's results (``checkpoint_table``), and a run's checkpoints
-side by side against FLOPs with the best result per task (``summary_table``), in the paper's layout."""
+"""The markdown tables of ``eslm eval``: one checkpoint's results, and a run's checkpoints against FLOPs."""
 
 from __future__ import annotations
 

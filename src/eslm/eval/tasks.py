@@ -1,6 +1,5 @@
-"""lm-eval tasks on our model: which tasks at how many shots (``parse_tasks``; the paper's suite by default), the
-task manager that finds them, one harness call per shot count (``evaluate``), and the headline metric of each
-task's results (``headline_metric``). See docs/evaluation.md.
+"""lm-eval tasks on our model: which tasks at how many shots (the paper's suite by default), one harness call per
+shot count, and each task's headline metric. See docs/evaluation.md.
 """
 
 from __future__ import annotations

@@ -67,9 +67,7 @@ class BaseObjective(contracts.Objective):
 class CrossEntropy(BaseObjective):
     """Next-token cross-entropy on the kept tokens (CLM, ESLM, Rho-1, GREATS), through the head backend's score
     pass and kept-rows loss (``eslm.ops.head_backend``): the scoring pass over all rows leaves the backend's state,
-    which the loss of the kept rows consumes. With the fused backend the route is the rule's pick per
-    micro-batch (``eslm.ops.head_route``; ``route`` forces one where it can run; ``cache_probs`` allows the
-    cached-softmax routes). ``head_work`` reports what the backend ran.
+    which the loss of the kept rows consumes. ``head_work`` reports what the backend ran.
     """
 
     _pending: tuple[TokenStats | None, HeadState] | None = None  # the last pass, until its loss_sum

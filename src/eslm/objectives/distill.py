@@ -21,9 +21,7 @@ Memory: the forward and the backward walk over the tokens in chunks of ``chunk_s
 hold a few (chunk, V) fp32 tensors, never two full (K, V) ones. The backward recomputes the chunk's logits
 (the forward saves only the inputs and three (K,) log-sum-exps) and accumulates d W_s in an fp32 (V, C)
 buffer. Logits are formed by a matmul in the inputs' dtype and then upcast to fp32, exactly like the naive
-cross-entropy oracle in ``eslm.ops.naive_head``.
-
-The step sums the returned per-token losses and normalises by the number of kept tokens; nothing here reduces.
+cross-entropy oracle in ``eslm.ops.naive_head``. Nothing here reduces.
 """
 
 from __future__ import annotations

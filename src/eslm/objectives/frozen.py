@@ -15,9 +15,7 @@ from eslm.ops.token_stats import HeadOptions
 
 
 class ReferenceModel:
-    """A frozen GPT used for scoring only (Rho-1's reference; the KD teacher). ``model``: an
-    ``eslm.model.gpt.GPT``, put in eval mode with its parameters frozen in place; ``impl`` / ``chunk_size``: the
-    head backend that computes its per-token losses (``token_stats``)."""
+    """``model`` (a GPT) frozen in place; ``impl`` / ``chunk_size``: the head backend of its ``token_stats``."""
 
     def __init__(self, model, *, impl: str = "auto", chunk_size: int = 1024):
         self.model = model.eval()

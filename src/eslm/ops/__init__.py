@@ -1,3 +1,2 @@
-"""The lowest layer: the LM-head backends (``head_backend``: the protocol and the registry; ``fused_head``,
-``naive_head``, ``triton_head``), the fused backend's route rule (``head_route``), and the data types the
-layers above share (``token_stats``)."""
+"""The lowest layer: the LM-head backends (``head_backend``: the protocol and the registry), the fused backend's
+route rule (``head_route``), and the data types the layers above share (``token_stats``)."""

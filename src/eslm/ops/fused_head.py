@@ -1,11 +1,9 @@
 """Chunked LM-head losses: per-token loss and entropy without full logits; head gradients only for kept rows.
 
 Shapes: hidden (N, C), weight (V, C) (the tied LM head), targets (N,) int64, index (K,) int64 kept rows.
-``head_pass`` forms each chunk's (chunk, V) fp32 logits once (and, ``with_grads``, the chunk's gradients);
-``fused_ce_sum`` returns sum_{i in kept} loss_i with its gradient by the route its pass was made for
-(``route_pass``); ``fused_selected_ce`` keeps a per-token output (K,) for callers that weight tokens individually.
-The routes, their costs, the entropy from h . (p W), and why the gradients are formed in the forward:
-docs/fused_loss.md. K is a Python int fixed by the selection; nothing here synchronises with the device.
+``head_pass`` forms each chunk's (chunk, V) fp32 logits once. The routes, their costs, the entropy from h . (p W),
+and why the gradients are formed in the forward: docs/fused_loss.md. K is a Python int fixed by the selection;
+nothing here synchronises with the device.
 """
 
 from __future__ import annotations
@@ -169,9 +167,8 @@ def head_pass(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
     unless switched off). With ``keep_probs`` also ``probs``, the (N, V) fp32 softmax, so that the kept rows'
     gradients later need no second logits matmul; the logits are written straight into it.
 
-    Entropy (docs/fused_loss.md): h . (p W) where fp32 matmuls form p W anyway (the pass's hidden-state gradient,
-    or with ``keep_probs`` and ``softmax_w`` one matmul over the buffer, returned as ``softmax_w``); else a
-    max-shifted, pairwise fp32 sum per row, through a scratch block of at most C rows when the softmax is kept."""
+    Entropy: h . (p W) where fp32 matmuls form p W anyway (returned as ``softmax_w`` with ``keep_probs``), else a
+    max-shifted, pairwise fp32 sum per row (docs/fused_loss.md)."""
     n, vocab = hidden.shape[0], weight.shape[0]
     cdt = compute_dtype(hidden)
     dev = hidden.device
@@ -305,10 +302,8 @@ def _compact_kept_rows(buf: torch.Tensor, index: torch.Tensor, block: int) -> to
     """Move the kept rows of ``buf`` (N, V) into its first K rows, in place. Returns ``orig`` (K,): row r of
     ``buf[:K]`` is now the original row ``orig[r]`` (the kept rows, in some order).
 
-    Only kept rows behind row K move, each into a dropped row's slot before K (as many of one as of the other):
-    at most min(K, N-K) rows, copied ``block`` rows at a time through one scratch block. The pairs are formed on
-    the device with fixed sizes (Python ints), so nothing waits for the device: a pair past the last dropped
-    slot copies a row onto itself."""
+    At most min(K, N-K) rows move, ``block`` rows at a time, with no host sync: docs/fused_loss.md, "The
+    compaction"."""
     n, k = buf.shape[0], index.numel()
     pairs = min(k, n - k)
     orig = torch.arange(k, device=buf.device)
@@ -462,8 +457,7 @@ def fused_selected_ce(hidden: torch.Tensor, weight: torch.Tensor, targets: torch
                       index: torch.Tensor | None, *, chunk_size: int = 1024,
                       lse: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token CE (K,) fp32 of the kept rows (all rows if index is None), with autograd to hidden and weight,
-    for any upstream gradient. The gather ``hidden[index]`` scatters the kept rows' gradients back into an
-    (N, C) zero tensor, so dropped rows get exactly zero gradient from the head. ``lse`` (N,): the scoring
+    for any upstream gradient; dropped rows get exactly zero gradient from the head. ``lse`` (N,): the scoring
     pass's, when one ran. The route is the rule's (``eslm.ops.head_route``, per-token routes)."""
     n = hidden.shape[0]
     k = n if index is None else index.numel()

@@ -1,9 +1,8 @@
 """The LM-head backends: one protocol (``HeadBackend``: its five methods say what the training step, the drop-in
 API and the FLOPs accounting need of the head), one registry, one dispatch.
 
-``BACKENDS`` is the one list of implementations: ``train.loss_impl`` and ``eslm.api.selective_loss(impl=)`` take
-their choices from it and ``backend`` is the only place a name becomes an implementation. Adding a backend is one
-new module in ``eslm/ops/`` with a class that has the five methods, and one ``BackendSpec`` line below.
+``BACKENDS`` is the one list of implementations (``train.loss_impl``, ``selective_loss(impl=)``). Adding a backend
+is one new module in ``eslm/ops/`` with a class that has the five methods, and one ``BackendSpec`` line below.
 """
 
 from __future__ import annotations

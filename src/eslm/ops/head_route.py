@@ -1,9 +1,7 @@
 """Which route the LM-head loss takes: a fixed rule (the one chooser), ``train.loss_route`` the override.
 
-Every caller of the fused head asks here: the training step (through ``CrossEntropy``), the drop-in
-``eslm.api.selective_loss(hidden=, lm_weight=)`` and GREATS' per-sample losses (``fused_selected_ce``). The
-routes, their costs and memory, and the rule by (scores needed?, rows dropped?) are docs/fused_loss.md's
-tables; ``choose_route`` is the rule, ``route_work`` what each route runs.
+Every caller of the fused head asks here. The routes, their costs and memory, and the rule by (scores needed?,
+rows dropped?): docs/fused_loss.md's tables; ``choose_route`` is the rule, ``route_work`` what each route runs.
 """
 
 from __future__ import annotations
@@ -16,12 +14,8 @@ ROUTE_CHOICES = ("auto",) + ROUTES
 
 
 def route_work(route: str, n: int, k: int, *, scored: bool) -> HeadWork:
-    """What a route runs at the head for n rows with k kept, as rows of head matmuls (``HeadWork``).
-
-    Every route forms the logits of all N rows once, but ``kept_recompute`` without a scoring pass (the
-    random-drop control), which forms only the K kept rows' logits. ``grads_in_pass`` recomputes the N-K dropped
-    rows' logits and forms their weight gradient again to subtract it (two matmuls each); ``kept_recompute``
-    after a scoring pass forms the kept rows' logits again."""
+    """What a route runs at the head for n rows with k kept, as rows of head matmuls (``HeadWork``); each
+    route's cost in docs/fused_loss.md's table."""
     rows = {"all_rows": (n, n, 0), "kept_cached": (n, k, 0), "grads_in_pass": (n, n, 2 * (n - k)),
             "kept_recompute": (n, k, k) if scored else (k, k, 0)}  # (forward, backward, recompute) rows
     if route not in rows:

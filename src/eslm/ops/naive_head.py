@@ -22,11 +22,8 @@ def naive_token_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch
 
 def naive_selected_ce(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                       index: torch.Tensor | None) -> torch.Tensor:
-    """Reference per-token CE (with gradient) of the kept rows ``index`` (K,), or of all rows if None.
-
-    Computes the full (N, V) logits and masks afterwards, exactly like a masked loss does: the backward
-    still runs over every row (dropped rows receive zero gradient).
-    """
+    """Reference per-token CE (with gradient) of the kept rows ``index`` (K,), or of all rows if None; the
+    backward still runs over every row (dropped rows receive zero gradient)."""
     logits = (hidden @ weight.t()).float()
     per_token = F.cross_entropy(logits, targets, reduction="none")
     return per_token if index is None else per_token[index]

@@ -1,8 +1,5 @@
-"""The lowest layer's data types, shared by the head backends in ``eslm.ops`` and the objectives, selectors and FLOPs
-accounting above them without importing upward: ``TokenStats`` (what a scoring pass over the LM head returns, per
-token), ``HeadWork`` (what a head backend ran), and the backends' ``HeadOptions`` and ``HeadState``
-(``eslm.ops.head_backend``); and ``loss_entropy``, the one computation of a token's loss and entropy from its
-logits (the naive backend's and the drop-in API's)."""
+"""The lowest layer's data types, shared by the head backends and the layers above them without importing upward;
+and ``loss_entropy``, the one computation of a token's loss and entropy from its logits."""
 
 from __future__ import annotations
 

@@ -1,18 +1,9 @@
 """The GPU head backend: bf16 logits written once by the scoring pass, Triton row kernels, the kept rows' backward.
 
-For N rows of width C, vocabulary V and K kept rows (u = one (N x C) x (C x V) head matmul):
-
-* **pass A** (``score``, no gradient): z = h W^T, one matmul in the compute dtype (bf16 under autocast) whose
-  output is the (N, V) cache; one row kernel (``_row_stats``) reads each logit once and gives, per row, the
-  log-sum-exp, the entropy and the target logit (an online max-shifted sum: exp(z - m), and
-  sum e^(z - m) (z - m) for the entropy, rescaled when the running max moves; fp32 throughout): 1u + one read.
-* **pass B** (``kept_loss``, the K kept rows only): one kernel (``_kept_dz``) reads the kept rows of the cache and
-  writes dz = softmax(z) - onehot(y) in the compute dtype (from the pass's lse: no second reduction); then
-  G_h[kept] = dz W (K, C) and G_W = dz^T H_K (V, C) with fp32 accumulation (the matmul's own, and an fp32
-  output where torch offers one): 2ku. The gradients are formed in the forward and the backward scales them by
-  the scalar upstream gradient (``eslm.ops.fused_head.PrecomputedGrad``); a dropped row's is exactly zero.
-* CLM is the same machinery with every row kept (dz written over the cache in place: no second buffer); the
-  random-drop control (no scores) forms only its K kept rows' logits.
+Pass A (``score``): z = h W^T in the compute dtype is the (N, V) cache; ``_row_stats`` reads each logit once for
+the lse, the entropy and the target logit (online max-shifted sums, fp32). Pass B (``kept_loss``): ``_kept_dz``
+writes dz = softmax(z) - onehot(y) for the K kept rows from the pass's lse, then the gradients, formed in the
+forward and scaled in the backward (``eslm.ops.fused_head.PrecomputedGrad``). Costs and memory: docs/fused_loss.md.
 
 K is a count fixed before the forward (the selector's top-K has a static size), so nothing here waits for the
 device and the kernels' shapes do not change as the kept set does. The kernels run on CUDA tensors, or on the

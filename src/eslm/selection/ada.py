@@ -5,7 +5,6 @@ Every ``interval`` optimizer steps (the paper's T_eval = 1000):
     D = (CVaR_k - CVaR_{k-1}) / (|CVaR_{k-1}| + eps)
     alpha_{k+1} = clamp(alpha_k * exp(-gamma * D), alpha_min, alpha_max)
 
-CVaR rising (harder tokens) lowers alpha, so more tokens train; CVaR falling raises alpha, narrowing focus.
 Its departures from the paper's algorithm box (no update before two measurements, the clamp, CVaR_k as the mean
 of the interval's micro-batch CVaRs) and why: docs/paper.md's table of departures.
 """

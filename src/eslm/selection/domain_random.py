@@ -6,9 +6,7 @@ are drawn uniformly at random within that domain. So the kept count per domain, 
 the loss sees, is ESLM's, while which tokens of a domain are kept does not depend on their scores. ESLM-entropy
 minus this control is token selection alone; this control minus ``random`` is ESLM's domain reweighting alone.
 
-The draw stays on the device with no host sync: every token gets a uniform key from the control's own generator;
-sorting by (domain, key) groups each domain's tokens in random order, and a token is kept when its place in its
-domain's group is below ESLM's count for that domain. Domains are per row (``Batch.domain``).
+The draw stays on the device with no host sync. Domains are per row (``Batch.domain``).
 """
 
 from __future__ import annotations

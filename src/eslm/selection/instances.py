@@ -49,9 +49,8 @@ class InstanceSection(Section):
 
 
 def exit_model(model: GPT, k: int) -> GPT:
-    """A GPT of ``k`` layers whose modules ARE the trained model's (embeddings, its first ``k`` blocks, ``ln_f``,
-    the tied head): no copy, no parameter of its own, no random draw (built on the meta device, then given the
-    trained model's modules). Its forward is the trained model's forward stopped after block ``k``."""
+    """A GPT of ``k`` layers whose modules ARE the trained model's: no copy, no parameter of its own, no random
+    draw (docs/instances.md, "The exit pass")."""
     if not 1 <= k <= model.config.n_layer:
         raise ConfigError(f"method.instance.exit_layers: expected 1..{model.config.n_layer} (the model's blocks), "
                           f"got {k}; fix: a smaller method.instance.exit_layers")
@@ -69,9 +68,8 @@ def exit_model(model: GPT, k: int) -> GPT:
 
 class InstanceRows(AllRows):
     """The row selector of ESLM-H (``score`` "entropy" | "loss": the exit's risk) and of the random controls
-    (``score`` None). ``beta``: fraction of candidate rows dropped; ``exit_layers``: k; ``impl``, ``chunk_size``:
-    the head backend of the exit; ``seed``: the random controls' generator (on ``device``); ``model_config``,
-    ``seq_len``: the trained model's and its training sequence length (the exit's cost)."""
+    (``score`` None). ``beta``: fraction of candidate rows dropped; ``exit_layers``: k; ``seed``: the random
+    controls' generator (on ``device``)."""
 
     syncs_host = False
 

@@ -22,9 +22,8 @@ no ties at the threshold, equals the tail mean exactly (tests/selection/test_ris
 Everything here avoids host synchronisation (except where a docstring says so): K is a Python int computed from
 shapes, torch.topk has a static output shape, and nothing calls .item().
 
-This module is the ONE place where scores become kept tokens: the token selectors, the drop-in ``eslm.api`` and
-the token view (``eslm.analysis.tokens``) all call it. alpha is validated once (``check_alpha``) where a selector
-or a call is set up, not inside the per-batch functions.
+The ONE place where scores become kept tokens (docs/architecture.md). alpha is validated once (``check_alpha``)
+where a selector or a call is set up, not inside the per-batch functions.
 """
 
 from __future__ import annotations
@@ -91,10 +90,8 @@ def select_valid(scores: torch.Tensor, valid: torch.Tensor, alpha: float | torch
     """The VaR rule over the valid entries of scores (N,) (ignored tokens are neither kept nor counted), on
     the device with no sync: (index (K_max,), keep (K_max,) bool, K (), N_valid ()).
 
-    Invalid rows get score -inf so they sort last. K_max = num_kept(rows, bound) >= K for every alpha >= bound
-    (num_kept is non-decreasing in N and in 1 - alpha); the first K of the descending (sorted) top-K_max are the
-    kept tokens (``keep``): a static K_max with a data-dependent cut-off, so ``alpha`` may be a 0-dim tensor (only
-    tensor arithmetic: no recompile per value, no sync).
+    K_max = num_kept(rows, bound) >= K for every alpha >= bound: a static K_max with a data-dependent cut-off, so
+    ``alpha`` may be a 0-dim tensor (no recompile per value, no sync).
     """
     ranked = scores.masked_fill(~valid, float("-inf"))
     index = torch.topk(ranked, num_kept(ranked.numel(), bound), sorted=True).indices

@@ -1,9 +1,7 @@
 """Row selectors: which sequences of a micro-batch train. Default: all rows.
 
-``AllRows`` implements the ``eslm.contracts.RowSelector`` protocol (every hook declared and documented there) as
-its do-nothing default. GREATS (``eslm.baselines.greats.GreatsRows``) is the
-one non-trivial row selector in the paper's comparison; instance-level selection by an early exit
-(``eslm.selection.instances.InstanceRows``) selects whole sequences over the optimizer step (``select_step``).
+``AllRows`` is the do-nothing default of the ``eslm.contracts.RowSelector`` protocol (its hooks documented
+there); the others are GREATS (``eslm.baselines.greats.GreatsRows``) and ``eslm.selection.instances.InstanceRows``.
 """
 
 from __future__ import annotations

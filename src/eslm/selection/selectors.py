@@ -4,11 +4,8 @@ A selector owns its whole rule: from the scoring pass's statistics (``TokenStats
 (``scores``), the scale it ranks them on (``rank``: the standardised scores), and the kept tokens (``select``);
 in the selection scope "step" it also turns the ranked scores of every micro-batch of the optimizer step into
 one threshold (``step_threshold``). Everything is computed on detached fp32 scores. In the scope "micro" the
-kept count K is a Python int derived from shapes and nothing reads the device.
-
-With ``scope="step"`` a ranking selector keeps every token at or above the step's threshold (the VaR of the
-whole optimizer step on all ranks) instead of its micro-batch's top K; the step runs the extra scoring forward
-that this needs and declares it (``eslm.train.step.step_work``).
+kept count K is a Python int derived from shapes and nothing reads the device. In the scope "step" the
+threshold is the VaR of the whole optimizer step on all ranks (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -140,9 +137,8 @@ class VaRSelector(AllTokens):
 
 class RandomSelector(AllTokens):
     """Keep K uniformly random tokens (same K as VaR at this alpha): the control that tells selection from mere
-    sparsity. Its generator lives on the model's device, so
-    the permutation is drawn there (no CPU permutation copied each step); on the CPU it is the same stream as
-    ever. Its generator state is checkpointed (with the device type: a CUDA stream cannot continue on the CPU)."""
+    sparsity. Its generator lives on the model's device; its state is checkpointed with the device type (a CUDA
+    stream cannot continue on the CPU)."""
 
     def __init__(self, alpha: float, seed: int, n_domains: int = 1, device: torch.device | str = "cpu"):
         super().__init__(alpha, n_domains)

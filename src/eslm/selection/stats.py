@@ -1,9 +1,7 @@
 """What a token selection did: ``SelectionStats``, filled by ``selection_stats`` and nothing else.
 
-Every scoring selector (``eslm.selection.selectors``) returns one inside its ``Selection``, the drop-in
-``eslm.api.selective_loss`` returns one, and their readers (the trainer's metric records, the Ada-ESLM
-controller, your own loop) read its attributes. All fields are tensors on the scores' device, computed without
-a host sync; ``.item()`` them where a number is needed.
+Returned by every scoring selector and by ``eslm.api.selective_loss``. All fields are tensors on the scores'
+device, computed without a host sync; ``.item()`` them where a number is needed.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """The figures of ``eslm report``: ``FIGURES``, one table that both drawing (``make_figures``) and the HTML page
-(``eslm.analysis.report.html``) iterate, so a figure is declared once: its id (the PNG's name), the page section
-it sits in, its alt text, and the function that draws it. A new figure is one ``Figure`` line here plus its
-draw function; matplotlib itself is called only in ``eslm.analysis.figures``."""
+iterate, so a figure is declared once. A new figure is one ``Figure`` line here plus its draw function;
+matplotlib itself is called only in ``eslm.analysis.figures``."""
 
 from __future__ import annotations
 

@@ -83,9 +83,8 @@ def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def spread_table(summary: dict) -> tuple[list[str], list[list[str]]] | None:
-    """The reproducibility table: each group's between-seed SD of the final loss [95% interval], its ratio to
-    the SD of random (same alpha) and of CLM [95% interval] with the F test's and the paired Pitman-Morgan p.
-    (header, rows), or None when no group has a spread; the caller escapes the cells."""
+    """The reproducibility table (``summary.spread``) as (header, rows), or None when no group has a spread; the
+    caller escapes the cells."""
     rows = summary.get("spread") or []
     if not any(r["sd"] is not None for r in rows):
         return None
@@ -132,9 +131,7 @@ def _verdict_lines(s: dict) -> list[str]:
 
 
 def render_markdown(summary: dict) -> str:
-    """The report as Markdown (summary.md), in the page's order: the header, the verdict table, the figures, then
-    one table of groups with intervals and paired differences and the verdicts in words. Paste-able into a
-    README."""
+    """The report as Markdown (summary.md), in the page's order (docs/report.md). Paste-able into a README."""
     s = summary
     comp = {c["group"]: c for c in s["comparisons"]}
     ctrl = {c["group"]: c for c in s["controls"]}

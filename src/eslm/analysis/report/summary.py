@@ -179,10 +179,8 @@ def machine_warning(runs: list[Run]) -> str | None:
 
 
 def spread(groups: list[Group]) -> list[dict]:
-    """Reproducibility: each group's between-seed standard deviation of the final validation loss with its 95%
-    interval, and its spread against its control at the same alpha and against the baseline (the registry's:
-    ``eslm.methods.control_of``, ``baseline``; SD ratio, F test, Pitman-Morgan test over the shared seeds;
-    ``stats.spread_comparison``)."""
+    """Reproducibility (docs/report.md): each group's between-seed SD of the final validation loss, and its
+    spread against its control (``control_of``) and the baseline (``stats.spread_comparison``)."""
     finals = {g.label: C.per_seed(g, lambda r: last_value(r.eval, M.VAL_LOSS)) for g in groups}
     out = []
     for g in groups:

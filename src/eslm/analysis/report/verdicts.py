@@ -116,11 +116,8 @@ def difference(ci: dict | None, relative: bool) -> tuple[str, str]:
 
 
 def verdict_table(summary: dict) -> tuple[list[str], list[list]]:
-    """The report's verdicts as (header, rows of cells), one row per comparison in the order shown (the primary
-    one first, then against the baseline, then against the random-drop control): group (primary marked), the
-    group it is compared with, and for the final validation loss (nats) and the cost to the target loss in the
-    report's FLOPs convention (relative): the mean paired difference, its 95% interval and the verdict word
-    (``verdict_word``). The full sentences stay in each comparison's ``verdicts``."""
+    """The report's verdicts as (header, rows of cells): docs/report.md, "The verdict table" (the primary group
+    marked). The full sentences stay in each comparison's ``verdicts``."""
     primary = summary.get("primary")
     single = summary["one_seed"]
     rows, seen = [], set()

@@ -60,8 +60,16 @@ def test_loss_path_benchmark_measures_every_variant(tmp_path):
 
 @pytest.mark.slow  # a benchmark script end to end in subprocesses (.ci/lowest leaves it out)
 def test_whole_runs_benchmark_interleaves_real_runs(tmp_path):
+    # a small GPT-2-tokenized corpus passed with --data: without it the script prepares the whole stdlib corpus,
+    # most of this test's time (the script's default path is the one `eslm prepare stdlib`'s tests cover)
+    from conftest import _write_corpus
+    from eslm.data.prepare import prepare
+
+    data = tmp_path / "data"
+    prepare("text", data, tokenizer="gpt2", paths=_write_corpus(tmp_path / "text"), progress=False, workers=1)
     res = _run("whole_runs.py", ["--preset", "tiny", "--seq-len", "16", "--micro-batch", "2", "--steps", "2",
-                                 "--rounds", "2", "--arms", "clm", "eslm-loss@0.5", "--profile-reps", "1"], tmp_path)
+                                 "--rounds", "2", "--arms", "clm", "eslm-loss@0.5", "--profile-reps", "1",
+                                 "--data", str(data)], tmp_path)
     runs, summary = res["runs"], res["summary"]
     assert [len(runs[a]) for a in ("clm", "eslm-loss@0.5")] == [2, 2]
     for r in runs["eslm-loss@0.5"] + runs["clm"]:

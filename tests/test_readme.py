@@ -149,6 +149,13 @@ def scorecard_claims() -> list[tuple[str, str]]:
                                  f"CLM's budget it trains {_steps(g['greats'])} steps to CLM's {_steps(c)}"),
             ("greats-pilot-cpu", f"a run costs {g['greats']['final_cpu_s']['mean'] / c['final_cpu_s']['mean']:.2f}x "
                                  "CLM's CPU")]
+    g = _groups("bridge-cpu")
+    c = g["clm"]
+    arms = [g[k] for k in ("eslm-entropy", "eslm-loss", "random")]
+    out += [("bridge-cpu", f"(CLM {_steps(c)} steps of 8 x 288; the dropping arms {_steps(arms[0])} steps"
+             if len({_steps(x) for x in arms}) == 1 else "steps mismatch"),
+            ("bridge-cpu", "CPU per step against CLM's (means over seeds): " + ", ".join(
+                f"{name} {_cpu_per_step(x, c):.3f}x" for name, x in zip(("ESLM-entropy", "ESLM-loss", "random"), arms)))]
     g = _groups("batch-cpu")
     c = g["clm"]
     out += [("batch-cpu", f"CLM at 6 per step ({_steps(c)} steps), ESLM-entropy and random dropping at\n7 "

@@ -156,6 +156,14 @@ def scorecard_claims() -> list[tuple[str, str]]:
              if len({_steps(x) for x in arms}) == 1 else "steps mismatch"),
             ("bridge-cpu", "CPU per step against CLM's (means over seeds): " + ", ".join(
                 f"{name} {_cpu_per_step(x, c):.3f}x" for name, x in zip(("ESLM-entropy", "ESLM-loss", "random"), arms)))]
+    g = _groups("distill-byte-equal-cpu")
+    c = g["clm"]
+    out += [("distill-byte-equal-cpu", f"CLM {_steps(c)} steps, dense-KD {_steps(g['dense-kd'])}, ESLM-KD and random-KD "
+                                       f"{_steps(g['eslm-kd-entropy'])}, SALT {_steps(g['salt'])}"
+             if _steps(g["eslm-kd-entropy"]) == _steps(g["random-kd"]) else "steps mismatch"),
+            ("distill-byte-equal-cpu", "CPU per step against CLM's (means over seeds): " + ", ".join(
+                f"{name} {_cpu_per_step(g[label], c):.2f}x" for name, label in (
+                    ("dense-KD", "dense-kd"), ("ESLM-KD", "eslm-kd-entropy"), ("random-KD", "random-kd"), ("SALT", "salt"))))]
     g = _groups("batch-cpu")
     c = g["clm"]
     out += [("batch-cpu", f"CLM at 6 per step ({_steps(c)} steps), ESLM-entropy and random dropping at\n7 "

@@ -111,10 +111,18 @@ def _cpu_per_step(g: dict, clm: dict) -> float:
     return (g["final_cpu_s"]["mean"] / g["final_step"]["mean"]) / (clm["final_cpu_s"]["mean"] / clm["final_step"]["mean"])
 
 
+def _ratios(g: dict, clm: dict, names, digits: int = 2) -> str:
+    """ "NAME r.rrx, ..." of each (name, group label): its CPU per step over CLM's."""
+    return ", ".join(f"{name} {_cpu_per_step(g[label], clm):.{digits}f}x" for name, label in names)
+
+
 def _tokens_k(*groups: dict) -> str:
     lo = min(g["final_tokens_seen"]["min"] for g in groups)
     hi = max(g["final_tokens_seen"]["max"] for g in groups)
     return f"{lo / 1000:.0f}-{hi / 1000:.0f}k tokens"
+
+
+KD_ARMS = (("dense-KD", "dense-kd"), ("ESLM-KD", "eslm-kd-entropy"), ("random-KD", "random-kd"), ("SALT", "salt"))
 
 
 def scorecard_claims() -> list[tuple[str, str]]:
@@ -139,9 +147,7 @@ def scorecard_claims() -> list[tuple[str, str]]:
                             f"{_steps(g['eslm-kd-entropy'])}, SALT {_steps(g['salt'])})"
              if _steps(c) == 180 and _steps(g["eslm-kd-entropy"]) == _steps(g["random-kd"]) else "steps mismatch"),
             ("distill-cpu", _tokens_k(*g.values())),
-            ("distill-cpu", "(" + ", ".join(f"{name} {_cpu_per_step(g[label], c):.2f}x" for name, label in (
-                ("dense-KD", "dense-kd"), ("ESLM-KD", "eslm-kd-entropy"), ("random-KD", "random-kd"),
-                ("SALT", "salt"))) + ")")]
+            ("distill-cpu", f"({_ratios(g, c, KD_ARMS)})")]
     g = _groups("greats-pilot-cpu")
     c = g["clm"]
     out += [("greats-pilot-cpu", f"CPU per step **{_cpu_per_step(g['greats'], c):.2f}x CLM's**"),
@@ -154,16 +160,14 @@ def scorecard_claims() -> list[tuple[str, str]]:
     arms = [g[k] for k in ("eslm-entropy", "eslm-loss", "random")]
     out += [("bridge-cpu", f"(CLM {_steps(c)} steps of 8 x 288; the dropping arms {_steps(arms[0])} steps"
              if len({_steps(x) for x in arms}) == 1 else "steps mismatch"),
-            ("bridge-cpu", "CPU per step against CLM's (means over seeds): " + ", ".join(
-                f"{name} {_cpu_per_step(x, c):.3f}x" for name, x in zip(("ESLM-entropy", "ESLM-loss", "random"), arms)))]
+            ("bridge-cpu", "CPU per step against CLM's (means over seeds): " + _ratios(
+                g, c, (("ESLM-entropy", "eslm-entropy"), ("ESLM-loss", "eslm-loss"), ("random", "random")), 3))]
     g = _groups("distill-byte-equal-cpu")
     c = g["clm"]
     out += [("distill-byte-equal-cpu", f"CLM {_steps(c)} steps, dense-KD {_steps(g['dense-kd'])}, ESLM-KD and random-KD "
                                        f"{_steps(g['eslm-kd-entropy'])}, SALT {_steps(g['salt'])}"
              if _steps(g["eslm-kd-entropy"]) == _steps(g["random-kd"]) else "steps mismatch"),
-            ("distill-byte-equal-cpu", "CPU per step against CLM's (means over seeds): " + ", ".join(
-                f"{name} {_cpu_per_step(g[label], c):.2f}x" for name, label in (
-                    ("dense-KD", "dense-kd"), ("ESLM-KD", "eslm-kd-entropy"), ("random-KD", "random-kd"), ("SALT", "salt"))))]
+            ("distill-byte-equal-cpu", "CPU per step against CLM's (means over seeds): " + _ratios(g, c, KD_ARMS))]
     g = _groups("batch-cpu")
     c = g["clm"]
     out += [("batch-cpu", f"CLM at 6 per step ({_steps(c)} steps), ESLM-entropy and random dropping at\n7 "

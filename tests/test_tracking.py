@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import pytest
 
@@ -22,8 +23,17 @@ def test_wandb_offline_run_holds_the_metrics(tiny_data, tmp_path, monkeypatch):
     assert len(offline) == 1
     run_id = (run_dir / "wandb_run_id").read_text().strip()
     assert offline[0].name.endswith(run_id)
-    recs = list(_records(next(offline[0].glob("*.wandb"))))
-    (run,) = [r.run for r in recs if r.WhichOneof("record_type") == "run"]
+    log = next(offline[0].glob("*.wandb"))
+    deadline = time.monotonic() + 60  # W&B's service may still be writing the log when finish() returns
+    while True:
+        recs = list(_records(log))
+        kinds = [r.WhichOneof("record_type") for r in recs]
+        if "run" in kinds and "exit" in kinds or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    runs = [r.run for r in recs if r.WhichOneof("record_type") == "run"]
+    assert len(runs) == 1, f"{log} ({log.stat().st_size} bytes) holds records {sorted(set(kinds))}"
+    run = runs[0]
     assert (run.project, run.display_name, run.run_id) == ("p1", "t", run_id)
     conf = {i.key: json.loads(i.value_json) for i in run.config.update}
     assert conf["log"]["wandb_project"] == "p1" and conf["env"]["torch_version"]  # resolved config + env.json

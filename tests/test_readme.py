@@ -122,6 +122,14 @@ def _tokens_k(*groups: dict) -> str:
     return f"{lo / 1000:.0f}-{hi / 1000:.0f}k tokens"
 
 
+def _rho1_vs_random_at(study: str, step: int) -> str:
+    """ "m [lo, hi] at step N": Rho-1 - random at one evaluation, from the summary's differences over training."""
+    over = json.loads((ROOT / "docs" / "results" / f"{study}-summary.json").read_text())["differences_over_training"]
+    e = next(e for e in over["control"] if e["label"] == "rho1" and e["against"] == "random")
+    i = e["step"].index(step)
+    return f"{e['mean'][i]:+.3f} [{e['lo'][i]:+.3f}, {e['hi'][i]:+.3f}] at step {step}"
+
+
 KD_ARMS = (("dense-KD", "dense-kd"), ("ESLM-KD", "eslm-kd-entropy"), ("random-KD", "random-kd"), ("SALT", "salt"))
 
 
@@ -133,11 +141,7 @@ def scorecard_claims() -> list[tuple[str, str]]:
     out += [("rho1-cpu", f"Rho-1 trains {_steps(g['rho1'])} steps to CLM's {_steps(c)} and the dropping arms' {_steps(g['random'])}"),
             ("rho1-cpu", f"{_cpu_per_step(g['rho1'], c):.2f}x CLM's CPU per step\n"
                          f"({g['rho1']['step_cost_vs_clm']['mean']:.2f}x its executed FLOPs")]
-    over = json.loads((ROOT / "docs" / "results" / "rho1-cpu-summary.json").read_text())["differences_over_training"]
-    e = next(e for e in over["control"] if e["label"] == "rho1" and e["against"] == "random")
-    i = e["step"].index(108)
-    out += [("rho1-cpu", f"at equal steps Rho-1 leads random dropping ({e['mean'][i]:+.3f} [{e['lo'][i]:+.3f}, "
-                         f"{e['hi'][i]:+.3f}] at step 108)")]
+    out += [("rho1-cpu", f"at equal steps Rho-1 leads random dropping ({_rho1_vs_random_at('rho1-cpu', 108)})")]
     g = _groups("rho1-fair-cpu")
     c = g["clm"]
     out += [("rho1-fair-cpu", f"CPU per step vs CLM (AMD EPYC family 25 model 1): Rho-1 {_cpu_per_step(g['rho1'], c):.2f}x, "
@@ -147,11 +151,7 @@ def scorecard_claims() -> list[tuple[str, str]]:
              if _steps(g["random"]) == _steps(g["eslm-loss"]) else "steps mismatch"),
             ("rho1-fair-cpu", f"Rho-1 {_cpu_per_step(g['rho1'], c):.2f}x, ESLM-loss {_cpu_per_step(g['eslm-loss'], c):.2f}x, "
                               f"random {_cpu_per_step(g['random'], c):.2f}x")]
-    over = json.loads((ROOT / "docs" / "results" / "rho1-fair-cpu-summary.json").read_text())["differences_over_training"]
-    e = next(e for e in over["control"] if e["label"] == "rho1" and e["against"] == "random")
-    i = e["step"].index(108)
-    out += [("rho1-fair-cpu", f"level with random dropping ({e['mean'][i]:+.3f} [{e['lo'][i]:+.3f}, {e['hi'][i]:+.3f}] "
-                              "at step 108)")]
+    out += [("rho1-fair-cpu", f"level with random dropping ({_rho1_vs_random_at('rho1-fair-cpu', 108)})")]
     g = _groups("distill-cpu")
     c = g["clm"]
     out += [("distill-cpu", f"180 steps, dense-KD {_steps(g['dense-kd'])}, ESLM-KD and random-KD "

@@ -140,8 +140,8 @@ def scorecard_claims() -> list[tuple[str, str]]:
     c = g["clm"]
     out += [("rho1-cpu", f"Rho-1 trains {_steps(g['rho1'])} steps to CLM's {_steps(c)} and the dropping arms' {_steps(g['random'])}"),
             ("rho1-cpu", f"{_cpu_per_step(g['rho1'], c):.2f}x CLM's CPU per step\n"
-                         f"({g['rho1']['step_cost_vs_clm']['mean']:.2f}x its executed FLOPs")]
-    out += [("rho1-cpu", f"at equal steps Rho-1 leads random dropping ({_rho1_vs_random_at('rho1-cpu', 108)})")]
+                         f"({g['rho1']['step_cost_vs_clm']['mean']:.2f}x its executed FLOPs"),
+            ("rho1-cpu", f"at equal steps Rho-1 leads random dropping ({_rho1_vs_random_at('rho1-cpu', 108)})")]
     g = _groups("rho1-fair-cpu")
     c = g["clm"]
     out += [("rho1-fair-cpu", f"CPU per step vs CLM (AMD EPYC family 25 model 1): Rho-1 {_cpu_per_step(g['rho1'], c):.2f}x, "
@@ -150,8 +150,8 @@ def scorecard_claims() -> list[tuple[str, str]]:
             ("rho1-fair-cpu", f"Rho-1 {_steps(g['rho1'])} steps, the others {_steps(c)}-{_steps(g['random'])}"
              if _steps(g["random"]) == _steps(g["eslm-loss"]) else "steps mismatch"),
             ("rho1-fair-cpu", f"Rho-1 {_cpu_per_step(g['rho1'], c):.2f}x, ESLM-loss {_cpu_per_step(g['eslm-loss'], c):.2f}x, "
-                              f"random {_cpu_per_step(g['random'], c):.2f}x")]
-    out += [("rho1-fair-cpu", f"level with random dropping ({_rho1_vs_random_at('rho1-fair-cpu', 108)})")]
+                              f"random {_cpu_per_step(g['random'], c):.2f}x"),
+            ("rho1-fair-cpu", f"level with random dropping ({_rho1_vs_random_at('rho1-fair-cpu', 108)})")]
     g = _groups("distill-cpu")
     c = g["clm"]
     out += [("distill-cpu", f"180 steps, dense-KD {_steps(g['dense-kd'])}, ESLM-KD and random-KD "

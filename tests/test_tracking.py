@@ -31,7 +31,7 @@ def test_wandb_offline_run_holds_the_metrics(tiny_data, tmp_path, monkeypatch):
         if "run" in kinds and "exit" in kinds or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    runs = [r.run for r in recs if r.WhichOneof("record_type") == "run"]
+    runs = [r.run for r, kind in zip(recs, kinds) if kind == "run"]
     assert len(runs) == 1, f"{log} ({log.stat().st_size} bytes) holds records {sorted(set(kinds))}"
     run = runs[0]
     assert (run.project, run.display_name, run.run_id) == ("p1", "t", run_id)

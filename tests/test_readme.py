@@ -152,6 +152,19 @@ def scorecard_claims() -> list[tuple[str, str]]:
             ("rho1-fair-cpu", f"Rho-1 {_cpu_per_step(g['rho1'], c):.2f}x, ESLM-loss {_cpu_per_step(g['eslm-loss'], c):.2f}x, "
                               f"random {_cpu_per_step(g['random'], c):.2f}x"),
             ("rho1-fair-cpu", f"level with random dropping ({_rho1_vs_random_at('rho1-fair-cpu', 108)})")]
+    r, g = g, _groups("rho1-fair-steps-cpu")
+    c = g["clm"]
+    primary = json.loads((ROOT / "docs" / "results" / "rho1-fair-steps-cpu-summary.json").read_text())["primary"]
+    d = primary["losses"]["final validation loss"]
+    out += [("rho1-fair-steps-cpu", f"Rho-1 {_cpu_per_step(r['rho1'], r['clm']):.2f}x and {_cpu_per_step(g['rho1'], c):.2f}x "
+                                    "CLM's CPU per step (AMD EPYC)"),
+            ("rho1-fair-steps-cpu", f"({_cpu_per_step(g['rho1'], c):.2f}x CLM's CPU per step, AMD EPYC family 25 model 17)"),
+            ("rho1-fair-steps-cpu", "CPU per step against CLM's (means over seeds): " + _ratios(
+                g, c, (("Rho-1", "rho1"), ("ESLM-loss", "eslm-loss"), ("random", "random")))),
+            ("rho1-fair-steps-cpu", f"every run takes CLM's {_steps(c)} steps of 4 x 128 tokens"
+             if {_steps(x) for x in g.values()} == {270} else "steps mismatch"),
+            ("rho1-fair-steps-cpu", f"{d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] nats (p = {d['p']:.2f}; MDE {d['mde']:.3f}"
+             if primary["group"] == "eslm-loss" and primary["against"] == "rho1" else "not the primary")]
     g = _groups("distill-cpu")
     c = g["clm"]
     out += [("distill-cpu", f"180 steps, dense-KD {_steps(g['dense-kd'])}, ESLM-KD and random-KD "

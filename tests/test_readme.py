@@ -95,8 +95,12 @@ def test_the_readme_drop_in_snippet_runs_and_keeps_the_top_tokens_by_entropy():
 # ---------------------------------------------------------------------------------------------------------
 
 
+def _summary(study: str) -> dict:
+    return json.loads((ROOT / "docs" / "results" / f"{study}-summary.json").read_text())
+
+
 def _groups(study: str) -> dict:
-    summary = json.loads((ROOT / "docs" / "results" / f"{study}-summary.json").read_text())
+    summary = _summary(study)
     return {g["label"]: g for g in summary["groups"]}
 
 
@@ -124,7 +128,7 @@ def _tokens_k(*groups: dict) -> str:
 
 def _rho1_vs_random_at(study: str, step: int) -> str:
     """ "m [lo, hi] at step N": Rho-1 - random at one evaluation, from the summary's differences over training."""
-    over = json.loads((ROOT / "docs" / "results" / f"{study}-summary.json").read_text())["differences_over_training"]
+    over = _summary(study)["differences_over_training"]
     e = next(e for e in over["control"] if e["label"] == "rho1" and e["against"] == "random")
     i = e["step"].index(step)
     return f"{e['mean'][i]:+.3f} [{e['lo'][i]:+.3f}, {e['hi'][i]:+.3f}] at step {step}"
@@ -154,11 +158,11 @@ def scorecard_claims() -> list[tuple[str, str]]:
             ("rho1-fair-cpu", f"level with random dropping ({_rho1_vs_random_at('rho1-fair-cpu', 108)})")]
     r, g = g, _groups("rho1-fair-steps-cpu")
     c = g["clm"]
-    primary = json.loads((ROOT / "docs" / "results" / "rho1-fair-steps-cpu-summary.json").read_text())["primary"]
+    primary = _summary("rho1-fair-steps-cpu")["primary"]
     d = primary["losses"]["final validation loss"]
-    out += [("rho1-fair-steps-cpu", f"Rho-1 {_cpu_per_step(r['rho1'], r['clm']):.2f}x and {_cpu_per_step(g['rho1'], c):.2f}x "
-                                    "CLM's CPU per step (AMD EPYC)"),
-            ("rho1-fair-steps-cpu", f"({_cpu_per_step(g['rho1'], c):.2f}x CLM's CPU per step, AMD EPYC family 25 model 17)"),
+    rho1 = f"{_cpu_per_step(g['rho1'], c):.2f}x CLM's CPU per step"
+    out += [("rho1-fair-steps-cpu", f"Rho-1 {_cpu_per_step(r['rho1'], r['clm']):.2f}x and {rho1} (AMD EPYC)"),
+            ("rho1-fair-steps-cpu", f"({rho1}, AMD EPYC family 25 model 17)"),
             ("rho1-fair-steps-cpu", "CPU per step against CLM's (means over seeds): " + _ratios(
                 g, c, (("Rho-1", "rho1"), ("ESLM-loss", "eslm-loss"), ("random", "random")))),
             ("rho1-fair-steps-cpu", f"every run takes CLM's {_steps(c)} steps of 4 x 128 tokens"
